@@ -1,0 +1,2 @@
+//! # softrdma-pcap
+//! placeholder
