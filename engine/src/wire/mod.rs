@@ -1,1 +1,223 @@
-//! wire
+//! Wire formats: zero-copy views and high-level representations of every header softrdma speaks.
+//!
+//! The layout follows smoltcp's `wire` module. Each header has its own file holding
+//! - a `Packet<T: AsRef<[u8]>>` view over a byte buffer, with getters (and `set_*` setters when
+//!   `T: AsMut<[u8]>`) whose field positions live in a `mod field` of ranges;
+//! - a `Repr`, the header as plain values, with `parse`, `emit` and `buffer_len`.
+//!
+//! # The contract for untrusted input
+//! Bytes from the wire or from a capture file are untrusted. Build views with `new_checked`:
+//! it validates every length the accessors rely on, and once it has succeeded **no accessor
+//! panics**. `new_unchecked` is for buffers the caller sized itself (emitting); on such a view an
+//! accessor may panic if the buffer is too short. `Repr::parse` additionally rejects values the
+//! format does not allow (a wrong IP version, a reserved GRH next header, ...).
+//!
+//! Unknown code points round-trip: an unknown [`EtherType`], [`IpProtocol`] or [`NakCode`] keeps
+//! its value, and an [`Opcode`] is a plain `u8` whose table entry may be absent.
+//!
+//! # Layers
+//! - L2/L3/L4: [`ethernet`], [`ipv4`], [`ipv6`], [`udp`], and [`grh`] (the IB Global Route Header,
+//!   carried directly over Ethernet by RoCEv1, ethertype 0x8915).
+//! - IB transport: [`bth`] and the extension headers [`deth`], [`xrceth`], [`reth`],
+//!   [`atomiceth`], [`aeth`], [`atomicacketh`], [`immdt`], [`ieth`]; [`opcode`] says which of them
+//!   each opcode carries; [`ib`] is the whole transport packet (BTH to ICRC); [`icrc`] computes the
+//!   invariant CRC; [`roce`] puts it all together as RoCEv2 (IPv4/IPv6 + UDP 4791) or RoCEv1 frames.
+
+use core::ops::{Range, RangeFrom};
+
+/// A byte range of a fixed-position field.
+pub(crate) type Field = Range<usize>;
+/// The bytes from an offset to the end of the buffer.
+#[allow(dead_code)]
+pub(crate) type Rest = RangeFrom<usize>;
+
+/// Why a buffer could not be read as the header asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+pub enum Error {
+    /// The buffer ends before the named header (or a length it declares) does.
+    #[error("{0} truncated")]
+    Truncated(&'static str),
+    /// A field holds a value the format does not allow; the text says which.
+    #[error("malformed: {0}")]
+    Malformed(&'static str),
+}
+
+/// Result of parsing or emitting wire data.
+pub type Result<T> = core::result::Result<T, Error>;
+
+/// Declares a `u8`/`u16` code-point enum whose unknown values round-trip as `Unknown(value)`.
+macro_rules! enum_with_unknown {
+    (
+        $( #[$enum_attr:meta] )*
+        pub enum $name:ident($ty:ty) {
+            $(
+              $( #[$variant_attr:meta] )*
+              $variant:ident = $value:expr
+            ),+ $(,)?
+        }
+    ) => {
+        $( #[$enum_attr] )*
+        #[derive(Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Clone, Copy)]
+        pub enum $name {
+            $(
+              $( #[$variant_attr] )*
+              $variant
+            ),*,
+            /// A value this implementation does not know; kept as received.
+            Unknown($ty)
+        }
+
+        impl ::core::convert::From<$ty> for $name {
+            fn from(value: $ty) -> Self {
+                match value {
+                    $( $value => $name::$variant ),*,
+                    other => $name::Unknown(other)
+                }
+            }
+        }
+
+        impl ::core::convert::From<$name> for $ty {
+            fn from(value: $name) -> Self {
+                match value {
+                    $( $name::$variant => $value ),*,
+                    $name::Unknown(other) => other
+                }
+            }
+        }
+    }
+}
+
+/// Generates the common part of a fixed-length header view: the struct, `new_unchecked`,
+/// `new_checked`, `check_len`, `into_inner`, and the `HEADER_LEN` constant.
+macro_rules! fixed_header_packet {
+    ($len:expr, $what:expr, $doc:expr) => {
+        /// Length of this header in bytes.
+        pub const HEADER_LEN: usize = $len;
+
+        #[doc = $doc]
+        #[derive(Debug, PartialEq, Eq, Clone)]
+        pub struct Packet<T: AsRef<[u8]>> {
+            buffer: T,
+        }
+
+        impl<T: AsRef<[u8]>> Packet<T> {
+            /// Wraps a buffer without checking its length (for buffers the caller sized).
+            pub const fn new_unchecked(buffer: T) -> Packet<T> {
+                Packet { buffer }
+            }
+
+            /// Wraps a buffer after checking that it holds the whole header.
+            pub fn new_checked(buffer: T) -> $crate::wire::Result<Packet<T>> {
+                let packet = Self::new_unchecked(buffer);
+                packet.check_len()?;
+                Ok(packet)
+            }
+
+            /// Checks that the buffer holds the whole header; after that no accessor panics.
+            pub fn check_len(&self) -> $crate::wire::Result<()> {
+                if self.buffer.as_ref().len() < HEADER_LEN {
+                    Err($crate::wire::Error::Truncated($what))
+                } else {
+                    Ok(())
+                }
+            }
+
+            /// Returns the underlying buffer.
+            pub fn into_inner(self) -> T {
+                self.buffer
+            }
+        }
+    };
+}
+
+/// Big-endian field access helpers shared by the header views.
+pub(crate) mod be {
+    use super::Field;
+
+    #[inline]
+    pub(crate) fn u16(b: &[u8], f: Field) -> u16 {
+        let b = &b[f];
+        u16::from_be_bytes([b[0], b[1]])
+    }
+    #[inline]
+    pub(crate) fn u24(b: &[u8], f: Field) -> u32 {
+        let b = &b[f];
+        u32::from_be_bytes([0, b[0], b[1], b[2]])
+    }
+    #[inline]
+    pub(crate) fn u32(b: &[u8], f: Field) -> u32 {
+        let b = &b[f];
+        u32::from_be_bytes([b[0], b[1], b[2], b[3]])
+    }
+    #[inline]
+    pub(crate) fn u64(b: &[u8], f: Field) -> u64 {
+        let b = &b[f];
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        u64::from_be_bytes(a)
+    }
+    #[inline]
+    pub(crate) fn set_u16(b: &mut [u8], f: Field, v: u16) {
+        b[f].copy_from_slice(&v.to_be_bytes())
+    }
+    #[inline]
+    pub(crate) fn set_u24(b: &mut [u8], f: Field, v: u32) {
+        b[f].copy_from_slice(&v.to_be_bytes()[1..])
+    }
+    #[inline]
+    pub(crate) fn set_u32(b: &mut [u8], f: Field, v: u32) {
+        b[f].copy_from_slice(&v.to_be_bytes())
+    }
+    #[inline]
+    pub(crate) fn set_u64(b: &mut [u8], f: Field, v: u64) {
+        b[f].copy_from_slice(&v.to_be_bytes())
+    }
+}
+
+pub mod checksum;
+mod psn;
+
+pub mod ethernet;
+pub mod grh;
+pub mod ipv4;
+pub mod ipv6;
+pub mod udp;
+
+pub mod aeth;
+pub mod atomicacketh;
+pub mod atomiceth;
+pub mod bth;
+pub mod deth;
+pub mod ieth;
+pub mod immdt;
+pub mod reth;
+pub mod xrceth;
+
+pub mod ib;
+pub mod icrc;
+pub mod opcode;
+pub mod roce;
+
+pub use self::psn::Psn;
+
+pub use self::ethernet::{
+    Address as EthernetAddress, EtherType, Frame as EthernetFrame, Repr as EthernetRepr,
+};
+pub use self::grh::{Gid, Packet as GrhPacket, Repr as GrhRepr};
+pub use self::ipv4::{IpProtocol, Packet as Ipv4Packet, Repr as Ipv4Repr};
+pub use self::ipv6::{Packet as Ipv6Packet, Repr as Ipv6Repr};
+pub use self::udp::{Packet as UdpPacket, Repr as UdpRepr, ROCE_V2_PORT};
+
+pub use self::aeth::{Msn, NakCode, Packet as AethPacket, Repr as AethRepr, Syndrome};
+pub use self::atomicacketh::{Packet as AtomicAckEthPacket, Repr as AtomicAckEthRepr};
+pub use self::atomiceth::{Packet as AtomicEthPacket, Repr as AtomicEthRepr};
+pub use self::bth::{Packet as BthPacket, Qpn, Repr as BthRepr};
+pub use self::deth::{Packet as DethPacket, Repr as DethRepr};
+pub use self::ieth::{Packet as IethPacket, Repr as IethRepr};
+pub use self::immdt::{Packet as ImmDtPacket, Repr as ImmDtRepr};
+pub use self::reth::{Packet as RethPacket, Repr as RethRepr};
+pub use self::xrceth::{Packet as XrcEthPacket, Repr as XrcEthRepr};
+
+pub use self::ib::{Packet as IbPacket, Repr as IbRepr};
+pub use self::opcode::{Headers, OpKind, Opcode, OpcodeInfo, Position, Transport};
+pub use self::roce::{FrameRepr as RoceFrameRepr, L3Repr};
