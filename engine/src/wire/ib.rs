@@ -6,7 +6,7 @@
 
 use super::opcode::CNP_RESERVED_LEN;
 use super::{
-    aeth, atomicacketh, atomiceth, bth, deth, icrc, ieth, immdt, reth, xrceth, Error, Headers,
+    aeth, atomicacketh, atomiceth, bth, deth, icrc, ieth, immdt, rdeth, reth, xrceth, Error, Headers,
     Opcode, OpcodeInfo, Result,
 };
 
@@ -14,20 +14,6 @@ use super::{
 #[derive(Debug, PartialEq, Eq, Clone)]
 pub struct Packet<T: AsRef<[u8]>> {
     buffer: T,
-}
-
-fn header_name(h: Headers) -> &'static str {
-    match h {
-        Headers::DETH => "DETH",
-        Headers::XRCETH => "XRCETH",
-        Headers::RETH => "RETH",
-        Headers::ATOMICETH => "AtomicETH",
-        Headers::AETH => "AETH",
-        Headers::ATOMICACKETH => "AtomicAckETH",
-        Headers::IMMDT => "ImmDt",
-        Headers::IETH => "IETH",
-        _ => "CNP reserved block",
-    }
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
@@ -59,7 +45,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
                 if info.headers.contains(h) {
                     off += len;
                     if off > body_end {
-                        return Err(Error::Truncated(header_name(h)));
+                        return Err(Error::Truncated(h.name()));
                     }
                 }
             }
@@ -120,6 +106,10 @@ impl<T: AsRef<[u8]>> Packet<T> {
         Some(&self.buffer.as_ref()[start..start + len])
     }
 
+    /// The RDETH, if present.
+    pub fn rdeth(&self) -> Option<rdeth::Packet<&[u8]>> {
+        self.header(Headers::RDETH).map(rdeth::Packet::new_unchecked)
+    }
     /// The DETH, if present.
     pub fn deth(&self) -> Option<deth::Packet<&[u8]>> {
         self.header(Headers::DETH).map(deth::Packet::new_unchecked)
@@ -205,7 +195,9 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 pub struct Repr {
     /// The BTH. Its `pad_count` must make `payload_len + pad_count` a multiple of 4.
     pub bth: bth::Repr,
-    /// DETH (UD).
+    /// RDETH (RD).
+    pub rdeth: Option<rdeth::Repr>,
+    /// DETH (UD, RD requests).
     pub deth: Option<deth::Repr>,
     /// XRCETH (XRC requests).
     pub xrceth: Option<xrceth::Repr>,
@@ -230,6 +222,7 @@ impl Repr {
     pub const fn new(bth: bth::Repr) -> Repr {
         Repr {
             bth,
+            rdeth: None,
             deth: None,
             xrceth: None,
             reth: None,
@@ -251,6 +244,7 @@ impl Repr {
     pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Packet<&T>) -> Result<Repr> {
         p.check_len()?;
         let mut r = Repr::new(bth::Repr::parse(&p.bth())?);
+        r.rdeth = p.rdeth().map(|h| rdeth::Repr::parse(&h)).transpose()?;
         r.deth = p.deth().map(|h| deth::Repr::parse(&h)).transpose()?;
         r.xrceth = p.xrceth().map(|h| xrceth::Repr::parse(&h)).transpose()?;
         r.reth = p.reth().map(|h| reth::Repr::parse(&h)).transpose()?;
@@ -271,6 +265,7 @@ impl Repr {
                 h = h.union(x);
             }
         };
+        add(self.rdeth.is_some(), Headers::RDETH);
         add(self.deth.is_some(), Headers::DETH);
         add(self.xrceth.is_some(), Headers::XRCETH);
         add(self.reth.is_some(), Headers::RETH);
@@ -326,6 +321,9 @@ impl Repr {
         self.bth.emit(&mut bth::Packet::new_unchecked(&mut buf[..]));
         let headers = self.headers();
         let at = |h: Headers| bth::HEADER_LEN + headers.offset_of(h).unwrap_or(0);
+        if let Some(x) = self.rdeth {
+            x.emit(&mut rdeth::Packet::new_unchecked(&mut buf[at(Headers::RDETH)..]));
+        }
         if let Some(x) = self.deth {
             x.emit(&mut deth::Packet::new_unchecked(&mut buf[at(Headers::DETH)..]));
         }

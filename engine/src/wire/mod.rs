@@ -18,7 +18,7 @@
 //! # Layers
 //! - L2/L3/L4: [`ethernet`], [`ipv4`], [`ipv6`], [`udp`], and [`grh`] (the IB Global Route Header,
 //!   carried directly over Ethernet by RoCEv1, ethertype 0x8915).
-//! - IB transport: [`bth`] and the extension headers [`deth`], [`xrceth`], [`reth`],
+//! - IB transport: [`bth`] and the extension headers [`rdeth`], [`deth`], [`xrceth`], [`reth`],
 //!   [`atomiceth`], [`aeth`], [`atomicacketh`], [`immdt`], [`ieth`]; [`opcode`] says which of them
 //!   each opcode carries; [`ib`] is the whole transport packet (BTH to ICRC); [`icrc`] computes the
 //!   invariant CRC; [`roce`] puts it all together as RoCEv2 (IPv4/IPv6 + UDP 4791) or RoCEv1 frames.
@@ -190,6 +190,7 @@ pub mod bth;
 pub mod deth;
 pub mod ieth;
 pub mod immdt;
+pub mod rdeth;
 pub mod reth;
 pub mod xrceth;
 
@@ -215,6 +216,7 @@ pub use self::bth::{Packet as BthPacket, Qpn, Repr as BthRepr};
 pub use self::deth::{Packet as DethPacket, Repr as DethRepr};
 pub use self::ieth::{Packet as IethPacket, Repr as IethRepr};
 pub use self::immdt::{Packet as ImmDtPacket, Repr as ImmDtRepr};
+pub use self::rdeth::{Packet as RdethPacket, Repr as RdethRepr};
 pub use self::reth::{Packet as RethPacket, Repr as RethRepr};
 pub use self::xrceth::{Packet as XrcEthPacket, Repr as XrcEthRepr};
 

@@ -4,13 +4,14 @@
 //!
 //! Opcode byte (IBTA Vol 1 9.2.1, table 38): bits 7-5 the transport service (000 RC, 001 UC,
 //! 010 RD, 011 UD, 100 CNP (RoCEv2 Annex A17.9.3), 101 XRC (Annex A14), 110/111
-//! manufacturer-specific), bits 4-0 the operation. Opcodes without an entry (reserved values,
-//! RD, manufacturer-specific) still parse: their BTH is read and everything up to the ICRC is
+//! manufacturer-specific), bits 4-0 the operation. RD is in the table so that traces of it decode
+//! (softrdma does not implement the RD service). Opcodes without an entry (reserved values,
+//! manufacturer-specific) still parse: their BTH is read and everything up to the ICRC is
 //! payload, so they round-trip byte for byte.
 
 use core::fmt;
 
-use super::{aeth, atomicacketh, atomiceth, deth, ieth, immdt, reth, xrceth};
+use super::{aeth, atomicacketh, atomiceth, deth, ieth, immdt, rdeth, reth, xrceth};
 
 /// An 8-bit BTH opcode. Any value is representable; [`Opcode::info`] says whether the table
 /// knows it.
@@ -24,7 +25,7 @@ pub enum Transport {
     Rc,
     /// Unreliable Connected (001).
     Uc,
-    /// Reliable Datagram (010): not implemented, its opcodes have no table entries.
+    /// Reliable Datagram (010): decoded, not implemented.
     Rd,
     /// Unreliable Datagram (011).
     Ud,
@@ -52,7 +53,7 @@ impl Transport {
 }
 
 /// Which extension headers a packet carries. They always appear in this order after the BTH:
-/// DETH, XRCETH, RETH, AtomicETH, AETH, AtomicAckETH, ImmDt, IETH, then the CNP's reserved block.
+/// RDETH, DETH, XRCETH, RETH, AtomicETH, AETH, AtomicAckETH, ImmDt, IETH, then the CNP's reserved block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Headers(u16);
 
@@ -77,9 +78,12 @@ impl Headers {
     pub const IETH: Headers = Headers(1 << 7);
     /// The 16 reserved bytes of a CNP (RoCEv2 Annex A17.9.3).
     pub const CNP_RESERVED: Headers = Headers(1 << 8);
+    /// Reliable Datagram ETH (RD).
+    pub const RDETH: Headers = Headers(1 << 9);
 
     /// Every header in wire order, with its length.
-    pub const ORDER: [(Headers, usize); 9] = [
+    pub const ORDER: [(Headers, usize); 10] = [
+        (Headers::RDETH, rdeth::HEADER_LEN),
         (Headers::DETH, deth::HEADER_LEN),
         (Headers::XRCETH, xrceth::HEADER_LEN),
         (Headers::RETH, reth::HEADER_LEN),
@@ -112,6 +116,23 @@ impl Headers {
             i += 1;
         }
         total
+    }
+
+    /// The name of a single header ("RETH", "AtomicETH", ...); "headers" for a set.
+    pub const fn name(self) -> &'static str {
+        match self.0 {
+            x if x == Self::RDETH.0 => "RDETH",
+            x if x == Self::DETH.0 => "DETH",
+            x if x == Self::XRCETH.0 => "XRCETH",
+            x if x == Self::RETH.0 => "RETH",
+            x if x == Self::ATOMICETH.0 => "AtomicETH",
+            x if x == Self::AETH.0 => "AETH",
+            x if x == Self::ATOMICACKETH.0 => "AtomicAckETH",
+            x if x == Self::IMMDT.0 => "ImmDt",
+            x if x == Self::IETH.0 => "IETH",
+            x if x == Self::CNP_RESERVED.0 => "CNP reserved block",
+            _ => "headers",
+        }
     }
 
     /// Whether there are none.
@@ -163,12 +184,17 @@ pub enum OpKind {
     FetchAdd,
     /// Congestion notification.
     Cnp,
+    /// RD RESYNC.
+    Resync,
 }
 
 impl OpKind {
     /// Whether a requester sends it (as opposed to a responder).
     pub const fn is_request(self) -> bool {
-        matches!(self, OpKind::Send | OpKind::Write | OpKind::ReadRequest | OpKind::CompareSwap | OpKind::FetchAdd)
+        matches!(
+            self,
+            OpKind::Send | OpKind::Write | OpKind::ReadRequest | OpKind::CompareSwap | OpKind::FetchAdd | OpKind::Resync
+        )
     }
 }
 
@@ -289,6 +315,50 @@ impl Opcode {
     pub const UC_RDMA_WRITE_ONLY: Opcode = Opcode(0x2a);
     /// `UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE` (0x2b).
     pub const UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE: Opcode = Opcode(0x2b);
+    /// `RD_SEND_FIRST` (0x40).
+    pub const RD_SEND_FIRST: Opcode = Opcode(0x40);
+    /// `RD_SEND_MIDDLE` (0x41).
+    pub const RD_SEND_MIDDLE: Opcode = Opcode(0x41);
+    /// `RD_SEND_LAST` (0x42).
+    pub const RD_SEND_LAST: Opcode = Opcode(0x42);
+    /// `RD_SEND_LAST_WITH_IMMEDIATE` (0x43).
+    pub const RD_SEND_LAST_WITH_IMMEDIATE: Opcode = Opcode(0x43);
+    /// `RD_SEND_ONLY` (0x44).
+    pub const RD_SEND_ONLY: Opcode = Opcode(0x44);
+    /// `RD_SEND_ONLY_WITH_IMMEDIATE` (0x45).
+    pub const RD_SEND_ONLY_WITH_IMMEDIATE: Opcode = Opcode(0x45);
+    /// `RD_RDMA_WRITE_FIRST` (0x46).
+    pub const RD_RDMA_WRITE_FIRST: Opcode = Opcode(0x46);
+    /// `RD_RDMA_WRITE_MIDDLE` (0x47).
+    pub const RD_RDMA_WRITE_MIDDLE: Opcode = Opcode(0x47);
+    /// `RD_RDMA_WRITE_LAST` (0x48).
+    pub const RD_RDMA_WRITE_LAST: Opcode = Opcode(0x48);
+    /// `RD_RDMA_WRITE_LAST_WITH_IMMEDIATE` (0x49).
+    pub const RD_RDMA_WRITE_LAST_WITH_IMMEDIATE: Opcode = Opcode(0x49);
+    /// `RD_RDMA_WRITE_ONLY` (0x4a).
+    pub const RD_RDMA_WRITE_ONLY: Opcode = Opcode(0x4a);
+    /// `RD_RDMA_WRITE_ONLY_WITH_IMMEDIATE` (0x4b).
+    pub const RD_RDMA_WRITE_ONLY_WITH_IMMEDIATE: Opcode = Opcode(0x4b);
+    /// `RD_RDMA_READ_REQUEST` (0x4c).
+    pub const RD_RDMA_READ_REQUEST: Opcode = Opcode(0x4c);
+    /// `RD_RDMA_READ_RESPONSE_FIRST` (0x4d).
+    pub const RD_RDMA_READ_RESPONSE_FIRST: Opcode = Opcode(0x4d);
+    /// `RD_RDMA_READ_RESPONSE_MIDDLE` (0x4e).
+    pub const RD_RDMA_READ_RESPONSE_MIDDLE: Opcode = Opcode(0x4e);
+    /// `RD_RDMA_READ_RESPONSE_LAST` (0x4f).
+    pub const RD_RDMA_READ_RESPONSE_LAST: Opcode = Opcode(0x4f);
+    /// `RD_RDMA_READ_RESPONSE_ONLY` (0x50).
+    pub const RD_RDMA_READ_RESPONSE_ONLY: Opcode = Opcode(0x50);
+    /// `RD_ACKNOWLEDGE` (0x51).
+    pub const RD_ACKNOWLEDGE: Opcode = Opcode(0x51);
+    /// `RD_ATOMIC_ACKNOWLEDGE` (0x52).
+    pub const RD_ATOMIC_ACKNOWLEDGE: Opcode = Opcode(0x52);
+    /// `RD_COMPARE_SWAP` (0x53).
+    pub const RD_COMPARE_SWAP: Opcode = Opcode(0x53);
+    /// `RD_FETCH_ADD` (0x54).
+    pub const RD_FETCH_ADD: Opcode = Opcode(0x54);
+    /// `RD_RESYNC` (0x55).
+    pub const RD_RESYNC: Opcode = Opcode(0x55);
     /// `UD_SEND_ONLY` (0x64).
     pub const UD_SEND_ONLY: Opcode = Opcode(0x64);
     /// `UD_SEND_ONLY_WITH_IMMEDIATE` (0x65).
@@ -414,7 +484,7 @@ const OPS: [(u8, &str, OpKind, Position, Headers, bool); 23] = {
 };
 
 /// The name of every tabled opcode (listed whole: const string concatenation is not available).
-const NAMES: [(u8, &str); 61] = [
+const NAMES: [(u8, &str); 83] = [
     (0x00, "RC_SEND_FIRST"),
     (0x01, "RC_SEND_MIDDLE"),
     (0x02, "RC_SEND_LAST"),
@@ -450,6 +520,28 @@ const NAMES: [(u8, &str); 61] = [
     (0x29, "UC_RDMA_WRITE_LAST_WITH_IMMEDIATE"),
     (0x2a, "UC_RDMA_WRITE_ONLY"),
     (0x2b, "UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE"),
+    (0x40, "RD_SEND_FIRST"),
+    (0x41, "RD_SEND_MIDDLE"),
+    (0x42, "RD_SEND_LAST"),
+    (0x43, "RD_SEND_LAST_WITH_IMMEDIATE"),
+    (0x44, "RD_SEND_ONLY"),
+    (0x45, "RD_SEND_ONLY_WITH_IMMEDIATE"),
+    (0x46, "RD_RDMA_WRITE_FIRST"),
+    (0x47, "RD_RDMA_WRITE_MIDDLE"),
+    (0x48, "RD_RDMA_WRITE_LAST"),
+    (0x49, "RD_RDMA_WRITE_LAST_WITH_IMMEDIATE"),
+    (0x4a, "RD_RDMA_WRITE_ONLY"),
+    (0x4b, "RD_RDMA_WRITE_ONLY_WITH_IMMEDIATE"),
+    (0x4c, "RD_RDMA_READ_REQUEST"),
+    (0x4d, "RD_RDMA_READ_RESPONSE_FIRST"),
+    (0x4e, "RD_RDMA_READ_RESPONSE_MIDDLE"),
+    (0x4f, "RD_RDMA_READ_RESPONSE_LAST"),
+    (0x50, "RD_RDMA_READ_RESPONSE_ONLY"),
+    (0x51, "RD_ACKNOWLEDGE"),
+    (0x52, "RD_ATOMIC_ACKNOWLEDGE"),
+    (0x53, "RD_COMPARE_SWAP"),
+    (0x54, "RD_FETCH_ADD"),
+    (0x55, "RD_RESYNC"),
     (0x64, "UD_SEND_ONLY"),
     (0x65, "UD_SEND_ONLY_WITH_IMMEDIATE"),
     (0x81, "CNP"),
@@ -504,12 +596,27 @@ const fn build_table() -> [Option<OpcodeInfo>; 256] {
             let op = 0x20 | low;
             t[op as usize] = Some(OpcodeInfo { name: name_of(op), kind, position, headers, payload });
         }
+        // RD: every operation; an RDETH on every packet, a DETH on requests (IBTA 9.3.1, 9.3.2).
+        // RD has no SEND with invalidate.
+        if low <= 0x14 {
+            let op = 0x40 | low;
+            let rd = if kind.is_request() { Headers::RDETH.union(Headers::DETH) } else { Headers::RDETH };
+            t[op as usize] = Some(OpcodeInfo { name: name_of(op), kind, position, headers: headers.union(rd), payload });
+        }
         // XRC: every RC operation; requests carry an XRCETH right after the BTH (Annex A14).
         let op = 0xa0 | low;
         let headers = if kind.is_request() { headers.union(Headers::XRCETH) } else { headers };
         t[op as usize] = Some(OpcodeInfo { name: name_of(op), kind, position, headers, payload });
         i += 1;
     }
+    // RD RESYNC: RDETH and DETH, no payload.
+    t[0x55] = Some(OpcodeInfo {
+        name: name_of(0x55),
+        kind: OpKind::Resync,
+        position: Position::Only,
+        headers: Headers::RDETH.union(Headers::DETH),
+        payload: false,
+    });
     // UD: SEND_ONLY with DETH, and with DETH + ImmDt.
     t[0x64] = Some(OpcodeInfo {
         name: name_of(0x64),
@@ -543,8 +650,8 @@ mod test {
     #[test]
     fn table_has_every_service() {
         let known: Vec<u8> = (0..=255u8).filter(|&o| Opcode(o).info().is_some()).collect();
-        // 23 RC, 12 UC, 2 UD, 1 CNP, 23 XRC.
-        assert_eq!(known.len(), 61);
+        // 23 RC, 12 UC, 22 RD, 2 UD, 1 CNP, 23 XRC.
+        assert_eq!(known.len(), 83);
         for &(op, name) in NAMES.iter() {
             assert_eq!(Opcode(op).name(), Some(name));
         }
@@ -567,6 +674,12 @@ mod test {
         assert_eq!(i.headers.offset_of(Headers::IMMDT), Some(8));
         assert_eq!(Opcode::CNP.info().unwrap().header_len(), 28);
         assert_eq!(Opcode::RC_COMPARE_SWAP.info().unwrap().header_len(), 40);
+        let i = Opcode::RD_RDMA_WRITE_ONLY.info().unwrap();
+        assert_eq!(i.headers.offset_of(Headers::DETH), Some(4));
+        assert_eq!(i.headers.offset_of(Headers::RETH), Some(12));
+        let i = Opcode::RD_ACKNOWLEDGE.info().unwrap();
+        assert_eq!(i.headers.offset_of(Headers::AETH), Some(4));
+        assert!(!i.headers.contains(Headers::DETH));
         assert_eq!(Opcode::XRC_FETCH_ADD.info().unwrap().header_len(), 44);
     }
 
@@ -575,7 +688,8 @@ mod test {
         assert_eq!(Opcode(0x1f).info(), None);
         assert_eq!(Opcode(0x1f).to_string(), "RESERVED_0x1f");
         assert_eq!(Opcode(0x4a).transport(), Transport::Rd);
-        assert_eq!(Opcode(0x4a).to_string(), "RESERVED_0x4a");
+        assert_eq!(Opcode(0x4a).to_string(), "RD_RDMA_WRITE_ONLY");
+        assert_eq!(Opcode(0x5f).to_string(), "RESERVED_0x5f");
         assert_eq!(Opcode(0xc3).to_string(), "MANUFACTURER_0xc3");
         assert_eq!(Opcode(0x2c).info(), None, "UC has no READ");
         assert_eq!(Opcode::RC_SEND_ONLY.to_string(), "RC_SEND_ONLY");

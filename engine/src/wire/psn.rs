@@ -105,6 +105,7 @@ mod test {
     }
 
     #[test]
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
     fn half_space_is_incomparable() {
         let a = Psn::new(0);
         let b = Psn::new(Psn::HALF);

@@ -152,7 +152,21 @@ fn dissect_into<'a>(frame: &'a [u8], d: &mut Dissection<'a>) -> Result<()> {
     }
     // The Ethernet header as values names what follows the tags.
     d.eth = Some(repr);
-    match repr.ethertype {
+    dissect_network(repr.ethertype, rest, d)
+}
+
+/// Reads what follows a link-layer header that announced `ethertype` (for captures whose link
+/// type is not Ethernet: Linux cooked capture, raw IP). Never panics, never fails.
+pub fn dissect_network_layer(ethertype: EtherType, bytes: &[u8]) -> Dissection<'_> {
+    let mut d = Dissection::new();
+    if let Err(e) = dissect_network(ethertype, bytes, &mut d) {
+        d.error = Some(e);
+    }
+    d
+}
+
+fn dissect_network<'a>(ethertype: EtherType, rest: &'a [u8], d: &mut Dissection<'a>) -> Result<()> {
+    match ethertype {
         EtherType::Ipv4 => {
             let p = ipv4::Packet::new_unchecked(rest);
             p.check_header_len()?;
