@@ -222,8 +222,10 @@ fn dissect_udp<'a>(ip_payload: &'a [u8], ip_payload_len: usize, d: &mut Dissecti
     d.roce = true;
     d.ib_bytes = p.payload_present();
     d.ib_declared_len = r.payload_len;
-    if udp::HEADER_LEN + r.payload_len > ip_payload_len {
-        return Err(Error::Malformed("UDP length exceeds the IP payload"));
+    // The ICRC covers the IP header through the end of the transport packet, so the UDP datagram
+    // must fill the IP payload exactly; bytes beyond it would be covered by nothing.
+    if udp::HEADER_LEN + r.payload_len != ip_payload_len {
+        return Err(Error::Malformed("UDP length differs from the IP payload length"));
     }
     if d.ib_bytes.len() < d.ib_declared_len {
         return Err(Error::Truncated("UDP datagram"));
