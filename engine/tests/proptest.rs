@@ -185,8 +185,25 @@ proptest! {
     }
 
     #[test]
+    fn view_accepts_exactly_what_parse_accepts((repr, payload, csum) in frame(), edits in prop::collection::vec((any::<usize>(), any::<u8>()), 0..4), cut in any::<usize>()) {
+        let mut buf = vec![0u8; repr.buffer_len()];
+        repr.emit(&mut buf, &payload, EmitOptions { udp_checksum: csum }).unwrap();
+        for (i, v) in edits { let n = buf.len(); buf[i % n] = v; }
+        let n = buf.len() - cut % 8.min(buf.len() + 1);
+        let f = &buf[..n];
+        let parsed = FrameRepr::parse(f);
+        let view = roce::RoceView::new_checked(f);
+        prop_assert_eq!(parsed.is_ok(), view.is_ok(), "parse {:?} view {:?}", parsed.as_ref().err(), view.as_ref().err());
+        if let (Ok(p), Ok(v)) = (parsed, view) {
+            prop_assert_eq!(p.icrc_ok, v.icrc_ok());
+            prop_assert_eq!(p.ib.payload(), v.ib.payload());
+        }
+    }
+
+    #[test]
     fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
         let _ = FrameRepr::parse(&bytes);
+        let _ = roce::RoceView::new_checked(&bytes).map(|v| v.icrc_ok());
         let d = roce::dissect(&bytes);
         let _ = d.icrc_ok();
         let _ = IbPacket::new_checked(&bytes[..]).map(|p| (p.payload().len(), p.pad().len(), p.icrc()));

@@ -41,11 +41,16 @@ impl<T: AsRef<[u8]>> Packet<T> {
         let body_end = b.len().saturating_sub(icrc::LEN);
         let mut off = bth::HEADER_LEN;
         if let Some(info) = self.info() {
-            for (h, len) in Headers::ORDER {
-                if info.headers.contains(h) {
-                    off += len;
-                    if off > body_end {
-                        return Err(Error::Truncated(h.name()));
+            off = info.header_len();
+            if off > body_end {
+                // Name the first header that does not fit.
+                let mut end = bth::HEADER_LEN;
+                for (h, len) in Headers::ORDER {
+                    if info.headers.contains(h) {
+                        end += len;
+                        if end > body_end {
+                            return Err(Error::Truncated(h.name()));
+                        }
                     }
                 }
             }
@@ -95,15 +100,17 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// Length of BTH and extension headers.
     pub fn header_len(&self) -> usize {
-        bth::HEADER_LEN + self.headers().len()
+        self.info().map_or(bth::HEADER_LEN, |i| i.header_len())
     }
 
     /// The bytes of one extension header, if the opcode carries it.
     pub fn header(&self, h: Headers) -> Option<&[u8]> {
-        let headers = self.headers();
-        let start = bth::HEADER_LEN + headers.offset_of(h)?;
-        let len = Headers::ORDER.iter().find(|(x, _)| *x == h).map_or(0, |(_, l)| *l);
-        Some(&self.buffer.as_ref()[start..start + len])
+        self.header_in(self.info()?, h)
+    }
+
+    fn header_in(&self, info: &OpcodeInfo, h: Headers) -> Option<&[u8]> {
+        let start = bth::HEADER_LEN + info.offset_of(h)?;
+        Some(&self.buffer.as_ref()[start..start + h.header_len()])
     }
 
     /// The RDETH, if present.
@@ -244,16 +251,24 @@ impl Repr {
     pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Packet<&T>) -> Result<Repr> {
         p.check_len()?;
         let mut r = Repr::new(bth::Repr::parse(&p.bth())?);
-        r.rdeth = p.rdeth().map(|h| rdeth::Repr::parse(&h)).transpose()?;
-        r.deth = p.deth().map(|h| deth::Repr::parse(&h)).transpose()?;
-        r.xrceth = p.xrceth().map(|h| xrceth::Repr::parse(&h)).transpose()?;
-        r.reth = p.reth().map(|h| reth::Repr::parse(&h)).transpose()?;
-        r.atomiceth = p.atomiceth().map(|h| atomiceth::Repr::parse(&h)).transpose()?;
-        r.aeth = p.aeth().map(|h| aeth::Repr::parse(&h)).transpose()?;
-        r.atomicacketh = p.atomicacketh().map(|h| atomicacketh::Repr::parse(&h)).transpose()?;
-        r.immdt = p.immdt().map(|h| immdt::Repr::parse(&h)).transpose()?;
-        r.ieth = p.ieth().map(|h| ieth::Repr::parse(&h)).transpose()?;
         r.payload_len = p.payload().len();
+        let Some(info) = p.info() else {
+            return Ok(r);
+        };
+        // Each header the opcode carries is present: check_len saw to it.
+        let hdr = |h: Headers| p.header_in(info, h);
+        r.rdeth = hdr(Headers::RDETH).map(|b| rdeth::Repr::parse(&rdeth::Packet::new_unchecked(b))).transpose()?;
+        r.deth = hdr(Headers::DETH).map(|b| deth::Repr::parse(&deth::Packet::new_unchecked(b))).transpose()?;
+        r.xrceth = hdr(Headers::XRCETH).map(|b| xrceth::Repr::parse(&xrceth::Packet::new_unchecked(b))).transpose()?;
+        r.reth = hdr(Headers::RETH).map(|b| reth::Repr::parse(&reth::Packet::new_unchecked(b))).transpose()?;
+        r.atomiceth =
+            hdr(Headers::ATOMICETH).map(|b| atomiceth::Repr::parse(&atomiceth::Packet::new_unchecked(b))).transpose()?;
+        r.aeth = hdr(Headers::AETH).map(|b| aeth::Repr::parse(&aeth::Packet::new_unchecked(b))).transpose()?;
+        r.atomicacketh = hdr(Headers::ATOMICACKETH)
+            .map(|b| atomicacketh::Repr::parse(&atomicacketh::Packet::new_unchecked(b)))
+            .transpose()?;
+        r.immdt = hdr(Headers::IMMDT).map(|b| immdt::Repr::parse(&immdt::Packet::new_unchecked(b))).transpose()?;
+        r.ieth = hdr(Headers::IETH).map(|b| ieth::Repr::parse(&ieth::Packet::new_unchecked(b))).transpose()?;
         Ok(r)
     }
 

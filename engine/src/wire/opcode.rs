@@ -95,6 +95,18 @@ impl Headers {
         (Headers::CNP_RESERVED, CNP_RESERVED_LEN),
     ];
 
+    /// Length of a single header (0 for an empty or multi-header set).
+    pub const fn header_len(self) -> usize {
+        let mut i = 0;
+        while i < Self::ORDER.len() {
+            if Self::ORDER[i].0 .0 == self.0 {
+                return Self::ORDER[i].1;
+            }
+            i += 1;
+        }
+        0
+    }
+
     /// Both sets.
     pub const fn union(self, other: Headers) -> Headers {
         Headers(self.0 | other.0)
@@ -235,12 +247,48 @@ pub struct OpcodeInfo {
     pub headers: Headers,
     /// Whether a payload may follow the headers.
     pub payload: bool,
+    /// Offset of each extension header from the end of the BTH, indexed by the header's bit
+    /// (0xff: absent); precomputed so that the parser never walks [`Headers::ORDER`].
+    offsets: [u8; 16],
+    /// Total length of the extension headers.
+    ext_len: u8,
 }
 
 impl OpcodeInfo {
+    const fn new(name: &'static str, kind: OpKind, position: Position, headers: Headers, payload: bool) -> OpcodeInfo {
+        let mut offsets = [0xffu8; 16];
+        let mut off = 0usize;
+        let mut i = 0;
+        while i < Headers::ORDER.len() {
+            let (h, len) = Headers::ORDER[i];
+            if headers.contains(h) {
+                offsets[h.0.trailing_zeros() as usize] = off as u8;
+                off += len;
+            }
+            i += 1;
+        }
+        OpcodeInfo { name, kind, position, headers, payload, offsets, ext_len: off as u8 }
+    }
+
     /// Length of BTH plus extension headers.
     pub const fn header_len(&self) -> usize {
-        super::bth::HEADER_LEN + self.headers.len()
+        super::bth::HEADER_LEN + self.ext_len as usize
+    }
+
+    /// Length of the extension headers alone.
+    pub const fn ext_len(&self) -> usize {
+        self.ext_len as usize
+    }
+
+    /// Offset of a single extension header from the end of the BTH, if this opcode carries it.
+    pub const fn offset_of(&self, header: Headers) -> Option<usize> {
+        if header.0 == 0 || header.0 & (header.0 - 1) != 0 {
+            return None;
+        }
+        match self.offsets[header.0.trailing_zeros() as usize] {
+            0xff => None,
+            o => Some(o as usize),
+        }
     }
 }
 
@@ -590,56 +638,32 @@ const fn build_table() -> [Option<OpcodeInfo>; 256] {
     while i < OPS.len() {
         let (low, _, kind, position, headers, payload) = OPS[i];
         // RC: every operation.
-        t[low as usize] = Some(OpcodeInfo { name: name_of(low), kind, position, headers, payload });
+        t[low as usize] = Some(OpcodeInfo::new(name_of(low), kind, position, headers, payload));
         // UC: SEND and RDMA WRITE only (IBTA Vol 1 table 38).
         if low <= 0x0b {
             let op = 0x20 | low;
-            t[op as usize] = Some(OpcodeInfo { name: name_of(op), kind, position, headers, payload });
+            t[op as usize] = Some(OpcodeInfo::new(name_of(op), kind, position, headers, payload));
         }
         // RD: every operation; an RDETH on every packet, a DETH on requests (IBTA 9.3.1, 9.3.2).
         // RD has no SEND with invalidate.
         if low <= 0x14 {
             let op = 0x40 | low;
             let rd = if kind.is_request() { Headers::RDETH.union(Headers::DETH) } else { Headers::RDETH };
-            t[op as usize] = Some(OpcodeInfo { name: name_of(op), kind, position, headers: headers.union(rd), payload });
+            t[op as usize] = Some(OpcodeInfo::new(name_of(op), kind, position, headers.union(rd), payload));
         }
         // XRC: every RC operation; requests carry an XRCETH right after the BTH (Annex A14).
         let op = 0xa0 | low;
         let headers = if kind.is_request() { headers.union(Headers::XRCETH) } else { headers };
-        t[op as usize] = Some(OpcodeInfo { name: name_of(op), kind, position, headers, payload });
+        t[op as usize] = Some(OpcodeInfo::new(name_of(op), kind, position, headers, payload));
         i += 1;
     }
     // RD RESYNC: RDETH and DETH, no payload.
-    t[0x55] = Some(OpcodeInfo {
-        name: name_of(0x55),
-        kind: OpKind::Resync,
-        position: Position::Only,
-        headers: Headers::RDETH.union(Headers::DETH),
-        payload: false,
-    });
+    t[0x55] = Some(OpcodeInfo::new(name_of(0x55), OpKind::Resync, Position::Only, Headers::RDETH.union(Headers::DETH), false));
     // UD: SEND_ONLY with DETH, and with DETH + ImmDt.
-    t[0x64] = Some(OpcodeInfo {
-        name: name_of(0x64),
-        kind: OpKind::Send,
-        position: Position::Only,
-        headers: Headers::DETH,
-        payload: true,
-    });
-    t[0x65] = Some(OpcodeInfo {
-        name: name_of(0x65),
-        kind: OpKind::Send,
-        position: Position::Only,
-        headers: Headers::DETH.union(Headers::IMMDT),
-        payload: true,
-    });
+    t[0x64] = Some(OpcodeInfo::new(name_of(0x64), OpKind::Send, Position::Only, Headers::DETH, true));
+    t[0x65] = Some(OpcodeInfo::new(name_of(0x65), OpKind::Send, Position::Only, Headers::DETH.union(Headers::IMMDT), true));
     // CNP: BTH, 16 reserved bytes, ICRC (RoCEv2 Annex A17.9.3).
-    t[0x81] = Some(OpcodeInfo {
-        name: name_of(0x81),
-        kind: OpKind::Cnp,
-        position: Position::Only,
-        headers: Headers::CNP_RESERVED,
-        payload: false,
-    });
+    t[0x81] = Some(OpcodeInfo::new(name_of(0x81), OpKind::Cnp, Position::Only, Headers::CNP_RESERVED, false));
     t
 }
 

@@ -233,6 +233,97 @@ fn dissect_udp<'a>(ip_payload: &'a [u8], ip_payload_len: usize, d: &mut Dissecti
     Ok(())
 }
 
+/// A checked RoCE frame as zero-copy views: the receive hot path. Accepts exactly the frames
+/// [`FrameRepr::parse`] accepts, without building any header values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoceView<'a> {
+    /// From the first byte of the IP header (or GRH) to the end of the ICRC.
+    pub l3: &'a [u8],
+    /// The transport packet.
+    pub ib: ib::Packet<&'a [u8]>,
+    /// Whether this is RoCEv1 (a GRH, no IP/UDP).
+    pub v1: bool,
+}
+
+impl<'a> RoceView<'a> {
+    /// Checks a frame (from its Ethernet header) and returns views of its layers.
+    pub fn new_checked(frame: &'a [u8]) -> Result<RoceView<'a>> {
+        let eth = EthernetFrame::new_checked(frame)?;
+        let mut ethertype = eth.ethertype();
+        let mut rest = eth.payload();
+        for _ in 0..2 {
+            if !matches!(ethertype, EtherType::Vlan | EtherType::QinQ) {
+                break;
+            }
+            if rest.len() < 4 {
+                return Err(Error::Truncated("VLAN tag"));
+            }
+            ethertype = EtherType::from(u16::from_be_bytes([rest[2], rest[3]]));
+            rest = &rest[4..];
+        }
+        let (l3_len, ip_payload, v1) = match ethertype {
+            EtherType::Ipv4 => {
+                let p = ipv4::Packet::new_checked(rest)?;
+                if p.version() != 4 {
+                    return Err(Error::Malformed("IPv4 version is not 4"));
+                }
+                if p.more_frags() || p.frag_offset() != 0 {
+                    return Err(Error::Malformed("IPv4 fragment"));
+                }
+                if p.protocol() != IpProtocol::Udp {
+                    return Err(Error::Malformed("not a RoCE frame"));
+                }
+                (p.total_len() as usize, p.header_len(), false)
+            }
+            EtherType::Ipv6 => {
+                let p = ipv6::Packet::new_checked(rest)?;
+                if p.version() != 6 {
+                    return Err(Error::Malformed("IPv6 version is not 6"));
+                }
+                if p.next_header() != IpProtocol::Udp {
+                    return Err(Error::Malformed("not a RoCE frame"));
+                }
+                (ipv6::HEADER_LEN + p.payload_len() as usize, ipv6::HEADER_LEN, false)
+            }
+            EtherType::Roce => {
+                let p = grh::Packet::new_unchecked(rest);
+                p.check_header_len().map_err(|_| Error::Truncated("GRH"))?;
+                if p.version() != grh::IP_VERSION {
+                    return Err(Error::Malformed("GRH IP version is not 6"));
+                }
+                if p.next_header() != IpProtocol::IbaTransport {
+                    return Err(Error::Malformed("GRH next header is not the IBA transport (0x1b)"));
+                }
+                p.check_len().map_err(|_| Error::Truncated("GRH payload"))?;
+                (grh::HEADER_LEN + p.payload_len() as usize, grh::HEADER_LEN, true)
+            }
+            _ => return Err(Error::Malformed("not a RoCE frame")),
+        };
+        let l3 = &rest[..l3_len];
+        let ib_bytes = if v1 {
+            &l3[ip_payload..]
+        } else {
+            let u = udp::Packet::new_unchecked(&l3[ip_payload..]);
+            u.check_header_len()?;
+            if u.dst_port() != ROCE_V2_PORT {
+                return Err(Error::Malformed("not a RoCE frame"));
+            }
+            if u.len() as usize != l3_len - ip_payload {
+                return Err(Error::Malformed("UDP length differs from the IP payload length"));
+            }
+            u.payload()
+        };
+        Ok(RoceView { l3, ib: ib::Packet::new_checked(ib_bytes)?, v1 })
+    }
+
+    /// Whether the ICRC is right.
+    pub fn icrc_ok(&self) -> bool {
+        let body = &self.l3[..self.l3.len() - icrc::LEN];
+        let crc = if self.v1 { icrc::roce_v1(body) } else { icrc::roce_v2(body) };
+        crc.is_ok_and(|c| c == self.ib.icrc())
+    }
+}
+
 /// A complete RoCE frame as values (the payload bytes are separate).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FrameRepr {

@@ -1,0 +1,79 @@
+//! Parse + ICRC verify of RoCEv2 frames, next to a bare crc32fast pass over the same bytes, in
+//! the same run: the parse should cost little beside the CRC. Two parses: the zero-copy view a
+//! receiver uses (`RoceView`) and the full decode into header values (`FrameRepr::parse`, what
+//! capture analysis uses).
+//!
+//! `cargo bench -p softrdma-engine --bench parse_icrc`
+
+use std::hint::black_box;
+use std::net::Ipv4Addr;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use softrdma_engine::wire::roce::{self, EmitOptions, FrameRepr};
+use softrdma_engine::wire::{icrc, BthRepr, EthernetAddress, IbRepr, Opcode, Psn, Qpn};
+
+/// An RC SEND_ONLY frame over IPv4 with `payload` bytes of payload.
+fn frame(payload: usize) -> Vec<u8> {
+    let mut ib = IbRepr::new(BthRepr {
+        opcode: Opcode::RC_SEND_ONLY,
+        solicited: false,
+        mig_req: false,
+        pad_count: IbRepr::pad_for(payload),
+        tver: 0,
+        pkey: 0xffff,
+        fecn: false,
+        becn: false,
+        dest_qp: Qpn::new(0x11),
+        ack_req: true,
+        psn: Psn::new(7),
+    });
+    ib.payload_len = payload;
+    let repr = FrameRepr {
+        eth: roce::default_eth(EthernetAddress([2, 0, 0, 0, 0, 1]), EthernetAddress([2, 0, 0, 0, 0, 2])),
+        vlan_tci: None,
+        l3: roce::ipv4_default(Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2), 0),
+        udp_src_port: 0xc011,
+        ib,
+    };
+    let data: Vec<u8> = (0..payload).map(|i| i as u8).collect();
+    let mut buf = vec![0u8; repr.buffer_len()];
+    repr.emit(&mut buf, &data, EmitOptions::default()).unwrap();
+    buf
+}
+
+fn bench(c: &mut Criterion) {
+    for payload in [64usize, 4096] {
+        let f = frame(payload);
+        let l3 = &f[14..];
+        let mut g = c.benchmark_group(format!("rocev2_{payload}B_payload"));
+        g.throughput(Throughput::Bytes(l3.len() as u64));
+        g.bench_function("crc32fast_bare", |b| {
+            // The bytes the ICRC covers: 8 x 0xFF, then the packet up to the ICRC.
+            b.iter(|| {
+                let mut h = crc32fast::Hasher::new();
+                h.update(&[0xff; 8]);
+                h.update(black_box(&l3[..l3.len() - 4]));
+                black_box(h.finalize())
+            })
+        });
+        g.bench_function("icrc_verify", |b| b.iter(|| black_box(icrc::verify_roce_v2(black_box(l3)).unwrap())));
+        g.bench_function("view_and_icrc_verify", |b| {
+            b.iter(|| {
+                let v = roce::RoceView::new_checked(black_box(&f)).unwrap();
+                assert!(v.icrc_ok());
+                black_box(v.ib.bth().psn())
+            })
+        });
+        g.bench_function("parse_to_reprs_and_icrc_verify", |b| {
+            b.iter(|| {
+                let p = FrameRepr::parse(black_box(&f)).unwrap();
+                assert!(p.icrc_ok);
+                black_box(p.repr.ib.bth.psn)
+            })
+        });
+        g.finish();
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
