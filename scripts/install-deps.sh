@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Installs what the test suite needs on a Debian 12 machine: tshark (the independent decoder the
-# wire tests cross-check against). Idempotent: does nothing for what is already there.
+# Installs what the test suite needs on a Debian 12 machine, and nothing that is already there:
+# - tshark: the independent decoder the wire tests cross-check against (Debian package);
+# - python3: runs the shared ICRC oracle (present on the CI image; installed if missing);
+# - cargo-fuzz: builds and runs the fuzz targets (a cargo tool, built from crates.io).
 set -euo pipefail
 need=()
 command -v tshark >/dev/null 2>&1 || need+=(tshark)
+command -v python3 >/dev/null 2>&1 || need+=(python3)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo="sudo"
@@ -11,4 +14,8 @@ if [ ${#need[@]} -gt 0 ]; then
   echo "install-deps: installing ${need[*]}" >&2
   $sudo apt-get update -qq
   $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  echo "install-deps: installing cargo-fuzz" >&2
+  cargo install cargo-fuzz --locked --quiet
 fi

@@ -19,7 +19,11 @@ pub(crate) fn run(out: Option<PathBuf>, json: bool) -> Result<ExitCode> {
     let stdout = io::stdout();
     let mut o = stdout.lock();
     if !json {
-        writeln!(o, "softrdma demo: {} RoCEv2 frames built with softrdma's own encoder (no device runs yet),", frames.len())?;
+        writeln!(
+            o,
+            "softrdma demo: {} RoCEv2 frames built with softrdma's own encoder (no device runs yet),",
+            frames.len()
+        )?;
         writeln!(o, "written to {} and decoded back:", path.display())?;
     }
     let mut report = CheckReport::default();

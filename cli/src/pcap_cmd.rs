@@ -76,10 +76,7 @@ pub(crate) fn frame_json(s: &FrameSummary) -> Value {
         m.insert("xrceth".into(), json!({"srqn": x.xrc_srqn}));
     }
     if let Some(x) = h.atomiceth {
-        m.insert(
-            "atomiceth".into(),
-            json!({"va": x.va, "rkey": x.rkey, "swap_add": x.swap_add, "compare": x.compare}),
-        );
+        m.insert("atomiceth".into(), json!({"va": x.va, "rkey": x.rkey, "swap_add": x.swap_add, "compare": x.compare}));
     }
     if let Some(x) = h.atomicacketh {
         m.insert("atomicacketh".into(), json!({"orig": x.orig_rem_data}));
@@ -126,7 +123,8 @@ pub(crate) fn frame_text(s: &FrameSummary) -> String {
     let h = &ib.headers;
     if let Some(b) = h.bth {
         let _ = write!(l, " {} qp={:#08x} psn={}", b.opcode, b.dest_qp.value(), b.psn.value());
-        for (on, flag) in [(b.ack_req, "A"), (b.solicited, "SE"), (b.mig_req, "M"), (b.fecn, "FECN"), (b.becn, "BECN")] {
+        for (on, flag) in [(b.ack_req, "A"), (b.solicited, "SE"), (b.mig_req, "M"), (b.fecn, "FECN"), (b.becn, "BECN")]
+        {
             if on {
                 let _ = write!(l, " {flag}");
             }
@@ -204,7 +202,12 @@ pub(crate) fn decode(path: &Path, as_json: bool) -> Result<ExitCode> {
 }
 
 /// Prints a check report.
-pub(crate) fn print_report(out: &mut impl Write, name: &str, r: &CheckReport, read_error: Option<&str>) -> io::Result<()> {
+pub(crate) fn print_report(
+    out: &mut impl Write,
+    name: &str,
+    r: &CheckReport,
+    read_error: Option<&str>,
+) -> io::Result<()> {
     writeln!(out, "{name}")?;
     writeln!(out, "  frames          {}", r.frames)?;
     writeln!(out, "  IB packets      {}", r.ib_packets)?;

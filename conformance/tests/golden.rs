@@ -4,9 +4,7 @@
 
 use softrdma_conformance::{hex, shared_dir};
 use softrdma_engine::wire::roce::{EmitOptions, FrameRepr, L3Repr, ParsedFrame};
-use softrdma_engine::wire::{
-    aeth::CREDITS_INVALID, Error, IbPacket, NakCode, Opcode, Psn, Qpn, Syndrome,
-};
+use softrdma_engine::wire::{aeth::CREDITS_INVALID, Error, IbPacket, NakCode, Opcode, Psn, Qpn, Syndrome};
 use softrdma_pcap::analyze::summarize;
 use softrdma_pcap::Reader;
 
@@ -105,7 +103,13 @@ fn g5_rc_write_only_imm_v6() {
 
 #[test]
 fn golden_pcap_matches_hex_files() {
-    let names = ["g1_rc_send_only_v4", "g2_rc_write_first_v4", "g3_rc_nak_seq_err_v4", "g4_ud_send_only_v4", "g5_rc_write_only_imm_v6"];
+    let names = [
+        "g1_rc_send_only_v4",
+        "g2_rc_write_first_v4",
+        "g3_rc_nak_seq_err_v4",
+        "g4_ud_send_only_v4",
+        "g5_rc_write_only_imm_v6",
+    ];
     let recs: Vec<_> = Reader::open(golden_dir().join("golden.pcap")).unwrap().map(|r| r.unwrap()).collect();
     assert_eq!(recs.len(), names.len());
     for (r, n) in recs.iter().zip(names) {
@@ -154,7 +158,9 @@ fn coverage_frames_parse_reemit_and_verify() {
                 assert_eq!(op, Opcode::RC_RDMA_READ_REQUEST);
                 assert_eq!(ib.reth.unwrap().dma_len, 4096);
             }
-            "rc_read_resp_first" => assert_eq!((op, ib.aeth.unwrap().msn.value()), (Opcode::RC_RDMA_READ_RESPONSE_FIRST, 7)),
+            "rc_read_resp_first" => {
+                assert_eq!((op, ib.aeth.unwrap().msn.value()), (Opcode::RC_RDMA_READ_RESPONSE_FIRST, 7))
+            }
             "rc_read_resp_middle" => {
                 assert_eq!(op, Opcode::RC_RDMA_READ_RESPONSE_MIDDLE);
                 assert!(ib.aeth.is_none());
@@ -162,7 +168,10 @@ fn coverage_frames_parse_reemit_and_verify() {
             }
             "rc_cmp_swap" => {
                 let a = ib.atomiceth.unwrap();
-                assert_eq!((op, a.va, a.rkey, a.swap_add, a.compare), (Opcode::RC_COMPARE_SWAP, 0x3000, 0x66, 0x1111, 0x2222));
+                assert_eq!(
+                    (op, a.va, a.rkey, a.swap_add, a.compare),
+                    (Opcode::RC_COMPARE_SWAP, 0x3000, 0x66, 0x1111, 0x2222)
+                );
             }
             "rc_fetch_add" => {
                 let a = ib.atomiceth.unwrap();

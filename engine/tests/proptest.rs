@@ -6,9 +6,9 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use proptest::prelude::*;
 use softrdma_engine::wire::roce::{self, EmitOptions, FrameRepr, L3Repr};
 use softrdma_engine::wire::{
-    aeth::Msn, AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, EthernetAddress,
-    EthernetRepr, EtherType, Gid, GrhRepr, Headers, IbPacket, IbRepr, IethRepr, ImmDtRepr,
-    IpProtocol, Ipv4Repr, Ipv6Repr, Opcode, Psn, Qpn, RdethRepr, RethRepr, Syndrome, XrcEthRepr,
+    aeth::Msn, AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, EtherType, EthernetAddress, EthernetRepr,
+    Gid, GrhRepr, Headers, IbPacket, IbRepr, IethRepr, ImmDtRepr, IpProtocol, Ipv4Repr, Ipv6Repr, Opcode, Psn, Qpn,
+    RdethRepr, RethRepr, Syndrome, XrcEthRepr,
 };
 
 fn opcode() -> impl Strategy<Value = Opcode> {
@@ -20,18 +20,20 @@ fn opcode() -> impl Strategy<Value = Opcode> {
 }
 
 fn bth(op: Opcode) -> impl Strategy<Value = BthRepr> {
-    (any::<[bool; 6]>(), 0u8..16, any::<u16>(), any::<u32>(), any::<u32>()).prop_map(move |(f, tver, pkey, qp, psn)| BthRepr {
-        opcode: op,
-        solicited: f[0],
-        mig_req: f[1],
-        pad_count: 0,
-        tver,
-        pkey,
-        fecn: f[2],
-        becn: f[3],
-        dest_qp: Qpn::new(qp),
-        ack_req: f[4],
-        psn: Psn::new(psn),
+    (any::<[bool; 6]>(), 0u8..16, any::<u16>(), any::<u32>(), any::<u32>()).prop_map(move |(f, tver, pkey, qp, psn)| {
+        BthRepr {
+            opcode: op,
+            solicited: f[0],
+            mig_req: f[1],
+            pad_count: 0,
+            tver,
+            pkey,
+            fecn: f[2],
+            becn: f[3],
+            dest_qp: Qpn::new(qp),
+            ack_req: f[4],
+            psn: Psn::new(psn),
+        }
     })
 }
 
@@ -45,89 +47,97 @@ fn ib_repr() -> impl Strategy<Value = (IbRepr, Vec<u8>)> {
             any::<(u8, u32, u64, u32, u32)>(),
             if payload_ok { prop::collection::vec(any::<u8>(), 0..300).boxed() } else { Just(Vec::new()).boxed() },
         )
-            .prop_map(move |(b, (qk, sq, srqn, va, rk, dl, sw, rk2, cmp, orig), (syn, msn, va2, imm, inv), payload)| {
-                let mut r = IbRepr::new(b);
-                let has = |h| headers.contains(h);
-                if has(Headers::RDETH) {
-                    r.rdeth = Some(RdethRepr { ee_context: srqn >> 8 & 0xff_ffff });
-                }
-                if has(Headers::DETH) {
-                    r.deth = Some(DethRepr { qkey: qk, src_qp: Qpn::new(sq) });
-                }
-                if has(Headers::XRCETH) {
-                    r.xrceth = Some(XrcEthRepr { xrc_srqn: srqn & 0xff_ffff });
-                }
-                if has(Headers::RETH) {
-                    r.reth = Some(RethRepr { va, rkey: rk, dma_len: dl });
-                }
-                if has(Headers::ATOMICETH) {
-                    r.atomiceth = Some(AtomicEthRepr { va: va2, rkey: rk2, swap_add: sw, compare: cmp });
-                }
-                if has(Headers::AETH) {
-                    r.aeth = Some(AethRepr { syndrome: Syndrome::from_byte(syn), msn: Msn::new(msn) });
-                }
-                if has(Headers::ATOMICACKETH) {
-                    r.atomicacketh = Some(AtomicAckEthRepr { orig_rem_data: orig });
-                }
-                if has(Headers::IMMDT) {
-                    r.immdt = Some(ImmDtRepr { imm });
-                }
-                if has(Headers::IETH) {
-                    r.ieth = Some(IethRepr { rkey: inv });
-                }
-                r.payload_len = payload.len();
-                r.bth.pad_count = IbRepr::pad_for(payload.len());
-                (r, payload)
-            })
+            .prop_map(
+                move |(b, (qk, sq, srqn, va, rk, dl, sw, rk2, cmp, orig), (syn, msn, va2, imm, inv), payload)| {
+                    let mut r = IbRepr::new(b);
+                    let has = |h| headers.contains(h);
+                    if has(Headers::RDETH) {
+                        r.rdeth = Some(RdethRepr { ee_context: srqn >> 8 & 0xff_ffff });
+                    }
+                    if has(Headers::DETH) {
+                        r.deth = Some(DethRepr { qkey: qk, src_qp: Qpn::new(sq) });
+                    }
+                    if has(Headers::XRCETH) {
+                        r.xrceth = Some(XrcEthRepr { xrc_srqn: srqn & 0xff_ffff });
+                    }
+                    if has(Headers::RETH) {
+                        r.reth = Some(RethRepr { va, rkey: rk, dma_len: dl });
+                    }
+                    if has(Headers::ATOMICETH) {
+                        r.atomiceth = Some(AtomicEthRepr { va: va2, rkey: rk2, swap_add: sw, compare: cmp });
+                    }
+                    if has(Headers::AETH) {
+                        r.aeth = Some(AethRepr { syndrome: Syndrome::from_byte(syn), msn: Msn::new(msn) });
+                    }
+                    if has(Headers::ATOMICACKETH) {
+                        r.atomicacketh = Some(AtomicAckEthRepr { orig_rem_data: orig });
+                    }
+                    if has(Headers::IMMDT) {
+                        r.immdt = Some(ImmDtRepr { imm });
+                    }
+                    if has(Headers::IETH) {
+                        r.ieth = Some(IethRepr { rkey: inv });
+                    }
+                    r.payload_len = payload.len();
+                    r.bth.pad_count = IbRepr::pad_for(payload.len());
+                    (r, payload)
+                },
+            )
     })
 }
 
 fn l3() -> impl Strategy<Value = L3Repr> {
     prop_oneof![
-        (any::<[u8; 4]>(), any::<[u8; 4]>(), any::<u8>(), any::<u16>(), any::<bool>(), any::<u8>()).prop_map(|(s, d, tos, id, df, ttl)| {
-            L3Repr::Ipv4(Ipv4Repr {
-                src_addr: Ipv4Addr::from(s),
-                dst_addr: Ipv4Addr::from(d),
-                protocol: IpProtocol::Udp,
-                payload_len: 0,
-                dscp_ecn: tos,
-                ident: id,
-                dont_frag: df,
-                ttl,
-            })
-        }),
-        (any::<[u8; 16]>(), any::<[u8; 16]>(), any::<u8>(), 0u32..(1 << 20), any::<u8>()).prop_map(|(s, d, tc, fl, hl)| {
-            L3Repr::Ipv6(Ipv6Repr {
-                src_addr: Ipv6Addr::from(s),
-                dst_addr: Ipv6Addr::from(d),
-                next_header: IpProtocol::Udp,
-                payload_len: 0,
-                hop_limit: hl,
-                traffic_class: tc,
-                flow_label: fl,
-            })
-        }),
-        (any::<[u8; 16]>(), any::<[u8; 16]>(), any::<u8>(), 0u32..(1 << 20), any::<u8>()).prop_map(|(s, d, tc, fl, hl)| {
-            L3Repr::Grh(GrhRepr {
-                traffic_class: tc,
-                flow_label: fl,
-                payload_len: 0,
-                next_header: IpProtocol::IbaTransport,
-                hop_limit: hl,
-                sgid: Gid(s),
-                dgid: Gid(d),
-            })
-        }),
+        (any::<[u8; 4]>(), any::<[u8; 4]>(), any::<u8>(), any::<u16>(), any::<bool>(), any::<u8>()).prop_map(
+            |(s, d, tos, id, df, ttl)| {
+                L3Repr::Ipv4(Ipv4Repr {
+                    src_addr: Ipv4Addr::from(s),
+                    dst_addr: Ipv4Addr::from(d),
+                    protocol: IpProtocol::Udp,
+                    payload_len: 0,
+                    dscp_ecn: tos,
+                    ident: id,
+                    dont_frag: df,
+                    ttl,
+                })
+            }
+        ),
+        (any::<[u8; 16]>(), any::<[u8; 16]>(), any::<u8>(), 0u32..(1 << 20), any::<u8>()).prop_map(
+            |(s, d, tc, fl, hl)| {
+                L3Repr::Ipv6(Ipv6Repr {
+                    src_addr: Ipv6Addr::from(s),
+                    dst_addr: Ipv6Addr::from(d),
+                    next_header: IpProtocol::Udp,
+                    payload_len: 0,
+                    hop_limit: hl,
+                    traffic_class: tc,
+                    flow_label: fl,
+                })
+            }
+        ),
+        (any::<[u8; 16]>(), any::<[u8; 16]>(), any::<u8>(), 0u32..(1 << 20), any::<u8>()).prop_map(
+            |(s, d, tc, fl, hl)| {
+                L3Repr::Grh(GrhRepr {
+                    traffic_class: tc,
+                    flow_label: fl,
+                    payload_len: 0,
+                    next_header: IpProtocol::IbaTransport,
+                    hop_limit: hl,
+                    sgid: Gid(s),
+                    dgid: Gid(d),
+                })
+            }
+        ),
     ]
 }
 
 fn frame() -> impl Strategy<Value = (FrameRepr, Vec<u8>, bool)> {
-    (ib_repr(), l3(), any::<u16>(), any::<[u8; 6]>(), any::<[u8; 6]>(), prop::option::of(any::<u16>()), any::<bool>()).prop_map(
-        |((ib, payload), l3, sport, s, d, vlan, csum)| {
-            let eth = EthernetRepr { src_addr: EthernetAddress(s), dst_addr: EthernetAddress(d), ethertype: EtherType::Ipv4 };
+    (ib_repr(), l3(), any::<u16>(), any::<[u8; 6]>(), any::<[u8; 6]>(), prop::option::of(any::<u16>()), any::<bool>())
+        .prop_map(|((ib, payload), l3, sport, s, d, vlan, csum)| {
+            let eth =
+                EthernetRepr { src_addr: EthernetAddress(s), dst_addr: EthernetAddress(d), ethertype: EtherType::Ipv4 };
             (FrameRepr { eth, vlan_tci: vlan, l3, udp_src_port: sport, ib }, payload, csum)
-        },
-    )
+        })
 }
 
 /// What emit derives (lengths, ethertype, protocol) is filled in the expected value.

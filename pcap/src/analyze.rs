@@ -14,11 +14,10 @@ use softrdma_engine::wire::roce::{self, Dissection, L3Repr};
 
 use crate::LinkType;
 use softrdma_engine::wire::{
-    aeth, atomicacketh, atomiceth, bth, deth, icrc, ieth, immdt, rdeth, reth, xrceth, AethRepr,
-    AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, Error as WireError, EtherType, Headers,
-    IbPacket, IethRepr, ImmDtRepr, RdethRepr, RethRepr, XrcEthRepr,
+    aeth, atomicacketh, atomiceth, bth, deth, icrc, ieth, immdt, rdeth, reth, xrceth, AethRepr, AtomicAckEthRepr,
+    AtomicEthRepr, BthRepr, DethRepr, Error as WireError, EtherType, Headers, IbPacket, IethRepr, ImmDtRepr, RdethRepr,
+    RethRepr, XrcEthRepr,
 };
-
 
 /// The network layer of an IB frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,9 +124,7 @@ fn dissect_linktype(linktype: LinkType, data: &[u8]) -> Option<Dissection<'_>> {
     };
     match linktype {
         LinkType::ETHERNET => Some(roce::dissect(data)),
-        LinkType::RAW | LinkType::IPV4 | LinkType::IPV6 => {
-            Some(roce::dissect_network_layer(ip_version(data), data))
-        }
+        LinkType::RAW | LinkType::IPV4 | LinkType::IPV6 => Some(roce::dissect_network_layer(ip_version(data), data)),
         LinkType::LINUX_SLL if data.len() >= 16 => {
             let et = EtherType::from(u16::from_be_bytes([data[14], data[15]]));
             Some(roce::dissect_network_layer(et, &data[16..]))
@@ -167,9 +164,7 @@ fn read_headers(bytes: &[u8], body_end: usize) -> (IbHeaders, Option<WireError>)
             Headers::DETH => h.deth = DethRepr::parse(&deth::Packet::new_unchecked(x)).ok(),
             Headers::XRCETH => h.xrceth = XrcEthRepr::parse(&xrceth::Packet::new_unchecked(x)).ok(),
             Headers::RETH => h.reth = RethRepr::parse(&reth::Packet::new_unchecked(x)).ok(),
-            Headers::ATOMICETH => {
-                h.atomiceth = AtomicEthRepr::parse(&atomiceth::Packet::new_unchecked(x)).ok()
-            }
+            Headers::ATOMICETH => h.atomiceth = AtomicEthRepr::parse(&atomiceth::Packet::new_unchecked(x)).ok(),
             Headers::AETH => h.aeth = AethRepr::parse(&aeth::Packet::new_unchecked(x)).ok(),
             Headers::ATOMICACKETH => {
                 h.atomicacketh = AtomicAckEthRepr::parse(&atomicacketh::Packet::new_unchecked(x)).ok()
@@ -229,9 +224,7 @@ pub fn summarize(frame: u64, linktype: LinkType, data: &[u8], record_truncated: 
     let body_end = d.ib_declared_len.saturating_sub(icrc::LEN);
     let (headers, header_error) = read_headers(d.ib_bytes, body_end);
     ib.headers = headers;
-    let header_len = ib.headers.bth.map(|b| {
-        bth::HEADER_LEN + b.opcode.info().map_or(0, |i| i.headers.len())
-    });
+    let header_len = ib.headers.bth.map(|b| bth::HEADER_LEN + b.opcode.info().map_or(0, |i| i.headers.len()));
     if let (Some(hl), Some(b)) = (header_len, ib.headers.bth) {
         ib.payload_len = body_end.checked_sub(hl + usize::from(b.pad_count));
     }

@@ -117,20 +117,13 @@ impl<R: Read> Reader<R> {
         let source = Filled(Cursor::new(head).chain(input));
         let parser = match format {
             Format::Pcapng => PcapNGReader::new(capacity, source).map(Parser::Pcapng),
-            Format::PcapMicro | Format::PcapNano => {
-                LegacyPcapReader::new(capacity, source).map(Parser::Pcap)
-            }
+            Format::PcapMicro | Format::PcapNano => LegacyPcapReader::new(capacity, source).map(Parser::Pcap),
         }
         .map_err(|e| header_error(&e))?;
 
         Ok(Reader {
             parser,
-            section: Section {
-                format,
-                byte_order,
-                pcap_linktype: LinkType::ETHERNET,
-                interfaces: Vec::new(),
-            },
+            section: Section { format, byte_order, pcap_linktype: LinkType::ETHERNET, interfaces: Vec::new() },
             capacity,
             next_index: 1,
             done: false,
@@ -149,13 +142,7 @@ impl<R: Read> Reader<R> {
 
     /// Reads blocks until one holds a packet (`Some`) or the input ends cleanly (`None`).
     fn advance(&mut self) -> Result<Option<Record>, Error> {
-        let Reader {
-            parser,
-            section,
-            capacity,
-            next_index,
-            ..
-        } = self;
+        let Reader { parser, section, capacity, next_index, .. } = self;
         let parser = parser.get();
         loop {
             let offset = parser.consumed() as u64;
@@ -185,17 +172,9 @@ impl<R: Read> Reader<R> {
                 Err(PcapError::UnexpectedEof) => return Err(Error::Truncated { offset }),
                 Err(PcapError::ReadError) => return Err(read_error()),
                 Err(PcapError::HeaderNotRecognized) => {
-                    return Err(malformed(
-                        offset,
-                        "section header with an unknown byte-order magic",
-                    ))
+                    return Err(malformed(offset, "section header with an unknown byte-order magic"))
                 }
-                Err(_) => {
-                    return Err(malformed(
-                        offset,
-                        "block lengths or options are inconsistent",
-                    ))
-                }
+                Err(_) => return Err(malformed(offset, "block lengths or options are inconsistent")),
             }
         }
     }
@@ -261,12 +240,7 @@ impl Section {
                 };
                 // At most (2^32 - 1) * (10^9 + 1000), well inside u64.
                 let timestamp_ns = u64::from(frame.ts_sec) * NANOS_PER_SEC + fraction_ns;
-                Ok(Some(record(
-                    timestamp_ns,
-                    self.pcap_linktype,
-                    frame.origlen,
-                    frame.data,
-                )))
+                Ok(Some(record(timestamp_ns, self.pcap_linktype, frame.origlen, frame.data)))
             }
             PcapBlockOwned::NG(block) => self.decode_ng(block, offset),
         }
@@ -280,11 +254,7 @@ impl Section {
                 if shb.major_version != 1 {
                     return Err(malformed(offset, "unsupported pcapng major version"));
                 }
-                self.byte_order = if shb.big_endian() {
-                    ByteOrder::Big
-                } else {
-                    ByteOrder::Little
-                };
+                self.byte_order = if shb.big_endian() { ByteOrder::Big } else { ByteOrder::Little };
                 self.interfaces.clear();
                 Ok(None)
             }
@@ -297,16 +267,9 @@ impl Section {
             Block::EnhancedPacket(epb) => {
                 let interface = self.interface(epb.if_id, offset)?;
                 let units = u64::from(epb.ts_high) << 32 | u64::from(epb.ts_low);
-                let timestamp_ns = interface
-                    .timestamp_ns(units)
-                    .ok_or(Error::TimestampOutOfRange { offset })?;
+                let timestamp_ns = interface.timestamp_ns(units).ok_or(Error::TimestampOutOfRange { offset })?;
                 let linktype = interface.linktype;
-                Ok(Some(record(
-                    timestamp_ns,
-                    linktype,
-                    epb.origlen,
-                    epb.packet_data(),
-                )))
+                Ok(Some(record(timestamp_ns, linktype, epb.origlen, epb.packet_data())))
             }
             Block::SimplePacket(spb) => {
                 check_trailer(spb.block_len1, spb.block_len2, offset)?;
@@ -356,25 +319,16 @@ impl Section {
 
         let interface = self.interface(u32::from(interface_id), offset)?;
         let units = u64::from(ts_high) << 32 | u64::from(ts_low);
-        let timestamp_ns = interface
-            .timestamp_ns(units)
-            .ok_or(Error::TimestampOutOfRange { offset })?;
-        Ok(Some(record(
-            timestamp_ns,
-            interface.linktype,
-            origlen,
-            data,
-        )))
+        let timestamp_ns = interface.timestamp_ns(units).ok_or(Error::TimestampOutOfRange { offset })?;
+        Ok(Some(record(timestamp_ns, interface.linktype, origlen, data)))
     }
 
     fn interface(&self, id: u32, offset: u64) -> Result<&Interface, Error> {
-        self.interfaces
-            .get(id as usize)
-            .ok_or(Error::UnknownInterface {
-                offset,
-                interface: id,
-                described: self.interfaces.len(),
-            })
+        self.interfaces.get(id as usize).ok_or(Error::UnknownInterface {
+            offset,
+            interface: id,
+            described: self.interfaces.len(),
+        })
     }
 }
 
@@ -387,35 +341,25 @@ impl Interface {
     /// `if_tsresol`.
     fn describe(idb: &InterfaceDescriptionBlock<'_>, order: ByteOrder) -> Option<Interface> {
         let option = |code: OptionCode| {
-            idb.options
-                .iter()
-                .find(|option| option.code == code)
-                .and_then(|option| option.as_bytes().ok())
+            idb.options.iter().find(|option| option.code == code).and_then(|option| option.as_bytes().ok())
         };
         // Default: microseconds. A malformed (wrong-length) option counts as absent.
         let tsresol = match option(OptionCode::IfTsresol) {
             Some(&[value]) => value,
             _ => 6,
         };
-        let offset_secs = option(OptionCode::IfTsoffset)
-            .and_then(|value| <[u8; 8]>::try_from(value).ok())
-            .map_or(0, |bytes| match order {
-                ByteOrder::Little => i64::from_le_bytes(bytes),
-                ByteOrder::Big => i64::from_be_bytes(bytes),
+        let offset_secs =
+            option(OptionCode::IfTsoffset).and_then(|value| <[u8; 8]>::try_from(value).ok()).map_or(0, |bytes| {
+                match order {
+                    ByteOrder::Little => i64::from_le_bytes(bytes),
+                    ByteOrder::Big => i64::from_be_bytes(bytes),
+                }
             });
         // pcapng: the high bit selects a power of two, else a power of ten, of the low 7 bits.
         let exponent = u32::from(tsresol & 0x7f);
-        let units_per_sec = if tsresol & 0x80 == 0 {
-            10u64.checked_pow(exponent)?
-        } else {
-            2u64.checked_pow(exponent)?
-        };
-        Some(Interface {
-            linktype: LinkType(idb.linktype.0 as u16),
-            snaplen: idb.snaplen,
-            units_per_sec,
-            offset_secs,
-        })
+        let units_per_sec =
+            if tsresol & 0x80 == 0 { 10u64.checked_pow(exponent)? } else { 2u64.checked_pow(exponent)? };
+        Some(Interface { linktype: LinkType(idb.linktype.0 as u16), snaplen: idb.snaplen, units_per_sec, offset_secs })
     }
 
     /// Converts a timestamp in this interface's units to nanoseconds since the epoch.
@@ -430,13 +374,7 @@ impl Interface {
 }
 
 fn record(timestamp_ns: u64, linktype: LinkType, orig_len: u32, data: &[u8]) -> Record {
-    Record {
-        index: 0,
-        timestamp_ns,
-        linktype,
-        orig_len,
-        data: data.to_vec(),
-    }
+    Record { index: 0, timestamp_ns, linktype, orig_len, data: data.to_vec() }
 }
 
 /// Tells the format and byte order from the first bytes (up to 12) of the input.
@@ -463,9 +401,7 @@ fn detect(head: &[u8]) -> Result<(Format, ByteOrder), Error> {
 /// Maps a failure to read the file header (or first section header) to an [`Error`].
 fn header_error(error: &PcapError<&'static [u8]>) -> Error {
     match error {
-        PcapError::Eof | PcapError::UnexpectedEof | PcapError::Incomplete(_) => {
-            Error::Truncated { offset: 0 }
-        }
+        PcapError::Eof | PcapError::UnexpectedEof | PcapError::Incomplete(_) => Error::Truncated { offset: 0 },
         PcapError::ReadError => read_error(),
         _ => malformed(0, "file header is malformed"),
     }
@@ -484,10 +420,7 @@ fn check_trailer(block_len1: u32, block_len2: u32, offset: u64) -> Result<(), Er
     if block_len1 == block_len2 {
         Ok(())
     } else {
-        Err(malformed(
-            offset,
-            "trailing block length differs from the leading one",
-        ))
+        Err(malformed(offset, "trailing block length differs from the leading one"))
     }
 }
 
@@ -538,11 +471,7 @@ mod test {
         Interface {
             linktype: LinkType::ETHERNET,
             snaplen: 0,
-            units_per_sec: if tsresol & 0x80 == 0 {
-                10u64.pow(exponent)
-            } else {
-                1 << exponent
-            },
+            units_per_sec: if tsresol & 0x80 == 0 { 10u64.pow(exponent) } else { 1 << exponent },
             offset_secs,
         }
     }
@@ -550,60 +479,31 @@ mod test {
     #[test]
     fn timestamp_units() {
         assert_eq!(interface(6, 0).timestamp_ns(1_500_000), Some(1_500_000_000));
-        assert_eq!(
-            interface(9, 0).timestamp_ns(1_234_567_891),
-            Some(1_234_567_891)
-        );
+        assert_eq!(interface(9, 0).timestamp_ns(1_234_567_891), Some(1_234_567_891));
         // 2^-10 s units: 1024 units are one second, 512 half of one.
-        assert_eq!(
-            interface(0x8a, 0).timestamp_ns(1024 + 512),
-            Some(1_500_000_000)
-        );
+        assert_eq!(interface(0x8a, 0).timestamp_ns(1024 + 512), Some(1_500_000_000));
         assert_eq!(interface(0, 0).timestamp_ns(7), Some(7_000_000_000));
         assert_eq!(interface(6, 10).timestamp_ns(1), Some(10_000_001_000));
         assert_eq!(interface(6, -10).timestamp_ns(1), None);
         assert_eq!(interface(0, 0).timestamp_ns(u64::MAX), None);
-        assert_eq!(
-            interface(19, 0).timestamp_ns(u64::MAX),
-            Some(u64::MAX / 10_000_000_000)
-        );
+        assert_eq!(interface(19, 0).timestamp_ns(u64::MAX), Some(u64::MAX / 10_000_000_000));
     }
 
     #[test]
     fn detect_magic() {
         let cases: [(&[u8], Format, ByteOrder); 5] = [
-            (
-                &[0xd4, 0xc3, 0xb2, 0xa1],
-                Format::PcapMicro,
-                ByteOrder::Little,
-            ),
+            (&[0xd4, 0xc3, 0xb2, 0xa1], Format::PcapMicro, ByteOrder::Little),
             (&[0xa1, 0xb2, 0xc3, 0xd4], Format::PcapMicro, ByteOrder::Big),
-            (
-                &[0x4d, 0x3c, 0xb2, 0xa1],
-                Format::PcapNano,
-                ByteOrder::Little,
-            ),
+            (&[0x4d, 0x3c, 0xb2, 0xa1], Format::PcapNano, ByteOrder::Little),
             (&[0xa1, 0xb2, 0x3c, 0x4d], Format::PcapNano, ByteOrder::Big),
-            (
-                &[
-                    0x0a, 0x0d, 0x0d, 0x0a, 0, 0, 0, 0x1c, 0x1a, 0x2b, 0x3c, 0x4d,
-                ],
-                Format::Pcapng,
-                ByteOrder::Big,
-            ),
+            (&[0x0a, 0x0d, 0x0d, 0x0a, 0, 0, 0, 0x1c, 0x1a, 0x2b, 0x3c, 0x4d], Format::Pcapng, ByteOrder::Big),
         ];
         for (head, format, order) in cases {
             assert_eq!(detect(head).unwrap(), (format, order), "{head:02x?}");
         }
         assert!(matches!(detect(&[1, 2, 3, 4, 5]), Err(Error::BadMagic(m)) if m == [1, 2, 3, 4]));
-        assert!(matches!(
-            detect(&[0xd4, 0xc3]),
-            Err(Error::Truncated { offset: 0 })
-        ));
-        assert!(matches!(
-            detect(&[0x0a, 0x0d, 0x0d, 0x0a, 0, 0, 0, 0x1c, 0, 0, 0, 0]),
-            Err(Error::BadMagic(_))
-        ));
+        assert!(matches!(detect(&[0xd4, 0xc3]), Err(Error::Truncated { offset: 0 })));
+        assert!(matches!(detect(&[0x0a, 0x0d, 0x0d, 0x0a, 0, 0, 0, 0x1c, 0, 0, 0, 0]), Err(Error::BadMagic(_))));
     }
 
     /// A source that hands out one byte per `read`.

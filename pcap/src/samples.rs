@@ -9,9 +9,8 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use softrdma_engine::wire::roce::{self, EmitOptions, FrameRepr, L3Repr};
 use softrdma_engine::wire::{
     aeth::{Msn, CREDITS_INVALID},
-    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, EthernetAddress, Gid, GrhRepr,
-    Headers, IbRepr, IethRepr, ImmDtRepr, IpProtocol, NakCode, Opcode, Psn, Qpn, RdethRepr, RethRepr,
-    Syndrome, XrcEthRepr,
+    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, EthernetAddress, Gid, GrhRepr, Headers, IbRepr,
+    IethRepr, ImmDtRepr, IpProtocol, NakCode, Opcode, Psn, Qpn, RdethRepr, RethRepr, Syndrome, XrcEthRepr,
 };
 
 /// One synthetic frame.
@@ -120,7 +119,8 @@ fn fill_headers(ib: &mut IbRepr, rng: &mut Rng) {
             _ => Syndrome::Nak(NakCode::from(rng.below(5) as u8)),
         };
         // Only ACKNOWLEDGE may carry a NAK; responses with data carry an ACK syndrome.
-        let syndrome = if ib.bth.opcode.0 & 0x1f == 0x11 { syndrome } else { Syndrome::Ack { credits: CREDITS_INVALID } };
+        let syndrome =
+            if ib.bth.opcode.0 & 0x1f == 0x11 { syndrome } else { Syndrome::Ack { credits: CREDITS_INVALID } };
         ib.aeth = Some(AethRepr { syndrome, msn: Msn::new(rng.next_u64() as u32) });
     }
     if headers.contains(Headers::ATOMICACKETH) {
@@ -182,11 +182,8 @@ pub fn every_opcode(seed: u64) -> Vec<Sample> {
         let mut ib = IbRepr::new(bth(opcode, rng.next_u64() as u32, rng.next_u64() as u32, &mut rng));
         fill_headers(&mut ib, &mut rng);
         let carries_payload = opcode.info().is_none_or(|i| i.payload);
-        let payload: Vec<u8> = if carries_payload {
-            (0..rng.below(70)).map(|_| rng.next_u64() as u8).collect()
-        } else {
-            Vec::new()
-        };
+        let payload: Vec<u8> =
+            if carries_payload { (0..rng.below(70)).map(|_| rng.next_u64() as u8).collect() } else { Vec::new() };
         let net = match i % 6 {
             4 => Net::Ipv6,
             5 => Net::Grh,

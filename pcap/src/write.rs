@@ -46,12 +46,7 @@ impl<W: Write> PcapWriter<W> {
     }
 
     /// Writes the file header for another link type or snaplen (which must not be 0).
-    pub fn with_linktype(
-        mut inner: W,
-        resolution: Resolution,
-        linktype: LinkType,
-        snaplen: u32,
-    ) -> io::Result<Self> {
+    pub fn with_linktype(mut inner: W, resolution: Resolution, linktype: LinkType, snaplen: u32) -> io::Result<Self> {
         if snaplen == 0 {
             return Err(invalid("a classic pcap snaplen must not be 0"));
         }
@@ -67,11 +62,7 @@ impl<W: Write> PcapWriter<W> {
         header[16..20].copy_from_slice(&snaplen.to_le_bytes());
         header[20..24].copy_from_slice(&u32::from(linktype.0).to_le_bytes());
         inner.write_all(&header)?;
-        Ok(PcapWriter {
-            inner,
-            resolution,
-            snaplen,
-        })
+        Ok(PcapWriter { inner, resolution, snaplen })
     }
 
     /// Writes one record.
@@ -79,12 +70,7 @@ impl<W: Write> PcapWriter<W> {
     /// `data` beyond the snaplen is cut, as a capture would; `orig_len` is the length on the wire
     /// and is raised to `data.len()` if smaller. Timestamps after 2106 do not fit the format and
     /// are refused; a microsecond file drops the sub-microsecond digits.
-    pub fn write_packet(
-        &mut self,
-        timestamp_ns: u64,
-        data: &[u8],
-        orig_len: u32,
-    ) -> io::Result<()> {
+    pub fn write_packet(&mut self, timestamp_ns: u64, data: &[u8], orig_len: u32) -> io::Result<()> {
         let secs = u32::try_from(timestamp_ns / NANOS_PER_SEC)
             .map_err(|_| invalid("timestamp beyond 2106 does not fit classic pcap"))?;
         let fraction = match self.resolution {
@@ -93,10 +79,7 @@ impl<W: Write> PcapWriter<W> {
         } as u32;
         let (captured, orig_len) = cut(data, self.snaplen, orig_len);
         let mut header = [0u8; 16];
-        put_u32s(
-            &mut header,
-            [secs, fraction, captured.len() as u32, orig_len],
-        );
+        put_u32s(&mut header, [secs, fraction, captured.len() as u32, orig_len]);
         self.inner.write_all(&header)?;
         self.inner.write_all(captured)
     }
@@ -218,19 +201,11 @@ impl<W: Write> PcapngWriter<W> {
         }
         write_block(&mut inner, ng::IDB, &idb, &[], &idb_options)?;
 
-        Ok(PcapngWriter {
-            inner,
-            snaplen: options.snaplen,
-        })
+        Ok(PcapngWriter { inner, snaplen: options.snaplen })
     }
 
     /// Writes one Enhanced Packet Block; `data` and `orig_len` as in [`PcapWriter::write_packet`].
-    pub fn write_packet(
-        &mut self,
-        timestamp_ns: u64,
-        data: &[u8],
-        orig_len: u32,
-    ) -> io::Result<()> {
+    pub fn write_packet(&mut self, timestamp_ns: u64, data: &[u8], orig_len: u32) -> io::Result<()> {
         self.write_epb(timestamp_ns, data, orig_len, &[])
     }
 
@@ -242,26 +217,11 @@ impl<W: Write> PcapngWriter<W> {
         orig_len: u32,
         comment: &str,
     ) -> io::Result<()> {
-        self.write_epb(
-            timestamp_ns,
-            data,
-            orig_len,
-            &[(ng::OPT_COMMENT, comment.as_bytes())],
-        )
+        self.write_epb(timestamp_ns, data, orig_len, &[(ng::OPT_COMMENT, comment.as_bytes())])
     }
 
-    fn write_epb(
-        &mut self,
-        timestamp_ns: u64,
-        data: &[u8],
-        orig_len: u32,
-        options: &[(u16, &[u8])],
-    ) -> io::Result<()> {
-        let limit = if self.snaplen == 0 {
-            u32::MAX
-        } else {
-            self.snaplen
-        };
+    fn write_epb(&mut self, timestamp_ns: u64, data: &[u8], orig_len: u32, options: &[(u16, &[u8])]) -> io::Result<()> {
+        let limit = if self.snaplen == 0 { u32::MAX } else { self.snaplen };
         let (captured, orig_len) = cut(data, limit, orig_len);
         let mut epb = [0u8; 20];
         put_u32s(
@@ -368,71 +328,48 @@ mod test {
 
     #[test]
     fn pcap_header_bytes() {
-        let file = PcapWriter::new(Vec::new(), Resolution::Micro)
-            .unwrap()
-            .finish()
-            .unwrap();
+        let file = PcapWriter::new(Vec::new(), Resolution::Micro).unwrap().finish().unwrap();
         assert_eq!(
             file,
             [
-                0xd4, 0xc3, 0xb2, 0xa1, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0,
-                0, // magic, 2.4, zone, sigfigs
+                0xd4, 0xc3, 0xb2, 0xa1, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, // magic, 2.4, zone, sigfigs
                 0x00, 0x00, 0x04, 0x00, 1, 0, 0, 0, // snaplen 262144, Ethernet
             ]
         );
-        let file = PcapWriter::new(Vec::new(), Resolution::Nano)
-            .unwrap()
-            .into_inner();
+        let file = PcapWriter::new(Vec::new(), Resolution::Nano).unwrap().into_inner();
         assert_eq!(&file[..4], &[0x4d, 0x3c, 0xb2, 0xa1]);
     }
 
     #[test]
     fn pcap_record_bytes() {
         let mut writer = PcapWriter::new(Vec::new(), Resolution::Micro).unwrap();
-        writer
-            .write_packet(3_000_004_999, &[0xaa, 0xbb], 70)
-            .unwrap();
+        writer.write_packet(3_000_004_999, &[0xaa, 0xbb], 70).unwrap();
         let file = writer.finish().unwrap();
-        assert_eq!(
-            &file[24..],
-            &[3, 0, 0, 0, 4, 0, 0, 0, 2, 0, 0, 0, 70, 0, 0, 0, 0xaa, 0xbb]
-        );
+        assert_eq!(&file[24..], &[3, 0, 0, 0, 4, 0, 0, 0, 2, 0, 0, 0, 70, 0, 0, 0, 0xaa, 0xbb]);
     }
 
     #[test]
     fn pcap_refuses_what_does_not_fit() {
         let mut writer = PcapWriter::new(Vec::new(), Resolution::Nano).unwrap();
         let after_2106 = (u64::from(u32::MAX) + 1) * NANOS_PER_SEC;
-        assert_eq!(
-            writer.write_packet(after_2106, &[], 0).unwrap_err().kind(),
-            io::ErrorKind::InvalidInput
-        );
+        assert_eq!(writer.write_packet(after_2106, &[], 0).unwrap_err().kind(), io::ErrorKind::InvalidInput);
         assert_eq!(writer.get_ref().len(), 24, "nothing written");
-        assert!(
-            PcapWriter::with_linktype(Vec::new(), Resolution::Micro, LinkType::RAW, 0).is_err()
-        );
+        assert!(PcapWriter::with_linktype(Vec::new(), Resolution::Micro, LinkType::RAW, 0).is_err());
     }
 
     #[test]
     fn snaplen_cuts_and_orig_len_covers_data() {
-        let mut writer =
-            PcapWriter::with_linktype(Vec::new(), Resolution::Micro, LinkType::ETHERNET, 4)
-                .unwrap();
+        let mut writer = PcapWriter::with_linktype(Vec::new(), Resolution::Micro, LinkType::ETHERNET, 4).unwrap();
         writer.write_packet(0, &[1, 2, 3, 4, 5, 6], 0).unwrap();
         let file = writer.finish().unwrap();
-        assert_eq!(
-            &file[24..],
-            &[0, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 6, 0, 0, 0, 1, 2, 3, 4]
-        );
+        assert_eq!(&file[24..], &[0, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 6, 0, 0, 0, 1, 2, 3, 4]);
     }
 
     #[test]
     fn pcapng_blocks_bytes() {
         let mut writer = PcapngWriter::new(Vec::new()).unwrap();
         let start = writer.get_ref().len();
-        writer
-            .write_packet_with_comment(0x0000_0001_0000_0002, &[9, 9, 9], 3, "hi")
-            .unwrap();
+        writer.write_packet_with_comment(0x0000_0001_0000_0002, &[9, 9, 9], 3, "hi").unwrap();
         let file = writer.finish().unwrap();
         #[rustfmt::skip]
         let shb_idb: &[u8] = &[
@@ -456,9 +393,7 @@ mod test {
         let mut writer = PcapngWriter::new(Vec::new()).unwrap();
         let before = writer.get_ref().len();
         let comment = "x".repeat(70_000);
-        assert!(writer
-            .write_packet_with_comment(0, &[1], 1, &comment)
-            .is_err());
+        assert!(writer.write_packet_with_comment(0, &[1], 1, &comment).is_err());
         assert_eq!(writer.get_ref().len(), before, "nothing written");
     }
 }

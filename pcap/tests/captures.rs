@@ -7,9 +7,7 @@ use std::collections::BTreeMap;
 use std::io::Read;
 
 use common::{read_all, read_bytes, shared, shared_captures};
-use softrdma_pcap::{
-    ByteOrder, Format, LinkType, PcapWriter, PcapngWriter, Reader, Record, Resolution,
-};
+use softrdma_pcap::{ByteOrder, Format, LinkType, PcapWriter, PcapngWriter, Reader, Record, Resolution};
 
 /// (file, frames, frames cut short), from captures/INDEX.md and the golden packet notes.
 ///
@@ -44,11 +42,7 @@ fn read_file(path: &std::path::Path) -> (Format, ByteOrder, Vec<Record>) {
     let (format, order) = (reader.format(), reader.byte_order());
     let (records, error) = read_all(reader, bytes.len());
     if let Some(error) = error {
-        panic!(
-            "{}: {error} after {} records",
-            path.display(),
-            records.len()
-        );
+        panic!("{}: {error} after {} records", path.display(), records.len());
     }
     (format, order, records)
 }
@@ -60,17 +54,8 @@ fn every_shared_capture_reads_to_the_end() {
         let (format, order, records) = read_file(&path);
         let name = path.file_name().unwrap().to_str().unwrap().to_owned();
         for (i, record) in records.iter().enumerate() {
-            assert_eq!(
-                record.index,
-                i as u64 + 1,
-                "{name}: frame numbers count from 1"
-            );
-            assert_eq!(
-                record.linktype,
-                LinkType::ETHERNET,
-                "{name} frame {}",
-                record.index
-            );
+            assert_eq!(record.index, i as u64 + 1, "{name}: frame numbers count from 1");
+            assert_eq!(record.linktype, LinkType::ETHERNET, "{name} frame {}", record.index);
         }
         let truncated = records.iter().filter(|r| r.is_truncated()).count();
         let cut_short = records.iter().filter(|r| ipv4_cut_short(&r.data)).count();
@@ -78,23 +63,15 @@ fn every_shared_capture_reads_to_the_end() {
             "{name}: {format:?} {order:?}, {} frames, {truncated} truncated records, {cut_short} cut short",
             records.len()
         );
-        assert_eq!(
-            truncated, 0,
-            "{name}: no reference capture has orig_len > caplen"
-        );
+        assert_eq!(truncated, 0, "{name}: no reference capture has orig_len > caplen");
         seen.insert(name, (format, order, records.len(), cut_short));
     }
     for &(name, frames, cut_short) in EXPECTED {
-        let &(format, order, got_frames, got_cut_short) = seen
-            .get(name)
-            .unwrap_or_else(|| panic!("{name} is missing from ../shared"));
+        let &(format, order, got_frames, got_cut_short) =
+            seen.get(name).unwrap_or_else(|| panic!("{name} is missing from ../shared"));
         assert_eq!((got_frames, got_cut_short), (frames, cut_short), "{name}");
         // None of the reference captures is pcapng (see the round-trip tests for that path).
-        assert_eq!(
-            (format, order),
-            (Format::PcapMicro, ByteOrder::Little),
-            "{name}"
-        );
+        assert_eq!((format, order), (Format::PcapMicro, ByteOrder::Little), "{name}");
     }
 }
 
@@ -112,11 +89,7 @@ fn rdma_nccl2_is_cut_at_229_bytes_of_ip() {
     let (_, _, records) = read_file(&shared().join("captures/rdma-nccl2.pcap"));
     for record in records.iter().filter(|r| ipv4_cut_short(&r.data)) {
         assert_eq!(record.data.len(), 14 + 229, "frame {}", record.index);
-        assert_eq!(
-            record.orig_len,
-            14 + 229,
-            "the record header does not say so"
-        );
+        assert_eq!(record.orig_len, 14 + 229, "the record header does not say so");
     }
 }
 
@@ -126,13 +99,9 @@ fn timestamps_are_nanoseconds_since_the_epoch() {
     for record in &records {
         assert_eq!(record.timestamp_ns % 1_000, 0, "a microsecond file");
         // Between 2001 and 2100: the seconds field was not mistaken for the fraction.
-        assert!(
-            (1_000_000_000_000_000_000..4_102_444_800_000_000_000).contains(&record.timestamp_ns)
-        );
+        assert!((1_000_000_000_000_000_000..4_102_444_800_000_000_000).contains(&record.timestamp_ns));
     }
-    assert!(records
-        .windows(2)
-        .all(|w| w[0].timestamp_ns <= w[1].timestamp_ns));
+    assert!(records.windows(2).all(|w| w[0].timestamp_ns <= w[1].timestamp_ns));
 }
 
 /// A source that hands out at most 7 bytes per read, to exercise refills at odd places.
@@ -149,11 +118,7 @@ impl Read for Dribble<'_> {
 
 #[test]
 fn file_slice_and_stream_read_the_same() {
-    for name in [
-        "captures/rdma-nccl2.pcap",
-        "captures/uc-sg.pcap",
-        "reference/wire/golden/coverage.pcap",
-    ] {
+    for name in ["captures/rdma-nccl2.pcap", "captures/uc-sg.pcap", "reference/wire/golden/coverage.pcap"] {
         let path = shared().join(name);
         let bytes = std::fs::read(&path).unwrap();
         let (_, _, from_file) = read_file(&path);
@@ -176,9 +141,7 @@ fn shared_captures_survive_rewriting() {
         for resolution in [Resolution::Micro, Resolution::Nano] {
             let mut writer = PcapWriter::new(Vec::new(), resolution).unwrap();
             for r in &records {
-                writer
-                    .write_packet(r.timestamp_ns, &r.data, r.orig_len)
-                    .unwrap();
+                writer.write_packet(r.timestamp_ns, &r.data, r.orig_len).unwrap();
             }
             let (again, error) = read_bytes(&writer.finish().unwrap()).unwrap();
             assert!(error.is_none(), "{name} {resolution:?}");
@@ -187,9 +150,7 @@ fn shared_captures_survive_rewriting() {
 
         let mut writer = PcapngWriter::new(Vec::new()).unwrap();
         for r in &records {
-            writer
-                .write_packet(r.timestamp_ns, &r.data, r.orig_len)
-                .unwrap();
+            writer.write_packet(r.timestamp_ns, &r.data, r.orig_len).unwrap();
         }
         let (again, error) = read_bytes(&writer.finish().unwrap()).unwrap();
         assert!(error.is_none(), "{name} pcapng");

@@ -9,8 +9,7 @@ use std::io::{self, Read};
 use common::{read_all, read_bytes, shared, Ng};
 use proptest::prelude::*;
 use softrdma_pcap::{
-    Error, LinkType, PcapWriter, PcapngOptions, PcapngWriter, Reader, Record, Resolution,
-    MAX_BLOCK_LEN,
+    Error, LinkType, PcapWriter, PcapngOptions, PcapngWriter, Reader, Record, Resolution, MAX_BLOCK_LEN,
 };
 
 /// A source that hands out at most 7 bytes per read.
@@ -33,11 +32,7 @@ impl Read for Dribble<'_> {
 /// reader opens once the first one is whole. `ends` are the ends of the records.
 fn check_every_cut(name: &str, file: &[u8], headers: &[usize], ends: &[usize], records: &[Record]) {
     assert_eq!(ends.len(), records.len());
-    assert_eq!(
-        ends.last().copied(),
-        Some(file.len()),
-        "{name}: the records end the file"
-    );
+    assert_eq!(ends.last().copied(), Some(file.len()), "{name}: the records end the file");
     let boundaries: Vec<usize> = headers.iter().chain(ends).copied().collect();
     for len in 0..=file.len() {
         let cut = &file[..len];
@@ -49,10 +44,7 @@ fn check_every_cut(name: &str, file: &[u8], headers: &[usize], ends: &[usize], r
         };
         let Ok(reader) = reader else {
             assert!(len < headers[0], "{name}: header refused at {len}");
-            assert!(
-                matches!(reader, Err(Error::Truncated { offset: 0 })),
-                "{name} cut at {len}"
-            );
+            assert!(matches!(reader, Err(Error::Truncated { offset: 0 })), "{name} cut at {len}");
             continue;
         };
         assert!(len >= headers[0], "{name}: header accepted at {len}");
@@ -61,11 +53,7 @@ fn check_every_cut(name: &str, file: &[u8], headers: &[usize], ends: &[usize], r
         assert_eq!(got, records[..whole], "{name} cut at {len}");
         let last_boundary = boundaries.iter().rev().find(|&&b| b <= len).copied();
         match error {
-            None => assert_eq!(
-                last_boundary,
-                Some(len),
-                "{name}: clean end mid-block at {len}"
-            ),
+            None => assert_eq!(last_boundary, Some(len), "{name}: clean end mid-block at {len}"),
             Some(Error::Truncated { offset }) => {
                 assert_ne!(last_boundary, Some(len), "{name}: error at boundary {len}");
                 assert_eq!(Some(offset as usize), last_boundary, "{name} cut at {len}");
@@ -101,10 +89,7 @@ fn real_captures_cut_at_every_byte() {
 fn pcapng_cut_at_every_byte() {
     let file = std::fs::read(shared().join("captures/write.pcap")).unwrap();
     let (records, _) = read_bytes(&file).unwrap();
-    let options = PcapngOptions {
-        comment: Some("rebuilt IP headers".into()),
-        ..PcapngOptions::default()
-    };
+    let options = PcapngOptions { comment: Some("rebuilt IP headers".into()), ..PcapngOptions::default() };
     let mut writer = PcapngWriter::with_options(Vec::new(), &options).unwrap();
     let header = writer.get_ref();
     // The section header's length is its second word; the interface block follows it.
@@ -113,13 +98,9 @@ fn pcapng_cut_at_every_byte() {
     let mut ends = Vec::new();
     for (i, r) in records.iter().enumerate() {
         if i % 2 == 0 {
-            writer
-                .write_packet_with_comment(r.timestamp_ns, &r.data, r.orig_len, "rx")
-                .unwrap();
+            writer.write_packet_with_comment(r.timestamp_ns, &r.data, r.orig_len, "rx").unwrap();
         } else {
-            writer
-                .write_packet(r.timestamp_ns, &r.data, r.orig_len)
-                .unwrap();
+            writer.write_packet(r.timestamp_ns, &r.data, r.orig_len).unwrap();
         }
         ends.push(writer.get_ref().len());
     }
@@ -129,10 +110,7 @@ fn pcapng_cut_at_every_byte() {
 
 /// A classic pcap header (little-endian, microseconds, Ethernet).
 fn pcap_header() -> Vec<u8> {
-    PcapWriter::new(Vec::new(), Resolution::Micro)
-        .unwrap()
-        .finish()
-        .unwrap()
+    PcapWriter::new(Vec::new(), Resolution::Micro).unwrap().finish().unwrap()
 }
 
 #[test]
@@ -144,10 +122,7 @@ fn absurd_record_length_in_a_short_file_is_truncation() {
     file.extend([0; 100]);
     let (records, error) = read_bytes(&file).unwrap();
     assert!(records.is_empty());
-    assert!(
-        matches!(error, Some(Error::Truncated { offset: 24 })),
-        "{error:?}"
-    );
+    assert!(matches!(error, Some(Error::Truncated { offset: 24 })), "{error:?}");
 }
 
 #[test]
@@ -157,10 +132,7 @@ fn absurd_length_on_an_endless_stream_stops_at_the_limit() {
     head.extend(0xffff_fff0u32.to_le_bytes());
     head.extend(0xffff_fff0u32.to_le_bytes());
     let mut reader = Reader::new(io::Cursor::new(head).chain(io::repeat(0))).unwrap();
-    assert!(matches!(
-        reader.next(),
-        Some(Err(Error::TooLarge { offset: 24 }))
-    ));
+    assert!(matches!(reader.next(), Some(Err(Error::TooLarge { offset: 24 }))));
     assert!(reader.next().is_none());
 
     // The same for a pcapng block, and a record just under the limit still reads.
@@ -174,9 +146,7 @@ fn absurd_length_on_an_endless_stream_stops_at_the_limit() {
 
     // A record (16-byte header and data) of exactly MAX_BLOCK_LEN.
     let big = vec![0x5a; MAX_BLOCK_LEN - 16];
-    let mut writer =
-        PcapWriter::with_linktype(Vec::new(), Resolution::Micro, LinkType::ETHERNET, u32::MAX)
-            .unwrap();
+    let mut writer = PcapWriter::with_linktype(Vec::new(), Resolution::Micro, LinkType::ETHERNET, u32::MAX).unwrap();
     writer.write_packet(0, &big, 0).unwrap();
     let file = writer.finish().unwrap();
     let (records, error) = read_bytes(&file).unwrap();
@@ -193,10 +163,7 @@ fn pcapng_block_shorter_than_its_header_is_malformed() {
     ng.out.extend(8u32.to_le_bytes()); // an EPB needs 32
     ng.out.extend([0; 64]);
     let (_, error) = read_bytes(&ng.out).unwrap();
-    assert!(
-        matches!(error, Some(Error::Malformed { offset, .. }) if offset == at),
-        "{error:?}"
-    );
+    assert!(matches!(error, Some(Error::Malformed { offset, .. }) if offset == at), "{error:?}");
 }
 
 /// Gives its bytes, then fails on every read.
@@ -229,18 +196,11 @@ fn a_failing_source_ends_in_an_io_error() {
 fn seeds() -> Vec<Vec<u8>> {
     let golden = std::fs::read(shared().join("reference/wire/golden/golden.pcap")).unwrap();
     let (records, _) = read_bytes(&golden).unwrap();
-    let mut writer = PcapngWriter::with_options(
-        Vec::new(),
-        &PcapngOptions {
-            comment: Some("c".into()),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    for r in &records {
-        writer
-            .write_packet_with_comment(r.timestamp_ns, &r.data, r.orig_len, "rx")
+    let mut writer =
+        PcapngWriter::with_options(Vec::new(), &PcapngOptions { comment: Some("c".into()), ..Default::default() })
             .unwrap();
+    for r in &records {
+        writer.write_packet_with_comment(r.timestamp_ns, &r.data, r.orig_len, "rx").unwrap();
     }
     let mut ng = Ng::new();
     ng.shb(false, 1)

@@ -88,10 +88,8 @@ mod test {
     use super::*;
 
     // The AtomicETH of coverage.pcap frame 7 (CMP_SWAP va 0x3000 rkey 0x66 swap 0x1111 cmp 0x2222).
-    static HEADER_BYTES: [u8; 28] = [
-        0, 0, 0, 0, 0, 0, 0x30, 0, 0, 0, 0, 0x66, 0, 0, 0, 0, 0, 0, 0x11, 0x11, 0, 0, 0, 0, 0, 0,
-        0x22, 0x22,
-    ];
+    static HEADER_BYTES: [u8; 28] =
+        [0, 0, 0, 0, 0, 0, 0x30, 0, 0, 0, 0, 0x66, 0, 0, 0, 0, 0, 0, 0x11, 0x11, 0, 0, 0, 0, 0, 0, 0x22, 0x22];
     const REPR: Repr = Repr { va: 0x3000, rkey: 0x66, swap_add: 0x1111, compare: 0x2222 };
 
     #[test]

@@ -2,7 +2,7 @@
 
 use core::fmt;
 
-use super::{be, Error, Field, Result, Rest};
+use super::{be, Error, Field, Rest, Result};
 
 /// A 48-bit Ethernet MAC address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
@@ -154,11 +154,7 @@ impl Repr {
     /// Reads the header of a checked frame.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(frame: &Frame<&T>) -> Result<Repr> {
         frame.check_len()?;
-        Ok(Repr {
-            src_addr: frame.src_addr(),
-            dst_addr: frame.dst_addr(),
-            ethertype: frame.ethertype(),
-        })
+        Ok(Repr { src_addr: frame.src_addr(), dst_addr: frame.dst_addr(), ethertype: frame.ethertype() })
     }
 
     /// Bytes the header takes.
@@ -178,10 +174,8 @@ impl Repr {
 mod test {
     use super::*;
 
-    static FRAME_BYTES: [u8; 18] = [
-        0x02, 0x00, 0x00, 0x00, 0x00, 0x02, 0x02, 0x00, 0x00, 0x00, 0x00, 0x01, 0x08, 0x00, 0xaa,
-        0xbb, 0xcc, 0xdd,
-    ];
+    static FRAME_BYTES: [u8; 18] =
+        [0x02, 0x00, 0x00, 0x00, 0x00, 0x02, 0x02, 0x00, 0x00, 0x00, 0x00, 0x01, 0x08, 0x00, 0xaa, 0xbb, 0xcc, 0xdd];
 
     fn repr() -> Repr {
         Repr {

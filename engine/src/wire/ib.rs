@@ -6,8 +6,8 @@
 
 use super::opcode::CNP_RESERVED_LEN;
 use super::{
-    aeth, atomicacketh, atomiceth, bth, deth, icrc, ieth, immdt, rdeth, reth, xrceth, Error, Headers,
-    Opcode, OpcodeInfo, Result,
+    aeth, atomicacketh, atomiceth, bth, deth, icrc, ieth, immdt, rdeth, reth, xrceth, Error, Headers, Opcode,
+    OpcodeInfo, Result,
 };
 
 /// A view of an IB transport packet (BTH through ICRC).
@@ -261,8 +261,9 @@ impl Repr {
         r.deth = hdr(Headers::DETH).map(|b| deth::Repr::parse(&deth::Packet::new_unchecked(b))).transpose()?;
         r.xrceth = hdr(Headers::XRCETH).map(|b| xrceth::Repr::parse(&xrceth::Packet::new_unchecked(b))).transpose()?;
         r.reth = hdr(Headers::RETH).map(|b| reth::Repr::parse(&reth::Packet::new_unchecked(b))).transpose()?;
-        r.atomiceth =
-            hdr(Headers::ATOMICETH).map(|b| atomiceth::Repr::parse(&atomiceth::Packet::new_unchecked(b))).transpose()?;
+        r.atomiceth = hdr(Headers::ATOMICETH)
+            .map(|b| atomiceth::Repr::parse(&atomiceth::Packet::new_unchecked(b)))
+            .transpose()?;
         r.aeth = hdr(Headers::AETH).map(|b| aeth::Repr::parse(&aeth::Packet::new_unchecked(b))).transpose()?;
         r.atomicacketh = hdr(Headers::ATOMICACKETH)
             .map(|b| atomicacketh::Repr::parse(&atomicacketh::Packet::new_unchecked(b)))
@@ -453,11 +454,17 @@ mod test {
         assert_eq!(Packet::new_checked(&b[..20]).unwrap_err(), Error::Truncated("RETH"));
         assert_eq!(Packet::new_checked(&b[..30]).unwrap_err(), Error::Truncated("RETH"));
         assert_eq!(Packet::new_checked(&b[..31]).unwrap_err(), Error::Truncated("RETH"));
-        assert_eq!(Packet::new_checked(&b[..33]).unwrap_err(), Error::Malformed("transport packet length not a multiple of 4"));
+        assert_eq!(
+            Packet::new_checked(&b[..33]).unwrap_err(),
+            Error::Malformed("transport packet length not a multiple of 4")
+        );
         // An ACK with payload.
         let mut ack = vec![0x11, 0, 0xff, 0xff, 0, 0, 0, 1, 0, 0, 0, 1, 0x1f, 0, 0, 1];
         ack.extend_from_slice(&[0; 8]);
-        assert_eq!(Packet::new_checked(&ack[..]).unwrap_err(), Error::Malformed("payload on an opcode that carries none"));
+        assert_eq!(
+            Packet::new_checked(&ack[..]).unwrap_err(),
+            Error::Malformed("payload on an opcode that carries none")
+        );
         // A pad count larger than the payload.
         let mut send = vec![0x04, 0x30, 0xff, 0xff, 0, 0, 0, 1, 0, 0, 0, 1];
         send.extend_from_slice(&[0; 4]);

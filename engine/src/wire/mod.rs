@@ -201,9 +201,7 @@ pub mod roce;
 
 pub use self::psn::Psn;
 
-pub use self::ethernet::{
-    Address as EthernetAddress, EtherType, Frame as EthernetFrame, Repr as EthernetRepr,
-};
+pub use self::ethernet::{Address as EthernetAddress, EtherType, Frame as EthernetFrame, Repr as EthernetRepr};
 pub use self::grh::{Gid, Packet as GrhPacket, Repr as GrhRepr};
 pub use self::ipv4::{IpProtocol, Packet as Ipv4Packet, Repr as Ipv4Repr};
 pub use self::ipv6::{Packet as Ipv6Packet, Repr as Ipv6Repr};

@@ -205,7 +205,12 @@ impl OpKind {
     pub const fn is_request(self) -> bool {
         matches!(
             self,
-            OpKind::Send | OpKind::Write | OpKind::ReadRequest | OpKind::CompareSwap | OpKind::FetchAdd | OpKind::Resync
+            OpKind::Send
+                | OpKind::Write
+                | OpKind::ReadRequest
+                | OpKind::CompareSwap
+                | OpKind::FetchAdd
+                | OpKind::Resync
         )
     }
 }
@@ -658,10 +663,17 @@ const fn build_table() -> [Option<OpcodeInfo>; 256] {
         i += 1;
     }
     // RD RESYNC: RDETH and DETH, no payload.
-    t[0x55] = Some(OpcodeInfo::new(name_of(0x55), OpKind::Resync, Position::Only, Headers::RDETH.union(Headers::DETH), false));
+    t[0x55] = Some(OpcodeInfo::new(
+        name_of(0x55),
+        OpKind::Resync,
+        Position::Only,
+        Headers::RDETH.union(Headers::DETH),
+        false,
+    ));
     // UD: SEND_ONLY with DETH, and with DETH + ImmDt.
     t[0x64] = Some(OpcodeInfo::new(name_of(0x64), OpKind::Send, Position::Only, Headers::DETH, true));
-    t[0x65] = Some(OpcodeInfo::new(name_of(0x65), OpKind::Send, Position::Only, Headers::DETH.union(Headers::IMMDT), true));
+    t[0x65] =
+        Some(OpcodeInfo::new(name_of(0x65), OpKind::Send, Position::Only, Headers::DETH.union(Headers::IMMDT), true));
     // CNP: BTH, 16 reserved bytes, ICRC (RoCEv2 Annex A17.9.3).
     t[0x81] = Some(OpcodeInfo::new(name_of(0x81), OpKind::Cnp, Position::Only, Headers::CNP_RESERVED, false));
     t

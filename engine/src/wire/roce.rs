@@ -12,8 +12,8 @@
 use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::{
-    ethernet, grh, ib, icrc, ipv4, ipv6, udp, Error, EtherType, EthernetAddress, EthernetFrame,
-    EthernetRepr, GrhRepr, IpProtocol, Ipv4Repr, Ipv6Repr, Result, UdpRepr, ROCE_V2_PORT,
+    ethernet, grh, ib, icrc, ipv4, ipv6, udp, Error, EtherType, EthernetAddress, EthernetFrame, EthernetRepr, GrhRepr,
+    IpProtocol, Ipv4Repr, Ipv6Repr, Result, UdpRepr, ROCE_V2_PORT,
 };
 
 /// The layer under the IB transport.
@@ -376,13 +376,7 @@ impl FrameRepr {
             return Err(Error::Malformed("not a RoCE frame"));
         };
         Ok(ParsedFrame {
-            repr: FrameRepr {
-                eth,
-                vlan_tci: d.vlan_tci,
-                l3,
-                udp_src_port: d.udp.map_or(0, |u| u.src_port),
-                ib,
-            },
+            repr: FrameRepr { eth, vlan_tci: d.vlan_tci, l3, udp_src_port: d.udp.map_or(0, |u| u.src_port), ib },
             ib: packet,
             udp_checksum: d.udp_checksum.unwrap_or(0),
             icrc_ok: d.icrc_ok().unwrap_or(false),

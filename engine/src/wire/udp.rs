@@ -194,7 +194,8 @@ impl Repr {
 
     /// Writes the header (checksum zero); fails when the payload is too long.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut Packet<T>) -> Result<()> {
-        let len = u16::try_from(HEADER_LEN + self.payload_len).map_err(|_| Error::Malformed("UDP payload over 65527 bytes"))?;
+        let len = u16::try_from(HEADER_LEN + self.payload_len)
+            .map_err(|_| Error::Malformed("UDP payload over 65527 bytes"))?;
         packet.set_src_port(self.src_port);
         packet.set_dst_port(self.dst_port);
         packet.set_len(len);

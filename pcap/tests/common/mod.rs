@@ -18,10 +18,7 @@ pub fn shared_captures() -> Vec<PathBuf> {
         let dir = shared().join(dir);
         for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
             let path = entry.unwrap().path();
-            if path
-                .extension()
-                .is_some_and(|ext| ext == "pcap" || ext == "pcapng")
-            {
+            if path.extension().is_some_and(|ext| ext == "pcap" || ext == "pcapng") {
                 files.push(path);
             }
         }
@@ -34,10 +31,7 @@ pub fn shared_captures() -> Vec<PathBuf> {
 ///
 /// Also checks the iterator's contract: it ends within a bound set by the input size, and stays
 /// ended after an error.
-pub fn read_all<R: std::io::Read>(
-    mut reader: Reader<R>,
-    input_len: usize,
-) -> (Vec<Record>, Option<Error>) {
+pub fn read_all<R: std::io::Read>(mut reader: Reader<R>, input_len: usize) -> (Vec<Record>, Option<Error>) {
     // Every record or block takes at least 12 bytes of input.
     let bound = input_len / 12 + 2;
     let mut records = Vec::new();
@@ -54,10 +48,7 @@ pub fn read_all<R: std::io::Read>(
             }
         }
     }
-    assert!(
-        reader.next().is_none(),
-        "the reader did not end within {bound} items"
-    );
+    assert!(reader.next().is_none(), "the reader did not end within {bound} items");
     assert!(reader.next().is_none(), "the reader is not fused");
     (records, error)
 }
@@ -75,10 +66,7 @@ pub struct Ng {
 
 impl Ng {
     pub fn new() -> Ng {
-        Ng {
-            out: Vec::new(),
-            big: false,
-        }
+        Ng { out: Vec::new(), big: false }
     }
 
     fn u16(&self, v: u16) -> [u8; 2] {
@@ -113,12 +101,7 @@ impl Ng {
     }
 
     /// A block with `body` (padded to 32 bits); `trailer` overrides the trailing length.
-    pub fn block_with_trailer(
-        &mut self,
-        block_type: u32,
-        body: &[u8],
-        trailer: Option<u32>,
-    ) -> &mut Ng {
+    pub fn block_with_trailer(&mut self, block_type: u32, body: &[u8], trailer: Option<u32>) -> &mut Ng {
         let mut body = body.to_vec();
         body.resize(body.len().div_ceil(4) * 4, 0);
         let len = 12 + body.len() as u32;
@@ -136,24 +119,12 @@ impl Ng {
     /// Starts a section in the given byte order.
     pub fn shb(&mut self, big: bool, major: u16) -> &mut Ng {
         self.big = big;
-        let body = [
-            &self.u32(0x1a2b_3c4d)[..],
-            &self.u16(major),
-            &self.u16(0),
-            &[0xff; 8],
-        ]
-        .concat();
+        let body = [&self.u32(0x1a2b_3c4d)[..], &self.u16(major), &self.u16(0), &[0xff; 8]].concat();
         self.block(0x0a0d_0d0a, &body)
     }
 
     pub fn idb(&mut self, linktype: u16, snaplen: u32, options: &[(u16, &[u8])]) -> &mut Ng {
-        let body = [
-            &self.u16(linktype)[..],
-            &self.u16(0),
-            &self.u32(snaplen),
-            &self.options(options),
-        ]
-        .concat();
+        let body = [&self.u16(linktype)[..], &self.u16(0), &self.u32(snaplen), &self.options(options)].concat();
         self.block(1, &body)
     }
 

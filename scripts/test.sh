@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what it needs, then builds once and runs every test.
+#   unit, property and conformance tests (golden packets, real captures, tshark, ICRC oracle),
+#   command-line tests, lint, and a short run of each fuzz target.
+# Environment: FUZZ_SECONDS (default 30) per fuzz target; 0 builds the targets without running.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+[ -d ../shared/reference/wire ] || { echo "test.sh: ../shared (reference data) is missing beside the repository" >&2; exit 1; }
+
+bash scripts/install-deps.sh
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "format"
+cargo fmt --all -- --check
+
+step "build (all targets, once)"
+cargo build --workspace --all-targets --locked
+
+step "clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "tests"
+cargo test --workspace --locked
+
+step "fuzz targets"
+fuzz_seconds=${FUZZ_SECONDS:-30}
+corpus=$(mktemp -d)
+trap 'rm -rf "$corpus"' EXIT
+mkdir -p "$corpus/parse_packet" "$corpus/read_capture"
+for f in ../shared/reference/wire/golden/*.hex; do
+  python3 -c 'import sys; open(sys.argv[2], "wb").write(bytes.fromhex(open(sys.argv[1]).read().strip()))' \
+    "$f" "$corpus/parse_packet/$(basename "$f" .hex)"
+done
+cp ../shared/captures/send.pcap ../shared/reference/wire/golden/coverage.pcap "$corpus/read_capture/"
+cd fuzz
+# cargo fuzz needs nightly-only rustc flags; RUSTC_BOOTSTRAP lets the one stable toolchain take them.
+export RUSTC_BOOTSTRAP=1
+cargo fuzz build -O
+if [ "$fuzz_seconds" -gt 0 ]; then
+  for t in parse_packet read_capture; do
+    cargo fuzz run -O "$t" "$corpus/$t" -- -max_total_time="$fuzz_seconds" -print_final_stats=0 2>&1 | tail -n 1
+  done
+fi
+cd "$repo"
+step "all tests passed"
