@@ -59,6 +59,13 @@ pub(crate) fn frame_json(s: &FrameSummary) -> Value {
         m.insert("destqp".into(), json!(b.dest_qp.value()));
         m.insert("ackreq".into(), json!(b.ack_req));
         m.insert("psn".into(), json!(b.psn.value()));
+    } else {
+        // No BTH in the bytes: the fields are there, without values.
+        for k in
+            ["opcode", "opcode_name", "se", "m", "padcnt", "tver", "pkey", "fecn", "becn", "destqp", "ackreq", "psn"]
+        {
+            m.insert(k.into(), Value::Null);
+        }
     }
     if let Some(x) = h.rdeth {
         m.insert("rdeth".into(), json!({"eecnxt": x.ee_context}));

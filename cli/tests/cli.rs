@@ -81,6 +81,7 @@ fn decode_json_of_the_coverage_set() {
     // Frame 17: bad ICRC; 18, 19: malformed; 20: reserved opcode; 21: RoCEv1.
     assert_eq!((f[16]["icrc_ok"].as_bool(), f[16]["icrc"].as_str()), (Some(false), Some("aae4f02d")));
     assert_eq!(f[17]["error"], "BTH truncated");
+    assert!(f[17]["opcode"].is_null() && f[17]["psn"].is_null() && f[17]["icrc"].is_null());
     assert_eq!(f[18]["error"], "RETH truncated");
     assert_eq!(f[18]["opcode_name"], "RC_RDMA_WRITE_FIRST");
     assert_eq!(f[19]["opcode"], 0x1f);
