@@ -1,7 +1,8 @@
 //! # softrdma-engine
 //!
 //! The sans-IO heart of softrdma: everything that is the InfiniBand / RoCEv2 protocol and nothing
-//! that moves bytes. Today it holds [`wire`], the packet formats (Ethernet, IPv4, IPv6, UDP, GRH,
+//! that moves bytes. It holds [`verbs`], the verbs vocabulary with libibverbs' numeric values,
+//! [`time`], the virtual clock every input carries, and [`wire`], the packet formats (Ethernet, IPv4, IPv6, UDP, GRH,
 //! BTH and every IB extension header), the one opcode table that says which headers each opcode
 //! carries, the 24-bit [`wire::Psn`] with modular ordering, and the ICRC.
 //!
@@ -16,4 +17,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod modify;
+pub mod time;
+pub mod verbs;
 pub mod wire;

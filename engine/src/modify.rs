@@ -1,0 +1,1 @@
+//! QP state transitions and their attribute masks (being written).
