@@ -4,9 +4,11 @@
 //! Today it checks the wire format against independent oracles: the golden packets and real
 //! hardware captures in `../shared`, and tshark's decoding of packets we emit.
 //!
-//! The library part holds small helpers the tests share: where the shared reference data is, and
-//! hex decoding.
+//! The library part holds what the tests share: [`pair`], two engine devices on a scripted wire in
+//! virtual time; where the shared reference data is; hex decoding.
 #![warn(missing_docs, unreachable_pub)]
+
+pub mod pair;
 
 use std::path::PathBuf;
 

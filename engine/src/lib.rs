@@ -17,7 +17,11 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod device;
+pub mod memory;
 pub mod modify;
+pub mod rng;
 pub mod time;
 pub mod verbs;
 pub mod wire;
+pub mod wr;

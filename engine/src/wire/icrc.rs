@@ -86,6 +86,28 @@ pub fn roce_v1(grh: &[u8]) -> Result<u32> {
     }))
 }
 
+/// The ICRC of a RoCEv2 packet given as its parts: the IPv4 or IPv6 header and the UDP header as
+/// they are (or would be) on the wire, and the transport packet without its ICRC. A receiver that
+/// only sees the UDP payload rebuilds the headers from what the socket tells it; a sender computes
+/// the ICRC before the kernel writes the real headers.
+pub fn roce_v2_parts(ip_udp: &[u8], transport: &[u8]) -> Result<u32> {
+    let mut buf = [0u8; PREFIX];
+    let n = ip_udp.len() + transport.len().min(bth::HEADER_LEN);
+    if ip_udp.len() > 60 + udp::HEADER_LEN || n > PREFIX {
+        return Err(Error::Malformed("IP and UDP headers too long"));
+    }
+    if transport.len() < bth::HEADER_LEN {
+        return Err(Error::Truncated("BTH"));
+    }
+    buf[..ip_udp.len()].copy_from_slice(ip_udp);
+    buf[ip_udp.len()..n].copy_from_slice(&transport[..bth::HEADER_LEN]);
+    // Mask a copy of the headers and the BTH, then continue the CRC over the rest.
+    let first = roce_v2(&buf[..n])?;
+    let mut h = crc32fast::Hasher::new_with_initial(first);
+    h.update(&transport[bth::HEADER_LEN..]);
+    Ok(h.finalize())
+}
+
 /// Reads the ICRC stored in the last four bytes of `packet` (least-significant byte first).
 pub fn stored(packet: &[u8]) -> Option<u32> {
     let n = packet.len().checked_sub(LEN)?;
@@ -155,6 +177,16 @@ mod test {
         masked[8 + 27] = 0xff;
         masked[8 + 32] = 0xff;
         assert_eq!(crc32fast::hash(&masked), RESIDUE);
+    }
+
+    #[test]
+    fn parts_equal_whole() {
+        let f = hex(G1);
+        let l3 = &f[14..f.len() - 4];
+        assert_eq!(roce_v2_parts(&l3[..28], &l3[28..]).unwrap(), 0xd2f0_e4aa);
+        let f = hex(G5);
+        let l3 = &f[14..f.len() - 4];
+        assert_eq!(roce_v2_parts(&l3[..48], &l3[48..]).unwrap(), 0x7786_0003);
     }
 
     #[test]

@@ -1,0 +1,243 @@
+//! The completer (rxe_comp.c): matches ACKs, NAKs, READ responses and atomic ACKs to the oldest
+//! outstanding WQEs, places READ data and atomic results, retires WQEs in order with their
+//! completions, and decides retries (NAKs, implicit NAKs, the local ACK timeout).
+
+use super::qp::Qp;
+use super::req::{rewind, walk_sges};
+use super::Ctx;
+use crate::memory::Memory;
+use crate::verbs::{QpState, WcStatus};
+use crate::wire::{aeth, IbPacket, NakCode, OpKind, Psn, Syndrome};
+use crate::wr::SendOp;
+
+/// Retires the oldest WQE with `status` and its completion (successes only when signaled).
+fn retire<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, status: WcStatus) {
+    let Some(w) = qp.sq.pop_front() else { return };
+    if status != WcStatus::Success || w.wr.signaled || qp.sq_sig_all {
+        qp.complete_send(ctx, &w, status);
+    }
+    if qp.req_idx > 0 {
+        qp.req_idx -= 1;
+    } else {
+        qp.req_pkt = 0;
+    }
+    let next = w.last_psn() + 1;
+    if next.distance(qp.comp_psn) > 0 {
+        qp.comp_psn = next;
+    }
+}
+
+/// Forward progress reloads the retry counters (IBTA C9-?, rxe: comp.retry_cnt reload) and
+/// restarts the timer.
+fn progress<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>) {
+    qp.started_retry = false;
+    qp.retry_left = qp.attr.retry_cnt;
+    qp.rnr_left = qp.attr.rnr_retry;
+    qp.rearm(ctx);
+}
+
+/// Fails the oldest WQE with `status` and moves the QP to ERR (the rest flush).
+fn fail_front<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, status: WcStatus) {
+    if let Some(w) = qp.sq.front_mut() {
+        w.done = Some(status);
+    }
+    qp.enter(ctx, QpState::Err);
+}
+
+/// Goes back to `psn` to resend, spending one transport retry; RETRY_EXC_ERR when none is left.
+fn retry<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn) {
+    ctx.counters.completer_retry_err += 1;
+    if qp.retry_left == 0 {
+        ctx.counters.retry_exceeded_err += 1;
+        fail_front(qp, ctx, WcStatus::RetryExcErr);
+        return;
+    }
+    qp.retry_left -= 1;
+    rewind(qp, psn);
+    qp.rearm(ctx);
+}
+
+/// The local ACK timeout fired: resend from the oldest unacknowledged PSN (IBTA C9-140).
+pub(crate) fn retransmit_timeout<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>) {
+    qp.retrans_at = None;
+    qp.started_retry = false;
+    if !qp.sq.iter().any(|w| w.started && w.done.is_none()) {
+        return;
+    }
+    let psn = qp.comp_psn;
+    retry(qp, ctx, psn);
+}
+
+fn handle_nak<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn, syndrome: Syndrome) {
+    match syndrome {
+        Syndrome::Nak(NakCode::PsnSequenceError) => {
+            // IBTA 9.7.5.2.8: resend from the PSN the responder expects.
+            ctx.counters.rcvd_seq_err += 1;
+            retry(qp, ctx, psn);
+        }
+        Syndrome::RnrNak { timer } => {
+            ctx.counters.rcvd_rnr_err += 1;
+            if qp.rnr_left == 0 {
+                ctx.counters.retry_rnr_exceeded_err += 1;
+                fail_front(qp, ctx, WcStatus::RnrRetryExcErr);
+                return;
+            }
+            // rnr_retry 7 means "retry forever" (IBTA 11.2.4.2).
+            if qp.rnr_left != 7 {
+                qp.rnr_left -= 1;
+            }
+            qp.rnr_until = Some(ctx.now + crate::time::Duration::from_nanos(aeth::rnr_timer_ns(timer)));
+            rewind(qp, psn);
+            qp.rearm(ctx);
+        }
+        Syndrome::Nak(code) => {
+            let status = match code {
+                NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+                NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                _ => WcStatus::RemOpErr,
+            };
+            fail_front(qp, ctx, status);
+        }
+        Syndrome::Ack { .. } | Syndrome::Reserved(_) => {}
+    }
+}
+
+/// Processes one response packet.
+pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPacket<&[u8]>) {
+    let Some(info) = pkt.info() else { return };
+    let psn = pkt.bth().psn();
+    let syndrome = pkt.aeth().map(|a| a.syndrome());
+    let mut advanced = false;
+    while let Some(w) = qp.sq.front() {
+        if !w.started || psn.distance(w.first_psn) < 0 {
+            // A response older than anything outstanding: a duplicate. Drop it.
+            break;
+        }
+        let last = w.last_psn();
+        let after = psn.distance(last) > 0;
+        match w.wr.op {
+            SendOp::Send
+            | SendOp::SendWithImm { .. }
+            | SendOp::SendWithInv { .. }
+            | SendOp::Write { .. }
+            | SendOp::WriteWithImm { .. } => {
+                if after {
+                    // A response for a later PSN acknowledges this WQE (IBTA 9.7.5.1.3: responses
+                    // are in order, an ACK acknowledges every earlier request).
+                    retire(qp, ctx, WcStatus::Success);
+                    advanced = true;
+                    continue;
+                }
+                if info.kind == OpKind::Acknowledge {
+                    match syndrome {
+                        Some(Syndrome::Ack { .. }) => {
+                            if psn == last {
+                                retire(qp, ctx, WcStatus::Success);
+                            } else {
+                                qp.comp_psn = psn + 1;
+                            }
+                            advanced = true;
+                        }
+                        Some(s) => handle_nak(qp, ctx, psn, s),
+                        None => {}
+                    }
+                }
+                break;
+            }
+            SendOp::Read { .. } => {
+                match info.kind {
+                    OpKind::ReadResponse => {
+                        let expect = if qp.comp_psn.distance(w.first_psn) > 0 { qp.comp_psn } else { w.first_psn };
+                        let d = psn.distance(expect);
+                        if d > 0 {
+                            // A gap in the READ responses: an implicit NAK (IBTA 9.7.5.1.5):
+                            // reissue the READ from the first missing PSN, once per loss.
+                            if !qp.started_retry {
+                                qp.started_retry = true;
+                                qp.comp_psn = expect;
+                                retry(qp, ctx, expect);
+                            }
+                            break;
+                        }
+                        if d < 0 || after {
+                            break;
+                        }
+                        let mtu = qp.mtu();
+                        let offset = (psn - w.first_psn) as u32 * mtu;
+                        let data = pkt.payload();
+                        let is_last = psn == last;
+                        let want = if is_last { w.len - offset.min(w.len) } else { mtu };
+                        if data.len() as u32 != want {
+                            fail_front(qp, ctx, WcStatus::BadRespErr);
+                            break;
+                        }
+                        let sges = w.wr.sg_list.clone();
+                        let ok = walk_sges(&sges, offset, data.len(), |sge, sge_off, at, n| {
+                            let Some(mr) = ctx.mr_by_lkey(sge.lkey) else { return false };
+                            let owner = mr.owner;
+                            ctx.mem.write(owner, sge.addr + u64::from(sge_off), &data[at..at + n]).is_ok()
+                        });
+                        if !ok {
+                            fail_front(qp, ctx, WcStatus::LocProtErr);
+                            break;
+                        }
+                        qp.comp_psn = psn + 1;
+                        advanced = true;
+                        if is_last {
+                            retire(qp, ctx, WcStatus::Success);
+                        }
+                    }
+                    OpKind::Acknowledge => match syndrome {
+                        // The responder acknowledged past the READ: its responses were lost
+                        // (implicit NAK).
+                        Some(Syndrome::Ack { .. }) => {
+                            let expect = if qp.comp_psn.distance(w.first_psn) > 0 { qp.comp_psn } else { w.first_psn };
+                            if !qp.started_retry {
+                                qp.started_retry = true;
+                                retry(qp, ctx, expect);
+                            }
+                        }
+                        Some(s) => handle_nak(qp, ctx, psn, s),
+                        None => {}
+                    },
+                    _ => {}
+                }
+                break;
+            }
+            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => {
+                match info.kind {
+                    OpKind::AtomicAcknowledge if psn == w.first_psn => {
+                        let orig = pkt.atomicacketh().map(|a| a.orig_rem_data()).unwrap_or(0);
+                        let sges = w.wr.sg_list.clone();
+                        let bytes = orig.to_ne_bytes();
+                        let ok = walk_sges(&sges, 0, 8, |sge, sge_off, at, n| {
+                            let Some(mr) = ctx.mr_by_lkey(sge.lkey) else { return false };
+                            let owner = mr.owner;
+                            ctx.mem.write(owner, sge.addr + u64::from(sge_off), &bytes[at..at + n]).is_ok()
+                        });
+                        if !ok {
+                            fail_front(qp, ctx, WcStatus::LocProtErr);
+                            break;
+                        }
+                        retire(qp, ctx, WcStatus::Success);
+                        advanced = true;
+                    }
+                    OpKind::Acknowledge => match syndrome {
+                        Some(Syndrome::Ack { .. }) if !qp.started_retry => {
+                            qp.started_retry = true;
+                            let first = w.first_psn;
+                            retry(qp, ctx, first);
+                        }
+                        Some(s) => handle_nak(qp, ctx, psn, s),
+                        None => {}
+                    },
+                    _ => {}
+                }
+                break;
+            }
+        }
+    }
+    if advanced && qp.state != QpState::Err {
+        progress(qp, ctx);
+    }
+}

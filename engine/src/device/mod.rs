@@ -1,0 +1,630 @@
+//! The device model: one emulated HCA's objects (PDs, MRs, CQs, QPs) and its transport engine,
+//! driven from outside with verbs calls and the quinn-proto style sans-IO loop:
+//!
+//! - inputs: verbs calls (`alloc_pd`, `reg_mr`, `create_cq`, `create_qp`, `modify_qp`,
+//!   `post_send`, `post_recv`), [`Device::handle_packet`] for every datagram that arrives, and
+//!   [`Device::handle_timeout`] when [`Device::poll_timeout`] has passed;
+//! - outputs: [`Device::poll_transmit`] writes the next UDP payload (BTH to ICRC) into the caller's
+//!   buffer, [`Device::poll_cq`] returns completions, [`Device::poll_event`] async events.
+//!
+//! The reliable-connected machinery follows Linux rxe's split: the requester ([`req`]) turns send
+//! WQEs into request packets, the completer ([`comp`]) matches responses to WQEs and completes
+//! them, the responder ([`resp`]) executes incoming requests and answers them.
+
+mod comp;
+mod qp;
+mod req;
+mod resp;
+
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
+
+pub use self::qp::{QpAttr, QpCaps, QpInit};
+
+use crate::memory::{Memory, Owner};
+use crate::rng::Rng;
+use crate::time::{Duration, Instant};
+use crate::verbs::{Access, AttrMask, Mtu, QpState, QpType, VerbsError, WcOpcode, WcStatus};
+use crate::wire::{icrc, ipv4, udp, BthPacket, IbPacket, Qpn, ROCE_V2_PORT};
+use crate::wr::{RecvWr, SendWr, WorkCompletion};
+
+use self::qp::Qp;
+
+/// Device limits, as `ibv_query_device` reports them; verbs calls beyond them fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Most QPs.
+    pub max_qp: u32,
+    /// Most work requests in one send or receive queue.
+    pub max_qp_wr: u32,
+    /// Most scatter/gather elements per work request.
+    pub max_sge: u32,
+    /// Most bytes of inline data per send work request.
+    pub max_inline: u32,
+    /// Most CQ entries.
+    pub max_cqe: u32,
+    /// Most outstanding RDMA READ/atomic requests a QP may initiate (max_rd_atomic).
+    pub max_qp_init_rd_atom: u8,
+    /// Most outstanding RDMA READ/atomic requests a QP accepts as responder (max_dest_rd_atomic).
+    pub max_qp_rd_atom: u8,
+    /// Largest message (2^31 bytes, as IB allows).
+    pub max_msg_size: u32,
+}
+
+impl Default for Limits {
+    /// rxe's limits (drivers/infiniband/sw/rxe/rxe_param.h), except where noted.
+    fn default() -> Limits {
+        Limits {
+            max_qp: 1 << 17,
+            max_qp_wr: 0x4000,
+            max_sge: 32,
+            max_inline: 400,
+            max_cqe: (1 << 15) - 1,
+            max_qp_init_rd_atom: 128,
+            max_qp_rd_atom: 128,
+            max_msg_size: 1 << 31,
+        }
+    }
+}
+
+/// How a device is set up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceConfig {
+    /// The device's IP address (its RoCEv2 GID).
+    pub addr: IpAddr,
+    /// The port's active MTU.
+    pub mtu: Mtu,
+    /// Seed of the device's RNG (key bits, PSNs chosen by the device).
+    pub seed: u64,
+    /// Limits.
+    pub limits: Limits,
+}
+
+impl DeviceConfig {
+    /// A device at `addr` with MTU 4096 and rxe's limits.
+    pub fn new(addr: IpAddr, seed: u64) -> DeviceConfig {
+        DeviceConfig { addr, mtu: Mtu::Mtu4096, seed, limits: Limits::default() }
+    }
+}
+
+/// A protection domain handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PdId(pub u32);
+
+/// A completion queue handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CqId(pub u32);
+
+/// A registered memory region's keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MrKeys {
+    /// Local key.
+    pub lkey: u32,
+    /// Remote key.
+    pub rkey: u32,
+}
+
+/// An asynchronous event (`enum ibv_event_type`, the ones the engine raises).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AsyncEvent {
+    /// IBV_EVENT_COMM_EST: the first packet arrived while the QP was in RTR.
+    CommEst(Qpn),
+    /// IBV_EVENT_SQ_DRAINED: a QP in SQD has no outstanding send work.
+    SqDrained(Qpn),
+    /// IBV_EVENT_QP_FATAL: a local error moved the QP to ERR.
+    QpFatal(Qpn),
+    /// IBV_EVENT_QP_REQ_ERR: the QP received an invalid request and went to ERR.
+    QpReqErr(Qpn),
+    /// IBV_EVENT_QP_ACCESS_ERR: a remote access violation moved the QP to ERR.
+    QpAccessErr(Qpn),
+    /// IBV_EVENT_CQ_ERR: the CQ overflowed.
+    CqErr(CqId),
+}
+
+/// Where a packet came from, as the socket saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecvMeta {
+    /// Source IP address.
+    pub src: IpAddr,
+    /// Source UDP port.
+    pub src_port: u16,
+    /// The IPv4 identification, when the receiver can see it (raw sockets); `None`: assume 0,
+    /// what an unconnected Linux UDP socket with DF sends.
+    pub ip_id: Option<u16>,
+}
+
+/// Metadata of a packet [`Device::poll_transmit`] wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    /// Destination IP address.
+    pub dst: IpAddr,
+    /// UDP source port (flow entropy: 0xC000 | a hash of the source QPN, as rxe).
+    pub src_port: u16,
+    /// Bytes written (BTH to ICRC).
+    pub len: usize,
+}
+
+/// Counters with rxe's names (`/sys/class/infiniband/rxe0/ports/1/hw_counters`) plus ours.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counters {
+    /// Packets sent.
+    pub sent_pkts: u64,
+    /// Packets received and accepted by a QP.
+    pub rcvd_pkts: u64,
+    /// Duplicate requests received.
+    pub duplicate_request: u64,
+    /// Requests received ahead of the expected PSN.
+    pub out_of_seq_request: u64,
+    /// RNR NAKs received.
+    pub rcvd_rnr_err: u64,
+    /// RNR NAKs sent.
+    pub send_rnr_err: u64,
+    /// PSN sequence NAKs received.
+    pub rcvd_seq_err: u64,
+    /// Transport retries exhausted.
+    pub retry_exceeded_err: u64,
+    /// RNR retries exhausted.
+    pub retry_rnr_exceeded_err: u64,
+    /// Requester retransmissions started (timeouts, NAKs, implicit NAKs).
+    pub completer_retry_err: u64,
+    /// Packets retransmitted.
+    pub retransmitted_pkts: u64,
+    /// Work requests that completed in error.
+    pub send_err: u64,
+    /// SENDs received.
+    pub rdma_recvs: u64,
+    /// SENDs sent.
+    pub rdma_sends: u64,
+    /// NAKs sent, by kind: PSN sequence, invalid request, remote access, remote operational.
+    pub naks_sent: [u64; 4],
+    /// Packets dropped for a bad ICRC.
+    pub icrc_err: u64,
+    /// Packets dropped as malformed (layout, unknown QP, wrong transport).
+    pub malformed: u64,
+}
+
+pub(crate) struct Pd {
+    owner: Owner,
+}
+
+pub(crate) struct Mr {
+    pub(crate) pd: PdId,
+    pub(crate) owner: Owner,
+    pub(crate) addr: u64,
+    pub(crate) len: u64,
+    pub(crate) access: Access,
+    pub(crate) lkey: u32,
+    pub(crate) rkey: u32,
+}
+
+impl Mr {
+    /// Whether `[addr, addr+len)` lies inside the region.
+    pub(crate) fn contains(&self, addr: u64, len: u64) -> bool {
+        addr >= self.addr && addr.checked_add(len).is_some_and(|end| end <= self.addr + self.len)
+    }
+}
+
+pub(crate) struct Cq {
+    capacity: usize,
+    entries: VecDeque<WorkCompletion>,
+    overflowed: bool,
+}
+
+/// The shared state QP code needs besides the QP itself (split from [`Device`] to satisfy the
+/// borrow checker without reference counting).
+pub(crate) struct Ctx<'a, M: Memory> {
+    pub(crate) now: Instant,
+    pub(crate) mrs: &'a mut HashMap<u32, Mr>,
+    pub(crate) cqs: &'a mut HashMap<CqId, Cq>,
+    pub(crate) mem: &'a mut M,
+    pub(crate) events: &'a mut VecDeque<AsyncEvent>,
+    pub(crate) counters: &'a mut Counters,
+    pub(crate) local: IpAddr,
+}
+
+impl<M: Memory> Ctx<'_, M> {
+    /// Looks up a memory region by local key.
+    pub(crate) fn mr_by_lkey(&self, lkey: u32) -> Option<&Mr> {
+        self.mrs.get(&(lkey >> 8)).filter(|m| m.lkey == lkey)
+    }
+
+    /// Looks up a memory region by remote key.
+    pub(crate) fn mr_by_rkey(&self, rkey: u32) -> Option<&Mr> {
+        self.mrs.get(&(rkey >> 8)).filter(|m| m.rkey == rkey)
+    }
+
+    /// Adds a completion to a CQ; an overflow raises CQ_ERR (IBTA 11.4.2.1: CQ overrun) and drops it.
+    pub(crate) fn complete(&mut self, cq: CqId, wc: WorkCompletion) {
+        if wc.status != WcStatus::Success {
+            self.counters.send_err += u64::from(!matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm));
+        }
+        let Some(c) = self.cqs.get_mut(&cq) else { return };
+        if c.entries.len() >= c.capacity {
+            if !c.overflowed {
+                c.overflowed = true;
+                self.events.push_back(AsyncEvent::CqErr(cq));
+            }
+            return;
+        }
+        c.entries.push_back(wc);
+    }
+}
+
+/// The UDP source port for a QP: 0xC000 | 14 bits of a hash of the QPN (rxe's flow entropy).
+pub(crate) fn src_port(qpn: Qpn) -> u16 {
+    let h = qpn.value().wrapping_mul(0x9e37_79b1);
+    0xc000 | ((h >> 18) as u16 & 0x3fff)
+}
+
+/// The IPv4/IPv6 and UDP headers the ICRC of a datagram covers, as the sender's kernel writes
+/// them: IPv4 with DF, the given ID, TTL 64; TOS, TTL and checksums are masked by the ICRC anyway.
+pub(crate) fn ip_udp_header(
+    src: IpAddr,
+    dst: IpAddr,
+    sport: u16,
+    udp_payload_len: usize,
+    ip_id: u16,
+) -> ([u8; 48], usize) {
+    let mut h = [0u8; 48];
+    let udp_len = (udp::HEADER_LEN + udp_payload_len) as u16;
+    let n = match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let total = (ipv4::HEADER_LEN + usize::from(udp_len)) as u16;
+            h[0] = 0x45;
+            h[2..4].copy_from_slice(&total.to_be_bytes());
+            h[4..6].copy_from_slice(&ip_id.to_be_bytes());
+            h[6] = 0x40; // DF
+            h[8] = 64;
+            h[9] = 17;
+            h[12..16].copy_from_slice(&s.octets());
+            h[16..20].copy_from_slice(&d.octets());
+            20
+        }
+        (s, d) => {
+            let to6 = |a: IpAddr| match a {
+                IpAddr::V4(a) => a.to_ipv6_mapped(),
+                IpAddr::V6(a) => a,
+            };
+            h[0] = 0x60;
+            h[4..6].copy_from_slice(&udp_len.to_be_bytes());
+            h[6] = 17;
+            h[7] = 64;
+            h[8..24].copy_from_slice(&to6(s).octets());
+            h[24..40].copy_from_slice(&to6(d).octets());
+            40
+        }
+    };
+    h[n..n + 2].copy_from_slice(&sport.to_be_bytes());
+    h[n + 2..n + 4].copy_from_slice(&ROCE_V2_PORT.to_be_bytes());
+    h[n + 4..n + 6].copy_from_slice(&udp_len.to_be_bytes());
+    (h, n + udp::HEADER_LEN)
+}
+
+/// One emulated HCA.
+pub struct Device<M: Memory> {
+    config: DeviceConfig,
+    rng: Rng,
+    mem: M,
+    pds: HashMap<PdId, Pd>,
+    mrs: HashMap<u32, Mr>,
+    cqs: HashMap<CqId, Cq>,
+    qps: HashMap<Qpn, Qp>,
+    next_id: u32,
+    next_qpn: u32,
+    /// QPs that may have a packet to send, in round-robin order (a QP appears at most once).
+    ready: VecDeque<Qpn>,
+    events: VecDeque<AsyncEvent>,
+    counters: Counters,
+}
+
+macro_rules! ctx {
+    ($d:expr, $now:expr) => {
+        Ctx {
+            now: $now,
+            mrs: &mut $d.mrs,
+            cqs: &mut $d.cqs,
+            mem: &mut $d.mem,
+            events: &mut $d.events,
+            counters: &mut $d.counters,
+            local: $d.config.addr,
+        }
+    };
+}
+
+impl<M: Memory> Device<M> {
+    /// A device with no objects.
+    pub fn new(config: DeviceConfig, mem: M) -> Device<M> {
+        let mut rng = Rng::new(config.seed);
+        // QPNs start at a random point above the reserved QP0/QP1, as hardware does.
+        let next_qpn = 0x11 + (rng.next_u32() & 0xfff);
+        Device {
+            config,
+            rng,
+            mem,
+            pds: HashMap::new(),
+            mrs: HashMap::new(),
+            cqs: HashMap::new(),
+            qps: HashMap::new(),
+            next_id: 1,
+            next_qpn,
+            ready: VecDeque::new(),
+            events: VecDeque::new(),
+            counters: Counters::default(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &DeviceConfig {
+        &self.config
+    }
+
+    /// The memory the device reaches (tests look at it).
+    pub fn memory(&mut self) -> &mut M {
+        &mut self.mem
+    }
+
+    /// The counters.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    fn next_id(&mut self) -> u32 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    /// Allocates a protection domain for `owner`.
+    pub fn alloc_pd(&mut self, owner: Owner) -> PdId {
+        let id = PdId(self.next_id());
+        self.pds.insert(id, Pd { owner });
+        id
+    }
+
+    /// Destroys a protection domain; EBUSY while MRs or QPs use it.
+    pub fn dealloc_pd(&mut self, pd: PdId) -> Result<(), VerbsError> {
+        if !self.pds.contains_key(&pd) {
+            return Err(VerbsError::Inval);
+        }
+        if self.mrs.values().any(|m| m.pd == pd) || self.qps.values().any(|q| q.pd == Some(pd)) {
+            return Err(VerbsError::Busy);
+        }
+        self.pds.remove(&pd);
+        Ok(())
+    }
+
+    /// Registers `len` bytes at `addr` of the PD owner's memory. Remote write or atomic access
+    /// needs local write too (IBTA 10.6.3.1, `ibv_reg_mr` EINVAL).
+    pub fn reg_mr(&mut self, pd: PdId, addr: u64, len: u64, access: Access) -> Result<MrKeys, VerbsError> {
+        let owner = self.pds.get(&pd).ok_or(VerbsError::Inval)?.owner;
+        if access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC) && !access.contains(Access::LOCAL_WRITE) {
+            return Err(VerbsError::Inval);
+        }
+        if addr.checked_add(len).is_none() {
+            return Err(VerbsError::Inval);
+        }
+        let index = self.next_id() & 0x00ff_ffff;
+        // The low 8 bits are random: any local user can send to UDP 4791 (design D5).
+        let lkey = (index << 8) | (self.rng.next_u32() & 0xff);
+        let rkey = lkey;
+        self.mrs.insert(index, Mr { pd, owner, addr, len, access, lkey, rkey });
+        Ok(MrKeys { lkey, rkey })
+    }
+
+    /// Deregisters a memory region.
+    pub fn dereg_mr(&mut self, lkey: u32) -> Result<(), VerbsError> {
+        match self.mrs.get(&(lkey >> 8)) {
+            Some(m) if m.lkey == lkey => {
+                self.mrs.remove(&(lkey >> 8));
+                Ok(())
+            }
+            _ => Err(VerbsError::Inval),
+        }
+    }
+
+    /// Creates a CQ of at least `cqe` entries; EINVAL beyond the device limit.
+    pub fn create_cq(&mut self, cqe: u32) -> Result<CqId, VerbsError> {
+        if cqe == 0 || cqe > self.config.limits.max_cqe {
+            return Err(VerbsError::Inval);
+        }
+        let id = CqId(self.next_id());
+        self.cqs.insert(id, Cq { capacity: cqe as usize, entries: VecDeque::new(), overflowed: false });
+        Ok(id)
+    }
+
+    /// Destroys a CQ; EBUSY while a QP uses it.
+    pub fn destroy_cq(&mut self, cq: CqId) -> Result<(), VerbsError> {
+        if !self.cqs.contains_key(&cq) {
+            return Err(VerbsError::Inval);
+        }
+        if self.qps.values().any(|q| q.send_cq == Some(cq) || q.recv_cq == Some(cq)) {
+            return Err(VerbsError::Busy);
+        }
+        self.cqs.remove(&cq);
+        Ok(())
+    }
+
+    /// Takes up to `max` completions from a CQ, oldest first.
+    pub fn poll_cq(&mut self, cq: CqId, max: usize) -> Vec<WorkCompletion> {
+        let Some(c) = self.cqs.get_mut(&cq) else { return Vec::new() };
+        let n = max.min(c.entries.len());
+        c.entries.drain(..n).collect()
+    }
+
+    /// Creates a QP in RESET. Capacities beyond the device limits are EINVAL (as rxe_qp_chk_cap).
+    pub fn create_qp(&mut self, init: QpInit) -> Result<Qpn, VerbsError> {
+        let l = self.config.limits;
+        if !self.pds.contains_key(&init.pd) {
+            return Err(VerbsError::Inval);
+        }
+        if !self.cqs.contains_key(&init.send_cq) || !self.cqs.contains_key(&init.recv_cq) {
+            return Err(VerbsError::Inval);
+        }
+        let c = init.caps;
+        if c.max_send_wr > l.max_qp_wr
+            || c.max_recv_wr > l.max_qp_wr
+            || c.max_send_sge > l.max_sge
+            || c.max_recv_sge > l.max_sge
+            || c.max_inline_data > l.max_inline
+        {
+            return Err(VerbsError::Inval);
+        }
+        if init.qp_type != QpType::Rc {
+            // UC, UD and XRC arrive with the next engine issue.
+            return Err(VerbsError::NotSupp);
+        }
+        if self.qps.len() >= l.max_qp as usize {
+            return Err(VerbsError::NoMem);
+        }
+        let qpn = loop {
+            let q = Qpn::new(self.next_qpn);
+            self.next_qpn = (self.next_qpn + 1) & Qpn::MASK;
+            if self.next_qpn < 0x11 {
+                self.next_qpn = 0x11;
+            }
+            if q.value() >= 0x11 && !self.qps.contains_key(&q) {
+                break q;
+            }
+        };
+        let owner = self.pds[&init.pd].owner;
+        self.qps.insert(qpn, Qp::new(qpn, init, owner));
+        Ok(qpn)
+    }
+
+    /// Destroys a QP and removes its completions from its CQs.
+    pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<(), VerbsError> {
+        let qp = self.qps.remove(&qpn).ok_or(VerbsError::Inval)?;
+        for cq in [qp.send_cq, qp.recv_cq].into_iter().flatten() {
+            if let Some(c) = self.cqs.get_mut(&cq) {
+                c.entries.retain(|w| w.qp_num != qpn);
+            }
+        }
+        self.ready.retain(|q| *q != qpn);
+        Ok(())
+    }
+
+    /// The QP's current attributes and state.
+    pub fn query_qp(&self, qpn: Qpn) -> Result<(QpState, QpAttr), VerbsError> {
+        let qp = self.qps.get(&qpn).ok_or(VerbsError::Inval)?;
+        Ok((qp.state, qp.attr))
+    }
+
+    /// Modifies a QP (`ibv_modify_qp`): the attribute mask must suit the transition and QP type
+    /// (EINVAL otherwise, state unchanged).
+    pub fn modify_qp(&mut self, qpn: Qpn, attr: &QpAttr, mask: AttrMask) -> Result<(), VerbsError> {
+        let now = Instant::ZERO;
+        let limits = self.config.limits;
+        let port_mtu = self.config.mtu;
+        let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::Inval)?;
+        let mut ctx = ctx!(self, now);
+        qp.modify(&mut ctx, attr, mask, &limits, port_mtu)?;
+        let r = qp.qpn;
+        if !self.ready.contains(&r) {
+            self.ready.push_back(r);
+        }
+        Ok(())
+    }
+
+    /// Posts a send work request (`ibv_post_send`). ENOMEM when the send queue is full, EINVAL for
+    /// a bad request; in ERR the request completes flushed.
+    pub fn post_send(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), VerbsError> {
+        let limits = self.config.limits;
+        let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::Inval)?;
+        let mut ctx = ctx!(self, Instant::ZERO);
+        qp.post_send(&mut ctx, wr, &limits)?;
+        if !self.ready.contains(&qpn) {
+            self.ready.push_back(qpn);
+        }
+        Ok(())
+    }
+
+    /// Posts a receive work request (`ibv_post_recv`).
+    pub fn post_recv(&mut self, qpn: Qpn, wr: RecvWr) -> Result<(), VerbsError> {
+        let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::Inval)?;
+        let mut ctx = ctx!(self, Instant::ZERO);
+        qp.post_recv(&mut ctx, wr)
+    }
+
+    /// The next async event.
+    pub fn poll_event(&mut self) -> Option<AsyncEvent> {
+        self.events.pop_front()
+    }
+
+    /// Takes one datagram's UDP payload (BTH to ICRC). Untrusted: a malformed packet, a bad ICRC,
+    /// an unknown QP or a packet for a QP that cannot take it is counted and dropped.
+    pub fn handle_packet(&mut self, now: Instant, meta: RecvMeta, payload: &[u8]) {
+        let Ok(pkt) = IbPacket::new_checked(payload) else {
+            self.counters.malformed += 1;
+            return;
+        };
+        // IBTA A17.4.3.1: verify the ICRC over the headers as the sender wrote them.
+        let (hdr, n) = ip_udp_header(meta.src, self.config.addr, meta.src_port, payload.len(), meta.ip_id.unwrap_or(0));
+        match icrc::roce_v2_parts(&hdr[..n], pkt.body()) {
+            Ok(c) if c == pkt.icrc() => {}
+            _ => {
+                self.counters.icrc_err += 1;
+                return;
+            }
+        }
+        let bth = BthPacket::new_unchecked(payload);
+        let qpn = bth.dest_qp();
+        let Some(qp) = self.qps.get_mut(&qpn) else {
+            self.counters.malformed += 1;
+            return;
+        };
+        let mut ctx = ctx!(self, now);
+        if qp.handle_packet(&mut ctx, meta.src, &pkt) {
+            self.counters.rcvd_pkts += 1;
+        }
+        if !self.ready.contains(&qpn) {
+            self.ready.push_back(qpn);
+        }
+    }
+
+    /// Writes the next packet to send into `buf` (at least MTU + 64 bytes) and says where it goes.
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        while let Some(qpn) = self.ready.pop_front() {
+            let Some(qp) = self.qps.get_mut(&qpn) else { continue };
+            let mut ctx = ctx!(self, now);
+            if let Some(t) = qp.poll_transmit(&mut ctx, buf) {
+                self.counters.sent_pkts += 1;
+                self.ready.push_back(qpn);
+                return Some(t);
+            }
+        }
+        None
+    }
+
+    /// The earliest timer deadline of any QP.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.qps.values().filter_map(|q| q.poll_timeout()).min()
+    }
+
+    /// Runs every timer that is due.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let due: Vec<Qpn> =
+            self.qps.values().filter(|q| q.poll_timeout().is_some_and(|t| t <= now)).map(|q| q.qpn).collect();
+        for qpn in due {
+            if let Some(qp) = self.qps.get_mut(&qpn) {
+                let mut ctx = ctx!(self, now);
+                qp.handle_timeout(&mut ctx);
+            }
+            if !self.ready.contains(&qpn) {
+                self.ready.push_back(qpn);
+            }
+        }
+    }
+}
+
+/// The local ACK timeout for the 5-bit attribute: 4.096 us x 2^timeout; 0 means no timer
+/// (IBTA 11.2.4.2, C9-141).
+pub fn ack_timeout(code: u8) -> Option<Duration> {
+    if code == 0 {
+        None
+    } else {
+        Some(Duration::from_nanos(4096u64 << code.min(31)))
+    }
+}
+
+#[cfg(test)]
+mod test;

@@ -1,0 +1,589 @@
+//! A queue pair: its attributes, its state machine (`modify_qp`), its queues, and the dispatch of
+//! packets and timers to the requester, completer and responder.
+
+use std::collections::VecDeque;
+use std::net::IpAddr;
+
+use super::{ack_timeout, comp, req, resp, AsyncEvent, CqId, Ctx, Limits, PdId, Transmit};
+use crate::memory::Memory;
+use crate::time::Instant;
+use crate::verbs::{Access, AttrMask, Mtu, QpState, QpType, VerbsError, WcStatus};
+use crate::wire::{IbPacket, OpKind, Psn, Qpn, Transport};
+use crate::wr::{RecvWr, SendWr, WorkCompletion};
+
+/// Queue capacities requested at creation (`struct ibv_qp_cap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QpCaps {
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// SGEs per send WR.
+    pub max_send_sge: u32,
+    /// SGEs per receive WR.
+    pub max_recv_sge: u32,
+    /// Inline bytes per send WR.
+    pub max_inline_data: u32,
+}
+
+/// What `create_qp` takes (`struct ibv_qp_init_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpInit {
+    /// Transport service.
+    pub qp_type: QpType,
+    /// Protection domain.
+    pub pd: PdId,
+    /// CQ for send completions.
+    pub send_cq: CqId,
+    /// CQ for receive completions.
+    pub recv_cq: CqId,
+    /// Capacities.
+    pub caps: QpCaps,
+    /// Complete every send WR, signaled or not (`sq_sig_all`).
+    pub sq_sig_all: bool,
+}
+
+/// QP attributes (`struct ibv_qp_attr`, the fields the engine uses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpAttr {
+    /// Requested state (with AttrMask::STATE).
+    pub qp_state: QpState,
+    /// Asserted current state (with AttrMask::CUR_STATE).
+    pub cur_qp_state: QpState,
+    /// Path MTU.
+    pub path_mtu: Mtu,
+    /// Q_Key (UD).
+    pub qkey: u32,
+    /// Receive PSN: the first PSN the responder expects.
+    pub rq_psn: u32,
+    /// Send PSN: the first PSN the requester sends.
+    pub sq_psn: u32,
+    /// Remote QPN.
+    pub dest_qp_num: u32,
+    /// What remote peers may do through this QP (REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC).
+    pub qp_access_flags: Access,
+    /// P_Key index (0 only).
+    pub pkey_index: u16,
+    /// Port (1 only).
+    pub port_num: u8,
+    /// Remote address (the address vector's GID, as an IP address).
+    pub dest: IpAddr,
+    /// Local ACK timeout code (4.096 us x 2^timeout; 0: none).
+    pub timeout: u8,
+    /// Transport retries (0-7).
+    pub retry_cnt: u8,
+    /// RNR retries (0-7; 7: infinite).
+    pub rnr_retry: u8,
+    /// RNR NAK timer code the responder sends.
+    pub min_rnr_timer: u8,
+    /// Outstanding READ/atomic requests as requester.
+    pub max_rd_atomic: u8,
+    /// Outstanding READ/atomic requests as responder.
+    pub max_dest_rd_atomic: u8,
+}
+
+impl Default for QpAttr {
+    fn default() -> QpAttr {
+        QpAttr {
+            qp_state: QpState::Reset,
+            cur_qp_state: QpState::Reset,
+            path_mtu: Mtu::Mtu1024,
+            qkey: 0,
+            rq_psn: 0,
+            sq_psn: 0,
+            dest_qp_num: 0,
+            qp_access_flags: Access::EMPTY,
+            pkey_index: 0,
+            port_num: 1,
+            dest: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+            timeout: 0,
+            retry_cnt: 0,
+            rnr_retry: 0,
+            min_rnr_timer: 0,
+            max_rd_atomic: 0,
+            max_dest_rd_atomic: 0,
+        }
+    }
+}
+
+/// A send WQE and the requester/completer state of its progress.
+#[derive(Debug, Clone)]
+pub(crate) struct SendWqe {
+    pub(crate) wr: SendWr,
+    /// Inline data copied at post time.
+    pub(crate) inline: Option<Vec<u8>>,
+    /// Message length.
+    pub(crate) len: u32,
+    /// PSN of its first packet (valid once started).
+    pub(crate) first_psn: Psn,
+    /// Packets it takes (READ: response packets).
+    pub(crate) npkts: u32,
+    /// Whether the requester has assigned PSNs to it.
+    pub(crate) started: bool,
+    /// Completed (the status), waiting for earlier WQEs to retire.
+    pub(crate) done: Option<WcStatus>,
+}
+
+impl SendWqe {
+    pub(crate) fn last_psn(&self) -> Psn {
+        self.first_psn + (self.npkts - 1)
+    }
+}
+
+/// A responder output waiting to be sent.
+#[derive(Debug, Clone)]
+pub(crate) enum RespOut {
+    /// ACK or NAK for `psn`.
+    Ack { psn: Psn, syndrome: crate::wire::Syndrome, msn: u32 },
+    /// An RDMA READ response being generated packet by packet.
+    Read { psn: Psn, va: u64, rkey: u32, remaining: u32, first: bool, total: u32, msn: u32 },
+    /// An atomic acknowledge.
+    Atomic { psn: Psn, orig: u64, msn: u32 },
+}
+
+/// A cached READ/atomic request, for duplicates (IBTA 9.7.5.1.6, max_dest_rd_atomic entries).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RdAtomic {
+    pub(crate) first_psn: Psn,
+    pub(crate) last_psn: Psn,
+    pub(crate) atomic_orig: Option<u64>,
+}
+
+/// The message the responder is in the middle of.
+#[derive(Debug, Clone)]
+pub(crate) struct InMsg {
+    pub(crate) kind: OpKind,
+    pub(crate) recv: Option<RecvWr>,
+    /// Bytes received so far.
+    pub(crate) offset: u32,
+    /// RDMA WRITE target: va, rkey, dma length.
+    pub(crate) write: Option<(u64, u32, u32)>,
+}
+
+pub(crate) struct Qp {
+    pub(crate) qpn: Qpn,
+    pub(crate) qp_type: QpType,
+    pub(crate) state: QpState,
+    pub(crate) pd: Option<PdId>,
+    pub(crate) send_cq: Option<CqId>,
+    pub(crate) recv_cq: Option<CqId>,
+    pub(crate) caps: QpCaps,
+    pub(crate) sq_sig_all: bool,
+    pub(crate) attr: QpAttr,
+    pub(crate) sq: VecDeque<SendWqe>,
+    pub(crate) rq: VecDeque<RecvWr>,
+    // Requester.
+    /// Index into `sq` of the WQE the requester sends next.
+    pub(crate) req_idx: usize,
+    /// Packet index within that WQE.
+    pub(crate) req_pkt: u32,
+    /// PSN of the next new packet.
+    pub(crate) next_psn: Psn,
+    /// Packets sent since the last AckReq.
+    pub(crate) noack_pkts: u32,
+    /// One past the highest PSN sent so far (what lies below it and is sent again is a
+    /// retransmission).
+    pub(crate) sent_high: Psn,
+    /// The owner of the QP's PD (whose memory inline data comes from).
+    pub(crate) owner: crate::memory::Owner,
+    /// Retransmission timer deadline.
+    pub(crate) retrans_at: Option<Instant>,
+    /// The requester waits for an RNR NAK's timer until then.
+    pub(crate) rnr_until: Option<Instant>,
+    pub(crate) retry_left: u8,
+    /// A resend was started because of a gap or implicit NAK; further gaps are ignored until
+    /// progress (one retry per loss, as rxe's comp.started_retry).
+    pub(crate) started_retry: bool,
+    pub(crate) rnr_left: u8,
+    /// Whether the SQ_DRAINED event was raised for the current SQD period.
+    pub(crate) drained_reported: bool,
+    // Completer.
+    /// Oldest PSN not yet acknowledged.
+    pub(crate) comp_psn: Psn,
+    // Responder.
+    pub(crate) epsn: Psn,
+    pub(crate) msn: u32,
+    pub(crate) in_msg: Option<InMsg>,
+    /// A PSN sequence NAK was sent for the current gap (one per gap, IBTA C9-109).
+    pub(crate) seq_nak_sent: bool,
+    pub(crate) resp_out: VecDeque<RespOut>,
+    pub(crate) rd_atomic: VecDeque<RdAtomic>,
+    pub(crate) comm_est_sent: bool,
+}
+
+impl Qp {
+    pub(crate) fn new(qpn: Qpn, init: QpInit, owner: crate::memory::Owner) -> Qp {
+        Qp {
+            sent_high: Psn::new(0),
+            owner,
+            qpn,
+            qp_type: init.qp_type,
+            state: QpState::Reset,
+            pd: Some(init.pd),
+            send_cq: Some(init.send_cq),
+            recv_cq: Some(init.recv_cq),
+            caps: init.caps,
+            sq_sig_all: init.sq_sig_all,
+            attr: QpAttr::default(),
+            sq: VecDeque::new(),
+            rq: VecDeque::new(),
+            req_idx: 0,
+            req_pkt: 0,
+            next_psn: Psn::new(0),
+            noack_pkts: 0,
+            retrans_at: None,
+            rnr_until: None,
+            retry_left: 0,
+            started_retry: false,
+            rnr_left: 0,
+            drained_reported: false,
+            comp_psn: Psn::new(0),
+            epsn: Psn::new(0),
+            msn: 0,
+            in_msg: None,
+            seq_nak_sent: false,
+            resp_out: VecDeque::new(),
+            rd_atomic: VecDeque::new(),
+            comm_est_sent: false,
+        }
+    }
+
+    pub(crate) fn mtu(&self) -> u32 {
+        self.attr.path_mtu.bytes() as u32
+    }
+
+    /// Checks and applies `ibv_modify_qp`.
+    pub(crate) fn modify<M: Memory>(
+        &mut self,
+        ctx: &mut Ctx<'_, M>,
+        attr: &QpAttr,
+        mask: AttrMask,
+        limits: &Limits,
+        port_mtu: Mtu,
+    ) -> Result<(), VerbsError> {
+        if mask.contains(AttrMask::CUR_STATE) && attr.cur_qp_state != self.state {
+            return Err(VerbsError::Inval);
+        }
+        let next = if mask.contains(AttrMask::STATE) { attr.qp_state } else { self.state };
+        crate::modify::check(self.qp_type, self.state, next, mask)?;
+        // Values (ib_modify_qp / rxe_qp_chk_attr).
+        if mask.contains(AttrMask::PORT) && attr.port_num != 1 {
+            return Err(VerbsError::Inval);
+        }
+        if mask.contains(AttrMask::PKEY_INDEX) && attr.pkey_index != 0 {
+            return Err(VerbsError::Inval);
+        }
+        if mask.contains(AttrMask::PATH_MTU) && attr.path_mtu > port_mtu {
+            return Err(VerbsError::Inval);
+        }
+        if mask.contains(AttrMask::MAX_QP_RD_ATOMIC) && attr.max_rd_atomic > limits.max_qp_init_rd_atom {
+            return Err(VerbsError::Inval);
+        }
+        if mask.contains(AttrMask::MAX_DEST_RD_ATOMIC) && attr.max_dest_rd_atomic > limits.max_qp_rd_atom {
+            return Err(VerbsError::Inval);
+        }
+        if (mask.contains(AttrMask::TIMEOUT) && attr.timeout > 31)
+            || (mask.contains(AttrMask::RETRY_CNT) && attr.retry_cnt > 7)
+            || (mask.contains(AttrMask::RNR_RETRY) && attr.rnr_retry > 7)
+            || (mask.contains(AttrMask::MIN_RNR_TIMER) && attr.min_rnr_timer > 31)
+        {
+            return Err(VerbsError::Inval);
+        }
+        // Apply.
+        let a = &mut self.attr;
+        macro_rules! set {
+            ($flag:ident, $field:ident) => {
+                if mask.contains(AttrMask::$flag) {
+                    a.$field = attr.$field;
+                }
+            };
+        }
+        set!(PATH_MTU, path_mtu);
+        set!(QKEY, qkey);
+        set!(DEST_QPN, dest_qp_num);
+        set!(ACCESS_FLAGS, qp_access_flags);
+        set!(PKEY_INDEX, pkey_index);
+        set!(PORT, port_num);
+        set!(AV, dest);
+        set!(TIMEOUT, timeout);
+        set!(RETRY_CNT, retry_cnt);
+        set!(RNR_RETRY, rnr_retry);
+        set!(MIN_RNR_TIMER, min_rnr_timer);
+        set!(MAX_QP_RD_ATOMIC, max_rd_atomic);
+        set!(MAX_DEST_RD_ATOMIC, max_dest_rd_atomic);
+        if mask.contains(AttrMask::RQ_PSN) {
+            a.rq_psn = attr.rq_psn & Psn::MASK;
+            self.epsn = Psn::new(attr.rq_psn);
+        }
+        if mask.contains(AttrMask::SQ_PSN) {
+            a.sq_psn = attr.sq_psn & Psn::MASK;
+            self.next_psn = Psn::new(attr.sq_psn);
+            self.comp_psn = self.next_psn;
+            self.sent_high = self.next_psn;
+        }
+        if mask.contains(AttrMask::RETRY_CNT) {
+            self.retry_left = attr.retry_cnt;
+        }
+        if mask.contains(AttrMask::RNR_RETRY) {
+            self.rnr_left = attr.rnr_retry;
+        }
+        if next != self.state {
+            self.enter(ctx, next);
+        }
+        Ok(())
+    }
+
+    /// Enters a state: RESET clears everything and purges the QP's completions; ERR flushes.
+    pub(crate) fn enter<M: Memory>(&mut self, ctx: &mut Ctx<'_, M>, next: QpState) {
+        let prev = self.state;
+        self.state = next;
+        match next {
+            QpState::Reset => {
+                let keep = (self.qpn, self.qp_type, self.pd, self.send_cq, self.recv_cq, self.caps, self.sq_sig_all);
+                let owner = self.owner;
+                *self = Qp::new(
+                    keep.0,
+                    super::QpInit {
+                        qp_type: keep.1,
+                        pd: keep.2.unwrap_or(PdId(0)),
+                        send_cq: keep.3.unwrap_or(CqId(0)),
+                        recv_cq: keep.4.unwrap_or(CqId(0)),
+                        caps: keep.5,
+                        sq_sig_all: keep.6,
+                    },
+                    owner,
+                );
+                // Resetting a QP removes its completions from its CQs (IBTA 10.3.1 / o10-2.2).
+                for cq in [self.send_cq, self.recv_cq].into_iter().flatten() {
+                    if let Some(c) = ctx.cqs.get_mut(&cq) {
+                        c.entries.retain(|w| w.qp_num != self.qpn);
+                    }
+                }
+            }
+            QpState::Err => self.flush(ctx),
+            QpState::Sqd => self.drained_reported = false,
+            QpState::Rts if prev == QpState::Rtr => {
+                self.retry_left = self.attr.retry_cnt;
+                self.rnr_left = self.attr.rnr_retry;
+            }
+            _ => {}
+        }
+    }
+
+    /// Moves the QP to ERR because of an error, raising `event`.
+    pub(crate) fn fail<M: Memory>(&mut self, ctx: &mut Ctx<'_, M>, event: fn(Qpn) -> AsyncEvent) {
+        if self.state != QpState::Err {
+            ctx.events.push_back(event(self.qpn));
+            self.enter(ctx, QpState::Err);
+        }
+    }
+
+    /// Completes every outstanding WQE with WR_FLUSH_ERR (IBTA 10.3.1: in ERR, work requests
+    /// complete flushed, signaled or not).
+    pub(crate) fn flush<M: Memory>(&mut self, ctx: &mut Ctx<'_, M>) {
+        while let Some(w) = self.sq.pop_front() {
+            let status = w.done.unwrap_or(WcStatus::WrFlushErr);
+            if status != WcStatus::Success || w.wr.signaled || self.sq_sig_all {
+                self.complete_send(ctx, &w, status);
+            }
+        }
+        while let Some(r) = self.rq.pop_front() {
+            self.complete_recv(ctx, r.wr_id, WcStatus::WrFlushErr, crate::verbs::WcOpcode::Recv, 0, None, None);
+        }
+        self.in_msg = None;
+        self.req_idx = 0;
+        self.req_pkt = 0;
+        self.retrans_at = None;
+        self.rnr_until = None;
+    }
+
+    pub(crate) fn complete_send<M: Memory>(&self, ctx: &mut Ctx<'_, M>, w: &SendWqe, status: WcStatus) {
+        let Some(cq) = self.send_cq else { return };
+        let wc = WorkCompletion {
+            wr_id: w.wr.wr_id,
+            status,
+            opcode: w.wr.op.wc_opcode(),
+            byte_len: if status == WcStatus::Success { w.len } else { 0 },
+            imm: None,
+            invalidated_rkey: None,
+            qp_num: self.qpn,
+            src_qp: Qpn::new(self.attr.dest_qp_num),
+        };
+        ctx.complete(cq, wc);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn complete_recv<M: Memory>(
+        &self,
+        ctx: &mut Ctx<'_, M>,
+        wr_id: u64,
+        status: WcStatus,
+        opcode: crate::verbs::WcOpcode,
+        byte_len: u32,
+        imm: Option<u32>,
+        inv: Option<u32>,
+    ) {
+        let Some(cq) = self.recv_cq else { return };
+        let wc = WorkCompletion {
+            wr_id,
+            status,
+            opcode,
+            byte_len,
+            imm,
+            invalidated_rkey: inv,
+            qp_num: self.qpn,
+            src_qp: Qpn::new(self.attr.dest_qp_num),
+        };
+        ctx.complete(cq, wc);
+    }
+
+    /// `ibv_post_send`.
+    pub(crate) fn post_send<M: Memory>(
+        &mut self,
+        ctx: &mut Ctx<'_, M>,
+        wr: SendWr,
+        limits: &Limits,
+    ) -> Result<(), VerbsError> {
+        if self.state == QpState::Reset || self.state == QpState::Init || self.state == QpState::Rtr {
+            // libibverbs/rxe: posting to a QP that cannot send is EINVAL.
+            return Err(VerbsError::Inval);
+        }
+        if self.sq.len() >= self.caps.max_send_wr as usize {
+            return Err(VerbsError::NoMem);
+        }
+        if wr.sg_list.len() > self.caps.max_send_sge as usize {
+            return Err(VerbsError::Inval);
+        }
+        let len: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+        if len > u64::from(limits.max_msg_size) {
+            return Err(VerbsError::Inval);
+        }
+        let len = len as u32;
+        if wr.op.is_atomic() && (len < 8 || wr.sg_list.is_empty()) {
+            return Err(VerbsError::Inval);
+        }
+        let mut inline = None;
+        if wr.inline {
+            if len > self.caps.max_inline_data || wr.op.is_read_or_atomic() {
+                return Err(VerbsError::Inval);
+            }
+            // Inline data is copied now, without lkey checks (IBV_SEND_INLINE).
+            let mut data = Vec::with_capacity(len as usize);
+            let owner = self.owner;
+            for s in &wr.sg_list {
+                let mut chunk = vec![0u8; s.length as usize];
+                ctx.mem.read(owner, s.addr, &mut chunk).map_err(|_| VerbsError::Inval)?;
+                data.extend_from_slice(&chunk);
+            }
+            inline = Some(data);
+        }
+        let npkts = match wr.op {
+            crate::wr::SendOp::CompareSwap { .. } | crate::wr::SendOp::FetchAdd { .. } => 1,
+            _ => len.div_ceil(self.mtu()).max(1),
+        };
+        let w = SendWqe { wr, inline, len, first_psn: Psn::new(0), npkts, started: false, done: None };
+        if self.state == QpState::Err {
+            // Work posted in ERR completes flushed (IBTA C10-?; rxe flushes it).
+            self.complete_send(ctx, &w, WcStatus::WrFlushErr);
+            return Ok(());
+        }
+        self.sq.push_back(w);
+        Ok(())
+    }
+
+    /// `ibv_post_recv`.
+    pub(crate) fn post_recv<M: Memory>(&mut self, ctx: &mut Ctx<'_, M>, wr: RecvWr) -> Result<(), VerbsError> {
+        if self.state == QpState::Reset {
+            return Err(VerbsError::Inval);
+        }
+        if self.rq.len() >= self.caps.max_recv_wr as usize {
+            return Err(VerbsError::NoMem);
+        }
+        if wr.sg_list.len() > self.caps.max_recv_sge as usize {
+            return Err(VerbsError::Inval);
+        }
+        if self.state == QpState::Err {
+            self.complete_recv(ctx, wr.wr_id, WcStatus::WrFlushErr, crate::verbs::WcOpcode::Recv, 0, None, None);
+            return Ok(());
+        }
+        self.rq.push_back(wr);
+        Ok(())
+    }
+
+    /// Dispatches a checked packet: requests to the responder, responses to the completer.
+    /// Returns whether the QP accepted it.
+    pub(crate) fn handle_packet<M: Memory>(
+        &mut self,
+        ctx: &mut Ctx<'_, M>,
+        src: IpAddr,
+        pkt: &IbPacket<&[u8]>,
+    ) -> bool {
+        let op = pkt.opcode();
+        let Some(info) = op.info() else { return false };
+        if op.transport() != Transport::Rc || self.qp_type != QpType::Rc {
+            ctx.counters.malformed += 1;
+            return false;
+        }
+        // A connected QP only talks to its peer (IBTA C9-? source QP/address check, as rxe's
+        // check_addr).
+        if src != self.attr.dest {
+            return false;
+        }
+        if info.kind.is_request() {
+            if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+                return false;
+            }
+            if self.state == QpState::Rtr && !self.comm_est_sent {
+                // IBTA 11.6.2: COMM_EST when the first packet arrives in RTR.
+                self.comm_est_sent = true;
+                ctx.events.push_back(AsyncEvent::CommEst(self.qpn));
+            }
+            resp::handle_request(self, ctx, pkt);
+            true
+        } else {
+            if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+                return false;
+            }
+            comp::handle_response(self, ctx, pkt);
+            true
+        }
+    }
+
+    pub(crate) fn poll_transmit<M: Memory>(&mut self, ctx: &mut Ctx<'_, M>, buf: &mut [u8]) -> Option<Transmit> {
+        if let Some(t) = resp::poll_transmit(self, ctx, buf) {
+            return Some(t);
+        }
+        let t = req::poll_transmit(self, ctx, buf);
+        if t.is_none() && self.state == QpState::Sqd && !self.drained_reported && self.sq.is_empty() {
+            self.drained_reported = true;
+            ctx.events.push_back(AsyncEvent::SqDrained(self.qpn));
+        }
+        t
+    }
+
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        match (self.retrans_at, self.rnr_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    pub(crate) fn handle_timeout<M: Memory>(&mut self, ctx: &mut Ctx<'_, M>) {
+        if self.rnr_until.is_some_and(|t| t <= ctx.now) {
+            // The RNR wait is over: resend from the NAKed PSN (already rewound).
+            self.rnr_until = None;
+        }
+        if self.retrans_at.is_some_and(|t| t <= ctx.now) {
+            comp::retransmit_timeout(self, ctx);
+        }
+    }
+
+    /// Restarts the retransmission timer if anything is unacknowledged.
+    pub(crate) fn rearm<M: Memory>(&mut self, ctx: &Ctx<'_, M>) {
+        let outstanding = self.sq.iter().any(|w| w.started && w.done.is_none());
+        self.retrans_at = match (outstanding, ack_timeout(self.attr.timeout)) {
+            (true, Some(t)) => Some(ctx.now + t),
+            _ => None,
+        };
+    }
+}

@@ -1,0 +1,255 @@
+//! The requester (rxe_req.c): turns send WQEs into request packets, segmenting by path MTU,
+//! assigning PSNs, placing AckReq, honouring max_rd_atomic and fences, and resending from a
+//! rewound PSN after a NAK or timeout (go-back-N).
+
+use super::qp::{Qp, SendWqe};
+use super::{ip_udp_header, src_port, Ctx, Transmit};
+use crate::memory::Memory;
+use crate::verbs::{Access, QpState, WcStatus};
+use crate::wire::{icrc, AtomicEthRepr, BthRepr, IbPacket, IbRepr, IethRepr, ImmDtRepr, Opcode, Psn, Qpn, RethRepr};
+use crate::wr::{SendOp, Sge};
+
+/// rxe's RXE_MAX_PKT_PER_ACK: ask for an ACK at least every this many packets.
+const MAX_PKT_PER_ACK: u32 = 64;
+
+/// Writes one transport packet: headers from `ib`, the payload through `fill`, pad, ICRC.
+pub(crate) fn emit<M: Memory>(
+    ctx: &mut Ctx<'_, M>,
+    qp_num: Qpn,
+    dest: std::net::IpAddr,
+    buf: &mut [u8],
+    ib: &IbRepr,
+    fill: impl FnOnce(&mut Ctx<'_, M>, &mut [u8]) -> bool,
+) -> Option<Transmit> {
+    let len = ib.buffer_len();
+    if buf.len() < len || ib.emit(buf).is_err() {
+        return None;
+    }
+    let mut p = IbPacket::new_unchecked(&mut buf[..len]);
+    if !fill(ctx, p.payload_mut()) {
+        return None;
+    }
+    let sport = src_port(qp_num);
+    let (hdr, n) = ip_udp_header(ctx.local, dest, sport, len, 0);
+    let crc = icrc::roce_v2_parts(&hdr[..n], &buf[..len - icrc::LEN]).ok()?;
+    IbPacket::new_unchecked(&mut buf[..len]).set_icrc(crc);
+    Some(Transmit { dst: dest, src_port: sport, len })
+}
+
+/// Copies `out.len()` bytes of the message starting at `offset` from the WQE's buffers.
+fn gather<M: Memory>(ctx: &mut Ctx<'_, M>, w: &SendWqe, offset: u32, out: &mut [u8]) -> bool {
+    if let Some(data) = &w.inline {
+        let o = offset as usize;
+        out.copy_from_slice(&data[o..o + out.len()]);
+        return true;
+    }
+    walk_sges(&w.wr.sg_list, offset, out.len(), |sge, sge_off, at, n| {
+        let Some(mr) = ctx.mr_by_lkey(sge.lkey) else { return false };
+        let owner = mr.owner;
+        ctx.mem.read(owner, sge.addr + u64::from(sge_off), &mut out[at..at + n]).is_ok()
+    })
+}
+
+/// Calls `f(sge, offset in sge, offset in the run, length)` for each piece of the byte run
+/// `[offset, offset + len)` of a scatter/gather list.
+pub(crate) fn walk_sges(
+    sges: &[Sge],
+    offset: u32,
+    len: usize,
+    mut f: impl FnMut(&Sge, u32, usize, usize) -> bool,
+) -> bool {
+    let mut skip = offset as u64;
+    let mut at = 0usize;
+    for s in sges {
+        if at == len {
+            break;
+        }
+        let l = u64::from(s.length);
+        if skip >= l {
+            skip -= l;
+            continue;
+        }
+        let n = ((l - skip) as usize).min(len - at);
+        if !f(s, skip as u32, at, n) {
+            return false;
+        }
+        at += n;
+        skip = 0;
+    }
+    at == len
+}
+
+/// Checks the WQE's local buffers: every SGE in a region of the QP's PD, inside it, writable when
+/// the responder's data lands there (READ, atomics). IBTA C10-?: a failure is a local protection
+/// error.
+fn check_local<M: Memory>(qp: &Qp, ctx: &Ctx<'_, M>, w: &SendWqe) -> bool {
+    if w.inline.is_some() {
+        return true;
+    }
+    let need_write = w.wr.op.is_read_or_atomic();
+    w.wr.sg_list.iter().all(|s| {
+        ctx.mr_by_lkey(s.lkey).is_some_and(|mr| {
+            Some(mr.pd) == qp.pd
+                && mr.contains(s.addr, u64::from(s.length))
+                && (!need_write || mr.access.contains(Access::LOCAL_WRITE))
+        })
+    })
+}
+
+/// The opcode for packet `pkt` of `npkts` of an operation.
+fn opcode_for(op: SendOp, pkt: u32, npkts: u32) -> Opcode {
+    let first = pkt == 0;
+    let last = pkt + 1 == npkts;
+    match op {
+        SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => match (first, last, op) {
+            (true, true, SendOp::Send) => Opcode::RC_SEND_ONLY,
+            (true, true, SendOp::SendWithImm { .. }) => Opcode::RC_SEND_ONLY_WITH_IMMEDIATE,
+            (true, true, _) => Opcode::RC_SEND_ONLY_WITH_INVALIDATE,
+            (true, false, _) => Opcode::RC_SEND_FIRST,
+            (false, false, _) => Opcode::RC_SEND_MIDDLE,
+            (false, true, SendOp::Send) => Opcode::RC_SEND_LAST,
+            (false, true, SendOp::SendWithImm { .. }) => Opcode::RC_SEND_LAST_WITH_IMMEDIATE,
+            (false, true, _) => Opcode::RC_SEND_LAST_WITH_INVALIDATE,
+        },
+        SendOp::Write { .. } | SendOp::WriteWithImm { .. } => match (first, last, op) {
+            (true, true, SendOp::Write { .. }) => Opcode::RC_RDMA_WRITE_ONLY,
+            (true, true, _) => Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+            (true, false, _) => Opcode::RC_RDMA_WRITE_FIRST,
+            (false, false, _) => Opcode::RC_RDMA_WRITE_MIDDLE,
+            (false, true, SendOp::Write { .. }) => Opcode::RC_RDMA_WRITE_LAST,
+            (false, true, _) => Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
+        },
+        SendOp::Read { .. } => Opcode::RC_RDMA_READ_REQUEST,
+        SendOp::CompareSwap { .. } => Opcode::RC_COMPARE_SWAP,
+        SendOp::FetchAdd { .. } => Opcode::RC_FETCH_ADD,
+    }
+}
+
+/// Whether the WQE at `idx` may start now: max_rd_atomic outstanding READ/atomics (IBTA
+/// C9-?/11.2.4.2: initiator depth) and fences wait for every earlier READ/atomic to complete.
+fn may_start(qp: &Qp, idx: usize) -> bool {
+    let w = &qp.sq[idx];
+    let earlier = || qp.sq.iter().take(idx).filter(|e| e.started && e.done.is_none() && e.wr.op.is_read_or_atomic());
+    if w.wr.fence && earlier().next().is_some() {
+        return false;
+    }
+    if w.wr.op.is_read_or_atomic() && earlier().count() >= usize::from(qp.attr.max_rd_atomic) {
+        return false;
+    }
+    true
+}
+
+/// Produces the next request packet, if the requester has one to send now.
+pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &mut [u8]) -> Option<Transmit> {
+    if !matches!(qp.state, QpState::Rts | QpState::Sqd) || qp.rnr_until.is_some() {
+        return None;
+    }
+    let idx = qp.req_idx;
+    if idx >= qp.sq.len() {
+        return None;
+    }
+    if !qp.sq[idx].started {
+        // SQD: messages already started finish; no new one starts (IBTA 10.3.1.5).
+        if qp.state == QpState::Sqd || !may_start(qp, idx) {
+            return None;
+        }
+        if !check_local(qp, ctx, &qp.sq[idx]) {
+            qp.sq[idx].done = Some(WcStatus::LocProtErr);
+            qp.fail(ctx, crate::device::AsyncEvent::QpFatal);
+            return None;
+        }
+        let next = qp.next_psn;
+        let w = &mut qp.sq[idx];
+        w.started = true;
+        w.first_psn = next;
+        qp.next_psn = next + w.npkts;
+        qp.req_pkt = 0;
+    }
+    let mtu = qp.mtu();
+    let w = &qp.sq[idx];
+    let pkt = qp.req_pkt;
+    let psn = w.first_psn + pkt;
+    let last = pkt + 1 >= w.npkts || w.wr.op.is_read_or_atomic();
+    let opcode = opcode_for(w.wr.op, pkt, w.npkts);
+    let offset = pkt * mtu;
+    let payload_len = match w.wr.op {
+        SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 0,
+        _ => (w.len - offset.min(w.len)).min(mtu) as usize,
+    };
+    qp.noack_pkts += 1;
+    let ack_req = last || qp.noack_pkts >= MAX_PKT_PER_ACK;
+    if ack_req {
+        qp.noack_pkts = 0;
+    }
+    let mut ib = IbRepr::new(BthRepr {
+        opcode,
+        solicited: last && w.wr.solicited,
+        mig_req: false,
+        pad_count: IbRepr::pad_for(payload_len),
+        tver: 0,
+        pkey: 0xffff,
+        fecn: false,
+        becn: false,
+        dest_qp: Qpn::new(qp.attr.dest_qp_num),
+        ack_req,
+        psn,
+    });
+    ib.payload_len = payload_len;
+    match w.wr.op {
+        SendOp::SendWithImm { imm } | SendOp::WriteWithImm { imm, .. } if last => ib.immdt = Some(ImmDtRepr { imm }),
+        SendOp::SendWithInv { rkey } if last => ib.ieth = Some(IethRepr { rkey }),
+        _ => {}
+    }
+    match w.wr.op {
+        SendOp::Write { remote_addr, rkey } | SendOp::WriteWithImm { remote_addr, rkey, .. } if pkt == 0 => {
+            ib.reth = Some(RethRepr { va: remote_addr, rkey, dma_len: w.len })
+        }
+        SendOp::Read { remote_addr, rkey } => {
+            // A resent READ asks only for what is still missing (IBTA 9.4.4: the requester may
+            // reissue a READ from the PSN of the first missing response).
+            ib.reth = Some(RethRepr { va: remote_addr + u64::from(offset), rkey, dma_len: w.len - offset.min(w.len) })
+        }
+        SendOp::CompareSwap { remote_addr, rkey, compare, swap } => {
+            ib.atomiceth = Some(AtomicEthRepr { va: remote_addr, rkey, swap_add: swap, compare })
+        }
+        SendOp::FetchAdd { remote_addr, rkey, add } => {
+            ib.atomiceth = Some(AtomicEthRepr { va: remote_addr, rkey, swap_add: add, compare: 0 })
+        }
+        _ => {}
+    }
+    let wqe = qp.sq[idx].clone();
+    let t = emit(ctx, qp.qpn, qp.attr.dest, buf, &ib, |ctx, out| gather(ctx, &wqe, offset, out))?;
+    if psn.distance(qp.sent_high) < 0 {
+        ctx.counters.retransmitted_pkts += 1;
+    } else {
+        qp.sent_high = psn + 1;
+        if pkt == 0 && matches!(wqe.wr.op, SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }) {
+            ctx.counters.rdma_sends += 1;
+        }
+    }
+    if last {
+        qp.req_idx += 1;
+        qp.req_pkt = 0;
+    } else {
+        qp.req_pkt += 1;
+    }
+    if qp.retrans_at.is_none() {
+        qp.retrans_at = super::ack_timeout(qp.attr.timeout).map(|d| ctx.now + d);
+    }
+    Some(t)
+}
+
+/// Rewinds the requester to resend from `psn` (go-back-N, IBTA 9.7.5.2.8 / 9.7.6.1.3).
+pub(crate) fn rewind(qp: &mut Qp, psn: Psn) {
+    for (i, w) in qp.sq.iter().enumerate() {
+        if !w.started || w.done.is_some() {
+            continue;
+        }
+        if psn.distance(w.first_psn) >= 0 && w.last_psn().distance(psn) >= 0 {
+            qp.req_idx = i;
+            qp.req_pkt = (psn - w.first_psn) as u32;
+            qp.noack_pkts = 0;
+            return;
+        }
+    }
+}

@@ -1,0 +1,395 @@
+//! The responder (rxe_resp.c): checks each incoming request's PSN, opcode sequence, length,
+//! resources and keys, executes it (placing SEND and WRITE data, answering READs and atomics),
+//! and acknowledges.
+//!
+//! Credits: every ACK carries the "invalid" credit code 0x1F ("no credit information"), as rxe
+//! does (IBTA 9.7.7.2.5 lets a responder not track credits; the requester then sends as if it
+//! had unlimited credits). RNR NAKs cover an empty receive queue.
+
+use super::qp::{InMsg, Qp, RdAtomic, RespOut};
+use super::req::{emit, walk_sges};
+use super::{AsyncEvent, Ctx, Transmit};
+use crate::memory::Memory;
+use crate::verbs::{Access, QpState, WcOpcode, WcStatus};
+use crate::wire::aeth::CREDITS_INVALID;
+use crate::wire::{
+    AethRepr, AtomicAckEthRepr, BthRepr, IbPacket, IbRepr, Msn, NakCode, OpKind, Opcode, Position, Psn, Qpn, Syndrome,
+};
+use crate::wr::RecvWr;
+
+const ACK: Syndrome = Syndrome::Ack { credits: CREDITS_INVALID };
+
+fn queue_ack(qp: &mut Qp, psn: Psn, syndrome: Syndrome) {
+    // ACK coalescing: a newer ACK replaces one still waiting to be sent (IBTA 9.7.5.1.2 lets one
+    // ACK acknowledge every earlier request).
+    if syndrome.is_ack() {
+        if let Some(RespOut::Ack { syndrome: s, .. }) = qp.resp_out.back() {
+            if s.is_ack() {
+                qp.resp_out.pop_back();
+            }
+        }
+    }
+    qp.resp_out.push_back(RespOut::Ack { psn, syndrome, msn: qp.msn });
+}
+
+/// A class C (or B) error: NAK, then the QP goes to ERR (IBTA 9.9.3: responder errors).
+fn nak_and_fail<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn, code: NakCode, event: fn(Qpn) -> AsyncEvent) {
+    let idx = match code {
+        NakCode::InvalidRequest => 1,
+        NakCode::RemoteAccessError => 2,
+        _ => 3,
+    };
+    ctx.counters.naks_sent[idx] += 1;
+    queue_ack(qp, psn, Syndrome::Nak(code));
+    // The NAK still goes out: keep it across the flush.
+    let out = std::mem::take(&mut qp.resp_out);
+    qp.fail(ctx, event);
+    qp.resp_out = out;
+}
+
+/// Validates a remote access: the region exists with this rkey, belongs to the QP's PD, allows
+/// `access` and covers the range, and the QP itself allows `access` (IBTA 9.4.4.1, C9-?).
+fn remote_ok<M: Memory>(qp: &Qp, ctx: &Ctx<'_, M>, rkey: u32, va: u64, len: u64, access: Access) -> Option<u32> {
+    if !qp.attr.qp_access_flags.contains(access) {
+        return None;
+    }
+    let mr = ctx.mr_by_rkey(rkey)?;
+    if Some(mr.pd) != qp.pd || !mr.access.contains(access) || !mr.contains(va, len) {
+        return None;
+    }
+    Some(mr.owner)
+}
+
+/// Scatters `data` into a receive WQE's buffers at `offset`; false on a bad lkey or bounds.
+fn scatter<M: Memory>(qp: &Qp, ctx: &mut Ctx<'_, M>, wr: &RecvWr, offset: u32, data: &[u8]) -> bool {
+    let pd = qp.pd;
+    walk_sges(&wr.sg_list, offset, data.len(), |sge, sge_off, at, n| {
+        let Some(mr) = ctx.mr_by_lkey(sge.lkey) else { return false };
+        if Some(mr.pd) != pd
+            || !mr.access.contains(Access::LOCAL_WRITE)
+            || !mr.contains(sge.addr, u64::from(sge.length))
+        {
+            return false;
+        }
+        let owner = mr.owner;
+        ctx.mem.write(owner, sge.addr + u64::from(sge_off), &data[at..at + n]).is_ok()
+    })
+}
+
+fn recv_capacity(wr: &RecvWr) -> u64 {
+    wr.sg_list.iter().map(|s| u64::from(s.length)).sum()
+}
+
+/// Handles one request packet addressed to this QP.
+pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPacket<&[u8]>) {
+    let bth = pkt.bth();
+    let psn = bth.psn();
+    let op = pkt.opcode();
+    let Some(info) = op.info() else { return };
+    let d = psn.distance(qp.epsn);
+    if d > 0 {
+        // Ahead of the expected PSN: one PSN sequence NAK per gap (IBTA C9-109, C9-110).
+        ctx.counters.out_of_seq_request += 1;
+        if !qp.seq_nak_sent {
+            qp.seq_nak_sent = true;
+            ctx.counters.naks_sent[0] += 1;
+            let epsn = qp.epsn;
+            queue_ack(qp, epsn, Syndrome::Nak(NakCode::PsnSequenceError));
+        }
+        return;
+    }
+    if d < 0 {
+        duplicate(qp, ctx, pkt, psn, info.kind);
+        return;
+    }
+    qp.seq_nak_sent = false;
+    // Opcode sequence (IBTA C9-?: a MIDDLE/LAST must continue a FIRST of the same kind; a FIRST or
+    // ONLY may not interrupt one).
+    let continuing = !info.position.starts();
+    match (&qp.in_msg, continuing) {
+        (Some(m), true) if m.kind == info.kind => {}
+        (None, false) => {}
+        _ => return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr),
+    }
+    // Length: FIRST and MIDDLE carry exactly one MTU; LAST and ONLY at most one (C9-?).
+    let mtu = qp.mtu() as usize;
+    let plen = pkt.payload().len();
+    let exact = matches!(info.position, Position::First | Position::Middle);
+    if (exact && plen != mtu) || plen > mtu {
+        return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
+    }
+    match info.kind {
+        OpKind::Send => {
+            if info.position.starts() {
+                let Some(wr) = qp.rq.pop_front() else {
+                    // No receive WQE: RNR NAK with the QP's min_rnr_timer (IBTA 9.7.5.2.8).
+                    ctx.counters.send_rnr_err += 1;
+                    let t = qp.attr.min_rnr_timer;
+                    queue_ack(qp, psn, Syndrome::RnrNak { timer: t });
+                    return;
+                };
+                qp.in_msg = Some(InMsg { kind: OpKind::Send, recv: Some(wr), offset: 0, write: None });
+            }
+            let Some(mut m) = qp.in_msg.take() else { return };
+            let data = pkt.payload();
+            let wr = m.recv.take().expect("a SEND in progress holds its receive WQE");
+            if u64::from(m.offset) + data.len() as u64 > recv_capacity(&wr) {
+                // The message does not fit: LOC_LEN_ERR locally, invalid request to the sender.
+                qp.complete_recv(ctx, wr.wr_id, WcStatus::LocLenErr, WcOpcode::Recv, 0, None, None);
+                return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
+            }
+            if !scatter(qp, ctx, &wr, m.offset, data) {
+                qp.complete_recv(ctx, wr.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, 0, None, None);
+                return nak_and_fail(qp, ctx, psn, NakCode::RemoteOperationalError, AsyncEvent::QpFatal);
+            }
+            m.offset += data.len() as u32;
+            if info.position.ends() {
+                qp.msn = qp.msn.wrapping_add(1);
+                ctx.counters.rdma_recvs += 1;
+                let imm = pkt.immdt().map(|i| i.imm());
+                let inv = pkt.ieth().map(|i| i.rkey());
+                qp.complete_recv(ctx, wr.wr_id, WcStatus::Success, WcOpcode::Recv, m.offset, imm, inv);
+            } else {
+                m.recv = Some(wr);
+                qp.in_msg = Some(m);
+            }
+        }
+        OpKind::Write => {
+            let mut m = if info.position.starts() {
+                let Some(reth) = pkt.reth() else { return };
+                let (va, rkey, len) = (reth.va(), reth.rkey(), reth.dma_len());
+                // A zero-length WRITE checks no key (IBTA 9.4.4.1: R_Key is not validated when the
+                // DMA length is zero).
+                if len > 0 && remote_ok(qp, ctx, rkey, va, u64::from(len), Access::REMOTE_WRITE).is_none() {
+                    return nak_and_fail(qp, ctx, psn, NakCode::RemoteAccessError, AsyncEvent::QpAccessErr);
+                }
+                InMsg { kind: OpKind::Write, recv: None, offset: 0, write: Some((va, rkey, len)) }
+            } else {
+                match qp.in_msg.take() {
+                    Some(m) => m,
+                    None => return,
+                }
+            };
+            let (va, rkey, len) = m.write.unwrap_or_default();
+            let data = pkt.payload();
+            let end = u64::from(m.offset) + data.len() as u64;
+            if end > u64::from(len) || (info.position.ends() && end != u64::from(len)) {
+                // More or less data than the RETH announced.
+                return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
+            }
+            // A WRITE with immediate needs a receive WQE for its completion.
+            let needs_recv = pkt.immdt().is_some();
+            if needs_recv && qp.rq.is_empty() {
+                ctx.counters.send_rnr_err += 1;
+                let t = qp.attr.min_rnr_timer;
+                queue_ack(qp, psn, Syndrome::RnrNak { timer: t });
+                qp.in_msg = if info.position.starts() { None } else { Some(m) };
+                return;
+            }
+            if !data.is_empty() {
+                let Some(owner) =
+                    remote_ok(qp, ctx, rkey, va + u64::from(m.offset), data.len() as u64, Access::REMOTE_WRITE)
+                else {
+                    return nak_and_fail(qp, ctx, psn, NakCode::RemoteAccessError, AsyncEvent::QpAccessErr);
+                };
+                if ctx.mem.write(owner, va + u64::from(m.offset), data).is_err() {
+                    return nak_and_fail(qp, ctx, psn, NakCode::RemoteOperationalError, AsyncEvent::QpFatal);
+                }
+            }
+            m.offset += data.len() as u32;
+            if info.position.ends() {
+                qp.msn = qp.msn.wrapping_add(1);
+                if needs_recv {
+                    let wr = qp.rq.pop_front().expect("checked above");
+                    let imm = pkt.immdt().map(|i| i.imm());
+                    qp.complete_recv(ctx, wr.wr_id, WcStatus::Success, WcOpcode::RecvRdmaWithImm, len, imm, None);
+                }
+            } else {
+                qp.in_msg = Some(m);
+            }
+        }
+        OpKind::ReadRequest => {
+            let Some(reth) = pkt.reth() else { return };
+            let (va, rkey, len) = (reth.va(), reth.rkey(), reth.dma_len());
+            if len > 0 && remote_ok(qp, ctx, rkey, va, u64::from(len), Access::REMOTE_READ).is_none() {
+                return nak_and_fail(qp, ctx, psn, NakCode::RemoteAccessError, AsyncEvent::QpAccessErr);
+            }
+            if !rd_atomic_slot(qp) {
+                return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
+            }
+            let npkts = len.div_ceil(qp.mtu()).max(1);
+            qp.msn = qp.msn.wrapping_add(1);
+            qp.rd_atomic.push_back(RdAtomic { first_psn: psn, last_psn: psn + (npkts - 1), atomic_orig: None });
+            let msn = qp.msn;
+            qp.resp_out.push_back(RespOut::Read { psn, va, rkey, remaining: len, first: true, total: len, msn });
+            qp.epsn = psn + npkts;
+            return;
+        }
+        OpKind::CompareSwap | OpKind::FetchAdd => {
+            let Some(a) = pkt.atomiceth() else { return };
+            let va = a.va();
+            // IBTA C9-?: atomics need 8-byte alignment; otherwise invalid request.
+            if va % 8 != 0 {
+                return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
+            }
+            let Some(owner) = remote_ok(qp, ctx, a.rkey(), va, 8, Access::REMOTE_ATOMIC) else {
+                return nak_and_fail(qp, ctx, psn, NakCode::RemoteAccessError, AsyncEvent::QpAccessErr);
+            };
+            if !rd_atomic_slot(qp) {
+                return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
+            }
+            let r = if info.kind == OpKind::CompareSwap {
+                ctx.mem.compare_swap(owner, va, a.compare(), a.swap_add())
+            } else {
+                ctx.mem.fetch_add(owner, va, a.swap_add())
+            };
+            let Ok(orig) = r else {
+                return nak_and_fail(qp, ctx, psn, NakCode::RemoteOperationalError, AsyncEvent::QpFatal);
+            };
+            qp.msn = qp.msn.wrapping_add(1);
+            qp.rd_atomic.push_back(RdAtomic { first_psn: psn, last_psn: psn, atomic_orig: Some(orig) });
+            let msn = qp.msn;
+            qp.resp_out.push_back(RespOut::Atomic { psn, orig, msn });
+            qp.epsn = psn + 1;
+            return;
+        }
+        _ => return,
+    }
+    qp.epsn = psn + 1;
+    if bth.ack_req() {
+        queue_ack(qp, psn, ACK);
+    }
+}
+
+/// Makes room for one more outstanding READ/atomic: the oldest cached one is dropped once the
+/// requester must have seen it; more than max_dest_rd_atomic at once is an invalid request.
+fn rd_atomic_slot(qp: &mut Qp) -> bool {
+    let max = usize::from(qp.attr.max_dest_rd_atomic);
+    let active = qp.resp_out.iter().filter(|o| !matches!(o, RespOut::Ack { .. })).count();
+    if active >= max {
+        return false;
+    }
+    while qp.rd_atomic.len() >= max.max(1) {
+        qp.rd_atomic.pop_front();
+    }
+    true
+}
+
+/// A request with an old PSN (IBTA 9.7.5.1.4 and C9-105..C9-108).
+fn duplicate<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPacket<&[u8]>, psn: Psn, kind: OpKind) {
+    ctx.counters.duplicate_request += 1;
+    match kind {
+        OpKind::Send | OpKind::Write => {
+            // C9-105: re-acknowledge, with the PSN of the most recent request.
+            let last = qp.epsn - 1;
+            queue_ack(qp, last, ACK);
+        }
+        OpKind::ReadRequest => {
+            // Re-execute the READ from the duplicate's RETH (C9-106), if it lies in a READ we
+            // executed.
+            let Some(reth) = pkt.reth() else { return };
+            let known = qp
+                .rd_atomic
+                .iter()
+                .any(|r| r.atomic_orig.is_none() && psn.distance(r.first_psn) >= 0 && r.last_psn.distance(psn) >= 0);
+            if !known {
+                return;
+            }
+            let (va, rkey, len) = (reth.va(), reth.rkey(), reth.dma_len());
+            if len > 0 && remote_ok(qp, ctx, rkey, va, u64::from(len), Access::REMOTE_READ).is_none() {
+                return nak_and_fail(qp, ctx, psn, NakCode::RemoteAccessError, AsyncEvent::QpAccessErr);
+            }
+            // A resent READ supersedes the responses still queued for it.
+            qp.resp_out.retain(|o| !matches!(o, RespOut::Read { .. }));
+            let msn = qp.msn;
+            qp.resp_out.push_back(RespOut::Read { psn, va, rkey, remaining: len, first: true, total: len, msn });
+        }
+        OpKind::CompareSwap | OpKind::FetchAdd => {
+            // C9-107: replay the saved result; never execute an atomic twice.
+            if let Some(orig) = qp.rd_atomic.iter().find(|r| r.first_psn == psn).and_then(|r| r.atomic_orig) {
+                let msn = qp.msn;
+                qp.resp_out.push_back(RespOut::Atomic { psn, orig, msn });
+            }
+        }
+        _ => {}
+    }
+}
+
+fn bth(qp: &Qp, opcode: Opcode, psn: Psn, payload: usize) -> BthRepr {
+    BthRepr {
+        opcode,
+        solicited: false,
+        mig_req: false,
+        pad_count: IbRepr::pad_for(payload),
+        tver: 0,
+        pkey: 0xffff,
+        fecn: false,
+        becn: false,
+        dest_qp: Qpn::new(qp.attr.dest_qp_num),
+        ack_req: false,
+        psn,
+    }
+}
+
+/// Produces the next responder packet (ACK/NAK, READ response, atomic ACK), if any.
+pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &mut [u8]) -> Option<Transmit> {
+    if qp.state == QpState::Reset {
+        qp.resp_out.clear();
+        return None;
+    }
+    let out = qp.resp_out.pop_front()?;
+    let dest = qp.attr.dest;
+    match out {
+        RespOut::Ack { psn, syndrome, msn } => {
+            let mut ib = IbRepr::new(bth(qp, Opcode::RC_ACKNOWLEDGE, psn, 0));
+            ib.aeth = Some(AethRepr { syndrome, msn: Msn::new(msn) });
+            emit(ctx, qp.qpn, dest, buf, &ib, |_, _| true)
+        }
+        RespOut::Atomic { psn, orig, msn } => {
+            let mut ib = IbRepr::new(bth(qp, Opcode::RC_ATOMIC_ACKNOWLEDGE, psn, 0));
+            ib.aeth = Some(AethRepr { syndrome: ACK, msn: Msn::new(msn) });
+            ib.atomicacketh = Some(AtomicAckEthRepr { orig_rem_data: orig });
+            emit(ctx, qp.qpn, dest, buf, &ib, |_, _| true)
+        }
+        RespOut::Read { psn, va, rkey, remaining, first, total, msn } => {
+            let mtu = qp.mtu();
+            let n = remaining.min(mtu);
+            let last = remaining <= mtu;
+            let opcode = match (first, last) {
+                (true, true) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+                (true, false) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+                (false, false) => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+                (false, true) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+            };
+            let mut ib = IbRepr::new(bth(qp, opcode, psn, n as usize));
+            ib.payload_len = n as usize;
+            if first || last {
+                ib.aeth = Some(AethRepr { syndrome: ACK, msn: Msn::new(msn) });
+            }
+            let offset = total - remaining;
+            let addr = va + u64::from(offset);
+            let owner = if n > 0 { remote_ok(qp, ctx, rkey, addr, u64::from(n), Access::REMOTE_READ) } else { Some(0) };
+            let t = emit(ctx, qp.qpn, dest, buf, &ib, |ctx, out| match owner {
+                Some(o) => out.is_empty() || ctx.mem.read(o, addr, out).is_ok(),
+                None => false,
+            });
+            if t.is_none() && owner.is_none() {
+                // The region went away between the request and the response.
+                nak_and_fail(qp, ctx, psn, NakCode::RemoteAccessError, AsyncEvent::QpAccessErr);
+                return None;
+            }
+            if !last {
+                qp.resp_out.push_front(RespOut::Read {
+                    psn: psn + 1,
+                    va,
+                    rkey,
+                    remaining: remaining - n,
+                    first: false,
+                    total,
+                    msn,
+                });
+            }
+            t
+        }
+    }
+}

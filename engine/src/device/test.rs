@@ -1,0 +1,1 @@
+//! Device tests live in conformance/; this module holds only internal checks.

@@ -1,0 +1,126 @@
+//! How the engine reaches the memory of the processes it serves: only through [`Memory`], so the
+//! same engine runs in the daemon (cross-process access), in process (plain pointers) and in tests
+//! ([`VecMemory`]).
+
+/// Who owns an address space (a client process); the engine passes the owner of the memory
+/// region it checked.
+pub type Owner = u32;
+
+/// An access outside the memory the owner has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("memory access outside the owner's memory: {len} bytes at {addr:#x}")]
+pub struct MemoryError {
+    /// Start address.
+    pub addr: u64,
+    /// Length.
+    pub len: usize,
+}
+
+/// Byte and 8-byte atomic access to the owners' memory. The engine checks keys, bounds and access
+/// rights against its memory regions before every call; an implementation still fails rather than
+/// touching memory it does not have.
+pub trait Memory {
+    /// Copies `buf.len()` bytes at `addr` into `buf`.
+    fn read(&mut self, owner: Owner, addr: u64, buf: &mut [u8]) -> Result<(), MemoryError>;
+    /// Copies `data` to `addr`.
+    fn write(&mut self, owner: Owner, addr: u64, data: &[u8]) -> Result<(), MemoryError>;
+    /// Atomically: if the 8 bytes at `addr` (host order) equal `compare`, store `swap`; returns the
+    /// original value (IBTA 9.4.5 CmpSwap).
+    fn compare_swap(&mut self, owner: Owner, addr: u64, compare: u64, swap: u64) -> Result<u64, MemoryError>;
+    /// Atomically adds `add` to the 8 bytes at `addr`; returns the original value (FetchAdd).
+    fn fetch_add(&mut self, owner: Owner, addr: u64, add: u64) -> Result<u64, MemoryError>;
+}
+
+/// Test memory: one `Vec<u8>` per owner, mapped at a base address.
+#[derive(Debug, Clone, Default)]
+pub struct VecMemory {
+    spaces: Vec<(Owner, u64, Vec<u8>)>,
+}
+
+impl VecMemory {
+    /// No memory.
+    pub fn new() -> VecMemory {
+        VecMemory::default()
+    }
+
+    /// Gives `owner` `len` zeroed bytes at `base`.
+    pub fn add(&mut self, owner: Owner, base: u64, len: usize) {
+        self.spaces.push((owner, base, vec![0; len]));
+    }
+
+    fn range(&mut self, owner: Owner, addr: u64, len: usize) -> Result<&mut [u8], MemoryError> {
+        let err = MemoryError { addr, len };
+        for (o, base, v) in &mut self.spaces {
+            if *o != owner || addr < *base {
+                continue;
+            }
+            let start = usize::try_from(addr - *base).map_err(|_| err)?;
+            let end = start.checked_add(len).ok_or(err)?;
+            if end <= v.len() {
+                return Ok(&mut v[start..end]);
+            }
+        }
+        Err(err)
+    }
+
+    /// Reads bytes (for tests to look at).
+    pub fn get(&mut self, owner: Owner, addr: u64, len: usize) -> Vec<u8> {
+        self.range(owner, addr, len).map(|s| s.to_vec()).unwrap_or_default()
+    }
+
+    /// Writes bytes (for tests to set up).
+    pub fn set(&mut self, owner: Owner, addr: u64, data: &[u8]) {
+        if let Ok(s) = self.range(owner, addr, data.len()) {
+            s.copy_from_slice(data);
+        }
+    }
+}
+
+impl Memory for VecMemory {
+    fn read(&mut self, owner: Owner, addr: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
+        buf.copy_from_slice(self.range(owner, addr, buf.len())?);
+        Ok(())
+    }
+
+    fn write(&mut self, owner: Owner, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+        self.range(owner, addr, data.len())?.copy_from_slice(data);
+        Ok(())
+    }
+
+    fn compare_swap(&mut self, owner: Owner, addr: u64, compare: u64, swap: u64) -> Result<u64, MemoryError> {
+        let s = self.range(owner, addr, 8)?;
+        let old = u64::from_ne_bytes(s.try_into().map_err(|_| MemoryError { addr, len: 8 })?);
+        if old == compare {
+            s.copy_from_slice(&swap.to_ne_bytes());
+        }
+        Ok(old)
+    }
+
+    fn fetch_add(&mut self, owner: Owner, addr: u64, add: u64) -> Result<u64, MemoryError> {
+        let s = self.range(owner, addr, 8)?;
+        let old = u64::from_ne_bytes(s.try_into().map_err(|_| MemoryError { addr, len: 8 })?);
+        s.copy_from_slice(&old.wrapping_add(add).to_ne_bytes());
+        Ok(old)
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    #[test]
+    fn bounds_and_owners() {
+        let mut m = VecMemory::new();
+        m.add(1, 0x1000, 16);
+        m.write(1, 0x1008, &[1, 2, 3]).unwrap();
+        assert_eq!(m.get(1, 0x1008, 3), vec![1, 2, 3]);
+        assert!(m.write(1, 0x100e, &[0; 3]).is_err(), "past the end");
+        assert!(m.write(2, 0x1000, &[0]).is_err(), "another owner");
+        assert!(m.read(1, 0xfff, &mut [0; 1]).is_err(), "before the start");
+        assert!(m.read(1, u64::MAX, &mut [0; 2]).is_err(), "overflow");
+        assert_eq!(m.fetch_add(1, 0x1000, 5).unwrap(), 0);
+        assert_eq!(m.compare_swap(1, 0x1000, 5, 9).unwrap(), 5);
+        assert_eq!(m.compare_swap(1, 0x1000, 5, 7).unwrap(), 9);
+        assert_eq!(m.fetch_add(1, 0x1000, 0).unwrap(), 9);
+    }
+}

@@ -1,0 +1,154 @@
+//! Work requests and work completions as the engine takes and gives them.
+
+use crate::verbs::{WcOpcode, WcStatus};
+use crate::wire::Qpn;
+
+/// A scatter/gather element: `length` bytes at `addr` in the memory region of `lkey`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sge {
+    /// Start address.
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u32,
+    /// Local key of the memory region.
+    pub lkey: u32,
+}
+
+/// What a send work request does (`ibv_wr_opcode`, with its operands).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOp {
+    /// SEND.
+    Send,
+    /// SEND with immediate data.
+    SendWithImm {
+        /// Immediate data (as the 4 wire bytes read big-endian).
+        imm: u32,
+    },
+    /// SEND with invalidate.
+    SendWithInv {
+        /// The remote key to invalidate at the responder.
+        rkey: u32,
+    },
+    /// RDMA WRITE.
+    Write {
+        /// Remote virtual address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// RDMA WRITE with immediate data.
+    WriteWithImm {
+        /// Remote virtual address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Immediate data.
+        imm: u32,
+    },
+    /// RDMA READ.
+    Read {
+        /// Remote virtual address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// Atomic compare and swap of 8 bytes.
+    CompareSwap {
+        /// Remote virtual address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Compare value.
+        compare: u64,
+        /// Swap value.
+        swap: u64,
+    },
+    /// Atomic fetch and add of 8 bytes.
+    FetchAdd {
+        /// Remote virtual address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Value to add.
+        add: u64,
+    },
+}
+
+impl SendOp {
+    /// The completion opcode.
+    pub const fn wc_opcode(self) -> WcOpcode {
+        match self {
+            SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => WcOpcode::Send,
+            SendOp::Write { .. } | SendOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
+            SendOp::Read { .. } => WcOpcode::RdmaRead,
+            SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
+            SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+        }
+    }
+
+    /// Whether the responder answers with data (READ, atomics).
+    pub const fn is_read_or_atomic(self) -> bool {
+        matches!(self, SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
+    }
+
+    /// Whether it is an atomic.
+    pub const fn is_atomic(self) -> bool {
+        matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
+    }
+}
+
+/// A send work request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// The operation.
+    pub op: SendOp,
+    /// Local buffers: gathered for SEND/WRITE, scattered into for READ, the 8-byte result for atomics.
+    pub sg_list: Vec<Sge>,
+    /// Generate a completion on success (errors always complete).
+    pub signaled: bool,
+    /// Wait for every earlier READ and atomic to complete first (IBV_SEND_FENCE).
+    pub fence: bool,
+    /// Set the Solicited Event bit on the last packet (IBV_SEND_SOLICITED).
+    pub solicited: bool,
+    /// Copy the data at post time (IBV_SEND_INLINE); no lkey check.
+    pub inline: bool,
+}
+
+impl SendWr {
+    /// A signaled request with no flags.
+    pub fn new(wr_id: u64, op: SendOp, sg_list: Vec<Sge>) -> SendWr {
+        SendWr { wr_id, op, sg_list, signaled: true, fence: false, solicited: false, inline: false }
+    }
+}
+
+/// A receive work request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecvWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Where received data goes.
+    pub sg_list: Vec<Sge>,
+}
+
+/// A work completion (`struct ibv_wc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkCompletion {
+    /// The work request's id.
+    pub wr_id: u64,
+    /// Status.
+    pub status: WcStatus,
+    /// What completed.
+    pub opcode: WcOpcode,
+    /// Bytes received (receive completions) or transferred.
+    pub byte_len: u32,
+    /// Immediate data, if the message carried some.
+    pub imm: Option<u32>,
+    /// The remote key the message invalidated, if it was a SEND with invalidate.
+    pub invalidated_rkey: Option<u32>,
+    /// The local QP.
+    pub qp_num: Qpn,
+    /// The remote QP (UD receive completions).
+    pub src_qp: Qpn,
+}
