@@ -22,6 +22,8 @@ pub enum Fate {
     Duplicate,
     /// Deliver it after the latency plus this much.
     Delay(Duration),
+    /// Deliver it with one bit of its payload flipped.
+    Corrupt,
 }
 
 /// A datagram as the filter and the log see it.
@@ -284,6 +286,12 @@ impl Pair {
                         self.push(at + Duration::from_micros(1), to, meta, bytes);
                     }
                     Fate::Delay(d) => self.push(at + d, to, meta, bytes),
+                    Fate::Corrupt => {
+                        let mut b = bytes;
+                        let i = b.len() / 2;
+                        b[i] ^= 0x10;
+                        self.push(at, to, meta, b);
+                    }
                 }
             }
         }

@@ -397,3 +397,245 @@ fn sends_posted_in_error_complete_flushed() {
     let wa = p.poll(A, a.cq);
     assert_eq!(wa.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), vec![(5, WcStatus::WrFlushErr)]);
 }
+
+#[test]
+fn o10_modify_qp_with_a_wrong_mask_is_einval_and_the_state_stays() {
+    use softrdma_engine::device::QpAttr;
+    use softrdma_engine::verbs::{AttrMask, VerbsError};
+    let mut p = Pair::new(1);
+    let (a, _b) = p.connect_rc(RcOptions::default());
+    // RTS -> RTS may not set the path MTU (kernel qp_state_table, IBTA 11.2.4.2).
+    let attr = QpAttr { qp_state: QpState::Rts, ..QpAttr::default() };
+    assert_eq!(p.a.modify_qp(a.qpn, &attr, AttrMask::STATE | AttrMask::PATH_MTU), Err(VerbsError::Inval));
+    assert_eq!(p.a.query_qp(a.qpn).unwrap().0, QpState::Rts);
+    // RTS -> INIT is not a transition at all.
+    let attr = QpAttr { qp_state: QpState::Init, ..QpAttr::default() };
+    assert_eq!(p.a.modify_qp(a.qpn, &attr, AttrMask::STATE), Err(VerbsError::Inval));
+    // A CUR_STATE that is not the current state.
+    let attr = QpAttr { qp_state: QpState::Rts, cur_qp_state: QpState::Rtr, ..QpAttr::default() };
+    assert_eq!(p.a.modify_qp(a.qpn, &attr, AttrMask::STATE | AttrMask::CUR_STATE), Err(VerbsError::Inval));
+    assert_eq!(p.a.query_qp(a.qpn).unwrap().0, QpState::Rts);
+}
+
+#[test]
+fn create_qp_beyond_the_device_limits_is_einval() {
+    use softrdma_engine::device::{QpCaps, QpInit};
+    use softrdma_engine::verbs::{QpType, VerbsError};
+    let mut p = Pair::new(1);
+    let pd = p.a.alloc_pd(7);
+    let cq = p.a.create_cq(16).unwrap();
+    let init = |caps| QpInit { qp_type: QpType::Rc, pd, send_cq: cq, recv_cq: cq, caps, sq_sig_all: false };
+    let ok = QpCaps { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    assert!(p.a.create_qp(init(ok)).is_ok());
+    for bad in [
+        QpCaps { max_send_wr: 1 << 20, ..ok },
+        QpCaps { max_recv_sge: 1000, ..ok },
+        QpCaps { max_inline_data: 1 << 20, ..ok },
+    ] {
+        assert_eq!(p.a.create_qp(init(bad)), Err(VerbsError::Inval));
+    }
+    assert_eq!(p.a.create_cq(1 << 20), Err(VerbsError::Inval));
+    assert_eq!(p.a.destroy_cq(cq), Err(VerbsError::Busy), "a QP uses it");
+}
+
+#[test]
+fn post_send_beyond_queue_depth_is_enomem() {
+    use softrdma_engine::verbs::VerbsError;
+    let (mut p, a, _b) = setup(RcOptions { depth: 2, ..RcOptions::default() });
+    p.dev(A).post_send(a.qpn, SendWr::new(1, SendOp::Send, vec![])).unwrap();
+    p.dev(A).post_send(a.qpn, SendWr::new(2, SendOp::Send, vec![])).unwrap();
+    assert_eq!(p.dev(A).post_send(a.qpn, SendWr::new(3, SendOp::Send, vec![])), Err(VerbsError::NoMem));
+}
+
+#[test]
+fn qp_without_remote_write_access_naks_writes() {
+    // The responder checks the QP's own access flags, not only the region's (IBTA 10.2.3, C10-?).
+    let (mut p, a, b) = setup(RcOptions {
+        access: softrdma_engine::verbs::Access::LOCAL_WRITE | softrdma_engine::verbs::Access::REMOTE_READ,
+        ..RcOptions::default()
+    });
+    send(&mut p, &a, 1, SendOp::Write { remote_addr: BASE, rkey: b.mr.rkey }, BASE, 8);
+    p.drive(STEPS);
+    assert_eq!(p.poll(A, a.cq)[0].status, WcStatus::RemAccessErr);
+}
+
+#[test]
+fn misaligned_atomic_is_an_invalid_request() {
+    let (mut p, a, b) = setup(RcOptions::default());
+    send(&mut p, &a, 1, SendOp::FetchAdd { remote_addr: BASE + 4, rkey: b.mr.rkey, add: 1 }, BASE, 8);
+    p.drive(STEPS);
+    assert_eq!(p.poll(A, a.cq)[0].status, WcStatus::RemInvReqErr);
+    assert!(p.log.iter().any(|s| s.from == B && s.syndrome == Some(0x61)));
+}
+
+#[test]
+fn message_longer_than_the_receive_buffer_is_loc_len_err_and_invalid_request() {
+    let (mut p, a, b) = setup(RcOptions::default());
+    post_recv(&mut p, B, &b, 7, BASE + 0x1000, 16);
+    send(&mut p, &a, 1, SendOp::Send, BASE, 32);
+    p.drive(STEPS);
+    let wb = p.poll(B, b.cq);
+    assert_eq!((wb[0].wr_id, wb[0].status), (7, WcStatus::LocLenErr));
+    assert_eq!(p.poll(A, a.cq)[0].status, WcStatus::RemInvReqErr);
+}
+
+#[test]
+fn bad_local_key_is_loc_prot_err() {
+    let (mut p, a, _b) = setup(RcOptions::default());
+    let wr = SendWr::new(1, SendOp::Send, vec![Sge { addr: BASE, length: 8, lkey: a.mr.lkey ^ 1 }]);
+    p.dev(A).post_send(a.qpn, wr).unwrap();
+    p.drive(STEPS);
+    assert_eq!(p.poll(A, a.cq)[0].status, WcStatus::LocProtErr);
+    assert_eq!(p.a.query_qp(a.qpn).unwrap().0, QpState::Err);
+}
+
+#[test]
+fn cq_overflow_raises_cq_error() {
+    let (mut p, a, _b) = setup(RcOptions { cqe: 2, depth: 8, ..RcOptions::default() });
+    for i in 0..4 {
+        p.dev(A).post_send(a.qpn, SendWr::new(i, SendOp::Write { remote_addr: 0, rkey: 0 }, vec![])).unwrap();
+    }
+    p.drive(STEPS);
+    assert_eq!(p.poll(A, a.cq).len(), 2);
+    assert_eq!(p.a.poll_event(), Some(AsyncEvent::CqErr(a.cq)));
+}
+
+#[test]
+fn destroying_a_qp_removes_its_completions() {
+    let (mut p, a, _b) = setup(RcOptions::default());
+    p.dev(A).post_send(a.qpn, SendWr::new(1, SendOp::Write { remote_addr: 0, rkey: 0 }, vec![])).unwrap();
+    p.drive(STEPS);
+    p.a.destroy_qp(a.qpn).unwrap();
+    assert!(p.poll(A, a.cq).is_empty());
+}
+
+#[test]
+fn comm_est_when_the_first_packet_arrives_in_rtr() {
+    use softrdma_engine::device::QpAttr;
+    use softrdma_engine::verbs::AttrMask;
+    let (mut p, a, b) = setup(RcOptions::default());
+    // Put B back through RESET to RTR only.
+    p.b.modify_qp(b.qpn, &QpAttr { qp_state: QpState::Reset, ..Default::default() }, AttrMask::STATE).unwrap();
+    let mut attr = QpAttr { qp_state: QpState::Init, port_num: 1, qp_access_flags: RcOptions::default().access, ..Default::default() };
+    p.b.modify_qp(b.qpn, &attr, AttrMask::STATE | AttrMask::PORT | AttrMask::PKEY_INDEX | AttrMask::ACCESS_FLAGS).unwrap();
+    attr.qp_state = QpState::Rtr;
+    attr.dest = softrdma_conformance::pair::ADDR_A;
+    attr.dest_qp_num = a.qpn.value();
+    attr.rq_psn = 100;
+    attr.path_mtu = Mtu::Mtu1024;
+    attr.max_dest_rd_atomic = 1;
+    let m = AttrMask::STATE | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN | AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
+    p.b.modify_qp(b.qpn, &attr, m).unwrap();
+    post_recv(&mut p, B, &b, 1, BASE, 64);
+    send(&mut p, &a, 1, SendOp::Send, BASE, 4);
+    p.drive(STEPS);
+    assert_eq!(p.b.poll_event(), Some(AsyncEvent::CommEst(b.qpn)));
+    assert_eq!(p.poll(B, b.cq).len(), 1, "an RTR QP receives");
+}
+
+#[test]
+fn fence_waits_for_earlier_reads() {
+    let (mut p, a, b) = setup(RcOptions::default());
+    p.fill(B, BASE + 0x40000, &pattern(64, 9));
+    send(&mut p, &a, 1, SendOp::Read { remote_addr: BASE + 0x40000, rkey: b.mr.rkey }, BASE + 0x50000, 64);
+    let mut w = SendWr::new(2, SendOp::Write { remote_addr: BASE + 0x60000, rkey: b.mr.rkey }, sge(&a, BASE + 0x50000, 64));
+    w.fence = true;
+    p.dev(A).post_send(a.qpn, w).unwrap();
+    p.drive(STEPS);
+    // The fenced WRITE left only after the READ response arrived, so it carries the read data.
+    assert_eq!(p.log.iter().map(|s| (s.from, s.opcode)).collect::<Vec<_>>()[..3], [
+        (0, Opcode::RC_RDMA_READ_REQUEST),
+        (1, Opcode::RC_RDMA_READ_RESPONSE_ONLY),
+        (0, Opcode::RC_RDMA_WRITE_ONLY)
+    ]);
+    assert_eq!(p.read(B, BASE + 0x60000, 64), pattern(64, 9));
+}
+
+#[test]
+fn duplicate_read_is_reexecuted() {
+    let (mut p, a, b) = setup(RcOptions { timeout: 10, ..RcOptions::default() });
+    p.fill(B, BASE + 0x40000, &pattern(64, 10));
+    let mut lost = false;
+    p.set_filter(move |s| {
+        if s.from == 1 && !lost {
+            lost = true;
+            Fate::Drop
+        } else {
+            Fate::Deliver
+        }
+    });
+    send(&mut p, &a, 1, SendOp::Read { remote_addr: BASE + 0x40000, rkey: b.mr.rkey }, BASE + 0x50000, 64);
+    p.drive(STEPS);
+    assert_eq!(p.sent(B), vec![Opcode::RC_RDMA_READ_RESPONSE_ONLY, Opcode::RC_RDMA_READ_RESPONSE_ONLY]);
+    assert_eq!(p.b.counters().duplicate_request, 1);
+    assert_eq!(p.read(A, BASE + 0x50000, 64), pattern(64, 10));
+}
+
+#[test]
+fn read_response_lost_twice_still_completes() {
+    let (mut p, a, b) = setup(RcOptions { timeout: 10, ..RcOptions::default() });
+    p.fill(B, BASE + 0x40000, &pattern(64, 11));
+    let mut lost = 0;
+    p.set_filter(move |s| {
+        if s.from == 1 && lost < 2 {
+            lost += 1;
+            Fate::Drop
+        } else {
+            Fate::Deliver
+        }
+    });
+    send(&mut p, &a, 1, SendOp::Read { remote_addr: BASE + 0x40000, rkey: b.mr.rkey }, BASE + 0x50000, 64);
+    p.drive(STEPS);
+    assert_eq!(p.sent(A).len(), 3);
+    assert_eq!(p.read(A, BASE + 0x50000, 64), pattern(64, 11));
+    assert_eq!(p.poll(A, a.cq)[0].status, WcStatus::Success);
+}
+
+#[test]
+fn rnr_retry_seven_retries_forever() {
+    let (mut p, a, b) = setup(RcOptions { rnr_retry: 7, min_rnr_timer: 1, ..RcOptions::default() });
+    send(&mut p, &a, 1, SendOp::Send, BASE, 4);
+    for _ in 0..400 {
+        p.step();
+    }
+    let rnrs = p.log.iter().filter(|s| s.from == B && s.syndrome.is_some_and(|x| x & 0x60 == 0x20)).count();
+    assert!(rnrs > 50, "{rnrs} RNR NAKs, still retrying");
+    assert!(p.poll(A, a.cq).is_empty());
+    post_recv(&mut p, B, &b, 7, BASE + 0x1000, 64);
+    p.drive(STEPS);
+    assert_eq!(p.poll(A, a.cq)[0].status, WcStatus::Success);
+}
+
+#[test]
+fn unsignaled_success_makes_no_completion() {
+    let (mut p, a, _b) = setup(RcOptions::default());
+    let mut w = SendWr::new(1, SendOp::Write { remote_addr: 0, rkey: 0 }, vec![]);
+    w.signaled = false;
+    p.dev(A).post_send(a.qpn, w).unwrap();
+    p.dev(A).post_send(a.qpn, SendWr::new(2, SendOp::Write { remote_addr: 0, rkey: 0 }, vec![])).unwrap();
+    p.drive(STEPS);
+    assert_eq!(p.poll(A, a.cq).iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![2]);
+}
+
+#[test]
+fn corrupted_packets_fail_the_icrc_and_are_dropped() {
+    let (mut p, a, b) = setup(RcOptions { timeout: 10, ..RcOptions::default() });
+    post_recv(&mut p, B, &b, 7, BASE + 0x1000, 64);
+    p.fill(A, BASE, b"payload!");
+    let dev_b_seen = std::rc::Rc::new(std::cell::Cell::new(0));
+    let mut first = true;
+    p.set_filter(move |s| {
+        let _ = &dev_b_seen;
+        if s.from == 0 && first {
+            first = false;
+            Fate::Corrupt
+        } else {
+            Fate::Deliver
+        }
+    });
+    send(&mut p, &a, 1, SendOp::Send, BASE, 8);
+    p.drive(STEPS);
+    assert_eq!(p.b.counters().icrc_err, 1);
+    assert_eq!(p.read(B, BASE + 0x1000, 8), b"payload!".to_vec());
+    assert_eq!(p.poll(A, a.cq)[0].status, WcStatus::Success);
+}

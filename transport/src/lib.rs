@@ -1,9 +1,23 @@
 //! # softrdma-transport
 //!
-//! Moves packets for a softrdma device: RoCEv2 over UDP port 4791 (batched with GSO/GRO) and an
-//! in-memory simulated wire with seeded faults and virtual time.
+//! Moves packets for a softrdma device. Today it holds one thing:
 //!
-//! Status: not built yet. The UDP transport and the simulated wire arrive with the engine and
-//! device issues; this crate exists so the workspace has its final shape. It holds no code that
-//! pretends to work.
+//! - [`sim`], the simulated wire: a deterministic discrete-event network of endpoints that
+//!   exchange UDP datagrams (RoCEv2 payloads) under virtual time, with latency, jitter,
+//!   per-sender bandwidth and seeded faults (loss, duplication, reordering, single-bit corruption,
+//!   partitions), and a driver that runs them to quiescence and catches livelock. Conformance and
+//!   property tests run the real engine over it (design decision D7).
+//!
+//! Not built yet: the UDP transport (RoCEv2 on port 4791, batched with GSO/GRO) arrives with the
+//! device issue, and the optional raw-Ethernet transport after it. No code here pretends to be
+//! them.
+//!
+//! Guarantees of [`sim`]:
+//! - Deterministic: the same endpoints, configuration and seed give the same run, event for
+//!   event; every fault is drawn from one seeded RNG in a documented order, and events at the same
+//!   instant run in the order they were scheduled.
+//! - Virtual time only ([`softrdma_engine::time`]): no real clock is read, and nothing sleeps.
+//! - No threads, no sockets, no I/O.
 #![warn(missing_docs, unreachable_pub)]
+
+pub mod sim;
