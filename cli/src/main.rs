@@ -9,11 +9,15 @@
 //! - `softrdma pcap check FILE`: a summary; non-zero exit when an IB packet is malformed or has a
 //!   bad ICRC.
 //!
-//! The device commands of design.md (`daemon`, `up`, `down`, `exec`, `stat`, `capture`, `sim`,
-//! `bench`) are not built yet; clap rejects them as unknown subcommands.
+//! - `softrdma sim ...`: an RC workload between two engine devices on the simulated lossy wire,
+//!   checked against what was posted.
+//!
+//! The device commands of design.md (`daemon`, `up`, `down`, `exec`, `stat`, `capture`, `bench`)
+//! are not built yet; clap rejects them as unknown subcommands.
 
 mod demo;
 mod pcap_cmd;
+mod sim;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -38,6 +42,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run a workload between two engine devices on the simulated lossy wire; print one JSON
+    /// object; exit 1 when an invariant broke (something lost, duplicated, reordered, corrupted).
+    Sim(sim::SimArgs),
     /// Read capture files (pcap or pcapng).
     Pcap {
         #[command(subcommand)]
@@ -77,6 +84,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo { out, json } => demo::run(out, json),
+        Command::Sim(args) => sim::run(&args),
         Command::Pcap { command } => match command {
             PcapCommand::Decode { file, json } => pcap_cmd::decode(&file, json),
             PcapCommand::Check { file } => pcap_cmd::check(&file),

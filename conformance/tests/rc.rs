@@ -516,15 +516,27 @@ fn comm_est_when_the_first_packet_arrives_in_rtr() {
     let (mut p, a, b) = setup(RcOptions::default());
     // Put B back through RESET to RTR only.
     p.b.modify_qp(b.qpn, &QpAttr { qp_state: QpState::Reset, ..Default::default() }, AttrMask::STATE).unwrap();
-    let mut attr = QpAttr { qp_state: QpState::Init, port_num: 1, qp_access_flags: RcOptions::default().access, ..Default::default() };
-    p.b.modify_qp(b.qpn, &attr, AttrMask::STATE | AttrMask::PORT | AttrMask::PKEY_INDEX | AttrMask::ACCESS_FLAGS).unwrap();
+    let mut attr = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        qp_access_flags: RcOptions::default().access,
+        ..Default::default()
+    };
+    p.b.modify_qp(b.qpn, &attr, AttrMask::STATE | AttrMask::PORT | AttrMask::PKEY_INDEX | AttrMask::ACCESS_FLAGS)
+        .unwrap();
     attr.qp_state = QpState::Rtr;
     attr.dest = softrdma_conformance::pair::ADDR_A;
     attr.dest_qp_num = a.qpn.value();
     attr.rq_psn = 100;
     attr.path_mtu = Mtu::Mtu1024;
     attr.max_dest_rd_atomic = 1;
-    let m = AttrMask::STATE | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN | AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
+    let m = AttrMask::STATE
+        | AttrMask::AV
+        | AttrMask::PATH_MTU
+        | AttrMask::DEST_QPN
+        | AttrMask::RQ_PSN
+        | AttrMask::MAX_DEST_RD_ATOMIC
+        | AttrMask::MIN_RNR_TIMER;
     p.b.modify_qp(b.qpn, &attr, m).unwrap();
     post_recv(&mut p, B, &b, 1, BASE, 64);
     send(&mut p, &a, 1, SendOp::Send, BASE, 4);
@@ -538,16 +550,16 @@ fn fence_waits_for_earlier_reads() {
     let (mut p, a, b) = setup(RcOptions::default());
     p.fill(B, BASE + 0x40000, &pattern(64, 9));
     send(&mut p, &a, 1, SendOp::Read { remote_addr: BASE + 0x40000, rkey: b.mr.rkey }, BASE + 0x50000, 64);
-    let mut w = SendWr::new(2, SendOp::Write { remote_addr: BASE + 0x60000, rkey: b.mr.rkey }, sge(&a, BASE + 0x50000, 64));
+    let mut w =
+        SendWr::new(2, SendOp::Write { remote_addr: BASE + 0x60000, rkey: b.mr.rkey }, sge(&a, BASE + 0x50000, 64));
     w.fence = true;
     p.dev(A).post_send(a.qpn, w).unwrap();
     p.drive(STEPS);
     // The fenced WRITE left only after the READ response arrived, so it carries the read data.
-    assert_eq!(p.log.iter().map(|s| (s.from, s.opcode)).collect::<Vec<_>>()[..3], [
-        (0, Opcode::RC_RDMA_READ_REQUEST),
-        (1, Opcode::RC_RDMA_READ_RESPONSE_ONLY),
-        (0, Opcode::RC_RDMA_WRITE_ONLY)
-    ]);
+    assert_eq!(
+        p.log.iter().map(|s| (s.from, s.opcode)).collect::<Vec<_>>()[..3],
+        [(0, Opcode::RC_RDMA_READ_REQUEST), (1, Opcode::RC_RDMA_READ_RESPONSE_ONLY), (0, Opcode::RC_RDMA_WRITE_ONLY)]
+    );
     assert_eq!(p.read(B, BASE + 0x60000, 64), pattern(64, 9));
 }
 

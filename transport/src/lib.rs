@@ -1,12 +1,14 @@
 //! # softrdma-transport
 //!
-//! Moves packets for a softrdma device. Today it holds one thing:
+//! Moves packets for a softrdma device. Today it holds:
 //!
 //! - [`sim`], the simulated wire: a deterministic discrete-event network of endpoints that
 //!   exchange UDP datagrams (RoCEv2 payloads) under virtual time, with latency, jitter,
 //!   per-sender bandwidth and seeded faults (loss, duplication, reordering, single-bit corruption,
 //!   partitions), and a driver that runs them to quiescence and catches livelock. Conformance and
 //!   property tests run the real engine over it (design decision D7).
+//! - [`workload`], engine devices as nodes of that wire and a workload runner that checks what
+//!   arrived against what was posted (`softrdma sim`).
 //!
 //! Not built yet: the UDP transport (RoCEv2 on port 4791, batched with GSO/GRO) arrives with the
 //! device issue, and the optional raw-Ethernet transport after it. No code here pretends to be
@@ -21,3 +23,4 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod sim;
+pub mod workload;

@@ -31,6 +31,7 @@ fn retire<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, status: WcStatus) {
 /// restarts the timer.
 fn progress<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>) {
     qp.started_retry = false;
+    qp.retry_psn = None;
     qp.retry_left = qp.attr.retry_cnt;
     qp.rnr_left = qp.attr.rnr_retry;
     qp.rearm(ctx);
@@ -71,8 +72,15 @@ pub(crate) fn retransmit_timeout<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>) {
 fn handle_nak<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn, syndrome: Syndrome) {
     match syndrome {
         Syndrome::Nak(NakCode::PsnSequenceError) => {
-            // IBTA 9.7.5.2.8: resend from the PSN the responder expects.
+            // IBTA 9.7.5.2.8: resend from the PSN the responder expects. A second NAK for the
+            // same PSN while that resend is under way (a duplicate, or one sent before the resend
+            // arrived) starts nothing new.
             ctx.counters.rcvd_seq_err += 1;
+            if qp.started_retry && qp.retry_psn == Some(psn) {
+                return;
+            }
+            qp.started_retry = true;
+            qp.retry_psn = Some(psn);
             retry(qp, ctx, psn);
         }
         Syndrome::RnrNak { timer } => {

@@ -503,6 +503,11 @@ impl<M: Memory> Device<M> {
         Ok(())
     }
 
+    /// Send work requests posted and not yet retired (completed) on a QP.
+    pub fn send_queue_len(&self, qpn: Qpn) -> Option<usize> {
+        self.qps.get(&qpn).map(|q| q.sq.len())
+    }
+
     /// The QP's current attributes and state.
     pub fn query_qp(&self, qpn: Qpn) -> Result<(QpState, QpAttr), VerbsError> {
         let qp = self.qps.get(&qpn).ok_or(VerbsError::Inval)?;

@@ -194,6 +194,8 @@ pub(crate) struct Qp {
     /// A resend was started because of a gap or implicit NAK; further gaps are ignored until
     /// progress (one retry per loss, as rxe's comp.started_retry).
     pub(crate) started_retry: bool,
+    /// The PSN that resend started from.
+    pub(crate) retry_psn: Option<Psn>,
     pub(crate) rnr_left: u8,
     /// Whether the SQ_DRAINED event was raised for the current SQD period.
     pub(crate) drained_reported: bool,
@@ -235,6 +237,7 @@ impl Qp {
             rnr_until: None,
             retry_left: 0,
             started_retry: false,
+            retry_psn: None,
             rnr_left: 0,
             drained_reported: false,
             comp_psn: Psn::new(0),

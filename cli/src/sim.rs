@@ -1,0 +1,135 @@
+//! `softrdma sim`: an RC workload on the simulated wire, as one JSON object.
+
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde_json::json;
+use softrdma_engine::time::Duration;
+use softrdma_engine::verbs::Mtu;
+use softrdma_transport::sim::{Faults, LinkConfig};
+use softrdma_transport::workload::{self, Op, Workload};
+
+#[derive(Args)]
+pub(crate) struct SimArgs {
+    /// Transport service (only rc today).
+    #[arg(long, default_value = "rc")]
+    transport: String,
+    /// Operations to mix: send, write, read, atomic (comma-separated).
+    #[arg(long, default_value = "send,write,read,atomic", value_delimiter = ',')]
+    ops: Vec<String>,
+    /// Messages in all.
+    #[arg(long, default_value_t = 1000)]
+    messages: u32,
+    /// Message size range MIN..MAX in bytes (atomics are 8).
+    #[arg(long, default_value = "1..4096")]
+    size: String,
+    /// Connected QP pairs.
+    #[arg(long, default_value_t = 4)]
+    qps: u32,
+    /// Probability that the wire loses a packet.
+    #[arg(long, default_value_t = 0.0)]
+    loss: f64,
+    /// Probability that the wire duplicates a packet.
+    #[arg(long, default_value_t = 0.0)]
+    dup: f64,
+    /// Probability that the wire holds a packet back (reordering it).
+    #[arg(long, default_value_t = 0.0)]
+    reorder: f64,
+    /// Probability that the wire flips one bit of a packet.
+    #[arg(long, default_value_t = 0.0)]
+    corrupt: f64,
+    /// Seed of the workload, the devices and the wire.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Path MTU: 256, 512, 1024, 2048 or 4096.
+    #[arg(long, default_value_t = 1024)]
+    mtu: u32,
+    /// Transport retries (0-7).
+    #[arg(long, default_value_t = 7)]
+    retry_cnt: u8,
+    /// Local ACK timeout code (4.096 us x 2^code).
+    #[arg(long, default_value_t = 12)]
+    timeout: u8,
+}
+
+fn probability(name: &str, p: f64) -> Result<f64> {
+    if !(0.0..=1.0).contains(&p) {
+        bail!("--{name} must be a probability between 0 and 1, not {p}");
+    }
+    Ok(p)
+}
+
+pub(crate) fn run(a: &SimArgs) -> Result<ExitCode> {
+    if a.transport != "rc" {
+        bail!("--transport {}: only rc is implemented (UC, UD and XRC come with the next engine issue)", a.transport);
+    }
+    let ops = a
+        .ops
+        .iter()
+        .map(|o| Op::parse(o.trim()).with_context(|| format!("unknown op {o:?}: use send, write, read, atomic")))
+        .collect::<Result<Vec<_>>>()?;
+    let (min, max) = a.size.split_once("..").context("--size wants MIN..MAX")?;
+    let size = (min.parse::<u32>().context("--size MIN")?, max.parse::<u32>().context("--size MAX")?);
+    let mtu = match a.mtu {
+        256 => Mtu::Mtu256,
+        512 => Mtu::Mtu512,
+        1024 => Mtu::Mtu1024,
+        2048 => Mtu::Mtu2048,
+        4096 => Mtu::Mtu4096,
+        m => bail!("--mtu {m}: use 256, 512, 1024, 2048 or 4096"),
+    };
+    if a.retry_cnt > 7 || a.timeout > 31 || a.timeout == 0 {
+        bail!("--retry-cnt is 0..7 and --timeout 1..31");
+    }
+    let faults = Faults {
+        loss: probability("loss", a.loss)?,
+        duplicate: probability("dup", a.dup)?,
+        reorder: probability("reorder", a.reorder)?,
+        reorder_delay: Duration::from_micros(20),
+        corrupt: probability("corrupt", a.corrupt)?,
+        partitions: Vec::new(),
+    };
+    let w = Workload {
+        ops,
+        messages: a.messages,
+        size,
+        qps: a.qps,
+        mtu,
+        seed: a.seed,
+        faults,
+        link: LinkConfig {
+            latency: Duration::from_micros(5),
+            jitter: Duration::ZERO,
+            bandwidth_bits_per_sec: 25_000_000_000,
+        },
+        retry_cnt: a.retry_cnt,
+        timeout: a.timeout,
+    };
+    let r = workload::run(&w)?;
+    let out = json!({
+        "posted": r.posted,
+        "completed_ok": r.completed_ok,
+        "completed_err": r.completed_err,
+        "bytes_verified": r.bytes_verified,
+        "lost": r.lost,
+        "duplicated": r.duplicated,
+        "out_of_order": r.out_of_order,
+        "corrupted_delivered": r.corrupted_delivered,
+        "retransmitted_packets": r.retransmitted_packets,
+        "naks_sent": r.naks_sent,
+        "virtual_time_ns": r.virtual_time_ns,
+        "wire": {
+            "sent": r.wire.sent,
+            "delivered": r.wire.delivered,
+            "lost": r.wire.lost,
+            "duplicated": r.wire.duplicated,
+            "reordered": r.wire.reordered,
+            "corrupted": r.wire.corrupted,
+        },
+        "icrc_dropped": r.icrc_dropped,
+        "violations": r.violations,
+    });
+    println!("{out}");
+    Ok(if r.ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
