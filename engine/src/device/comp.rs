@@ -146,7 +146,15 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
                             }
                             advanced = true;
                         }
-                        Some(s) => handle_nak(qp, ctx, psn, s),
+                        Some(s) => {
+                            // A NAK acknowledges every packet before its PSN (IBTA 9.7.5.1.3):
+                            // progress, which reloads the retry counter.
+                            if psn.distance(qp.comp_psn) > 0 {
+                                qp.comp_psn = psn;
+                                advanced = true;
+                            }
+                            handle_nak(qp, ctx, psn, s);
+                        }
                         None => {}
                     }
                 }
@@ -196,9 +204,9 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
                         }
                     }
                     OpKind::Acknowledge => match syndrome {
-                        // The responder acknowledged past the READ: its responses were lost
-                        // (implicit NAK).
-                        Some(Syndrome::Ack { .. }) => {
+                        // The responder acknowledged (or NAKed) past the READ: it executed the
+                        // READ and its responses were lost (an implicit NAK, IBTA 9.7.5.1.5).
+                        Some(_) if after || matches!(syndrome, Some(Syndrome::Ack { .. })) => {
                             let expect = if qp.comp_psn.distance(w.first_psn) > 0 { qp.comp_psn } else { w.first_psn };
                             if !qp.started_retry {
                                 qp.started_retry = true;
@@ -231,10 +239,12 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
                         advanced = true;
                     }
                     OpKind::Acknowledge => match syndrome {
-                        Some(Syndrome::Ack { .. }) if !qp.started_retry => {
-                            qp.started_retry = true;
-                            let first = w.first_psn;
-                            retry(qp, ctx, first);
+                        Some(_) if after || matches!(syndrome, Some(Syndrome::Ack { .. })) => {
+                            if !qp.started_retry {
+                                qp.started_retry = true;
+                                let first = w.first_psn;
+                                retry(qp, ctx, first);
+                            }
                         }
                         Some(s) => handle_nak(qp, ctx, psn, s),
                         None => {}
