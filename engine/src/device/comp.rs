@@ -58,6 +58,15 @@ fn retry<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn) {
     qp.rearm(ctx);
 }
 
+/// Starts a resend from `psn` for a gap or an implicit NAK, unless one is already under way
+/// (one resend per loss, as rxe's comp.started_retry).
+fn retry_once<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn) {
+    if !qp.started_retry {
+        qp.started_retry = true;
+        retry(qp, ctx, psn);
+    }
+}
+
 /// The local ACK timeout fired: resend from the oldest unacknowledged PSN (IBTA C9-140).
 pub(crate) fn retransmit_timeout<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>) {
     qp.retrans_at = None;
@@ -168,11 +177,8 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
                         if d > 0 {
                             // A gap in the READ responses: an implicit NAK (IBTA 9.7.5.1.5):
                             // reissue the READ from the first missing PSN, once per loss.
-                            if !qp.started_retry {
-                                qp.started_retry = true;
-                                qp.comp_psn = expect;
-                                retry(qp, ctx, expect);
-                            }
+                            qp.comp_psn = expect;
+                            retry_once(qp, ctx, expect);
                             break;
                         }
                         if d < 0 || after {
@@ -208,10 +214,7 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
                         // READ and its responses were lost (an implicit NAK, IBTA 9.7.5.1.5).
                         Some(_) if after || matches!(syndrome, Some(Syndrome::Ack { .. })) => {
                             let expect = if qp.comp_psn.distance(w.first_psn) > 0 { qp.comp_psn } else { w.first_psn };
-                            if !qp.started_retry {
-                                qp.started_retry = true;
-                                retry(qp, ctx, expect);
-                            }
+                            retry_once(qp, ctx, expect);
                         }
                         Some(s) => handle_nak(qp, ctx, psn, s),
                         None => {}
@@ -240,11 +243,8 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
                     }
                     OpKind::Acknowledge => match syndrome {
                         Some(_) if after || matches!(syndrome, Some(Syndrome::Ack { .. })) => {
-                            if !qp.started_retry {
-                                qp.started_retry = true;
-                                let first = w.first_psn;
-                                retry(qp, ctx, first);
-                            }
+                            let first = w.first_psn;
+                            retry_once(qp, ctx, first);
                         }
                         Some(s) => handle_nak(qp, ctx, psn, s),
                         None => {}
