@@ -16,7 +16,8 @@ mod qp;
 mod req;
 mod resp;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::net::IpAddr;
 
 pub use self::qp::{QpAttr, QpCaps, QpInit};
@@ -29,6 +30,29 @@ use crate::wire::{icrc, ipv4, udp, BthPacket, IbPacket, Qpn, ROCE_V2_PORT};
 use crate::wr::{RecvWr, SendWr, WorkCompletion};
 
 use self::qp::Qp;
+
+/// A fast hasher for the device's small integer keys (QPNs, key indexes, object ids). The keys
+/// are the device's own, so SipHash's flooding resistance buys nothing here; packets choose which
+/// QPN to look up, but the table grows only by verbs calls.
+#[derive(Default)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(*b)).wrapping_mul(0x51_7cc1_b727_220a_95);
+        }
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.0 = (self.0.rotate_left(5) ^ u64::from(v)).wrapping_mul(0x51_7cc1_b727_220a_95);
+    }
+}
+
+/// A map keyed by small integers, hashed with [`IdHasher`].
+pub(crate) type HashMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<IdHasher>>;
 
 /// Device limits, as `ibv_query_device` reports them; verbs calls beyond them fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -341,10 +365,10 @@ impl<M: Memory> Device<M> {
             config,
             rng,
             mem,
-            pds: HashMap::new(),
-            mrs: HashMap::new(),
-            cqs: HashMap::new(),
-            qps: HashMap::new(),
+            pds: HashMap::default(),
+            mrs: HashMap::default(),
+            cqs: HashMap::default(),
+            qps: HashMap::default(),
             next_id: 1,
             next_qpn,
             ready: VecDeque::new(),

@@ -217,13 +217,13 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
         }
         _ => {}
     }
-    let wqe = qp.sq[idx].clone();
-    let t = emit(ctx, qp.qpn, qp.attr.dest, buf, &ib, |ctx, out| gather(ctx, &wqe, offset, out))?;
+    let is_send = matches!(w.wr.op, SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. });
+    let t = emit(ctx, qp.qpn, qp.attr.dest, buf, &ib, |ctx, out| gather(ctx, w, offset, out))?;
     if psn.distance(qp.sent_high) < 0 {
         ctx.counters.retransmitted_pkts += 1;
     } else {
         qp.sent_high = psn + 1;
-        if pkt == 0 && matches!(wqe.wr.op, SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }) {
+        if pkt == 0 && is_send {
             ctx.counters.rdma_sends += 1;
         }
     }

@@ -314,9 +314,13 @@ impl Repr {
         Ok(())
     }
 
-    /// Length of BTH and extension headers.
+    /// Length of BTH and extension headers: the opcode table's, for a repr that passes
+    /// [`check`](Self::check).
     pub fn header_len(&self) -> usize {
-        bth::HEADER_LEN + self.headers().len()
+        match self.bth.opcode.info() {
+            Some(i) => i.header_len(),
+            None => bth::HEADER_LEN + self.headers().len(),
+        }
     }
 
     /// Bytes the whole transport packet takes, ICRC included.
