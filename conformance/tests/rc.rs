@@ -55,7 +55,7 @@ fn send_only_delivers_data_and_both_completions() {
 }
 
 #[test]
-fn c9_segmentation_by_path_mtu_first_middle_last() {
+fn segmentation_by_path_mtu_first_middle_last() {
     let (mut p, a, b) = setup(RcOptions { mtu: Mtu::Mtu1024, ..RcOptions::default() });
     let msg = pattern(5000, 2);
     p.fill(A, BASE, &msg);
@@ -159,7 +159,7 @@ fn atomics_compare_swap_and_fetch_add() {
 }
 
 #[test]
-fn c9_109_one_psn_sequence_nak_per_gap_then_go_back_n() {
+fn one_psn_sequence_nak_per_gap_then_go_back_n() {
     let (mut p, a, b) = setup(RcOptions::default());
     let msg = pattern(4096, 5);
     p.fill(A, BASE, &msg);
@@ -218,7 +218,7 @@ fn c9_105_duplicate_send_is_reacked_not_redelivered() {
 }
 
 #[test]
-fn c9_140_retry_exhausted_is_retry_exc_err_and_the_rest_flush() {
+fn retry_exhausted_is_retry_exc_err_and_the_rest_flush() {
     let (mut p, a, _b) = setup(RcOptions { timeout: 8, retry_cnt: 2, ..RcOptions::default() });
     p.set_filter(|s| if s.from == 0 { Fate::Drop } else { Fate::Deliver });
     p.fill(A, BASE, b"x");
@@ -276,7 +276,7 @@ fn rnr_retry_zero_exhausts_at_once() {
 }
 
 #[test]
-fn c9_bad_rkey_is_remote_access_error_and_responder_goes_to_error() {
+fn bad_rkey_is_remote_access_error_and_responder_goes_to_error() {
     let (mut p, a, b) = setup(RcOptions::default());
     send(&mut p, &a, 1, SendOp::Write { remote_addr: BASE, rkey: b.mr.rkey ^ 0x55 }, BASE, 8);
     p.drive(STEPS);
@@ -298,7 +298,7 @@ fn write_beyond_the_region_is_remote_access_error() {
 }
 
 #[test]
-fn c9_107_duplicate_atomic_is_replayed_not_reexecuted() {
+fn duplicate_atomic_is_replayed_not_reexecuted() {
     let (mut p, a, b) = setup(RcOptions { timeout: 10, ..RcOptions::default() });
     let target = BASE + 0x8000;
     // Lose the first atomic ACK: A resends the FETCH_ADD, B answers from its cache.
@@ -399,7 +399,7 @@ fn sends_posted_in_error_complete_flushed() {
 }
 
 #[test]
-fn o10_modify_qp_with_a_wrong_mask_is_einval_and_the_state_stays() {
+fn modify_qp_with_a_wrong_mask_is_einval_and_the_state_stays() {
     use softrdma_engine::device::QpAttr;
     use softrdma_engine::verbs::{AttrMask, VerbsError};
     let mut p = Pair::new(1);
@@ -449,7 +449,7 @@ fn post_send_beyond_queue_depth_is_enomem() {
 
 #[test]
 fn qp_without_remote_write_access_naks_writes() {
-    // The responder checks the QP's own access flags, not only the region's (IBTA 10.2.3, C10-?).
+    // The responder checks the QP's own access flags, not only the region's (as rxe's check_op_valid does).
     let (mut p, a, b) = setup(RcOptions {
         access: softrdma_engine::verbs::Access::LOCAL_WRITE | softrdma_engine::verbs::Access::REMOTE_READ,
         ..RcOptions::default()
@@ -685,4 +685,96 @@ fn nak_past_a_read_whose_responses_were_lost_resends_the_read() {
     );
     // Resolved without waiting for the ACK timeout (4.096 us x 2^16 = 268 ms).
     assert!(p.now.as_nanos() < 268_000_000, "took {}", p.now);
+}
+
+#[test]
+fn sqd_finishes_started_work_then_raises_sq_drained() {
+    use softrdma_engine::device::QpAttr;
+    use softrdma_engine::verbs::AttrMask;
+    let (mut p, a, b) = setup(RcOptions::default());
+    p.fill(A, BASE, &pattern(64, 14));
+    send(&mut p, &a, 1, SendOp::Write { remote_addr: BASE, rkey: b.mr.rkey }, BASE, 64);
+    p.drive(STEPS);
+    let attr = QpAttr { qp_state: QpState::Sqd, ..QpAttr::default() };
+    p.a.modify_qp(a.qpn, &attr, AttrMask::STATE).unwrap();
+    // Work posted in SQD waits: nothing new starts (IBTA 10.3.1, send queue drained state).
+    send(&mut p, &a, 2, SendOp::Write { remote_addr: BASE, rkey: b.mr.rkey }, BASE, 64);
+    p.drive(STEPS);
+    assert_eq!(p.sent(A).len(), 1);
+    assert!(std::iter::from_fn(|| p.a.poll_event()).any(|e| e == AsyncEvent::SqDrained(a.qpn)));
+    // Back to RTS: the waiting WRITE goes.
+    let attr = QpAttr { qp_state: QpState::Rts, ..QpAttr::default() };
+    p.a.modify_qp(a.qpn, &attr, AttrMask::STATE).unwrap();
+    p.drive(STEPS);
+    assert_eq!(p.sent(A).len(), 2);
+    assert_eq!(p.poll(A, a.cq).len(), 2);
+}
+
+#[test]
+fn resetting_a_qp_removes_its_completions() {
+    use softrdma_engine::device::QpAttr;
+    use softrdma_engine::verbs::AttrMask;
+    let (mut p, a, _b) = setup(RcOptions::default());
+    p.dev(A).post_send(a.qpn, SendWr::new(1, SendOp::Write { remote_addr: 0, rkey: 0 }, vec![])).unwrap();
+    p.drive(STEPS);
+    p.a.modify_qp(a.qpn, &QpAttr { qp_state: QpState::Reset, ..QpAttr::default() }, AttrMask::STATE).unwrap();
+    assert!(p.poll(A, a.cq).is_empty());
+    assert_eq!(p.a.query_qp(a.qpn).unwrap().0, QpState::Reset);
+}
+
+#[test]
+fn inline_data_is_copied_at_post_time() {
+    let (mut p, a, b) = setup(RcOptions::default());
+    p.fill(A, BASE, b"inline!!");
+    post_recv(&mut p, B, &b, 7, BASE + 0x1000, 64);
+    let mut w = SendWr::new(1, SendOp::Send, sge(&a, BASE, 8));
+    w.inline = true;
+    // No key is needed for inline data (IBV_SEND_INLINE).
+    w.sg_list[0].lkey = 0;
+    p.dev(A).post_send(a.qpn, w).unwrap();
+    // Changing the buffer after the post does not change what is sent.
+    p.fill(A, BASE, b"changed!");
+    p.drive(STEPS);
+    assert_eq!(p.read(B, BASE + 0x1000, 8), b"inline!!".to_vec());
+    // More than max_inline_data is EINVAL.
+    let mut w = SendWr::new(2, SendOp::Send, sge(&a, BASE, 4096));
+    w.inline = true;
+    assert_eq!(p.dev(A).post_send(a.qpn, w), Err(softrdma_engine::verbs::VerbsError::Inval));
+}
+
+#[test]
+fn acks_are_coalesced_with_the_invalid_credit_code() {
+    use softrdma_engine::device::RecvMeta;
+    let (mut p, a, b) = setup(RcOptions::default());
+    for i in 0..8 {
+        send(&mut p, &a, i, SendOp::Write { remote_addr: BASE, rkey: b.mr.rkey }, BASE, 16);
+    }
+    // B takes all eight requests before it gets to send: one ACK answers them all.
+    let mut buf = vec![0u8; 8192];
+    let now = p.now;
+    let mut reqs = Vec::new();
+    while let Some(t) = p.a.poll_transmit(now, &mut buf) {
+        reqs.push((t.src_port, buf[..t.len].to_vec()));
+    }
+    assert_eq!(reqs.len(), 8);
+    for (port, r) in &reqs {
+        p.b.handle_packet(now, RecvMeta { src: softrdma_conformance::pair::ADDR_A, src_port: *port, ip_id: None }, r);
+    }
+    let mut acks = Vec::new();
+    while let Some(t) = p.b.poll_transmit(now, &mut buf) {
+        acks.push((t.src_port, buf[..t.len].to_vec()));
+    }
+    assert_eq!(acks.len(), 1, "one coalesced ACK");
+    let ack = softrdma_engine::wire::IbPacket::new_checked(&acks[0].1[..]).unwrap();
+    assert_eq!(ack.bth().psn(), Psn::new(107), "it acknowledges the last PSN");
+    // Credit code 0x1F, "no credit information", as rxe sends (documented choice).
+    assert_eq!(ack.aeth().unwrap().syndrome_byte(), 0x1f);
+    for (port, a_ack) in &acks {
+        p.a.handle_packet(
+            now,
+            RecvMeta { src: softrdma_conformance::pair::ADDR_B, src_port: *port, ip_id: None },
+            a_ack,
+        );
+    }
+    assert_eq!(p.poll(A, a.cq).len(), 8);
 }

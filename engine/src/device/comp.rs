@@ -27,7 +27,8 @@ fn retire<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, status: WcStatus) {
     }
 }
 
-/// Forward progress reloads the retry counters (IBTA C9-?, rxe: comp.retry_cnt reload) and
+/// Forward progress reloads the retry counters (rxe reloads comp.retry_cnt and rnr_retry on every
+/// acknowledged packet) and
 /// restarts the timer.
 fn progress<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>) {
     qp.started_retry = false;
@@ -67,7 +68,7 @@ fn retry_once<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn) {
     }
 }
 
-/// The local ACK timeout fired: resend from the oldest unacknowledged PSN (IBTA C9-140).
+/// The local ACK timeout fired: resend from the oldest unacknowledged PSN (IBTA 9.7.6.1.3: transport timer).
 pub(crate) fn retransmit_timeout<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>) {
     qp.retrans_at = None;
     qp.started_retry = false;

@@ -646,7 +646,7 @@ impl<M: Memory> Device<M> {
 }
 
 /// The local ACK timeout for the 5-bit attribute: 4.096 us x 2^timeout; 0 means no timer
-/// (IBTA 11.2.4.2, C9-141).
+/// (IBTA 11.2.4.2, the Local ACK Timeout attribute).
 pub fn ack_timeout(code: u8) -> Option<Duration> {
     if code == 0 {
         None

@@ -206,7 +206,7 @@ pub(crate) struct Qp {
     pub(crate) epsn: Psn,
     pub(crate) msn: u32,
     pub(crate) in_msg: Option<InMsg>,
-    /// A PSN sequence NAK was sent for the current gap (one per gap, IBTA C9-109).
+    /// A PSN sequence NAK was sent for the current gap (one per gap, as rxe's resp.sent_psn_nak).
     pub(crate) seq_nak_sent: bool,
     pub(crate) resp_out: VecDeque<RespOut>,
     pub(crate) rd_atomic: VecDeque<RdAtomic>,
@@ -356,7 +356,7 @@ impl Qp {
                     },
                     owner,
                 );
-                // Resetting a QP removes its completions from its CQs (IBTA 10.3.1 / o10-2.2).
+                // Resetting a QP removes its completions from its CQs (IBTA 10.3.1; as the kernel's uverbs cleanup).
                 for cq in [self.send_cq, self.recv_cq].into_iter().flatten() {
                     if let Some(c) = ctx.cqs.get_mut(&cq) {
                         c.entries.retain(|w| w.qp_num != self.qpn);
@@ -486,7 +486,7 @@ impl Qp {
         };
         let w = SendWqe { wr, inline, len, first_psn: Psn::new(0), npkts, started: false, done: None };
         if self.state == QpState::Err {
-            // Work posted in ERR completes flushed (IBTA C10-?; rxe flushes it).
+            // Work posted in ERR completes flushed (IBTA 10.3.1: in ERR, WRs complete with WR_FLUSH_ERR; rxe does so).
             self.complete_send(ctx, &w, WcStatus::WrFlushErr);
             return Ok(());
         }
@@ -527,8 +527,8 @@ impl Qp {
             ctx.counters.malformed += 1;
             return false;
         }
-        // A connected QP only talks to its peer (IBTA C9-? source QP/address check, as rxe's
-        // check_addr).
+        // A connected QP only talks to its peer (the responder's address check, as
+        // rxe's check_addr).
         if src != self.attr.dest {
             return false;
         }
@@ -557,7 +557,9 @@ impl Qp {
             return Some(t);
         }
         let t = req::poll_transmit(self, ctx, buf);
-        if t.is_none() && self.state == QpState::Sqd && !self.drained_reported && self.sq.is_empty() {
+        // SQ_DRAINED: in SQD, once no message that had started is still outstanding (IBTA
+        // 11.6.3); work posted after entering SQD waits and does not count.
+        if t.is_none() && self.state == QpState::Sqd && !self.drained_reported && !self.sq.iter().any(|w| w.started) {
             self.drained_reported = true;
             ctx.events.push_back(AsyncEvent::SqDrained(self.qpn));
         }

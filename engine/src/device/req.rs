@@ -80,8 +80,8 @@ pub(crate) fn walk_sges(
 }
 
 /// Checks the WQE's local buffers: every SGE in a region of the QP's PD, inside it, writable when
-/// the responder's data lands there (READ, atomics). IBTA C10-?: a failure is a local protection
-/// error.
+/// the responder's data lands there (READ, atomics). A failure is a local protection error (IBV_WC_LOC_PROT_ERR; rxe's
+/// copy_data).
 fn check_local<M: Memory>(qp: &Qp, ctx: &Ctx<'_, M>, w: &SendWqe) -> bool {
     if w.inline.is_some() {
         return true;
@@ -125,8 +125,8 @@ fn opcode_for(op: SendOp, pkt: u32, npkts: u32) -> Opcode {
     }
 }
 
-/// Whether the WQE at `idx` may start now: max_rd_atomic outstanding READ/atomics (IBTA
-/// C9-?/11.2.4.2: initiator depth) and fences wait for every earlier READ/atomic to complete.
+/// Whether the WQE at `idx` may start now: max_rd_atomic outstanding READ/atomics (the QP's
+/// initiator depth, IBTA 11.2.4.2 / rxe's req check) and fences wait for every earlier READ/atomic to complete.
 fn may_start(qp: &Qp, idx: usize) -> bool {
     let w = &qp.sq[idx];
     let earlier = || qp.sq.iter().take(idx).filter(|e| e.started && e.done.is_none() && e.wr.op.is_read_or_atomic());

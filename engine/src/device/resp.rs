@@ -48,7 +48,7 @@ fn nak_and_fail<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn, code: Na
 }
 
 /// Validates a remote access: the region exists with this rkey, belongs to the QP's PD, allows
-/// `access` and covers the range, and the QP itself allows `access` (IBTA 9.4.4.1, C9-?).
+/// `access` and covers the range, and the QP itself allows `access` (IBTA 10.6.3, memory access keys; rxe's check_rkey).
 fn remote_ok<M: Memory>(qp: &Qp, ctx: &Ctx<'_, M>, rkey: u32, va: u64, len: u64, access: Access) -> Option<u32> {
     if !qp.attr.qp_access_flags.contains(access) {
         return None;
@@ -88,7 +88,8 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
     let Some(info) = op.info() else { return };
     let d = psn.distance(qp.epsn);
     if d > 0 {
-        // Ahead of the expected PSN: one PSN sequence NAK per gap (IBTA C9-109, C9-110).
+        // Ahead of the expected PSN: one PSN sequence NAK per gap (IBTA 9.7.5.1.2;
+        // rxe: resp.sent_psn_nak).
         ctx.counters.out_of_seq_request += 1;
         if !qp.seq_nak_sent {
             qp.seq_nak_sent = true;
@@ -103,19 +104,21 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
         return;
     }
     qp.seq_nak_sent = false;
-    // Opcode sequence (IBTA C9-?: a MIDDLE/LAST must continue a FIRST of the same kind; a FIRST or
-    // ONLY may not interrupt one).
+    // Opcode sequence (a MIDDLE/LAST must continue a FIRST of the same kind; a FIRST or ONLY
+    // may not interrupt one: invalid request, as rxe's check_op_seq).
     let continuing = !info.position.starts();
     match (&qp.in_msg, continuing) {
         (Some(m), true) if m.kind == info.kind => {}
         (None, false) => {}
         _ => return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr),
     }
-    // Length: FIRST and MIDDLE carry exactly one MTU; LAST and ONLY at most one (C9-?).
+    // Length: FIRST and MIDDLE carry exactly one MTU; LAST and ONLY at most one, and a LAST is
+    // not empty (rxe's check_length).
     let mtu = qp.mtu() as usize;
     let plen = pkt.payload().len();
     let exact = matches!(info.position, Position::First | Position::Middle);
-    if (exact && plen != mtu) || plen > mtu {
+    let empty_last = info.position == Position::Last && plen == 0;
+    if (exact && plen != mtu) || plen > mtu || empty_last {
         return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
     }
     match info.kind {
@@ -228,7 +231,7 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
         OpKind::CompareSwap | OpKind::FetchAdd => {
             let Some(a) = pkt.atomiceth() else { return };
             let va = a.va();
-            // IBTA C9-?: atomics need 8-byte alignment; otherwise invalid request.
+            // Atomics need 8-byte alignment (IBTA 9.4.5); otherwise invalid request.
             if va % 8 != 0 {
                 return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
             }
@@ -275,17 +278,18 @@ fn rd_atomic_slot(qp: &mut Qp) -> bool {
     true
 }
 
-/// A request with an old PSN (IBTA 9.7.5.1.4 and C9-105..C9-108).
+/// A request with an old PSN (IBTA 9.7.5.1.4, duplicate requests).
 fn duplicate<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPacket<&[u8]>, psn: Psn, kind: OpKind) {
     ctx.counters.duplicate_request += 1;
     match kind {
         OpKind::Send | OpKind::Write => {
-            // C9-105: re-acknowledge, with the PSN of the most recent request.
+            // IBTA C9-105 (cited by rxe): re-acknowledge, with the PSN of the most recent
+            // request.
             let last = qp.epsn - 1;
             queue_ack(qp, last, ACK);
         }
         OpKind::ReadRequest => {
-            // Re-execute the READ from the duplicate's RETH (C9-106), if it lies in a READ we
+            // Re-execute the READ from the duplicate's RETH, if it lies in a READ we
             // executed.
             let Some(reth) = pkt.reth() else { return };
             let known = qp
@@ -305,7 +309,7 @@ fn duplicate<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPacket<&[u8]>
             qp.resp_out.push_back(RespOut::Read { psn, va, rkey, remaining: len, first: true, total: len, msn });
         }
         OpKind::CompareSwap | OpKind::FetchAdd => {
-            // C9-107: replay the saved result; never execute an atomic twice.
+            // Replay the saved result; never execute an atomic twice (IBTA 9.7.5.1.4).
             if let Some(orig) = qp.rd_atomic.iter().find(|r| r.first_psn == psn).and_then(|r| r.atomic_orig) {
                 let msn = qp.msn;
                 qp.resp_out.push_back(RespOut::Atomic { psn, orig, msn });

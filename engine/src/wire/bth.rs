@@ -13,7 +13,7 @@ impl Qpn {
     pub const MASK: u32 = 0x00ff_ffff;
     /// QP1, the General Services Interface QP (CM MADs).
     pub const GSI: Qpn = Qpn(1);
-    /// The multicast QPN 0xFFFFFF (IBTA C9-7).
+    /// The multicast QPN 0xFFFFFF (IBTA Vol 1 ch. 9, BTH DestQP).
     pub const MULTICAST: Qpn = Qpn(Self::MASK);
 
     /// Makes a QPN from the low 24 bits of `value`.
@@ -73,7 +73,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
         (self.buffer.as_ref()[field::FLAGS] >> 4) & 0x3
     }
 
-    /// Transport header version (0 today, IBTA C9-2).
+    /// Transport header version (0 today; IBTA Vol 1 ch. 9, BTH TVer).
     pub fn tver(&self) -> u8 {
         self.buffer.as_ref()[field::FLAGS] & 0xf
     }
@@ -136,7 +136,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         be::set_u16(self.buffer.as_mut(), field::PKEY, v)
     }
 
-    /// Sets FECN and BECN (the reserved bits are written as zero, IBTA C9-4).
+    /// Sets FECN and BECN (the reserved bits are written as zero, as IBTA requires of reserved fields).
     pub fn set_fecn_becn(&mut self, fecn: bool, becn: bool) {
         self.buffer.as_mut()[field::FECN_BECN] = (u8::from(fecn) << 7) | (u8::from(becn) << 6);
     }
@@ -158,7 +158,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 }
 
 /// A BTH as values. Reserved bits are not kept: they are sent as zero and ignored on receipt
-/// (IBTA C9-4).
+/// (IBTA Vol 1 ch. 9: reserved fields).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Repr {
     /// Opcode.

@@ -58,7 +58,7 @@ pub struct Repr {
     pub flow_label: u32,
     /// PayLen: bytes after the GRH, from the BTH to the ICRC (RoCEv1 has no VCRC).
     pub payload_len: usize,
-    /// Next header: 0x1B (IBA transport) for every IB packet (IBTA C8-7).
+    /// Next header: 0x1B (IBA transport) for every IB packet (IBTA Vol 1 ch. 8, GRH NxtHdr).
     pub next_header: IpProtocol,
     /// Hop limit.
     pub hop_limit: u8,
@@ -69,7 +69,7 @@ pub struct Repr {
 }
 
 impl Repr {
-    /// Reads a GRH whose 40 bytes are present. The IP version must be 6 (IBTA C8-3).
+    /// Reads a GRH whose 40 bytes are present. The IP version must be 6 (IBTA Vol 1 ch. 8, GRH IPVer).
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
         packet.check_header_len().map_err(|_| Error::Truncated("GRH"))?;
         if packet.version() != IP_VERSION {

@@ -197,7 +197,7 @@ fn dissect_network<'a>(ethertype: EtherType, rest: &'a [u8], d: &mut Dissection<
             d.l3_bytes = &rest[..(grh::HEADER_LEN + r.payload_len).min(rest.len())];
             d.ib_bytes = p.payload_present();
             d.ib_declared_len = r.payload_len;
-            // IBTA C8-7: the IBA transport follows a GRH with next header 0x1B.
+            // IBTA Vol 1 ch. 8 (GRH): the IBA transport follows a GRH whose next header is 0x1B.
             if r.next_header != IpProtocol::IbaTransport {
                 return Err(Error::Malformed("GRH next header is not the IBA transport (0x1b)"));
             }
