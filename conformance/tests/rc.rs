@@ -778,3 +778,84 @@ fn acks_are_coalesced_with_the_invalid_credit_code() {
     }
     assert_eq!(p.poll(A, a.cq).len(), 8);
 }
+
+#[test]
+fn two_gib_minus_one_write_announces_its_length_and_is_accepted() {
+    use softrdma_engine::device::{Device, DeviceConfig, QpAttr, QpCaps, QpInit, RecvMeta};
+    use softrdma_engine::memory::VecMemory;
+    use softrdma_engine::verbs::{Access, AttrMask, QpType};
+    use softrdma_engine::wire::IbPacket;
+    let len: u32 = (1 << 31) - 1;
+    let big = 1u64 << 31;
+    let addrs = [softrdma_conformance::pair::ADDR_A, softrdma_conformance::pair::ADDR_B];
+    // Two devices with 2 GiB of (lazily zeroed) memory each.
+    let mut devs: Vec<(Device<VecMemory>, _, _)> = addrs
+        .iter()
+        .map(|&ip| {
+            let mut m = VecMemory::new();
+            m.add(1, BASE, big as usize);
+            let mut d = Device::new(DeviceConfig::new(ip, 3), m);
+            let pd = d.alloc_pd(1);
+            let cq = d.create_cq(16).unwrap();
+            let mr = d.reg_mr(pd, BASE, big, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+            let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+            let qpn = d
+                .create_qp(QpInit { qp_type: QpType::Rc, pd, send_cq: cq, recv_cq: cq, caps, sq_sig_all: false })
+                .unwrap();
+            (d, qpn, mr)
+        })
+        .collect();
+    let (qa, qb) = (devs[0].1, devs[1].1);
+    for (i, (d, qpn, _)) in devs.iter_mut().enumerate() {
+        let peer = if i == 0 { qb } else { qa };
+        let mut a =
+            QpAttr { qp_state: QpState::Init, port_num: 1, qp_access_flags: Access::REMOTE_WRITE, ..QpAttr::default() };
+        d.modify_qp(*qpn, &a, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS)
+            .unwrap();
+        a.qp_state = QpState::Rtr;
+        a.path_mtu = Mtu::Mtu4096;
+        a.dest = addrs[1 - i];
+        a.dest_qp_num = peer.value();
+        let m = AttrMask::STATE | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN;
+        d.modify_qp(*qpn, &a, m | AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER).unwrap();
+        a.qp_state = QpState::Rts;
+        let m = AttrMask::STATE | AttrMask::TIMEOUT | AttrMask::RETRY_CNT | AttrMask::RNR_RETRY | AttrMask::SQ_PSN;
+        d.modify_qp(*qpn, &a, m | AttrMask::MAX_QP_RD_ATOMIC).unwrap();
+    }
+    let rkey = devs[1].2.rkey;
+    let lkey = devs[0].2.lkey;
+    let wr = SendWr::new(1, SendOp::Write { remote_addr: BASE, rkey }, vec![Sge { addr: BASE, length: len, lkey }]);
+    devs[0].0.post_send(qa, wr).unwrap();
+    // Move the first three packets only (the whole message is 524,288 packets).
+    let mut buf = vec![0u8; 8192];
+    let now = softrdma_engine::time::Instant::ZERO;
+    for i in 0..3 {
+        let t = devs[0].0.poll_transmit(now, &mut buf).unwrap();
+        let p = IbPacket::new_checked(&buf[..t.len]).unwrap();
+        if i == 0 {
+            assert_eq!(p.opcode(), Opcode::RC_RDMA_WRITE_FIRST);
+            assert_eq!(p.reth().unwrap().dma_len(), len, "the RETH announces 2^31 - 1 bytes");
+        } else {
+            assert_eq!(p.opcode(), Opcode::RC_RDMA_WRITE_MIDDLE);
+        }
+        assert_eq!(p.payload().len(), 4096);
+        devs[1].0.handle_packet(now, RecvMeta { src: addrs[0], src_port: t.src_port, ip_id: None }, &buf[..t.len]);
+    }
+    // The responder accepted them (2 GiB bounds check passed): no NAK, three packets counted.
+    assert_eq!(devs[1].0.counters().rcvd_pkts, 3);
+    assert!(devs[1].0.poll_transmit(now, &mut buf).is_none(), "no NAK");
+    assert_eq!(devs[1].0.query_qp(qb).unwrap().0, QpState::Rts);
+}
+
+#[test]
+fn receive_buffer_with_a_bad_key_is_loc_prot_err_and_remote_operational_error() {
+    let (mut p, a, b) = setup(RcOptions::default());
+    let bad = RecvWr { wr_id: 7, sg_list: vec![Sge { addr: BASE, length: 64, lkey: b.mr.lkey ^ 0x80 }] };
+    p.b.post_recv(b.qpn, bad).unwrap();
+    send(&mut p, &a, 1, SendOp::Send, BASE, 8);
+    p.drive(STEPS);
+    let wb = p.poll(B, b.cq);
+    assert_eq!((wb[0].wr_id, wb[0].status), (7, WcStatus::LocProtErr));
+    assert_eq!(p.poll(A, a.cq)[0].status, WcStatus::RemOpErr);
+    assert!(p.log.iter().any(|s| s.from == B && s.syndrome == Some(0x63)));
+}

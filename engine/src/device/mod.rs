@@ -645,6 +645,18 @@ impl<M: Memory> Device<M> {
     }
 }
 
+/// Packets a message of `len` bytes takes at path MTU `mtu` (a zero-length message takes one).
+/// Lengths go up to 2^31 (IBTA's largest message), so this is done in u64.
+pub fn packets_for(len: u32, mtu: u32) -> u32 {
+    (u64::from(len).div_ceil(u64::from(mtu.max(1)))).max(1) as u32
+}
+
+/// The payload of packet `index` (from 0) of a `len`-byte message at path MTU `mtu`.
+pub fn packet_payload(len: u32, mtu: u32, index: u32) -> u32 {
+    let start = u64::from(index) * u64::from(mtu);
+    (u64::from(len).saturating_sub(start)).min(u64::from(mtu)) as u32
+}
+
 /// The local ACK timeout for the 5-bit attribute: 4.096 us x 2^timeout; 0 means no timer
 /// (IBTA 11.2.4.2, the Local ACK Timeout attribute).
 pub fn ack_timeout(code: u8) -> Option<Duration> {
@@ -656,4 +668,30 @@ pub fn ack_timeout(code: u8) -> Option<Duration> {
 }
 
 #[cfg(test)]
-mod test;
+mod test {
+    use super::*;
+
+    #[test]
+    fn two_gib_minus_one_message_arithmetic() {
+        let len = (1u32 << 31) - 1;
+        assert_eq!(packets_for(len, 4096), 524_288);
+        assert_eq!(packet_payload(len, 4096, 0), 4096);
+        assert_eq!(packet_payload(len, 4096, 524_287), 4095);
+        assert_eq!(packets_for(len, 256), 8_388_608);
+        assert_eq!(packet_payload(len, 256, 8_388_607), 255);
+        assert_eq!(packets_for(1 << 31, 256), 8_388_608);
+        assert_eq!(packet_payload(1 << 31, 256, 8_388_607), 256);
+        assert_eq!(packets_for(0, 1024), 1);
+        assert_eq!(packet_payload(0, 1024, 0), 0);
+        // The PSN of the last packet of such a message wraps correctly.
+        let first = crate::wire::Psn::new(0xff_fff0);
+        assert_eq!((first + (packets_for(len, 4096) - 1)).value(), (0xff_fff0 + 524_287) & 0xff_ffff);
+    }
+
+    #[test]
+    fn ack_timeout_table() {
+        assert_eq!(ack_timeout(0), None);
+        assert_eq!(ack_timeout(1), Some(Duration::from_nanos(8192)));
+        assert_eq!(ack_timeout(14), Some(Duration::from_nanos(4096 << 14)));
+    }
+}

@@ -482,7 +482,7 @@ impl Qp {
         }
         let npkts = match wr.op {
             crate::wr::SendOp::CompareSwap { .. } | crate::wr::SendOp::FetchAdd { .. } => 1,
-            _ => len.div_ceil(self.mtu()).max(1),
+            _ => super::packets_for(len, self.mtu()),
         };
         let w = SendWqe { wr, inline, len, first_psn: Psn::new(0), npkts, started: false, done: None };
         if self.state == QpState::Err {

@@ -171,10 +171,10 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
     let psn = w.first_psn + pkt;
     let last = pkt + 1 >= w.npkts || w.wr.op.is_read_or_atomic();
     let opcode = opcode_for(w.wr.op, pkt, w.npkts);
-    let offset = pkt * mtu;
+    let offset = pkt.saturating_mul(mtu);
     let payload_len = match w.wr.op {
         SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 0,
-        _ => (w.len - offset.min(w.len)).min(mtu) as usize,
+        _ => super::packet_payload(w.len, mtu, pkt) as usize,
     };
     qp.noack_pkts += 1;
     let ack_req = last || qp.noack_pkts >= MAX_PKT_PER_ACK;

@@ -220,7 +220,7 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
             if !rd_atomic_slot(qp) {
                 return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
             }
-            let npkts = len.div_ceil(qp.mtu()).max(1);
+            let npkts = super::packets_for(len, qp.mtu());
             qp.msn = qp.msn.wrapping_add(1);
             qp.rd_atomic.push_back(RdAtomic { first_psn: psn, last_psn: psn + (npkts - 1), atomic_orig: None });
             let msn = qp.msn;

@@ -1,0 +1,100 @@
+//! `softrdma sim` as a user runs it.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn sim(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_softrdma")).arg("sim").args(args).output().expect("run");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn lossy_run_prints_one_json_object_with_every_field() {
+    let (code, out, err) = sim(&[
+        "--transport",
+        "rc",
+        "--ops",
+        "send,write,read,atomic",
+        "--messages",
+        "300",
+        "--size",
+        "1..3000",
+        "--qps",
+        "3",
+        "--loss",
+        "0.02",
+        "--dup",
+        "0.02",
+        "--reorder",
+        "0.02",
+        "--corrupt",
+        "0.01",
+        "--seed",
+        "11",
+        "--mtu",
+        "1024",
+    ]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    let v: Value = serde_json::from_str(out.trim()).expect("one JSON object");
+    for k in [
+        "posted",
+        "completed_ok",
+        "completed_err",
+        "bytes_verified",
+        "lost",
+        "duplicated",
+        "out_of_order",
+        "corrupted_delivered",
+        "retransmitted_packets",
+        "naks_sent",
+        "virtual_time_ns",
+    ] {
+        assert!(v.get(k).is_some(), "missing {k}");
+    }
+    assert_eq!(v["posted"], 300);
+    assert_eq!(v["completed_ok"], 300);
+    assert_eq!(v["lost"], 0);
+    assert_eq!(v["corrupted_delivered"], 0);
+    assert!(v["retransmitted_packets"].as_u64().unwrap() > 0, "2% loss makes retransmissions");
+    assert!(v["naks_sent"]["psn_sequence"].as_u64().unwrap() > 0);
+    assert!(v["wire"]["corrupted"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn same_seed_same_result() {
+    let a = sim(&["--messages", "100", "--loss", "0.05", "--seed", "5"]).1;
+    let b = sim(&["--messages", "100", "--loss", "0.05", "--seed", "5"]).1;
+    assert_eq!(a, b);
+    let c = sim(&["--messages", "100", "--loss", "0.05", "--seed", "6"]).1;
+    assert_ne!(a, c);
+}
+
+#[test]
+fn hopeless_loss_ends_in_retry_exhaustion_not_a_hang() {
+    let (code, out, _) = sim(&["--messages", "20", "--loss", "0.9", "--retry-cnt", "1", "--qps", "1"]);
+    assert_eq!(code, Some(0), "errors in IBTA order are not violations: {out}");
+    let v: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["completed_err"]["RetryExcErr"], 1);
+    assert_eq!(v["completed_err"]["WrFlushErr"].as_u64().unwrap() + v["completed_ok"].as_u64().unwrap() + 1, 20);
+}
+
+#[test]
+fn bad_arguments_are_clear_errors() {
+    let (code, _, err) = sim(&["--transport", "ud"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("only rc"), "{err}");
+    let (code, _, err) = sim(&["--loss", "1.5"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("probability"), "{err}");
+    let (code, _, err) = sim(&["--mtu", "1500"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--mtu"), "{err}");
+    let (code, _, err) = sim(&["--ops", "send,teleport"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("teleport"), "{err}");
+}

@@ -1,1 +1,0 @@
-//! Device tests live in conformance/; this module holds only internal checks.
