@@ -7,9 +7,9 @@
 //! - outputs: [`Device::poll_transmit`] writes the next UDP payload (BTH to ICRC) into the caller's
 //!   buffer, [`Device::poll_cq`] returns completions, [`Device::poll_event`] async events.
 //!
-//! The reliable-connected machinery follows Linux rxe's split: the requester ([`req`]) turns send
-//! WQEs into request packets, the completer ([`comp`]) matches responses to WQEs and completes
-//! them, the responder ([`resp`]) executes incoming requests and answers them.
+//! The reliable-connected machinery follows Linux rxe's split: the requester (`req`) turns send
+//! WQEs into request packets, the completer (`comp`) matches responses to WQEs and completes
+//! them, the responder (`resp`) executes incoming requests and answers them.
 
 mod comp;
 mod qp;
