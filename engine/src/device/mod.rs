@@ -224,7 +224,7 @@ pub(crate) struct Mr {
 impl Mr {
     /// Whether `[addr, addr+len)` lies inside the region.
     pub(crate) fn contains(&self, addr: u64, len: u64) -> bool {
-        addr >= self.addr && addr.checked_add(len).is_some_and(|end| end <= self.addr + self.len)
+        addr >= self.addr && addr.checked_add(len).is_some_and(|end| end <= self.addr.saturating_add(self.len))
     }
 }
 
@@ -282,13 +282,8 @@ pub(crate) fn src_port(qpn: Qpn) -> u16 {
 
 /// The IPv4/IPv6 and UDP headers the ICRC of a datagram covers, as the sender's kernel writes
 /// them: IPv4 with DF, the given ID, TTL 64; TOS, TTL and checksums are masked by the ICRC anyway.
-pub(crate) fn ip_udp_header(
-    src: IpAddr,
-    dst: IpAddr,
-    sport: u16,
-    udp_payload_len: usize,
-    ip_id: u16,
-) -> ([u8; 48], usize) {
+/// Returns the bytes and their length (28 for IPv4, 48 for IPv6).
+pub fn ip_udp_header(src: IpAddr, dst: IpAddr, sport: u16, udp_payload_len: usize, ip_id: u16) -> ([u8; 48], usize) {
     let mut h = [0u8; 48];
     let udp_len = (udp::HEADER_LEN + udp_payload_len) as u16;
     let n = match (src, dst) {

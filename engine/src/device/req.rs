@@ -46,7 +46,7 @@ fn gather<M: Memory>(ctx: &mut Ctx<'_, M>, w: &SendWqe, offset: u32, out: &mut [
     walk_sges(&w.wr.sg_list, offset, out.len(), |sge, sge_off, at, n| {
         let Some(mr) = ctx.mr_by_lkey(sge.lkey) else { return false };
         let owner = mr.owner;
-        ctx.mem.read(owner, sge.addr + u64::from(sge_off), &mut out[at..at + n]).is_ok()
+        ctx.mem.read(owner, sge.addr.wrapping_add(u64::from(sge_off)), &mut out[at..at + n]).is_ok()
     })
 }
 
@@ -207,7 +207,11 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
         SendOp::Read { remote_addr, rkey } => {
             // A resent READ asks only for what is still missing (IBTA 9.4.4: the requester may
             // reissue a READ from the PSN of the first missing response).
-            ib.reth = Some(RethRepr { va: remote_addr + u64::from(offset), rkey, dma_len: w.len - offset.min(w.len) })
+            ib.reth = Some(RethRepr {
+                va: remote_addr.wrapping_add(u64::from(offset)),
+                rkey,
+                dma_len: w.len - offset.min(w.len),
+            })
         }
         SendOp::CompareSwap { remote_addr, rkey, compare, swap } => {
             ib.atomiceth = Some(AtomicEthRepr { va: remote_addr, rkey, swap_add: swap, compare })

@@ -72,7 +72,7 @@ fn scatter<M: Memory>(qp: &Qp, ctx: &mut Ctx<'_, M>, wr: &RecvWr, offset: u32, d
             return false;
         }
         let owner = mr.owner;
-        ctx.mem.write(owner, sge.addr + u64::from(sge_off), &data[at..at + n]).is_ok()
+        ctx.mem.write(owner, sge.addr.wrapping_add(u64::from(sge_off)), &data[at..at + n]).is_ok()
     })
 }
 
@@ -190,12 +190,17 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
                 return;
             }
             if !data.is_empty() {
-                let Some(owner) =
-                    remote_ok(qp, ctx, rkey, va + u64::from(m.offset), data.len() as u64, Access::REMOTE_WRITE)
-                else {
+                let Some(owner) = remote_ok(
+                    qp,
+                    ctx,
+                    rkey,
+                    va.wrapping_add(u64::from(m.offset)),
+                    data.len() as u64,
+                    Access::REMOTE_WRITE,
+                ) else {
                     return nak_and_fail(qp, ctx, psn, NakCode::RemoteAccessError, AsyncEvent::QpAccessErr);
                 };
-                if ctx.mem.write(owner, va + u64::from(m.offset), data).is_err() {
+                if ctx.mem.write(owner, va.wrapping_add(u64::from(m.offset)), data).is_err() {
                     return nak_and_fail(qp, ctx, psn, NakCode::RemoteOperationalError, AsyncEvent::QpFatal);
                 }
             }
@@ -371,7 +376,7 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
                 ib.aeth = Some(AethRepr { syndrome: ACK, msn: Msn::new(msn) });
             }
             let offset = total - remaining;
-            let addr = va + u64::from(offset);
+            let addr = va.wrapping_add(u64::from(offset));
             let owner = if n > 0 { remote_ok(qp, ctx, rkey, addr, u64::from(n), Access::REMOTE_READ) } else { Some(0) };
             let t = emit(ctx, qp.qpn, dest, buf, &ib, |ctx, out| match owner {
                 Some(o) => out.is_empty() || ctx.mem.read(o, addr, out).is_ok(),
