@@ -82,6 +82,8 @@ pub struct Side {
     pub qpn: Qpn,
     /// Keys of the region over all of the side's memory.
     pub mr: MrKeys,
+    /// The SRQ the QP receives from, if any.
+    pub srq: Option<u32>,
 }
 
 /// Options of [`Pair::connect_rc`].
@@ -111,6 +113,8 @@ pub struct RcOptions {
     pub depth: u32,
     /// CQ size.
     pub cqe: u32,
+    /// B's QP takes its receive WQEs from a new SRQ of this many entries.
+    pub b_srq: Option<u32>,
 }
 
 impl Default for RcOptions {
@@ -128,6 +132,7 @@ impl Default for RcOptions {
             access: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
             depth: 256,
             cqe: 4096,
+            b_srq: None,
         }
     }
 }
@@ -173,7 +178,7 @@ impl Pair {
 
     /// Creates, connects and moves to RTS one RC QP on each side.
     pub fn connect_rc(&mut self, o: RcOptions) -> (Side, Side) {
-        let mk = |d: &mut Device<VecMemory>| {
+        let mk = |d: &mut Device<VecMemory>, srq_depth: Option<u32>| {
             let pd = d.alloc_pd(OWNER);
             let cq = d.create_cq(o.cqe).unwrap();
             let mr = d
@@ -191,13 +196,17 @@ impl Pair {
                 max_recv_sge: 4,
                 max_inline_data: 128,
             };
+            let srq = srq_depth.map(|n| {
+                let attr = softrdma_engine::device::SrqAttr { max_wr: n, max_sge: 4, srq_limit: 0 };
+                d.create_srq(pd, attr).unwrap()
+            });
             let qpn = d
-                .create_qp(QpInit { qp_type: QpType::Rc, pd, send_cq: cq, recv_cq: cq, caps, sq_sig_all: false })
+                .create_qp(QpInit { qp_type: QpType::Rc, pd, send_cq: cq, recv_cq: cq, caps, sq_sig_all: false, srq })
                 .unwrap();
-            Side { pd, cq, qpn, mr }
+            Side { pd, cq, qpn, mr, srq }
         };
-        let sa = mk(&mut self.a);
-        let sb = mk(&mut self.b);
+        let sa = mk(&mut self.a, None);
+        let sb = mk(&mut self.b, o.b_srq);
         for (d, me, peer, peer_addr, my_psn, peer_psn) in
             [(&mut self.a, sa, sb, ADDR_B, o.psn_a, o.psn_b), (&mut self.b, sb, sa, ADDR_A, o.psn_b, o.psn_a)]
         {
@@ -252,6 +261,47 @@ impl Pair {
             .unwrap();
         }
         (sa, sb)
+    }
+
+    /// Moves a QP of any type from RESET to RTS, setting exactly the attributes the kernel's
+    /// table requires for each transition (`softrdma_engine::modify::required`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn bring_up(
+        d: &mut Device<VecMemory>,
+        qpn: Qpn,
+        qp_type: QpType,
+        o: &RcOptions,
+        peer: IpAddr,
+        peer_qpn: Qpn,
+        my_psn: u32,
+        peer_psn: u32,
+        qkey: u32,
+    ) {
+        use softrdma_engine::modify::required;
+        let mut attr = QpAttr {
+            port_num: 1,
+            pkey_index: 0,
+            qp_access_flags: o.access,
+            qkey,
+            path_mtu: o.mtu,
+            dest: peer,
+            dest_qp_num: peer_qpn.value(),
+            rq_psn: peer_psn,
+            max_dest_rd_atomic: o.max_dest_rd_atomic,
+            min_rnr_timer: o.min_rnr_timer,
+            timeout: o.timeout,
+            retry_cnt: o.retry_cnt,
+            rnr_retry: o.rnr_retry,
+            sq_psn: my_psn,
+            max_rd_atomic: o.max_rd_atomic,
+            ..QpAttr::default()
+        };
+        for (from, to) in [(QpState::Reset, QpState::Init), (QpState::Init, QpState::Rtr), (QpState::Rtr, QpState::Rts)]
+        {
+            attr.qp_state = to;
+            let mask = AttrMask::STATE | required(qp_type, from, to).expect("a valid transition");
+            d.modify_qp(qpn, &attr, mask).unwrap_or_else(|e| panic!("{qp_type:?} {from:?}->{to:?}: {e}"));
+        }
     }
 
     fn collect(&mut self) {

@@ -424,7 +424,7 @@ fn create_qp_beyond_the_device_limits_is_einval() {
     let mut p = Pair::new(1);
     let pd = p.a.alloc_pd(7);
     let cq = p.a.create_cq(16).unwrap();
-    let init = |caps| QpInit { qp_type: QpType::Rc, pd, send_cq: cq, recv_cq: cq, caps, sq_sig_all: false };
+    let init = |caps| QpInit { qp_type: QpType::Rc, pd, send_cq: cq, recv_cq: cq, caps, sq_sig_all: false, srq: None };
     let ok = QpCaps { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
     assert!(p.a.create_qp(init(ok)).is_ok());
     for bad in [
@@ -800,7 +800,15 @@ fn two_gib_minus_one_write_announces_its_length_and_is_accepted() {
             let mr = d.reg_mr(pd, BASE, big, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
             let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
             let qpn = d
-                .create_qp(QpInit { qp_type: QpType::Rc, pd, send_cq: cq, recv_cq: cq, caps, sq_sig_all: false })
+                .create_qp(QpInit {
+                    qp_type: QpType::Rc,
+                    pd,
+                    send_cq: cq,
+                    recv_cq: cq,
+                    caps,
+                    sq_sig_all: false,
+                    srq: None,
+                })
                 .unwrap();
             (d, qpn, mr)
         })

@@ -41,8 +41,9 @@ fn side(addr: IpAddr) -> Side {
         max_recv_sge: 1,
         max_inline_data: 0,
     };
-    let qpn =
-        dev.create_qp(QpInit { qp_type: QpType::Rc, pd, send_cq: cq, recv_cq: cq, caps, sq_sig_all: false }).unwrap();
+    let qpn = dev
+        .create_qp(QpInit { qp_type: QpType::Rc, pd, send_cq: cq, recv_cq: cq, caps, sq_sig_all: false, srq: None })
+        .unwrap();
     Side { dev, qpn, cq, mr }
 }
 

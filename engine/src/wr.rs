@@ -114,12 +114,37 @@ pub struct SendWr {
     pub solicited: bool,
     /// Copy the data at post time (IBV_SEND_INLINE); no lkey check.
     pub inline: bool,
+    /// XRC: the SRQ number at the target this request is for (`qp_type.xrc.remote_srqn`).
+    pub remote_srqn: u32,
+    /// UD: where the datagram goes (`wr.ud`).
+    pub ud: Option<UdDest>,
+}
+
+/// The destination of a UD send (`ibv_send_wr.wr.ud`): an address handle and the remote QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdDest {
+    /// The destination address (the address handle's GID, as an IP address).
+    pub dest: std::net::IpAddr,
+    /// Remote QPN.
+    pub remote_qpn: u32,
+    /// Remote Q_Key; with the high bit set the QP's own Q_Key is used (IBTA 10.2.5).
+    pub remote_qkey: u32,
 }
 
 impl SendWr {
     /// A signaled request with no flags.
     pub fn new(wr_id: u64, op: SendOp, sg_list: Vec<Sge>) -> SendWr {
-        SendWr { wr_id, op, sg_list, signaled: true, fence: false, solicited: false, inline: false }
+        SendWr {
+            wr_id,
+            op,
+            sg_list,
+            signaled: true,
+            fence: false,
+            solicited: false,
+            inline: false,
+            remote_srqn: 0,
+            ud: None,
+        }
     }
 }
 
@@ -151,4 +176,8 @@ pub struct WorkCompletion {
     pub qp_num: Qpn,
     /// The remote QP (UD receive completions).
     pub src_qp: Qpn,
+    /// The receive buffer starts with the 40-byte GRH slot (IBV_WC_GRH, UD receives).
+    pub grh: bool,
+    /// The sender's address (UD receives: for `ibv_create_ah_from_wc`).
+    pub src: Option<std::net::IpAddr>,
 }

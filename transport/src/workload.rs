@@ -236,7 +236,15 @@ pub fn run(w: &Workload) -> Result<Report, WorkloadError> {
             let cq = n.dev.create_cq((2 * depth + 2).min(32767)).map_err(|e| WorkloadError::Invalid(e.to_string()))?;
             let caps =
                 QpCaps { max_send_wr: depth, max_recv_wr: depth, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
-            let init = QpInit { qp_type: QpType::Rc, pd: pds[i], send_cq: cq, recv_cq: cq, caps, sq_sig_all: false };
+            let init = QpInit {
+                qp_type: QpType::Rc,
+                pd: pds[i],
+                send_cq: cq,
+                recv_cq: cq,
+                caps,
+                sq_sig_all: false,
+                srq: None,
+            };
             let qpn = n.dev.create_qp(init).map_err(|e| WorkloadError::Invalid(e.to_string()))?;
             pair[i] = (qpn, cq);
         }

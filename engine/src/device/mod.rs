@@ -15,12 +15,16 @@ mod comp;
 mod qp;
 mod req;
 mod resp;
+mod srq;
+mod unrel;
 
 use std::collections::VecDeque;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::net::IpAddr;
 
 pub use self::qp::{QpAttr, QpCaps, QpInit};
+pub use self::srq::{SrqAttr, XrcPolicy, XrcdId};
+pub use self::unrel::GRH_SLOT;
 
 use crate::memory::{Memory, Owner};
 use crate::rng::Rng;
@@ -143,6 +147,11 @@ pub enum AsyncEvent {
     QpAccessErr(Qpn),
     /// IBV_EVENT_CQ_ERR: the CQ overflowed.
     CqErr(CqId),
+    /// IBV_EVENT_SRQ_LIMIT_REACHED: the SRQ (by number) fell below its armed limit.
+    SrqLimitReached(u32),
+    /// IBV_EVENT_QP_LAST_WQE_REACHED: a QP attached to an SRQ went to ERR; no more WQEs of the
+    /// SRQ will complete on it.
+    LastWqeReached(Qpn),
 }
 
 /// Where a packet came from, as the socket saw it.
@@ -203,8 +212,14 @@ pub struct Counters {
     pub naks_sent: [u64; 4],
     /// Packets dropped for a bad ICRC.
     pub icrc_err: u64,
-    /// Packets dropped as malformed (layout, unknown QP, wrong transport).
+    /// Packets dropped as malformed (layout, unknown QP, wrong transport, wrong P_Key).
     pub malformed: u64,
+    /// XRC requests naming an SRQ that is not in the target QP's domain.
+    pub xrc_srq_err: u64,
+    /// UD datagrams dropped for a Q_Key that is not the QP's.
+    pub qkey_violations: u64,
+    /// UD/UC messages dropped (no receive WQE, gap, too long, bad key).
+    pub dropped_messages: u64,
 }
 
 pub(crate) struct Pd {
@@ -239,11 +254,14 @@ pub(crate) struct Cq {
 pub(crate) struct Ctx<'a, M: Memory> {
     pub(crate) now: Instant,
     pub(crate) mrs: &'a mut HashMap<u32, Mr>,
+    pub(crate) srqs: &'a mut HashMap<u32, srq::Srq>,
     pub(crate) cqs: &'a mut HashMap<CqId, Cq>,
     pub(crate) mem: &'a mut M,
     pub(crate) events: &'a mut VecDeque<AsyncEvent>,
     pub(crate) counters: &'a mut Counters,
     pub(crate) local: IpAddr,
+    /// The port's active MTU (UD datagrams may not exceed it).
+    pub(crate) port_mtu: Mtu,
 }
 
 impl<M: Memory> Ctx<'_, M> {
@@ -328,6 +346,9 @@ pub struct Device<M: Memory> {
     mrs: HashMap<u32, Mr>,
     cqs: HashMap<CqId, Cq>,
     qps: HashMap<Qpn, Qp>,
+    srqs: HashMap<u32, srq::Srq>,
+    xrcds: HashMap<XrcdId, srq::Xrcd>,
+    xrc_policy: XrcPolicy,
     next_id: u32,
     next_qpn: u32,
     /// QPs that may have a packet to send, in round-robin order (a QP appears at most once).
@@ -341,11 +362,13 @@ macro_rules! ctx {
         Ctx {
             now: $now,
             mrs: &mut $d.mrs,
+            srqs: &mut $d.srqs,
             cqs: &mut $d.cqs,
             mem: &mut $d.mem,
             events: &mut $d.events,
             counters: &mut $d.counters,
             local: $d.config.addr,
+            port_mtu: $d.config.mtu,
         }
     };
 }
@@ -364,6 +387,9 @@ impl<M: Memory> Device<M> {
             mrs: HashMap::default(),
             cqs: HashMap::default(),
             qps: HashMap::default(),
+            srqs: HashMap::default(),
+            xrcds: HashMap::default(),
+            xrc_policy: XrcPolicy::default(),
             next_id: 1,
             next_qpn,
             ready: VecDeque::new(),
@@ -488,14 +514,28 @@ impl<M: Memory> Device<M> {
         {
             return Err(VerbsError::Inval);
         }
-        if init.qp_type != QpType::Rc {
-            // UC, UD and XRC arrive with the next engine issue.
-            return Err(VerbsError::NotSupp);
+        if init.qp_type == QpType::XrcTgt {
+            // Target QPs are made with create_xrc_tgt_qp: they belong to a domain, not a PD.
+            return Err(VerbsError::Inval);
         }
-        if self.qps.len() >= l.max_qp as usize {
+        if let Some(n) = init.srq {
+            match self.srqs.get(&n) {
+                Some(s) if s.xrc.is_none() => {}
+                _ => return Err(VerbsError::Inval),
+            }
+        }
+        let qpn = self.alloc_qpn()?;
+        let owner = self.pds[&init.pd].owner;
+        self.qps.insert(qpn, Qp::new(qpn, init, owner));
+        Ok(qpn)
+    }
+
+    /// A free QPN (random start, never 0 or 1, as hardware).
+    fn alloc_qpn(&mut self) -> Result<Qpn, VerbsError> {
+        if self.qps.len() >= self.config.limits.max_qp as usize {
             return Err(VerbsError::NoMem);
         }
-        let qpn = loop {
+        Ok(loop {
             let q = Qpn::new(self.next_qpn);
             self.next_qpn = (self.next_qpn + 1) & Qpn::MASK;
             if self.next_qpn < 0x11 {
@@ -504,10 +544,7 @@ impl<M: Memory> Device<M> {
             if q.value() >= 0x11 && !self.qps.contains_key(&q) {
                 break q;
             }
-        };
-        let owner = self.pds[&init.pd].owner;
-        self.qps.insert(qpn, Qp::new(qpn, init, owner));
-        Ok(qpn)
+        })
     }
 
     /// Destroys a QP and removes its completions from its CQs.

@@ -41,6 +41,8 @@ pub struct QpInit {
     pub caps: QpCaps,
     /// Complete every send WR, signaled or not (`sq_sig_all`).
     pub sq_sig_all: bool,
+    /// Take receive WQEs from this SRQ (by SRQ number) instead of an RQ of its own.
+    pub srq: Option<u32>,
 }
 
 /// QP attributes (`struct ibv_qp_attr`, the fields the engine uses).
@@ -136,7 +138,7 @@ pub(crate) enum RespOut {
     /// ACK or NAK for `psn`.
     Ack { psn: Psn, syndrome: crate::wire::Syndrome, msn: u32 },
     /// An RDMA READ response being generated packet by packet.
-    Read { psn: Psn, va: u64, rkey: u32, remaining: u32, first: bool, total: u32, msn: u32 },
+    Read { psn: Psn, va: u64, rkey: u32, remaining: u32, first: bool, total: u32, msn: u32, pd: Option<PdId> },
     /// An atomic acknowledge.
     Atomic { psn: Psn, orig: u64, msn: u32 },
 }
@@ -158,6 +160,8 @@ pub(crate) struct InMsg {
     pub(crate) offset: u32,
     /// RDMA WRITE target: va, rkey, dma length.
     pub(crate) write: Option<(u64, u32, u32)>,
+    /// The CQ the message's receive completion goes to.
+    pub(crate) cq: Option<CqId>,
 }
 
 pub(crate) struct Qp {
@@ -169,6 +173,14 @@ pub(crate) struct Qp {
     pub(crate) recv_cq: Option<CqId>,
     pub(crate) caps: QpCaps,
     pub(crate) sq_sig_all: bool,
+    /// The SRQ (by number) receive WQEs come from, if any.
+    pub(crate) srq: Option<u32>,
+    /// XRC target QPs: their domain.
+    pub(crate) xrcd: Option<super::XrcdId>,
+    /// XRC target QPs: the open handles and their owners (`ibv_open_qp`).
+    pub(crate) handles: Vec<(u32, crate::memory::Owner)>,
+    /// UD/UC: the message being dropped after a gap (UC), the multicast groups (later).
+    pub(crate) drop_msg: bool,
     pub(crate) attr: QpAttr,
     pub(crate) sq: VecDeque<SendWqe>,
     pub(crate) rq: VecDeque<RecvWr>,
@@ -226,6 +238,10 @@ impl Qp {
             recv_cq: Some(init.recv_cq),
             caps: init.caps,
             sq_sig_all: init.sq_sig_all,
+            srq: init.srq,
+            xrcd: None,
+            handles: Vec::new(),
+            drop_msg: false,
             attr: QpAttr::default(),
             sq: VecDeque::new(),
             rq: VecDeque::new(),
@@ -270,6 +286,11 @@ impl Qp {
         let next = if mask.contains(AttrMask::STATE) { attr.qp_state } else { self.state };
         crate::modify::check(self.qp_type, self.state, next, mask)?;
         // Values (ib_modify_qp / rxe_qp_chk_attr).
+        // A Q_Key with the high bit set is privileged: user space may not set it (IBTA 10.2.5;
+        // the kernel's uverbs returns EPERM).
+        if mask.contains(AttrMask::QKEY) && attr.qkey & 0x8000_0000 != 0 {
+            return Err(VerbsError::Perm);
+        }
         if mask.contains(AttrMask::PORT) && attr.port_num != 1 {
             return Err(VerbsError::Inval);
         }
@@ -342,7 +363,8 @@ impl Qp {
         self.state = next;
         match next {
             QpState::Reset => {
-                let keep = (self.qpn, self.qp_type, self.pd, self.send_cq, self.recv_cq, self.caps, self.sq_sig_all);
+                let keep =
+                    (self.qpn, self.qp_type, self.pd, self.send_cq, self.recv_cq, self.caps, self.sq_sig_all, self.srq);
                 let owner = self.owner;
                 *self = Qp::new(
                     keep.0,
@@ -353,6 +375,7 @@ impl Qp {
                         recv_cq: keep.4.unwrap_or(CqId(0)),
                         caps: keep.5,
                         sq_sig_all: keep.6,
+                        srq: keep.7,
                     },
                     owner,
                 );
@@ -363,7 +386,13 @@ impl Qp {
                     }
                 }
             }
-            QpState::Err => self.flush(ctx),
+            QpState::Err => {
+                self.flush(ctx);
+                // IBTA 11.6.3: a QP on an SRQ reports that no more of its WQEs will complete.
+                if self.srq.is_some() {
+                    ctx.events.push_back(AsyncEvent::LastWqeReached(self.qpn));
+                }
+            }
             QpState::Sqd => self.drained_reported = false,
             QpState::Rts if prev == QpState::Rtr => {
                 self.retry_left = self.attr.retry_cnt;
@@ -391,7 +420,16 @@ impl Qp {
             }
         }
         while let Some(r) = self.rq.pop_front() {
-            self.complete_recv(ctx, r.wr_id, WcStatus::WrFlushErr, crate::verbs::WcOpcode::Recv, 0, None, None);
+            self.complete_recv(
+                ctx,
+                self.recv_cq,
+                r.wr_id,
+                WcStatus::WrFlushErr,
+                crate::verbs::WcOpcode::Recv,
+                0,
+                None,
+                None,
+            );
         }
         self.in_msg = None;
         self.req_idx = 0;
@@ -411,6 +449,8 @@ impl Qp {
             invalidated_rkey: None,
             qp_num: self.qpn,
             src_qp: Qpn::new(self.attr.dest_qp_num),
+            grh: false,
+            src: None,
         };
         ctx.complete(cq, wc);
     }
@@ -419,6 +459,7 @@ impl Qp {
     pub(crate) fn complete_recv<M: Memory>(
         &self,
         ctx: &mut Ctx<'_, M>,
+        cq: Option<CqId>,
         wr_id: u64,
         status: WcStatus,
         opcode: crate::verbs::WcOpcode,
@@ -426,7 +467,7 @@ impl Qp {
         imm: Option<u32>,
         inv: Option<u32>,
     ) {
-        let Some(cq) = self.recv_cq else { return };
+        let Some(cq) = cq else { return };
         let wc = WorkCompletion {
             wr_id,
             status,
@@ -436,6 +477,8 @@ impl Qp {
             invalidated_rkey: inv,
             qp_num: self.qpn,
             src_qp: Qpn::new(self.attr.dest_qp_num),
+            grh: false,
+            src: None,
         };
         ctx.complete(cq, wc);
     }
@@ -453,6 +496,19 @@ impl Qp {
         }
         if self.sq.len() >= self.caps.max_send_wr as usize {
             return Err(VerbsError::NoMem);
+        }
+        // Operations the service has (IBTA 9.8 table: UC has no READ or atomics; UD only SENDs,
+        // to an address; an XRC target QP sends nothing).
+        let op_ok = match self.qp_type {
+            QpType::Rc | QpType::XrcIni => true,
+            QpType::Uc => !wr.op.is_read_or_atomic(),
+            QpType::Ud => {
+                matches!(wr.op, crate::wr::SendOp::Send | crate::wr::SendOp::SendWithImm { .. }) && wr.ud.is_some()
+            }
+            QpType::XrcTgt => false,
+        };
+        if !op_ok {
+            return Err(VerbsError::Inval);
         }
         if wr.sg_list.len() > self.caps.max_send_sge as usize {
             return Err(VerbsError::Inval);
@@ -496,7 +552,9 @@ impl Qp {
 
     /// `ibv_post_recv`.
     pub(crate) fn post_recv<M: Memory>(&mut self, ctx: &mut Ctx<'_, M>, wr: RecvWr) -> Result<(), VerbsError> {
-        if self.state == QpState::Reset {
+        // A QP on an SRQ has no receive queue of its own; XRC QPs receive through SRQs only.
+        if self.state == QpState::Reset || self.srq.is_some() || matches!(self.qp_type, QpType::XrcIni | QpType::XrcTgt)
+        {
             return Err(VerbsError::Inval);
         }
         if self.rq.len() >= self.caps.max_recv_wr as usize {
@@ -506,7 +564,16 @@ impl Qp {
             return Err(VerbsError::Inval);
         }
         if self.state == QpState::Err {
-            self.complete_recv(ctx, wr.wr_id, WcStatus::WrFlushErr, crate::verbs::WcOpcode::Recv, 0, None, None);
+            self.complete_recv(
+                ctx,
+                self.recv_cq,
+                wr.wr_id,
+                WcStatus::WrFlushErr,
+                crate::verbs::WcOpcode::Recv,
+                0,
+                None,
+                None,
+            );
             return Ok(());
         }
         self.rq.push_back(wr);
@@ -523,12 +590,34 @@ impl Qp {
     ) -> bool {
         let op = pkt.opcode();
         let Some(info) = op.info() else { return false };
-        if op.transport() != Transport::Rc || self.qp_type != QpType::Rc {
+        // The opcode's transport must be the QP's (a packet of another service is dropped).
+        let ok = matches!(
+            (self.qp_type, op.transport(), info.kind.is_request()),
+            (QpType::Rc, Transport::Rc, _)
+                | (QpType::Uc, Transport::Uc, true)
+                | (QpType::Ud, Transport::Ud, true)
+                | (QpType::XrcIni, Transport::Xrc, false)
+                | (QpType::XrcTgt, Transport::Xrc, true)
+        );
+        if !ok {
             ctx.counters.malformed += 1;
             return false;
         }
-        // A connected QP only talks to its peer (the responder's address check, as
-        // rxe's check_addr).
+        // P_Key: only the default partition exists (IBTA 10.9: packets of another partition are
+        // dropped and counted).
+        if pkt.bth().pkey() & 0x7fff != 0x7fff {
+            ctx.counters.malformed += 1;
+            return false;
+        }
+        if self.qp_type == QpType::Ud {
+            if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+                return false;
+            }
+            super::unrel::handle_ud(self, ctx, src, pkt);
+            return true;
+        }
+        // A connected QP only talks to its peer (the responder's address check, as rxe's
+        // check_addr).
         if src != self.attr.dest {
             return false;
         }
@@ -541,7 +630,11 @@ impl Qp {
                 self.comm_est_sent = true;
                 ctx.events.push_back(AsyncEvent::CommEst(self.qpn));
             }
-            resp::handle_request(self, ctx, pkt);
+            if self.qp_type == QpType::Uc {
+                super::unrel::handle_uc(self, ctx, pkt);
+            } else {
+                resp::handle_request(self, ctx, pkt);
+            }
             true
         } else {
             if !matches!(self.state, QpState::Rts | QpState::Sqd) {

@@ -5,8 +5,11 @@
 use super::qp::{Qp, SendWqe};
 use super::{ip_udp_header, src_port, Ctx, Transmit};
 use crate::memory::Memory;
-use crate::verbs::{Access, QpState, WcStatus};
-use crate::wire::{icrc, AtomicEthRepr, BthRepr, IbPacket, IbRepr, IethRepr, ImmDtRepr, Opcode, Psn, Qpn, RethRepr};
+use crate::verbs::{Access, QpState, QpType, WcStatus};
+use crate::wire::{
+    icrc, AtomicEthRepr, BthRepr, DethRepr, IbPacket, IbRepr, IethRepr, ImmDtRepr, Opcode, Psn, Qpn, RethRepr,
+    XrcEthRepr,
+};
 use crate::wr::{SendOp, Sge};
 
 /// rxe's RXE_MAX_PKT_PER_ACK: ask for an ACK at least every this many packets.
@@ -144,6 +147,9 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
     if !matches!(qp.state, QpState::Rts | QpState::Sqd) || qp.rnr_until.is_some() {
         return None;
     }
+    if qp.qp_type == QpType::Ud {
+        return ud_poll_transmit(qp, ctx, buf);
+    }
     let idx = qp.req_idx;
     if idx >= qp.sq.len() {
         return None;
@@ -170,14 +176,22 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
     let pkt = qp.req_pkt;
     let psn = w.first_psn + pkt;
     let last = pkt + 1 >= w.npkts || w.wr.op.is_read_or_atomic();
-    let opcode = opcode_for(w.wr.op, pkt, w.npkts);
+    let mut opcode = opcode_for(w.wr.op, pkt, w.npkts);
+    let unacked = qp.qp_type == QpType::Uc;
+    if unacked {
+        // UC: the same SEND/WRITE packets under the UC opcodes (IBTA table 38).
+        opcode = Opcode(0x20 | opcode.0);
+    } else if qp.qp_type == QpType::XrcIni {
+        // XRC: the RC operations under XRC opcodes, each request naming the target SRQ (A14).
+        opcode = Opcode(0xa0 | opcode.0);
+    }
     let offset = pkt.saturating_mul(mtu);
     let payload_len = match w.wr.op {
         SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 0,
         _ => super::packet_payload(w.len, mtu, pkt) as usize,
     };
     qp.noack_pkts += 1;
-    let ack_req = last || qp.noack_pkts >= MAX_PKT_PER_ACK;
+    let ack_req = !unacked && (last || qp.noack_pkts >= MAX_PKT_PER_ACK);
     if ack_req {
         qp.noack_pkts = 0;
     }
@@ -195,6 +209,9 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
         psn,
     });
     ib.payload_len = payload_len;
+    if qp.qp_type == QpType::XrcIni {
+        ib.xrceth = Some(XrcEthRepr { xrc_srqn: w.wr.remote_srqn & 0x00ff_ffff });
+    }
     match w.wr.op {
         SendOp::SendWithImm { imm } | SendOp::WriteWithImm { imm, .. } if last => ib.immdt = Some(ImmDtRepr { imm }),
         SendOp::SendWithInv { rkey } if last => ib.ieth = Some(IethRepr { rkey }),
@@ -237,6 +254,13 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
     } else {
         qp.req_pkt += 1;
     }
+    if unacked {
+        // UC: nothing acknowledges it; the WQE completes once its last packet is out.
+        if last {
+            complete_sent(qp, ctx);
+        }
+        return Some(t);
+    }
     if qp.retrans_at.is_none() {
         qp.retrans_at = super::ack_timeout(qp.attr.timeout).map(|d| ctx.now + d);
     }
@@ -254,6 +278,75 @@ pub(crate) fn rewind(qp: &mut Qp, psn: Psn) {
             qp.req_pkt = (psn - w.first_psn) as u32;
             qp.noack_pkts = 0;
             return;
+        }
+    }
+}
+
+/// Completes the oldest WQE as sent (UC and UD: nothing acknowledges them).
+fn complete_sent<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>) {
+    if let Some(w) = qp.sq.pop_front() {
+        if w.wr.signaled || qp.sq_sig_all {
+            qp.complete_send(ctx, &w, WcStatus::Success);
+        }
+        qp.req_idx = qp.req_idx.saturating_sub(1);
+        qp.req_pkt = 0;
+    }
+}
+
+/// UD: one packet per work request, to the address the request names, with a DETH.
+fn ud_poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &mut [u8]) -> Option<Transmit> {
+    loop {
+        let w = qp.sq.front()?;
+        if qp.state == QpState::Sqd {
+            return None;
+        }
+        let Some(ud) = w.wr.ud else {
+            complete_sent(qp, ctx);
+            continue;
+        };
+        if w.len as usize > ctx.port_mtu.bytes() {
+            // Longer than the port MTU: no packet and no error (IBTA C10-93.1.1, as rxe).
+            ctx.counters.dropped_messages += 1;
+            complete_sent(qp, ctx);
+            continue;
+        }
+        if !check_local(qp, ctx, w) {
+            qp.sq[0].done = Some(WcStatus::LocProtErr);
+            qp.fail(ctx, crate::device::AsyncEvent::QpFatal);
+            return None;
+        }
+        let opcode = match w.wr.op {
+            SendOp::SendWithImm { .. } => Opcode::UD_SEND_ONLY_WITH_IMMEDIATE,
+            _ => Opcode::UD_SEND_ONLY,
+        };
+        let psn = qp.next_psn;
+        qp.next_psn = psn + 1;
+        // A Q_Key with the high bit set means "the QP's own Q_Key" (IBTA 10.2.5).
+        let qkey = if ud.remote_qkey & 0x8000_0000 != 0 { qp.attr.qkey } else { ud.remote_qkey };
+        let len = w.len as usize;
+        let mut ib = IbRepr::new(BthRepr {
+            opcode,
+            solicited: w.wr.solicited,
+            mig_req: false,
+            pad_count: IbRepr::pad_for(len),
+            tver: 0,
+            pkey: 0xffff,
+            fecn: false,
+            becn: false,
+            dest_qp: Qpn::new(ud.remote_qpn),
+            ack_req: false,
+            psn,
+        });
+        ib.payload_len = len;
+        ib.deth = Some(DethRepr { qkey, src_qp: qp.qpn });
+        if let SendOp::SendWithImm { imm } = w.wr.op {
+            ib.immdt = Some(ImmDtRepr { imm });
+        }
+        let t = emit(ctx, qp.qpn, ud.dest, buf, &ib, |ctx, out| gather(ctx, w, 0, out));
+        ctx.counters.rdma_sends += 1;
+        complete_sent(qp, ctx);
+        if t.is_some() {
+            return t;
         }
     }
 }

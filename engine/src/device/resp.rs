@@ -8,9 +8,10 @@
 
 use super::qp::{InMsg, Qp, RdAtomic, RespOut};
 use super::req::{emit, walk_sges};
+use super::PdId;
 use super::{AsyncEvent, Ctx, Transmit};
 use crate::memory::Memory;
-use crate::verbs::{Access, QpState, WcOpcode, WcStatus};
+use crate::verbs::{Access, QpState, QpType, WcOpcode, WcStatus};
 use crate::wire::aeth::CREDITS_INVALID;
 use crate::wire::{
     AethRepr, AtomicAckEthRepr, BthRepr, IbPacket, IbRepr, Msn, NakCode, OpKind, Opcode, Position, Psn, Qpn, Syndrome,
@@ -49,20 +50,27 @@ fn nak_and_fail<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn, code: Na
 
 /// Validates a remote access: the region exists with this rkey, belongs to the QP's PD, allows
 /// `access` and covers the range, and the QP itself allows `access` (IBTA 10.6.3, memory access keys; rxe's check_rkey).
-fn remote_ok<M: Memory>(qp: &Qp, ctx: &Ctx<'_, M>, rkey: u32, va: u64, len: u64, access: Access) -> Option<u32> {
+fn remote_ok<M: Memory>(
+    qp: &Qp,
+    ctx: &Ctx<'_, M>,
+    pd: Option<PdId>,
+    rkey: u32,
+    va: u64,
+    len: u64,
+    access: Access,
+) -> Option<u32> {
     if !qp.attr.qp_access_flags.contains(access) {
         return None;
     }
     let mr = ctx.mr_by_rkey(rkey)?;
-    if Some(mr.pd) != qp.pd || !mr.access.contains(access) || !mr.contains(va, len) {
+    if Some(mr.pd) != pd || !mr.access.contains(access) || !mr.contains(va, len) {
         return None;
     }
     Some(mr.owner)
 }
 
 /// Scatters `data` into a receive WQE's buffers at `offset`; false on a bad lkey or bounds.
-fn scatter<M: Memory>(qp: &Qp, ctx: &mut Ctx<'_, M>, wr: &RecvWr, offset: u32, data: &[u8]) -> bool {
-    let pd = qp.pd;
+fn scatter<M: Memory>(pd: Option<PdId>, ctx: &mut Ctx<'_, M>, wr: &RecvWr, offset: u32, data: &[u8]) -> bool {
     walk_sges(&wr.sg_list, offset, data.len(), |sge, sge_off, at, n| {
         let Some(mr) = ctx.mr_by_lkey(sge.lkey) else { return false };
         if Some(mr.pd) != pd
@@ -104,6 +112,23 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
         return;
     }
     qp.seq_nak_sent = false;
+    // Where the request lands: an XRC target QP names an SRQ of its domain in XRCETH, whose PD
+    // governs access and whose CQ takes the completion (Annex A14); other QPs use their own.
+    let (pd, cq, srq) = if qp.qp_type == QpType::XrcTgt {
+        let n = pkt.xrceth().map_or(0, |x| x.xrc_srqn());
+        match ctx.srqs.get(&n) {
+            Some(s) if s.xrc.is_some_and(|(x, _)| Some(x) == qp.xrcd) => (Some(s.pd), s.xrc.map(|(_, c)| c), Some(n)),
+            // An SRQ of another domain, or none: NAK invalid request, never a delivery. (The XRC
+            // annex's exact statement could not be checked here; invalid request is what
+            // hardware reports as IBV_WC_REM_INV_REQ_ERR.)
+            _ => {
+                ctx.counters.xrc_srq_err += 1;
+                return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
+            }
+        }
+    } else {
+        (qp.pd, qp.recv_cq, qp.srq)
+    };
     // Opcode sequence (a MIDDLE/LAST must continue a FIRST of the same kind; a FIRST or ONLY
     // may not interrupt one: invalid request, as rxe's check_op_seq).
     let continuing = !info.position.starts();
@@ -124,25 +149,29 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
     match info.kind {
         OpKind::Send => {
             if info.position.starts() {
-                let Some(wr) = qp.rq.pop_front() else {
+                let taken = match srq {
+                    Some(n) => ctx.srq_pop(n),
+                    None => qp.rq.pop_front(),
+                };
+                let Some(wr) = taken else {
                     // No receive WQE: RNR NAK with the QP's min_rnr_timer (IBTA 9.7.5.2.8).
                     ctx.counters.send_rnr_err += 1;
                     let t = qp.attr.min_rnr_timer;
                     queue_ack(qp, psn, Syndrome::RnrNak { timer: t });
                     return;
                 };
-                qp.in_msg = Some(InMsg { kind: OpKind::Send, recv: Some(wr), offset: 0, write: None });
+                qp.in_msg = Some(InMsg { kind: OpKind::Send, recv: Some(wr), offset: 0, write: None, cq });
             }
             let Some(mut m) = qp.in_msg.take() else { return };
             let data = pkt.payload();
             let wr = m.recv.take().expect("a SEND in progress holds its receive WQE");
             if u64::from(m.offset) + data.len() as u64 > recv_capacity(&wr) {
                 // The message does not fit: LOC_LEN_ERR locally, invalid request to the sender.
-                qp.complete_recv(ctx, wr.wr_id, WcStatus::LocLenErr, WcOpcode::Recv, 0, None, None);
+                qp.complete_recv(ctx, m.cq, wr.wr_id, WcStatus::LocLenErr, WcOpcode::Recv, 0, None, None);
                 return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
             }
-            if !scatter(qp, ctx, &wr, m.offset, data) {
-                qp.complete_recv(ctx, wr.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, 0, None, None);
+            if !scatter(pd, ctx, &wr, m.offset, data) {
+                qp.complete_recv(ctx, m.cq, wr.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, 0, None, None);
                 return nak_and_fail(qp, ctx, psn, NakCode::RemoteOperationalError, AsyncEvent::QpFatal);
             }
             m.offset += data.len() as u32;
@@ -151,7 +180,7 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
                 ctx.counters.rdma_recvs += 1;
                 let imm = pkt.immdt().map(|i| i.imm());
                 let inv = pkt.ieth().map(|i| i.rkey());
-                qp.complete_recv(ctx, wr.wr_id, WcStatus::Success, WcOpcode::Recv, m.offset, imm, inv);
+                qp.complete_recv(ctx, m.cq, wr.wr_id, WcStatus::Success, WcOpcode::Recv, m.offset, imm, inv);
             } else {
                 m.recv = Some(wr);
                 qp.in_msg = Some(m);
@@ -163,10 +192,10 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
                 let (va, rkey, len) = (reth.va(), reth.rkey(), reth.dma_len());
                 // A zero-length WRITE checks no key (IBTA 9.4.4.1: R_Key is not validated when the
                 // DMA length is zero).
-                if len > 0 && remote_ok(qp, ctx, rkey, va, u64::from(len), Access::REMOTE_WRITE).is_none() {
+                if len > 0 && remote_ok(qp, ctx, pd, rkey, va, u64::from(len), Access::REMOTE_WRITE).is_none() {
                     return nak_and_fail(qp, ctx, psn, NakCode::RemoteAccessError, AsyncEvent::QpAccessErr);
                 }
-                InMsg { kind: OpKind::Write, recv: None, offset: 0, write: Some((va, rkey, len)) }
+                InMsg { kind: OpKind::Write, recv: None, offset: 0, write: Some((va, rkey, len)), cq }
             } else {
                 match qp.in_msg.take() {
                     Some(m) => m,
@@ -182,7 +211,11 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
             }
             // A WRITE with immediate needs a receive WQE for its completion.
             let needs_recv = pkt.immdt().is_some();
-            if needs_recv && qp.rq.is_empty() {
+            let recv_empty = match srq {
+                Some(n) => ctx.srqs.get(&n).is_none_or(|s| s.queue.is_empty()),
+                None => qp.rq.is_empty(),
+            };
+            if needs_recv && recv_empty {
                 ctx.counters.send_rnr_err += 1;
                 let t = qp.attr.min_rnr_timer;
                 queue_ack(qp, psn, Syndrome::RnrNak { timer: t });
@@ -193,6 +226,7 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
                 let Some(owner) = remote_ok(
                     qp,
                     ctx,
+                    pd,
                     rkey,
                     va.wrapping_add(u64::from(m.offset)),
                     data.len() as u64,
@@ -208,9 +242,23 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
             if info.position.ends() {
                 qp.msn = qp.msn.wrapping_add(1);
                 if needs_recv {
-                    let wr = qp.rq.pop_front().expect("checked above");
-                    let imm = pkt.immdt().map(|i| i.imm());
-                    qp.complete_recv(ctx, wr.wr_id, WcStatus::Success, WcOpcode::RecvRdmaWithImm, len, imm, None);
+                    let wr = match srq {
+                        Some(n) => ctx.srq_pop(n),
+                        None => qp.rq.pop_front(),
+                    };
+                    if let Some(wr) = wr {
+                        let imm = pkt.immdt().map(|i| i.imm());
+                        qp.complete_recv(
+                            ctx,
+                            cq,
+                            wr.wr_id,
+                            WcStatus::Success,
+                            WcOpcode::RecvRdmaWithImm,
+                            len,
+                            imm,
+                            None,
+                        );
+                    }
                 }
             } else {
                 qp.in_msg = Some(m);
@@ -219,7 +267,7 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
         OpKind::ReadRequest => {
             let Some(reth) = pkt.reth() else { return };
             let (va, rkey, len) = (reth.va(), reth.rkey(), reth.dma_len());
-            if len > 0 && remote_ok(qp, ctx, rkey, va, u64::from(len), Access::REMOTE_READ).is_none() {
+            if len > 0 && remote_ok(qp, ctx, pd, rkey, va, u64::from(len), Access::REMOTE_READ).is_none() {
                 return nak_and_fail(qp, ctx, psn, NakCode::RemoteAccessError, AsyncEvent::QpAccessErr);
             }
             if !rd_atomic_slot(qp) {
@@ -229,7 +277,7 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
             qp.msn = qp.msn.wrapping_add(1);
             qp.rd_atomic.push_back(RdAtomic { first_psn: psn, last_psn: psn + (npkts - 1), atomic_orig: None });
             let msn = qp.msn;
-            qp.resp_out.push_back(RespOut::Read { psn, va, rkey, remaining: len, first: true, total: len, msn });
+            qp.resp_out.push_back(RespOut::Read { psn, va, rkey, remaining: len, first: true, total: len, msn, pd });
             qp.epsn = psn + npkts;
             return;
         }
@@ -240,7 +288,7 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
             if va % 8 != 0 {
                 return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
             }
-            let Some(owner) = remote_ok(qp, ctx, a.rkey(), va, 8, Access::REMOTE_ATOMIC) else {
+            let Some(owner) = remote_ok(qp, ctx, pd, a.rkey(), va, 8, Access::REMOTE_ATOMIC) else {
                 return nak_and_fail(qp, ctx, psn, NakCode::RemoteAccessError, AsyncEvent::QpAccessErr);
             };
             if !rd_atomic_slot(qp) {
@@ -305,13 +353,22 @@ fn duplicate<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPacket<&[u8]>
                 return;
             }
             let (va, rkey, len) = (reth.va(), reth.rkey(), reth.dma_len());
-            if len > 0 && remote_ok(qp, ctx, rkey, va, u64::from(len), Access::REMOTE_READ).is_none() {
+            let pd = if qp.qp_type == QpType::XrcTgt {
+                let n = pkt.xrceth().map_or(0, |x| x.xrc_srqn());
+                match ctx.srqs.get(&n) {
+                    Some(s) if s.xrc.is_some_and(|(x, _)| Some(x) == qp.xrcd) => Some(s.pd),
+                    _ => return,
+                }
+            } else {
+                qp.pd
+            };
+            if len > 0 && remote_ok(qp, ctx, pd, rkey, va, u64::from(len), Access::REMOTE_READ).is_none() {
                 return nak_and_fail(qp, ctx, psn, NakCode::RemoteAccessError, AsyncEvent::QpAccessErr);
             }
             // A resent READ supersedes the responses still queued for it.
             qp.resp_out.retain(|o| !matches!(o, RespOut::Read { .. }));
             let msn = qp.msn;
-            qp.resp_out.push_back(RespOut::Read { psn, va, rkey, remaining: len, first: true, total: len, msn });
+            qp.resp_out.push_back(RespOut::Read { psn, va, rkey, remaining: len, first: true, total: len, msn, pd });
         }
         OpKind::CompareSwap | OpKind::FetchAdd => {
             // Replay the saved result; never execute an atomic twice (IBTA 9.7.5.1.4).
@@ -348,19 +405,21 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
     }
     let out = qp.resp_out.pop_front()?;
     let dest = qp.attr.dest;
+    // An XRC target answers with XRC opcodes (Annex A14), the same operations as RC.
+    let xrc = |o: Opcode| if qp.qp_type == QpType::XrcTgt { Opcode(0xa0 | o.0) } else { o };
     match out {
         RespOut::Ack { psn, syndrome, msn } => {
-            let mut ib = IbRepr::new(bth(qp, Opcode::RC_ACKNOWLEDGE, psn, 0));
+            let mut ib = IbRepr::new(bth(qp, xrc(Opcode::RC_ACKNOWLEDGE), psn, 0));
             ib.aeth = Some(AethRepr { syndrome, msn: Msn::new(msn) });
             emit(ctx, qp.qpn, dest, buf, &ib, |_, _| true)
         }
         RespOut::Atomic { psn, orig, msn } => {
-            let mut ib = IbRepr::new(bth(qp, Opcode::RC_ATOMIC_ACKNOWLEDGE, psn, 0));
+            let mut ib = IbRepr::new(bth(qp, xrc(Opcode::RC_ATOMIC_ACKNOWLEDGE), psn, 0));
             ib.aeth = Some(AethRepr { syndrome: ACK, msn: Msn::new(msn) });
             ib.atomicacketh = Some(AtomicAckEthRepr { orig_rem_data: orig });
             emit(ctx, qp.qpn, dest, buf, &ib, |_, _| true)
         }
-        RespOut::Read { psn, va, rkey, remaining, first, total, msn } => {
+        RespOut::Read { psn, va, rkey, remaining, first, total, msn, pd } => {
             let mtu = qp.mtu();
             let n = remaining.min(mtu);
             let last = remaining <= mtu;
@@ -370,14 +429,15 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
                 (false, false) => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
                 (false, true) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
             };
-            let mut ib = IbRepr::new(bth(qp, opcode, psn, n as usize));
+            let mut ib = IbRepr::new(bth(qp, xrc(opcode), psn, n as usize));
             ib.payload_len = n as usize;
             if first || last {
                 ib.aeth = Some(AethRepr { syndrome: ACK, msn: Msn::new(msn) });
             }
             let offset = total - remaining;
             let addr = va.wrapping_add(u64::from(offset));
-            let owner = if n > 0 { remote_ok(qp, ctx, rkey, addr, u64::from(n), Access::REMOTE_READ) } else { Some(0) };
+            let owner =
+                if n > 0 { remote_ok(qp, ctx, pd, rkey, addr, u64::from(n), Access::REMOTE_READ) } else { Some(0) };
             let t = emit(ctx, qp.qpn, dest, buf, &ib, |ctx, out| match owner {
                 Some(o) => out.is_empty() || ctx.mem.read(o, addr, out).is_ok(),
                 None => false,
@@ -389,6 +449,7 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
             }
             if !last {
                 qp.resp_out.push_front(RespOut::Read {
+                    pd,
                     psn: psn + 1,
                     va,
                     rkey,
