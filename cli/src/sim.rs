@@ -7,23 +7,32 @@ use clap::Args;
 use serde_json::json;
 use softrdma_engine::time::Duration;
 use softrdma_engine::verbs::Mtu;
+use softrdma_transport::services::{self, Service};
 use softrdma_transport::sim::{Faults, LinkConfig};
 use softrdma_transport::workload::{self, Op, Workload};
 
 #[derive(Args)]
 pub(crate) struct SimArgs {
-    /// Transport service (only rc today).
+    /// Transport service: rc, uc, ud or xrc.
     #[arg(long, default_value = "rc")]
     transport: String,
-    /// Operations to mix: send, write, read, atomic (comma-separated).
-    #[arg(long, default_value = "send,write,read,atomic", value_delimiter = ',')]
-    ops: Vec<String>,
+    /// Operations to mix: send, write, read, atomic (comma-separated; default all four on rc,
+    /// send on the others).
+    #[arg(long, value_delimiter = ',')]
+    ops: Option<Vec<String>>,
+    /// XRC: initiator QPs on the sending node (one target QP each on the receiving node).
+    #[arg(long, default_value_t = 4)]
+    initiators: u32,
+    /// XRC: SRQs of the receiving node's domain that the initiators send to.
+    #[arg(long, default_value_t = 4)]
+    srqs: u32,
     /// Messages in all.
     #[arg(long, default_value_t = 1000)]
     messages: u32,
-    /// Message size range MIN..MAX in bytes (atomics are 8).
-    #[arg(long, default_value = "1..4096")]
-    size: String,
+    /// Message size range MIN..MAX in bytes (atomics are 8). Default 1..4096 on rc; on the others
+    /// 8..4096 (each message carries its number), capped at the MTU on ud.
+    #[arg(long)]
+    size: Option<String>,
     /// Connected QP pairs.
     #[arg(long, default_value_t = 4)]
     qps: u32,
@@ -61,15 +70,26 @@ fn probability(name: &str, p: f64) -> Result<f64> {
 }
 
 pub(crate) fn run(a: &SimArgs) -> Result<ExitCode> {
-    if a.transport != "rc" {
-        bail!("--transport {}: only rc is implemented (UC, UD and XRC come with the next engine issue)", a.transport);
-    }
-    let ops = a
-        .ops
+    let service = match a.transport.as_str() {
+        "rc" => None,
+        "uc" => Some(Service::Uc),
+        "ud" => Some(Service::Ud),
+        "xrc" => Some(Service::Xrc { initiators: a.initiators, srqs: a.srqs }),
+        t => bail!("--transport {t}: use rc, uc, ud or xrc"),
+    };
+    let default_ops = if service.is_none() { "send,write,read,atomic" } else { "send" };
+    let ops_text: Vec<String> = a.ops.clone().unwrap_or_else(|| default_ops.split(',').map(String::from).collect());
+    let ops = ops_text
         .iter()
         .map(|o| Op::parse(o.trim()).with_context(|| format!("unknown op {o:?}: use send, write, read, atomic")))
         .collect::<Result<Vec<_>>>()?;
-    let (min, max) = a.size.split_once("..").context("--size wants MIN..MAX")?;
+    let default_size = match service {
+        None => "1..4096".to_string(),
+        Some(Service::Ud) => format!("8..{}", a.mtu),
+        Some(_) => "8..4096".to_string(),
+    };
+    let size_text = a.size.clone().unwrap_or(default_size);
+    let (min, max) = size_text.split_once("..").context("--size wants MIN..MAX")?;
     let size = (min.parse::<u32>().context("--size MIN")?, max.parse::<u32>().context("--size MAX")?);
     let mtu = match a.mtu {
         256 => Mtu::Mtu256,
@@ -106,7 +126,10 @@ pub(crate) fn run(a: &SimArgs) -> Result<ExitCode> {
         retry_cnt: a.retry_cnt,
         timeout: a.timeout,
     };
-    let r = workload::run(&w)?;
+    let r = match service {
+        None => workload::run(&w)?,
+        Some(s) => services::run_service(&w, s)?,
+    };
     let out = json!({
         "posted": r.posted,
         "completed_ok": r.completed_ok,

@@ -85,9 +85,9 @@ fn hopeless_loss_ends_in_retry_exhaustion_not_a_hang() {
 
 #[test]
 fn bad_arguments_are_clear_errors() {
-    let (code, _, err) = sim(&["--transport", "ud"]);
+    let (code, _, err) = sim(&["--transport", "rd"]);
     assert_eq!(code, Some(2));
-    assert!(err.contains("only rc"), "{err}");
+    assert!(err.contains("use rc, uc, ud or xrc"), "{err}");
     let (code, _, err) = sim(&["--loss", "1.5"]);
     assert_eq!(code, Some(2));
     assert!(err.contains("probability"), "{err}");
@@ -97,4 +97,58 @@ fn bad_arguments_are_clear_errors() {
     let (code, _, err) = sim(&["--ops", "send,teleport"]);
     assert_eq!(code, Some(2));
     assert!(err.contains("teleport"), "{err}");
+}
+
+#[test]
+fn xrc_fan_in_under_faults_is_exactly_once() {
+    let (code, out, err) = sim(&[
+        "--transport",
+        "xrc",
+        "--initiators",
+        "3",
+        "--srqs",
+        "4",
+        "--messages",
+        "200",
+        "--loss",
+        "0.03",
+        "--dup",
+        "0.03",
+        "--reorder",
+        "0.03",
+        "--corrupt",
+        "0.02",
+        "--seed",
+        "21",
+    ]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    let v: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!((v["posted"].as_u64(), v["completed_ok"].as_u64()), (Some(200), Some(200)));
+    assert_eq!(
+        (v["lost"].as_u64(), v["duplicated"].as_u64(), v["corrupted_delivered"].as_u64()),
+        (Some(0), Some(0), Some(0))
+    );
+    assert!(v["retransmitted_packets"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn ud_and_uc_report_what_the_wire_did() {
+    for t in ["ud", "uc"] {
+        let (code, out, err) =
+            sim(&["--transport", t, "--messages", "300", "--loss", "0.05", "--dup", "0.05", "--seed", "3"]);
+        assert_eq!(code, Some(0), "{t}: {out}\n{err}");
+        let v: Value = serde_json::from_str(out.trim()).unwrap();
+        assert!(v["lost"].as_u64().unwrap() > 0, "{t}: losses show");
+        assert_eq!(v["corrupted_delivered"], 0);
+        if t == "ud" {
+            // A duplicated datagram is delivered twice: duplicates equal the wire's.
+            assert_eq!(v["duplicated"], v["wire"]["duplicated"]);
+        }
+    }
+    // On a perfect wire nothing is lost or duplicated.
+    for t in ["ud", "uc"] {
+        let v: Value =
+            serde_json::from_str(sim(&["--transport", t, "--messages", "200", "--seed", "3"]).1.trim()).unwrap();
+        assert_eq!((v["lost"].as_u64(), v["duplicated"].as_u64()), (Some(0), Some(0)), "{t}");
+    }
 }

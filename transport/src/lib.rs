@@ -8,7 +8,8 @@
 //!   partitions), and a driver that runs them to quiescence and catches livelock. Conformance and
 //!   property tests run the real engine over it (design decision D7).
 //! - [`workload`], engine devices as nodes of that wire and a workload runner that checks what
-//!   arrived against what was posted (`softrdma sim`).
+//!   arrived against what was posted (`softrdma sim`); [`services`], the same for XRC fan-in, UD
+//!   and UC.
 //!
 //! Not built yet: the UDP transport (RoCEv2 on port 4791, batched with GSO/GRO) arrives with the
 //! device issue, and the optional raw-Ethernet transport after it. No code here pretends to be
@@ -22,5 +23,6 @@
 //! - No threads, no sockets, no I/O.
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod services;
 pub mod sim;
 pub mod workload;

@@ -1,0 +1,38 @@
+//! XRC fan-in under random faults (property test): N initiators to M SRQs of one domain, each
+//! message delivered exactly once, in order per initiator, to the SRQ it names, intact.
+
+use proptest::prelude::*;
+use softrdma_engine::time::Duration;
+use softrdma_engine::verbs::Mtu;
+use softrdma_transport::services::{run_service, Service};
+use softrdma_transport::sim::{Faults, LinkConfig};
+use softrdma_transport::workload::{Op, Workload};
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(32)
+    ))]
+
+    #[test]
+    fn xrc_fan_in_exactly_once_in_order_to_the_right_srq(
+        initiators in 1u32..5, srqs in 1u32..6, messages in 1u32..80, a in 8u32..3000, b in 8u32..3000,
+        mtu in prop::sample::select(vec![Mtu::Mtu256, Mtu::Mtu1024, Mtu::Mtu4096]),
+        seed in any::<u64>(), f in [0.0f64..0.05, 0.0..0.05, 0.0..0.05, 0.0..0.05],
+    ) {
+        let w = Workload {
+            ops: vec![Op::Send],
+            messages,
+            size: (a.min(b), a.max(b)),
+            qps: 1,
+            mtu,
+            seed,
+            faults: Faults { loss: f[0], duplicate: f[1], reorder: f[2], reorder_delay: Duration::from_micros(20), corrupt: f[3], partitions: Vec::new() },
+            link: LinkConfig { latency: Duration::from_micros(5), jitter: Duration::ZERO, bandwidth_bits_per_sec: 25_000_000_000 },
+            retry_cnt: 7,
+            timeout: 10,
+        };
+        let r = run_service(&w, Service::Xrc { initiators, srqs }).unwrap();
+        prop_assert!(r.ok(), "{:?}", r.violations);
+        prop_assert_eq!((r.completed_ok, r.lost, r.duplicated, r.out_of_order, r.corrupted_delivered), (r.posted, 0, 0, 0, 0));
+    }
+}

@@ -1,0 +1,345 @@
+//! Workloads for the other transports on the simulated wire: XRC fan-in (N initiator QPs on one
+//! node send to M XRC SRQs of one domain on the other, each initiator through its own target QP),
+//! UD and UC. Every message carries its number in its first 8 bytes, so the runner can tell which
+//! message landed in which receive buffer.
+//!
+//! What is checked:
+//! - XRC (reliable): every message exactly once, in order per initiator, in an SRQ it was sent
+//!   to, with its data intact; errors only as the RC rules order them.
+//! - UD: no PSN check, so a duplicated datagram arrives twice and a lost one never; the runner
+//!   checks that the datagrams delivered are exactly the ones the wire delivered intact (corrupted
+//!   copies fail the ICRC), and that none is corrupted.
+//! - UC: a message with a lost, corrupted or out-of-order packet is dropped; a duplicated
+//!   single-packet message may be delivered twice (a FIRST/ONLY is accepted whatever its PSN).
+//!   Checked: nothing delivered that was not sent, nothing corrupted, and without faults every
+//!   message exactly once.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+
+use softrdma_engine::device::{CqId, Device, DeviceConfig, QpAttr, QpCaps, QpInit, SrqAttr, GRH_SLOT};
+use softrdma_engine::memory::VecMemory;
+use softrdma_engine::rng::Rng;
+use softrdma_engine::time::Duration;
+use softrdma_engine::verbs::{Access, AttrMask, Mtu, QpState, QpType, WcStatus};
+use softrdma_engine::wire::Qpn;
+use softrdma_engine::wr::{RecvWr, SendOp, SendWr, Sge, UdDest};
+
+use crate::sim::{Limits, Sim, SimError};
+use crate::workload::{DeviceNode, Op, Report, Workload, WorkloadError};
+
+const OWNER: u32 = 1;
+const BASE: u64 = 0x10_0000;
+
+/// The service a workload runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Service {
+    /// XRC: `initiators` INI QPs to `srqs` XRC SRQs of one domain.
+    Xrc {
+        /// INI QPs on the sending node (one TGT QP each on the receiving node).
+        initiators: u32,
+        /// XRC SRQs on the receiving node.
+        srqs: u32,
+    },
+    /// Unreliable datagram.
+    Ud,
+    /// Unreliable connected.
+    Uc,
+}
+
+fn message(i: u32, len: u32) -> Vec<u8> {
+    let mut r = Rng::new(u64::from(i) * 0x9e37_79b9 + 99);
+    let mut v: Vec<u8> = (0..len).map(|_| r.next_u64() as u8).collect();
+    v[..8].copy_from_slice(&(u64::from(i) + 1).to_le_bytes());
+    v
+}
+
+fn bring_up(
+    d: &mut Device<VecMemory>,
+    qpn: Qpn,
+    t: QpType,
+    w: &Workload,
+    peer: IpAddr,
+    peer_qpn: Qpn,
+    psns: (u32, u32),
+) -> Result<(), WorkloadError> {
+    let mut a = QpAttr {
+        port_num: 1,
+        qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        qkey: 0x1111,
+        path_mtu: w.mtu,
+        dest: peer,
+        dest_qp_num: peer_qpn.value(),
+        rq_psn: psns.1,
+        sq_psn: psns.0,
+        max_dest_rd_atomic: 16,
+        max_rd_atomic: 16,
+        min_rnr_timer: 1,
+        timeout: w.timeout,
+        retry_cnt: w.retry_cnt,
+        rnr_retry: 7,
+        ..QpAttr::default()
+    };
+    for (from, to) in [(QpState::Reset, QpState::Init), (QpState::Init, QpState::Rtr), (QpState::Rtr, QpState::Rts)] {
+        a.qp_state = to;
+        let mask = AttrMask::STATE | softrdma_engine::modify::required(t, from, to).unwrap_or(AttrMask::EMPTY);
+        d.modify_qp(qpn, &a, mask).map_err(|e| WorkloadError::Invalid(format!("{t:?} {from:?}->{to:?}: {e}")))?;
+    }
+    Ok(())
+}
+
+/// Runs a workload on another service. Operations: SEND (the RC workload covers the RDMA
+/// operations; through XRC they are tested in the conformance suite); sizes at least 8 bytes (the
+/// message number), at most the MTU for UD.
+pub fn run_service(w: &Workload, service: Service) -> Result<Report, WorkloadError> {
+    if w.size.0 < 8 || w.size.0 > w.size.1 || w.size.1 > 1 << 20 {
+        return Err(WorkloadError::Invalid("sizes must be 8..=1 MiB (each message carries its number)".into()));
+    }
+    let allowed: &[Op] = &[Op::Send];
+    if let Some(op) = w.ops.iter().find(|o| !allowed.contains(o)) {
+        return Err(WorkloadError::Invalid(format!(
+            "{op:?} is not part of the {service:?} workload (use {allowed:?})"
+        )));
+    }
+    if service == Service::Ud && w.size.1 as usize > w.mtu.bytes() {
+        return Err(WorkloadError::Invalid("UD messages must fit the MTU".into()));
+    }
+    let (nq, nsrq) = match service {
+        Service::Xrc { initiators, srqs } => (initiators.max(1), srqs.max(1)),
+        _ => (w.qps.max(1), 0),
+    };
+    let slot = u64::from(w.size.1).next_multiple_of(64) + GRH_SLOT as u64;
+    // Receive buffers: two per message (duplicates), plus the send buffers.
+    let mem_len = slot * u64::from(w.messages.max(1)) * 3 + 4096;
+    if mem_len > 1 << 30 {
+        return Err(WorkloadError::Invalid("messages x size above 1 GiB".into()));
+    }
+    let addrs = [IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2))];
+    let mut nodes: Vec<DeviceNode> = (0..2)
+        .map(|i| {
+            let mut m = VecMemory::new();
+            m.add(OWNER, BASE, mem_len as usize);
+            let mut cfg = DeviceConfig::new(addrs[i], w.seed ^ (0xa + i as u64));
+            cfg.mtu = Mtu::Mtu4096;
+            DeviceNode::new(Device::new(cfg, m))
+        })
+        .collect();
+    let err = |e: softrdma_engine::verbs::VerbsError| WorkloadError::Invalid(e.to_string());
+    let per_q = w.messages.div_ceil(nq).max(1);
+    let depth = (per_q * 2 + 2).min(16384);
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let mut pds = Vec::new();
+    let mut keys = Vec::new();
+    for n in nodes.iter_mut() {
+        let pd = n.dev.alloc_pd(OWNER);
+        keys.push(n.dev.reg_mr(pd, BASE, mem_len, all).map_err(err)?);
+        pds.push(pd);
+    }
+    // Receiving side objects.
+    let recv_cq: CqId = nodes[1].dev.create_cq(32767).map_err(err)?;
+    let send_cq: CqId = nodes[0].dev.create_cq(32767).map_err(err)?;
+    let (qtype_a, qtype_b) = match service {
+        Service::Xrc { .. } => (QpType::XrcIni, QpType::XrcTgt),
+        Service::Ud => (QpType::Ud, QpType::Ud),
+        Service::Uc => (QpType::Uc, QpType::Uc),
+    };
+    let mut srqs = Vec::new();
+    let mut xrcd = None;
+    if let Service::Xrc { .. } = service {
+        let x = nodes[1].dev.open_xrcd(OWNER, Some(1), true, false).map_err(err)?;
+        for _ in 0..nsrq {
+            let attr = SrqAttr { max_wr: (w.messages * 2 + 2).min(16384), max_sge: 1, srq_limit: 0 };
+            srqs.push(nodes[1].dev.create_xrc_srq(x, pds[1], recv_cq, attr).map_err(err)?);
+        }
+        xrcd = Some(x);
+    }
+    let caps = QpCaps { max_send_wr: depth, max_recv_wr: depth, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    let mut qps: Vec<(Qpn, Qpn)> = Vec::new();
+    for q in 0..nq {
+        let qa = nodes[0]
+            .dev
+            .create_qp(QpInit {
+                qp_type: qtype_a,
+                pd: pds[0],
+                send_cq,
+                recv_cq: send_cq,
+                caps,
+                sq_sig_all: false,
+                srq: None,
+            })
+            .map_err(err)?;
+        let qb = match xrcd {
+            Some(x) => nodes[1].dev.create_xrc_tgt_qp(OWNER, x).map_err(err)?.0,
+            None => nodes[1]
+                .dev
+                .create_qp(QpInit {
+                    qp_type: qtype_b,
+                    pd: pds[1],
+                    send_cq: recv_cq,
+                    recv_cq,
+                    caps,
+                    sq_sig_all: false,
+                    srq: None,
+                })
+                .map_err(err)?,
+        };
+        let psn = 0x100 * (q + 1);
+        bring_up(&mut nodes[0].dev, qa, qtype_a, w, addrs[1], qb, (psn, 0))?;
+        bring_up(&mut nodes[1].dev, qb, qtype_b, w, addrs[0], qa, (0, psn))?;
+        qps.push((qa, qb));
+    }
+    // Post: message i on QP i % nq (to SRQ by the RNG for XRC).
+    let mut rng = Rng::new(w.seed);
+    let mut sent: Vec<(u32, usize, Op, u32, Option<usize>)> = Vec::new(); // (msg, qp, op, len, srq)
+    let recv_base = BASE + slot * u64::from(w.messages);
+    let mut recv_slot = 0u64;
+    let mut srq_of_buffer: BTreeMap<u64, usize> = BTreeMap::new();
+    for i in 0..w.messages {
+        let q = (i % nq) as usize;
+        let op = w.ops[rng.next_u64() as usize % w.ops.len()];
+        let len = w.size.0 + (rng.next_u64() % u64::from(w.size.1 - w.size.0 + 1)) as u32;
+        let srq = (!srqs.is_empty()).then(|| (rng.next_u64() % srqs.len() as u64) as usize);
+        let off = BASE + slot * u64::from(i);
+        nodes[0].dev.memory().set(OWNER, off, &message(i, len));
+        // Receive buffers: one per SEND on XRC, two on UD and UC (a duplicate may arrive). The
+        // receive's wr_id is its buffer's index.
+        let copies = if matches!(service, Service::Xrc { .. }) { 1 } else { 2 };
+        for _ in 0..copies {
+            if let Some(s) = srq {
+                srq_of_buffer.insert(recv_slot, s);
+            }
+            let addr = recv_base + recv_slot * slot;
+            let wr = RecvWr { wr_id: recv_slot, sg_list: vec![Sge { addr, length: slot as u32, lkey: keys[1].lkey }] };
+            recv_slot += 1;
+            match srq {
+                Some(s) => nodes[1].dev.post_srq_recv(srqs[s], wr).map_err(err)?,
+                None => nodes[1].dev.post_recv(qps[q].1, wr).map_err(err)?,
+            }
+        }
+        let mut wr =
+            SendWr::new(u64::from(i) + 1, SendOp::Send, vec![Sge { addr: off, length: len, lkey: keys[0].lkey }]);
+        if let Some(s) = srq {
+            wr.remote_srqn = srqs[s];
+        }
+        if service == Service::Ud {
+            wr.ud = Some(UdDest { dest: addrs[1], remote_qpn: qps[q].1.value(), remote_qkey: 0x1111 });
+        }
+        nodes[0].dev.post_send(qps[q].0, wr).map_err(err)?;
+        sent.push((i, q, op, len, srq));
+    }
+    let mut sim = Sim::new(nodes, w.link, w.faults.clone(), w.seed);
+    let mut report = Report { posted: sent.len() as u64, ..Report::default() };
+    match sim.run(Limits { max_steps: 20_000_000, max_time: Duration::from_millis(600_000) }) {
+        Ok(_) => {}
+        Err(SimError::StepLimit(_)) => report.violations.push("livelock: step limit reached".into()),
+        Err(SimError::TimeLimit(_)) => report.violations.push("livelock: time limit reached".into()),
+    }
+    report.virtual_time_ns = sim.now().as_nanos();
+    report.wire = *sim.stats();
+    let mut nodes = sim.into_endpoints();
+    // Send side: completions in order per QP; errors only as the reliable rules order them.
+    let swc = nodes[0].dev.poll_cq(send_cq, usize::MAX);
+    for wc in &swc {
+        if wc.status == WcStatus::Success {
+            report.completed_ok += 1;
+        } else {
+            *report.completed_err.entry(format!("{:?}", wc.status)).or_default() += 1;
+        }
+    }
+    // All requests are signaled here; per QP they complete in posting order.
+    let mut last: BTreeMap<Qpn, u64> = BTreeMap::new();
+    for wc in &swc {
+        if let Some(l) = last.insert(wc.qp_num, wc.wr_id) {
+            if l >= wc.wr_id {
+                report.out_of_order += 1;
+                report.violations.push(format!("send completion {} after {}", wc.wr_id, l));
+            }
+        }
+    }
+    // Receive side: which message landed in each completed receive buffer.
+    let rwc = nodes[1].dev.poll_cq(recv_cq, usize::MAX);
+    let mut delivered: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut per_qp_last: BTreeMap<(usize, Qpn), u32> = BTreeMap::new();
+    for wc in &rwc {
+        if wc.status != WcStatus::Success {
+            if wc.status != WcStatus::WrFlushErr {
+                report.violations.push(format!("receive completed with {:?}", wc.status));
+            }
+            continue;
+        }
+        let buf = recv_base + (wc.wr_id) * slot;
+        let data_off = if wc.grh { GRH_SLOT as u64 } else { 0 };
+        let len = wc.byte_len - if wc.grh { GRH_SLOT as u32 } else { 0 };
+        let head = nodes[1].dev.memory().get(OWNER, buf + data_off, 8);
+        let id = u64::from_le_bytes(head.try_into().unwrap_or([0; 8]));
+        let Some(&(i, q, _, slen, srq)) = id.checked_sub(1).and_then(|m| sent.get(m as usize)) else {
+            report.corrupted_delivered += 1;
+            report.violations.push(format!("receive buffer {} holds no message that was sent", wc.wr_id));
+            continue;
+        };
+        let got = nodes[1].dev.memory().get(OWNER, buf + data_off, len as usize);
+        if len != slen || got != message(i, slen) {
+            report.corrupted_delivered += 1;
+            report.violations.push(format!("message {i} delivered corrupted"));
+            continue;
+        }
+        report.bytes_verified += u64::from(len);
+        if let Some(s) = srq {
+            // The right SRQ: the buffer that took it was posted to the SRQ the message named.
+            if srq_of_buffer.get(&wc.wr_id) != Some(&s) {
+                report.violations.push(format!("message {i} landed in an SRQ it was not sent to"));
+            }
+        }
+        *delivered.entry(i).or_default() += 1;
+        if matches!(service, Service::Xrc { .. }) {
+            let key = (q, wc.qp_num);
+            if per_qp_last.get(&key).is_some_and(|&l| l >= i) {
+                report.out_of_order += 1;
+                report.violations.push(format!("message {i} out of order on initiator {q}"));
+            }
+            per_qp_last.insert(key, i);
+        }
+    }
+    let sends = sent.iter().filter(|s| s.2 == Op::Send).count() as u64;
+    let unique = delivered.len() as u64;
+    let total: u64 = delivered.values().sum();
+    report.lost = sends - unique.min(sends);
+    report.duplicated = total - unique;
+    let c1 = *nodes[1].dev.counters();
+    report.icrc_dropped = c1.icrc_err + nodes[0].dev.counters().icrc_err;
+    let c0 = *nodes[0].dev.counters();
+    report.retransmitted_packets = c0.retransmitted_pkts;
+    let naks = |i: usize| c0.naks_sent[i] + c1.naks_sent[i];
+    report.naks_sent.insert("psn_sequence".into(), naks(0));
+    report.naks_sent.insert("rnr".into(), c0.send_rnr_err + c1.send_rnr_err);
+    report.naks_sent.insert("invalid_request".into(), naks(1));
+    report.naks_sent.insert("remote_access".into(), naks(2));
+    report.naks_sent.insert("remote_operational".into(), naks(3));
+    match service {
+        Service::Xrc { .. } => {
+            let errs: u64 = report.completed_err.values().sum();
+            if errs == 0 {
+                if report.lost > 0 || report.duplicated > 0 {
+                    report.violations.push(format!("XRC lost {} and duplicated {}", report.lost, report.duplicated));
+                }
+                if report.completed_ok != report.posted {
+                    report.violations.push(format!("{} of {} requests completed", report.completed_ok, report.posted));
+                }
+            }
+        }
+        Service::Ud => {
+            // Every intact datagram the wire delivered arrived; nothing else did.
+            let intact = report.wire.delivered.saturating_sub(c1.icrc_err);
+            if total != intact {
+                report.violations.push(format!("UD delivered {total} datagrams, the wire delivered {intact} intact"));
+            }
+        }
+        Service::Uc => {
+            let faults = w.faults.loss + w.faults.duplicate + w.faults.reorder + w.faults.corrupt;
+            if faults == 0.0 && (report.lost > 0 || report.duplicated > 0) {
+                report.violations.push("UC lost or duplicated a message on a perfect wire".into());
+            }
+        }
+    }
+    Ok(report)
+}
