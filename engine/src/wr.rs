@@ -63,6 +63,27 @@ pub enum SendOp {
         /// Swap value.
         swap: u64,
     },
+    /// Bind a memory window (IBV_WR_BIND_MW, and what `ibv_bind_mw` posts for type 1): a local
+    /// operation, executed in send-queue order.
+    BindMw {
+        /// The window's current R_Key.
+        mw_rkey: u32,
+        /// Its R_Key once bound (same index, new key byte).
+        new_rkey: u32,
+        /// The region the window lies in.
+        mr_lkey: u32,
+        /// Start of the window.
+        addr: u64,
+        /// Length of the window.
+        length: u64,
+        /// Rights it grants (REMOTE_READ, REMOTE_WRITE, REMOTE_ATOMIC).
+        access: crate::verbs::Access,
+    },
+    /// Invalidate a type 2 window by R_Key (IBV_WR_LOCAL_INV).
+    LocalInv {
+        /// The R_Key to invalidate.
+        rkey: u32,
+    },
     /// Atomic fetch and add of 8 bytes.
     FetchAdd {
         /// Remote virtual address (8-byte aligned).
@@ -83,12 +104,19 @@ impl SendOp {
             SendOp::Read { .. } => WcOpcode::RdmaRead,
             SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
             SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::BindMw { .. } => WcOpcode::BindMw,
+            SendOp::LocalInv { .. } => WcOpcode::LocalInv,
         }
     }
 
     /// Whether the responder answers with data (READ, atomics).
     pub const fn is_read_or_atomic(self) -> bool {
         matches!(self, SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
+    }
+
+    /// Whether it is a local operation (no packet: bind, invalidate).
+    pub const fn is_local(self) -> bool {
+        matches!(self, SendOp::BindMw { .. } | SendOp::LocalInv { .. })
     }
 
     /// Whether it is an atomic.

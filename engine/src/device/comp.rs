@@ -22,8 +22,19 @@ fn retire<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, status: WcStatus) {
         qp.req_pkt = 0;
     }
     let next = w.last_psn() + 1;
-    if next.distance(qp.comp_psn) > 0 {
+    if !w.wr.op.is_local() && next.distance(qp.comp_psn) > 0 {
         qp.comp_psn = next;
+    }
+}
+
+/// Retires local operations (binds, invalidates) that are done and at the front: nothing earlier
+/// is outstanding.
+pub(crate) fn retire_local_front<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>) {
+    while let Some(w) = qp.sq.front() {
+        match (w.wr.op.is_local(), w.done) {
+            (true, Some(status)) => retire(qp, ctx, status),
+            _ => break,
+        }
     }
 }
 
@@ -127,6 +138,15 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
     let syndrome = pkt.aeth().map(|a| a.syndrome());
     let mut advanced = false;
     while let Some(w) = qp.sq.front() {
+        if w.wr.op.is_local() {
+            match w.done {
+                Some(status) => {
+                    retire(qp, ctx, status);
+                    continue;
+                }
+                None => break,
+            }
+        }
         if !w.started || psn.distance(w.first_psn) < 0 {
             // A response older than anything outstanding: a duplicate. Drop it.
             break;
@@ -224,6 +244,7 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
                 }
                 break;
             }
+            SendOp::BindMw { .. } | SendOp::LocalInv { .. } => break,
             SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => {
                 match info.kind {
                     OpKind::AtomicAcknowledge if psn == w.first_psn => {
@@ -256,6 +277,8 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
             }
         }
     }
+    // Local operations queued right behind what just retired complete now.
+    retire_local_front(qp, ctx);
     if advanced && qp.state != QpState::Err {
         progress(qp, ctx);
     }

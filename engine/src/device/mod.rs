@@ -12,6 +12,7 @@
 //! them, the responder (`resp`) executes incoming requests and answers them.
 
 mod comp;
+mod mw;
 mod qp;
 mod req;
 mod resp;
@@ -255,6 +256,7 @@ pub(crate) struct Ctx<'a, M: Memory> {
     pub(crate) now: Instant,
     pub(crate) mrs: &'a mut HashMap<u32, Mr>,
     pub(crate) srqs: &'a mut HashMap<u32, srq::Srq>,
+    pub(crate) mws: &'a mut HashMap<u32, mw::Mw>,
     pub(crate) cqs: &'a mut HashMap<CqId, Cq>,
     pub(crate) mem: &'a mut M,
     pub(crate) events: &'a mut VecDeque<AsyncEvent>,
@@ -347,6 +349,7 @@ pub struct Device<M: Memory> {
     cqs: HashMap<CqId, Cq>,
     qps: HashMap<Qpn, Qp>,
     srqs: HashMap<u32, srq::Srq>,
+    mws: HashMap<u32, mw::Mw>,
     xrcds: HashMap<XrcdId, srq::Xrcd>,
     xrc_policy: XrcPolicy,
     next_id: u32,
@@ -363,6 +366,7 @@ macro_rules! ctx {
             now: $now,
             mrs: &mut $d.mrs,
             srqs: &mut $d.srqs,
+            mws: &mut $d.mws,
             cqs: &mut $d.cqs,
             mem: &mut $d.mem,
             events: &mut $d.events,
@@ -388,6 +392,7 @@ impl<M: Memory> Device<M> {
             cqs: HashMap::default(),
             qps: HashMap::default(),
             srqs: HashMap::default(),
+            mws: HashMap::default(),
             xrcds: HashMap::default(),
             xrc_policy: XrcPolicy::default(),
             next_id: 1,

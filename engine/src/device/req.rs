@@ -125,6 +125,8 @@ fn opcode_for(op: SendOp, pkt: u32, npkts: u32) -> Opcode {
         SendOp::Read { .. } => Opcode::RC_RDMA_READ_REQUEST,
         SendOp::CompareSwap { .. } => Opcode::RC_COMPARE_SWAP,
         SendOp::FetchAdd { .. } => Opcode::RC_FETCH_ADD,
+        // Local operations never reach the wire.
+        SendOp::BindMw { .. } | SendOp::LocalInv { .. } => Opcode::RC_SEND_ONLY,
     }
 }
 
@@ -158,6 +160,10 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
         // SQD: messages already started finish; no new one starts (IBTA 10.3.1.5).
         if qp.state == QpState::Sqd || !may_start(qp, idx) {
             return None;
+        }
+        if qp.sq[idx].wr.op.is_local() {
+            run_local(qp, ctx, idx);
+            return poll_transmit(qp, ctx, buf);
         }
         if !check_local(qp, ctx, &qp.sq[idx]) {
             qp.sq[idx].done = Some(WcStatus::LocProtErr);
@@ -348,5 +354,34 @@ fn ud_poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &mut [u8]
         if t.is_some() {
             return t;
         }
+    }
+}
+
+/// Executes a local work request (memory window bind, local invalidate) in send-queue order; it
+/// completes when every earlier request has (completions stay in order).
+fn run_local<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, idx: usize) {
+    let op = qp.sq[idx].wr.op;
+    let ok = match op {
+        SendOp::BindMw { mw_rkey, new_rkey, mr_lkey, addr, length, access } => {
+            ctx.bind_mw(qp.pd, qp.qpn, mw_rkey, new_rkey, mr_lkey, addr, length, access)
+        }
+        SendOp::LocalInv { rkey } => ctx.invalidate(qp.pd, rkey),
+        _ => true,
+    };
+    let next = qp.next_psn;
+    let w = &mut qp.sq[idx];
+    w.started = true;
+    w.first_psn = next;
+    w.npkts = 1;
+    qp.req_idx += 1;
+    qp.req_pkt = 0;
+    if ok {
+        w.done = Some(WcStatus::Success);
+        super::comp::retire_local_front(qp, ctx);
+    } else {
+        // IBTA 10.6.7.2.2 / 10.7.2: a failed bind is MW_BIND_ERR, a failed invalidate a local
+        // operation error; either moves the QP to ERR.
+        w.done = Some(if matches!(op, SendOp::BindMw { .. }) { WcStatus::MwBindErr } else { WcStatus::LocQpOpErr });
+        qp.fail(ctx, crate::device::AsyncEvent::QpFatal);
     }
 }

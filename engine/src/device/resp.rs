@@ -62,11 +62,12 @@ fn remote_ok<M: Memory>(
     if !qp.attr.qp_access_flags.contains(access) {
         return None;
     }
-    let mr = ctx.mr_by_rkey(rkey)?;
-    if Some(mr.pd) != pd || !mr.access.contains(access) || !mr.contains(va, len) {
+    // A region or a bound window (a type 2 window only through the QP it is bound to).
+    let r = ctx.region_by_rkey(rkey)?;
+    if Some(r.pd) != pd || !r.access.contains(access) || !r.contains(va, len) || r.qpn.is_some_and(|q| q != qp.qpn) {
         return None;
     }
-    Some(mr.owner)
+    Some(r.owner)
 }
 
 /// Scatters `data` into a receive WQE's buffers at `offset`; false on a bad lkey or bounds.
@@ -176,10 +177,18 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
             }
             m.offset += data.len() as u32;
             if info.position.ends() {
+                let inv = pkt.ieth().map(|i| i.rkey());
+                // SEND with invalidate: the named type 2 window of this PD is invalidated
+                // (IBTA 10.6.7.2.4); an R_Key naming none is an invalid request (as rxe).
+                if let Some(r) = inv {
+                    if !ctx.invalidate(pd, r) {
+                        qp.rq.push_front(wr);
+                        return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
+                    }
+                }
                 qp.msn = qp.msn.wrapping_add(1);
                 ctx.counters.rdma_recvs += 1;
                 let imm = pkt.immdt().map(|i| i.imm());
-                let inv = pkt.ieth().map(|i| i.rkey());
                 qp.complete_recv(ctx, m.cq, wr.wr_id, WcStatus::Success, WcOpcode::Recv, m.offset, imm, inv);
             } else {
                 m.recv = Some(wr);
