@@ -325,7 +325,7 @@ impl Pair {
                 let fate = (self.filter)(&seen);
                 self.log.push(seen);
                 let src = if from == 0 { ADDR_A } else { ADDR_B };
-                let meta = RecvMeta { src, src_port: t.src_port, ip_id: None };
+                let meta = RecvMeta { src, src_port: t.src_port, ip_id: None, dst: Some(t.dst) };
                 let to = 1 - from;
                 let at = now + self.latency;
                 match fate {

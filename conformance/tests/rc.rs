@@ -758,7 +758,11 @@ fn acks_are_coalesced_with_the_invalid_credit_code() {
     }
     assert_eq!(reqs.len(), 8);
     for (port, r) in &reqs {
-        p.b.handle_packet(now, RecvMeta { src: softrdma_conformance::pair::ADDR_A, src_port: *port, ip_id: None }, r);
+        p.b.handle_packet(
+            now,
+            RecvMeta { src: softrdma_conformance::pair::ADDR_A, src_port: *port, ip_id: None, dst: None },
+            r,
+        );
     }
     let mut acks = Vec::new();
     while let Some(t) = p.b.poll_transmit(now, &mut buf) {
@@ -772,7 +776,7 @@ fn acks_are_coalesced_with_the_invalid_credit_code() {
     for (port, a_ack) in &acks {
         p.a.handle_packet(
             now,
-            RecvMeta { src: softrdma_conformance::pair::ADDR_B, src_port: *port, ip_id: None },
+            RecvMeta { src: softrdma_conformance::pair::ADDR_B, src_port: *port, ip_id: None, dst: None },
             a_ack,
         );
     }
@@ -847,7 +851,11 @@ fn two_gib_minus_one_write_announces_its_length_and_is_accepted() {
             assert_eq!(p.opcode(), Opcode::RC_RDMA_WRITE_MIDDLE);
         }
         assert_eq!(p.payload().len(), 4096);
-        devs[1].0.handle_packet(now, RecvMeta { src: addrs[0], src_port: t.src_port, ip_id: None }, &buf[..t.len]);
+        devs[1].0.handle_packet(
+            now,
+            RecvMeta { src: addrs[0], src_port: t.src_port, ip_id: None, dst: None },
+            &buf[..t.len],
+        );
     }
     // The responder accepted them (2 GiB bounds check passed): no NAK, three packets counted.
     assert_eq!(devs[1].0.counters().rcvd_pkts, 3);

@@ -62,7 +62,7 @@ fn deliver(p: &mut Pair, to: usize, bytes: &mut [u8]) {
     let crc = icrc::roce_v2_parts(&hdr[..n], &bytes[..body]).unwrap();
     IbPacket::new_unchecked(&mut bytes[..]).set_icrc(crc);
     let now = p.now;
-    p.dev(to).handle_packet(now, RecvMeta { src, src_port: 0xc123, ip_id: None }, bytes);
+    p.dev(to).handle_packet(now, RecvMeta { src, src_port: 0xc123, ip_id: None, dst: None }, bytes);
 }
 
 proptest! {

@@ -284,3 +284,63 @@ fn uc_has_no_read_or_atomic() {
     assert_eq!(r, Err(VerbsError::Inval));
     let _ = Mtu::Mtu256;
 }
+
+#[test]
+fn ud_multicast_reaches_every_attached_qp_and_only_them() {
+    let mut p = Pair::new(14);
+    let a = ud_qp(&mut p.a, 5);
+    let b1 = ud_qp(&mut p.b, 5);
+    let b2 = ud_qp(&mut p.b, 5);
+    let b3 = ud_qp(&mut p.b, 5);
+    let group: std::net::IpAddr = "239.1.2.3".parse().unwrap();
+    p.b.attach_mcast(b1.qpn, group).unwrap();
+    p.b.attach_mcast(b2.qpn, group).unwrap();
+    assert_eq!(
+        p.b.attach_mcast(b3.qpn, "10.9.9.9".parse().unwrap()),
+        Err(VerbsError::Inval),
+        "not a multicast address"
+    );
+    for (i, q) in [&b1, &b2, &b3].iter().enumerate() {
+        p.b.post_recv(q.qpn, RecvWr { wr_id: i as u64, sg_list: sge(q.lkey, BASE + 0x1000 * (i as u64 + 1), 256) })
+            .unwrap();
+    }
+    p.fill(0, BASE, b"to all");
+    let mut w = SendWr::new(1, SendOp::Send, sge(a.lkey, BASE, 6));
+    w.ud = Some(UdDest { dest: group, remote_qpn: Qpn::MULTICAST.value(), remote_qkey: 5 });
+    p.a.post_send(a.qpn, w).unwrap();
+    p.drive(STEPS);
+    let got: Vec<u64> = p.b.poll_cq(b1.cq, 16).iter().chain(p.b.poll_cq(b2.cq, 16).iter()).map(|w| w.wr_id).collect();
+    assert_eq!(got, vec![0, 1]);
+    assert!(p.b.poll_cq(b3.cq, 16).is_empty());
+    assert_eq!(p.read(1, BASE + 0x2000 + GRH_SLOT as u64, 6), b"to all".to_vec());
+    // Detached, b2 gets nothing more.
+    p.b.detach_mcast(b2.qpn, group).unwrap();
+    assert_eq!(p.b.detach_mcast(b2.qpn, group), Err(VerbsError::Inval));
+    p.b.post_recv(b2.qpn, RecvWr { wr_id: 9, sg_list: sge(b2.lkey, BASE + 0x9000, 256) }).unwrap();
+    let mut w = SendWr::new(2, SendOp::Send, sge(a.lkey, BASE, 6));
+    w.ud = Some(UdDest { dest: group, remote_qpn: Qpn::MULTICAST.value(), remote_qkey: 5 });
+    p.a.post_send(a.qpn, w).unwrap();
+    p.drive(STEPS);
+    assert!(p.b.poll_cq(b2.cq, 16).is_empty());
+}
+
+#[test]
+fn ah_from_the_grh_slot_answers_the_sender() {
+    let mut p = Pair::new(15);
+    let a = ud_qp(&mut p.a, 5);
+    let b = ud_qp(&mut p.b, 5);
+    p.b.post_recv(b.qpn, RecvWr { wr_id: 1, sg_list: sge(b.lkey, BASE + 0x1000, 256) }).unwrap();
+    p.a.post_recv(a.qpn, RecvWr { wr_id: 2, sg_list: sge(a.lkey, BASE + 0x1000, 256) }).unwrap();
+    ud_send(&mut p, &a, &b, ADDR_B, 5, 8, 1);
+    p.drive(STEPS);
+    let wc = p.b.poll_cq(b.cq, 16)[0];
+    // What ibv_create_ah_from_wc does: the sender's address from the GRH slot, its QPN from the wc.
+    let slot = p.read(1, BASE + 0x1000, GRH_SLOT);
+    let back = softrdma_engine::device::ah_from_grh(&slot).unwrap();
+    assert_eq!(back, ADDR_A);
+    let mut w = SendWr::new(3, SendOp::Send, sge(b.lkey, BASE, 4));
+    w.ud = Some(UdDest { dest: back, remote_qpn: wc.src_qp.value(), remote_qkey: 5 });
+    p.b.post_send(b.qpn, w).unwrap();
+    p.drive(STEPS);
+    assert_eq!(p.a.poll_cq(a.cq, 16).iter().filter(|w| w.wr_id == 2).count(), 1, "the answer arrived");
+}

@@ -93,12 +93,20 @@ fn batch(a: &mut Side, b: &mut Side, write: bool, len: u32, buf: &mut [u8]) -> u
     loop {
         let mut moved = false;
         while let Some(t) = a.dev.poll_transmit(now, buf) {
-            b.dev.handle_packet(now, RecvMeta { src: addr_a, src_port: t.src_port, ip_id: None }, &buf[..t.len]);
+            b.dev.handle_packet(
+                now,
+                RecvMeta { src: addr_a, src_port: t.src_port, ip_id: None, dst: None },
+                &buf[..t.len],
+            );
             pkts += 1;
             moved = true;
         }
         while let Some(t) = b.dev.poll_transmit(now, buf) {
-            a.dev.handle_packet(now, RecvMeta { src: addr_b, src_port: t.src_port, ip_id: None }, &buf[..t.len]);
+            a.dev.handle_packet(
+                now,
+                RecvMeta { src: addr_b, src_port: t.src_port, ip_id: None, dst: None },
+                &buf[..t.len],
+            );
             pkts += 1;
             moved = true;
         }

@@ -36,7 +36,7 @@ impl Endpoint for DeviceNode {
     }
 
     fn handle_datagram(&mut self, now: Instant, d: Datagram) {
-        let meta = RecvMeta { src: d.src.ip(), src_port: d.src.port(), ip_id: None };
+        let meta = RecvMeta { src: d.src.ip(), src_port: d.src.port(), ip_id: None, dst: Some(d.dst.ip()) };
         self.dev.handle_packet(now, meta, &d.payload);
     }
 

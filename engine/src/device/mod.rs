@@ -25,7 +25,7 @@ use std::net::IpAddr;
 
 pub use self::qp::{QpAttr, QpCaps, QpInit};
 pub use self::srq::{SrqAttr, XrcPolicy, XrcdId};
-pub use self::unrel::GRH_SLOT;
+pub use self::unrel::{ah_from_grh, GRH_SLOT};
 
 use crate::memory::{Memory, Owner};
 use crate::rng::Rng;
@@ -165,6 +165,8 @@ pub struct RecvMeta {
     /// The IPv4 identification, when the receiver can see it (raw sockets); `None`: assume 0,
     /// what an unconnected Linux UDP socket with DF sends.
     pub ip_id: Option<u16>,
+    /// The destination IP address, when it is not the device's own (a multicast group).
+    pub dst: Option<IpAddr>,
 }
 
 /// Metadata of a packet [`Device::poll_transmit`] wrote.
@@ -264,6 +266,8 @@ pub(crate) struct Ctx<'a, M: Memory> {
     pub(crate) local: IpAddr,
     /// The port's active MTU (UD datagrams may not exceed it).
     pub(crate) port_mtu: Mtu,
+    /// The destination address of the packet being handled (the device's, or a multicast group).
+    pub(crate) dst: IpAddr,
 }
 
 impl<M: Memory> Ctx<'_, M> {
@@ -350,6 +354,7 @@ pub struct Device<M: Memory> {
     qps: HashMap<Qpn, Qp>,
     srqs: HashMap<u32, srq::Srq>,
     mws: HashMap<u32, mw::Mw>,
+    mcast: HashMap<IpAddr, Vec<Qpn>>,
     xrcds: HashMap<XrcdId, srq::Xrcd>,
     xrc_policy: XrcPolicy,
     next_id: u32,
@@ -373,6 +378,7 @@ macro_rules! ctx {
             counters: &mut $d.counters,
             local: $d.config.addr,
             port_mtu: $d.config.mtu,
+            dst: $d.config.addr,
         }
     };
 }
@@ -393,6 +399,7 @@ impl<M: Memory> Device<M> {
             qps: HashMap::default(),
             srqs: HashMap::default(),
             mws: HashMap::default(),
+            mcast: HashMap::default(),
             xrcds: HashMap::default(),
             xrc_policy: XrcPolicy::default(),
             next_id: 1,
@@ -561,6 +568,31 @@ impl<M: Memory> Device<M> {
             }
         }
         self.ready.retain(|q| *q != qpn);
+        for m in self.mcast.values_mut() {
+            m.retain(|q| *q != qpn);
+        }
+        Ok(())
+    }
+
+    /// Attaches a UD QP to a multicast group (`ibv_attach_mcast`; the group's GID as an IP
+    /// address). EINVAL for other QP types or a non-multicast address.
+    pub fn attach_mcast(&mut self, qpn: Qpn, group: IpAddr) -> Result<(), VerbsError> {
+        let qp = self.qps.get(&qpn).ok_or(VerbsError::Inval)?;
+        if qp.qp_type != QpType::Ud || !group.is_multicast() {
+            return Err(VerbsError::Inval);
+        }
+        let m = self.mcast.entry(group).or_default();
+        if !m.contains(&qpn) {
+            m.push(qpn);
+        }
+        Ok(())
+    }
+
+    /// Detaches a QP from a group (`ibv_detach_mcast`); EINVAL if it was not attached.
+    pub fn detach_mcast(&mut self, qpn: Qpn, group: IpAddr) -> Result<(), VerbsError> {
+        let m = self.mcast.get_mut(&group).ok_or(VerbsError::Inval)?;
+        let i = m.iter().position(|q| *q == qpn).ok_or(VerbsError::Inval)?;
+        m.remove(i);
         Ok(())
     }
 
@@ -624,7 +656,8 @@ impl<M: Memory> Device<M> {
             return;
         };
         // IBTA A17.4.3.1: verify the ICRC over the headers as the sender wrote them.
-        let (hdr, n) = ip_udp_header(meta.src, self.config.addr, meta.src_port, payload.len(), meta.ip_id.unwrap_or(0));
+        let dst = meta.dst.unwrap_or(self.config.addr);
+        let (hdr, n) = ip_udp_header(meta.src, dst, meta.src_port, payload.len(), meta.ip_id.unwrap_or(0));
         match icrc::roce_v2_parts(&hdr[..n], pkt.body()) {
             Ok(c) if c == pkt.icrc() => {}
             _ => {
@@ -634,6 +667,23 @@ impl<M: Memory> Device<M> {
         }
         let bth = BthPacket::new_unchecked(payload);
         let qpn = bth.dest_qp();
+        if qpn == Qpn::MULTICAST {
+            // A multicast datagram goes to every UD QP attached to the group (IBTA 10.5).
+            let members = self.mcast.get(&dst).cloned().unwrap_or_default();
+            if members.is_empty() {
+                self.counters.malformed += 1;
+            }
+            for q in members {
+                if let Some(qp) = self.qps.get_mut(&q) {
+                    let mut ctx = ctx!(self, now);
+                    ctx.dst = dst;
+                    if qp.handle_packet(&mut ctx, meta.src, &pkt) {
+                        self.counters.rcvd_pkts += 1;
+                    }
+                }
+            }
+            return;
+        }
         let Some(qp) = self.qps.get_mut(&qpn) else {
             self.counters.malformed += 1;
             return;

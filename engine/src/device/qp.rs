@@ -613,7 +613,7 @@ impl Qp {
             if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
                 return false;
             }
-            super::unrel::handle_ud(self, ctx, src, pkt);
+            super::unrel::handle_ud(self, ctx, src, ctx.dst, pkt);
             return true;
         }
         // A connected QP only talks to its peer (the responder's address check, as rxe's

@@ -199,6 +199,23 @@ pub(crate) fn handle_uc<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPa
     }
 }
 
+/// The sender's address from a UD receive buffer's GRH slot: what `ibv_create_ah_from_wc` reads
+/// to answer a datagram. `None` if the slot holds neither an IPv4 header (bytes 20-39) nor an
+/// IPv6 header.
+pub fn ah_from_grh(slot: &[u8]) -> Option<IpAddr> {
+    let slot = slot.get(..GRH_SLOT)?;
+    if slot[20] >> 4 == 4 {
+        let s = &slot[32..36];
+        return Some(IpAddr::V4(std::net::Ipv4Addr::new(s[0], s[1], s[2], s[3])));
+    }
+    if slot[0] >> 4 == 6 {
+        let mut a = [0u8; 16];
+        a.copy_from_slice(&slot[8..24]);
+        return Some(IpAddr::V6(std::net::Ipv6Addr::from(a)));
+    }
+    None
+}
+
 /// The 40 bytes placed in the GRH slot of a UD receive buffer: for RoCEv2 over IPv4, 20 zero bytes
 /// then the IPv4 header (bytes 20-39); over IPv6, the IPv6 header (as rxe and hardware do).
 fn grh_slot(src: IpAddr, dst: IpAddr, payload_len: usize) -> [u8; GRH_SLOT] {
@@ -214,7 +231,7 @@ fn grh_slot(src: IpAddr, dst: IpAddr, payload_len: usize) -> [u8; GRH_SLOT] {
 /// A UD datagram: Q_Key check (IBTA 10.2.5: a mismatch is dropped and counted), no PSN check (a
 /// duplicated datagram is delivered twice, as on hardware), one receive WQE per datagram with the
 /// GRH slot first, no acknowledgement.
-pub(crate) fn handle_ud<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, src: IpAddr, pkt: &IbPacket<&[u8]>) {
+pub(crate) fn handle_ud<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, src: IpAddr, dst: IpAddr, pkt: &IbPacket<&[u8]>) {
     let Some(deth) = pkt.deth() else { return };
     if deth.qkey() != qp.attr.qkey {
         ctx.counters.qkey_violations += 1;
@@ -230,7 +247,7 @@ pub(crate) fn handle_ud<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, src: IpAdd
         qp.complete_recv(ctx, cq, wr.wr_id, WcStatus::LocLenErr, WcOpcode::Recv, 0, None, None);
         return;
     }
-    let slot = grh_slot(src, ctx.local, pkt.header_len() + data.len() + usize::from(pkt.bth().pad_count()) + 4);
+    let slot = grh_slot(src, dst, pkt.header_len() + data.len() + usize::from(pkt.bth().pad_count()) + 4);
     if !scatter(qp.pd, ctx, &wr, 0, &slot) || !scatter(qp.pd, ctx, &wr, GRH_SLOT as u32, data) {
         qp.complete_recv(ctx, cq, wr.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, 0, None, None);
         return;
