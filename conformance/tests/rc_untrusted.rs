@@ -30,6 +30,12 @@ fn packet(op: u8, dest: Qpn, psn: u32, vals: (u64, u32, u32, u8, u64), payload: 
         psn: Psn::new(psn),
     });
     let (va, rkey, len, syn, data) = vals;
+    if headers.contains(Headers::DETH) {
+        ib.deth = Some(softrdma_engine::wire::DethRepr { qkey: rkey, src_qp: Qpn::new(len) });
+    }
+    if headers.contains(Headers::XRCETH) {
+        ib.xrceth = Some(softrdma_engine::wire::XrcEthRepr { xrc_srqn: rkey & 0xff_ffff });
+    }
     if headers.contains(Headers::RETH) {
         ib.reth = Some(RethRepr { va, rkey, dma_len: len });
     }
@@ -105,6 +111,82 @@ proptest! {
             }
         }
         // The devices still run to quiescence.
+        p.drive(1_000_000);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(128)
+    ))]
+
+    /// The same for UC, UD and XRC target QPs (with an SRQ and an MW bound), and multicast.
+    #[test]
+    fn forged_packets_to_uc_ud_and_xrc_never_panic(
+        pkts in prop::collection::vec(
+            (0u8..4, 0u8..0x18, -4i32..8, (any::<u64>(), any::<u32>(), 0u32..20000, any::<u8>(), any::<u64>()), 0usize..5000, prop::bool::ANY, any::<u32>()),
+            1..40,
+        )
+    ) {
+        use softrdma_engine::device::{QpCaps, QpInit, SrqAttr};
+        use softrdma_engine::verbs::{Access, QpType};
+        let mut p = Pair::new(10);
+        let (_a, b) = p.connect_rc(RcOptions::default());
+        let o = RcOptions::default();
+        let caps = QpCaps { max_send_wr: 8, max_recv_wr: 8, max_send_sge: 2, max_recv_sge: 2, max_inline_data: 0 };
+        let mk = |p: &mut Pair, t| p.b.create_qp(QpInit { qp_type: t, pd: b.pd, send_cq: b.cq, recv_cq: b.cq, caps, sq_sig_all: false, srq: None }).unwrap();
+        let uc = mk(&mut p, QpType::Uc);
+        let ud = mk(&mut p, QpType::Ud);
+        Pair::bring_up(&mut p.b, uc, QpType::Uc, &o, ADDR_A, Qpn::new(0x99), 0, 100, 0);
+        Pair::bring_up(&mut p.b, ud, QpType::Ud, &o, ADDR_A, Qpn::new(0x99), 0, 0, 7);
+        p.b.attach_mcast(ud, "239.0.0.1".parse().unwrap()).unwrap();
+        let x = p.b.open_xrcd(1, Some(1), true, false).unwrap();
+        let srq = p.b.create_xrc_srq(x, b.pd, b.cq, SrqAttr { max_wr: 8, max_sge: 2, srq_limit: 2 }).unwrap();
+        let (tgt, _) = p.b.create_xrc_tgt_qp(1, x).unwrap();
+        Pair::bring_up(&mut p.b, tgt, QpType::XrcTgt, &o, ADDR_A, Qpn::new(0x99), 0, 100, 0);
+        let mw = p.b.alloc_mw(b.pd, 2).unwrap();
+        for i in 0..3u64 {
+            let wr = RecvWr { wr_id: i, sg_list: vec![Sge { addr: BASE + i * 0x1000, length: 0x800, lkey: b.mr.lkey }] };
+            p.b.post_recv(uc, wr.clone()).unwrap();
+            p.b.post_recv(ud, wr.clone()).unwrap();
+            p.b.post_srq_recv(srq, wr).unwrap();
+        }
+        for (which, low, dpsn, mut vals, plen, real_key, srqn) in pkts {
+            if real_key {
+                vals.1 = if plen % 2 == 0 { b.mr.rkey } else { mw };
+                vals.0 = BASE + (vals.0 % (1 << 20));
+            }
+            let payload = vec![0x3c; plen];
+            let (op, dest) = match which {
+                0 => (0x20 | (low % 12), uc),
+                1 => (0x64 | (low & 1), ud),
+                2 => (0x64 | (low & 1), Qpn::MULTICAST),
+                _ => (0xa0 | low, tgt),
+            };
+            let mut bytes = packet(op, dest, (100 + dpsn) as u32, vals, &payload);
+            if op >= 0xa0 {
+                // Point the XRCETH (right after the BTH) at the real SRQ or a random one.
+                if let Some(x) = bytes.get_mut(12..16) {
+                    let n = if real_key { srq } else { srqn & 0xff_ffff };
+                    x.copy_from_slice(&n.to_be_bytes());
+                }
+            }
+            if (0x64..=0x65).contains(&op) && real_key {
+                // The right Q_Key in the DETH.
+                bytes[12..16].copy_from_slice(&7u32.to_be_bytes());
+            }
+            if dest == Qpn::MULTICAST {
+                let (hdr, n) = ip_udp_header(ADDR_A, "239.0.0.1".parse().unwrap(), 0xc123, bytes.len(), 0);
+                let body = bytes.len() - icrc::LEN;
+                let crc = icrc::roce_v2_parts(&hdr[..n], &bytes[..body]).unwrap();
+                IbPacket::new_unchecked(&mut bytes[..]).set_icrc(crc);
+                let now = p.now;
+                p.b.handle_packet(now, RecvMeta { src: ADDR_A, src_port: 0xc123, ip_id: None, dst: Some("239.0.0.1".parse().unwrap()) }, &bytes);
+            } else {
+                deliver(&mut p, 1, &mut bytes);
+            }
+        }
+        let _ = Access::EMPTY;
         p.drive(1_000_000);
     }
 }
