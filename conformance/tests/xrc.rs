@@ -350,3 +350,23 @@ fn xrc_fan_in_under_loss_is_exactly_once_in_order_to_the_right_srq() {
         }
     }
 }
+
+#[test]
+fn async_events_of_a_target_qp_go_to_every_handle() {
+    let mut p = Pair::new(12);
+    let t = target(&mut p.b, 42, 1);
+    let _x2 = p.b.open_xrcd(2, Some(42), false, false).unwrap();
+    let h2 = p.b.open_qp(2, t.xrcd, t.tgt).unwrap();
+    let ini = initiator(&mut p.a);
+    connect(&mut p, &ini, &t, 10);
+    // A bad rkey through the target QP: access error, the target QP goes to ERR.
+    xsend(&mut p, &ini, 1, t.srqs[0].0, SendOp::Write { remote_addr: BASE, rkey: t.rkey ^ 0x40 }, BASE, 8);
+    p.drive(STEPS);
+    let evs: Vec<_> = std::iter::from_fn(|| p.b.poll_handle_event()).collect();
+    let got: Vec<(u32, u32)> = evs
+        .iter()
+        .filter(|e| e.event == softrdma_engine::device::AsyncEvent::QpAccessErr(t.tgt))
+        .map(|e| (e.handle, e.owner))
+        .collect();
+    assert_eq!(got, vec![(t.handle, OWNER), (h2, 2)], "each opener gets the event");
+}

@@ -155,6 +155,17 @@ pub enum AsyncEvent {
     LastWqeReached(Qpn),
 }
 
+/// An async event of an XRC target QP, for one of its open handles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandleEvent {
+    /// The handle (from `create_xrc_tgt_qp` or `open_qp`).
+    pub handle: u32,
+    /// The handle's owner (the process to deliver it to).
+    pub owner: Owner,
+    /// The event.
+    pub event: AsyncEvent,
+}
+
 /// Where a packet came from, as the socket saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecvMeta {
@@ -262,6 +273,7 @@ pub(crate) struct Ctx<'a, M: Memory> {
     pub(crate) cqs: &'a mut HashMap<CqId, Cq>,
     pub(crate) mem: &'a mut M,
     pub(crate) events: &'a mut VecDeque<AsyncEvent>,
+    pub(crate) handle_events: &'a mut VecDeque<HandleEvent>,
     pub(crate) counters: &'a mut Counters,
     pub(crate) local: IpAddr,
     /// The port's active MTU (UD datagrams may not exceed it).
@@ -362,6 +374,7 @@ pub struct Device<M: Memory> {
     /// QPs that may have a packet to send, in round-robin order (a QP appears at most once).
     ready: VecDeque<Qpn>,
     events: VecDeque<AsyncEvent>,
+    handle_events: VecDeque<HandleEvent>,
     counters: Counters,
 }
 
@@ -375,6 +388,7 @@ macro_rules! ctx {
             cqs: &mut $d.cqs,
             mem: &mut $d.mem,
             events: &mut $d.events,
+            handle_events: &mut $d.handle_events,
             counters: &mut $d.counters,
             local: $d.config.addr,
             port_mtu: $d.config.mtu,
@@ -406,6 +420,7 @@ impl<M: Memory> Device<M> {
             next_qpn,
             ready: VecDeque::new(),
             events: VecDeque::new(),
+            handle_events: VecDeque::new(),
             counters: Counters::default(),
         }
     }
@@ -646,6 +661,11 @@ impl<M: Memory> Device<M> {
     /// The next async event.
     pub fn poll_event(&mut self) -> Option<AsyncEvent> {
         self.events.pop_front()
+    }
+
+    /// The next async event of an XRC target QP for one of its handles (every handle gets each).
+    pub fn poll_handle_event(&mut self) -> Option<HandleEvent> {
+        self.handle_events.pop_front()
     }
 
     /// Takes one datagram's UDP payload (BTH to ICRC). Untrusted: a malformed packet, a bad ICRC,

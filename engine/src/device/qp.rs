@@ -390,7 +390,7 @@ impl Qp {
                 self.flush(ctx);
                 // IBTA 11.6.3: a QP on an SRQ reports that no more of its WQEs will complete.
                 if self.srq.is_some() {
-                    ctx.events.push_back(AsyncEvent::LastWqeReached(self.qpn));
+                    self.raise(ctx, AsyncEvent::LastWqeReached(self.qpn));
                 }
             }
             QpState::Sqd => self.drained_reported = false,
@@ -402,10 +402,19 @@ impl Qp {
         }
     }
 
+    /// Raises an affiliated async event: once for the device, and for an XRC target QP once for
+    /// every open handle (`ibv_open_qp`: every opener gets the QP's events).
+    pub(crate) fn raise<M: Memory>(&self, ctx: &mut Ctx<'_, M>, event: AsyncEvent) {
+        ctx.events.push_back(event);
+        for &(handle, owner) in &self.handles {
+            ctx.handle_events.push_back(super::HandleEvent { handle, owner, event });
+        }
+    }
+
     /// Moves the QP to ERR because of an error, raising `event`.
     pub(crate) fn fail<M: Memory>(&mut self, ctx: &mut Ctx<'_, M>, event: fn(Qpn) -> AsyncEvent) {
         if self.state != QpState::Err {
-            ctx.events.push_back(event(self.qpn));
+            self.raise(ctx, event(self.qpn));
             self.enter(ctx, QpState::Err);
         }
     }
@@ -628,7 +637,7 @@ impl Qp {
             if self.state == QpState::Rtr && !self.comm_est_sent {
                 // IBTA 11.6.2: COMM_EST when the first packet arrives in RTR.
                 self.comm_est_sent = true;
-                ctx.events.push_back(AsyncEvent::CommEst(self.qpn));
+                self.raise(ctx, AsyncEvent::CommEst(self.qpn));
             }
             if self.qp_type == QpType::Uc {
                 super::unrel::handle_uc(self, ctx, pkt);
@@ -654,7 +663,7 @@ impl Qp {
         // 11.6.3); work posted after entering SQD waits and does not count.
         if t.is_none() && self.state == QpState::Sqd && !self.drained_reported && !self.sq.iter().any(|w| w.started) {
             self.drained_reported = true;
-            ctx.events.push_back(AsyncEvent::SqDrained(self.qpn));
+            self.raise(ctx, AsyncEvent::SqDrained(self.qpn));
         }
         t
     }

@@ -59,19 +59,7 @@ pub fn roce_v2(l3: &[u8]) -> Result<u32> {
     if l3.len() < ip_len + udp::HEADER_LEN + bth::HEADER_LEN {
         return Err(Error::Truncated("BTH"));
     }
-    Ok(crc_masked(l3, |p| {
-        if v6 {
-            mask_ipv6_like(p);
-        } else {
-            p[1] = 0xff; // TOS
-            p[8] = 0xff; // TTL
-            p[10] = 0xff; // header checksum
-            p[11] = 0xff;
-        }
-        p[ip_len + 6] = 0xff; // UDP checksum
-        p[ip_len + 7] = 0xff;
-        p[ip_len + udp::HEADER_LEN + bth::FECN_BECN_OFFSET] = 0xff;
-    }))
+    Ok(crc_masked(l3, |p| mask_v2(p, ip_len, v6)))
 }
 
 /// The ICRC of a RoCEv1 packet. `grh` runs from the first byte of the GRH to the end of the pad,
@@ -91,21 +79,45 @@ pub fn roce_v1(grh: &[u8]) -> Result<u32> {
 /// only sees the UDP payload rebuilds the headers from what the socket tells it; a sender computes
 /// the ICRC before the kernel writes the real headers.
 pub fn roce_v2_parts(ip_udp: &[u8], transport: &[u8]) -> Result<u32> {
-    let mut buf = [0u8; PREFIX];
-    let n = ip_udp.len() + transport.len().min(bth::HEADER_LEN);
-    if ip_udp.len() > 60 + udp::HEADER_LEN || n > PREFIX {
-        return Err(Error::Malformed("IP and UDP headers too long"));
+    let first = *ip_udp.first().ok_or(Error::Truncated("IP header"))?;
+    let (ip_len, v6) = match first >> 4 {
+        4 => (usize::from(first & 0x0f) * 4, false),
+        6 => (ipv6::HEADER_LEN, true),
+        _ => return Err(Error::Malformed("not an IPv4 or IPv6 header")),
+    };
+    if ip_len < ipv4::HEADER_LEN || ip_udp.len() != ip_len + udp::HEADER_LEN {
+        return Err(Error::Malformed("IP and UDP headers of the wrong length"));
     }
     if transport.len() < bth::HEADER_LEN {
         return Err(Error::Truncated("BTH"));
     }
-    buf[..ip_udp.len()].copy_from_slice(ip_udp);
-    buf[ip_udp.len()..n].copy_from_slice(&transport[..bth::HEADER_LEN]);
-    // Mask a copy of the headers and the BTH, then continue the CRC over the rest.
-    let first = roce_v2(&buf[..n])?;
-    let mut h = crc32fast::Hasher::new_with_initial(first);
-    h.update(&transport[bth::HEADER_LEN..]);
-    Ok(h.finalize())
+    // One masked copy of the headers and the start of the transport packet, hashed in one call
+    // with the 8 bytes of 0xFF, then the rest straight from the caller's buffer.
+    let mut buf = [0xffu8; 8 + PREFIX];
+    let h = ip_udp.len();
+    let t = transport.len().min(PREFIX - h);
+    buf[8..8 + h].copy_from_slice(ip_udp);
+    buf[8 + h..8 + h + t].copy_from_slice(&transport[..t]);
+    mask_v2(&mut buf[8..8 + h + t], ip_len, v6);
+    let mut c = crc32fast::Hasher::new();
+    c.update(&buf[..8 + h + t]);
+    c.update(&transport[t..]);
+    Ok(c.finalize())
+}
+
+/// Sets the ICRC's variant fields of a RoCEv2 packet (IP header of `ip_len` bytes first) to ones.
+fn mask_v2(p: &mut [u8], ip_len: usize, v6: bool) {
+    if v6 {
+        mask_ipv6_like(p);
+    } else {
+        p[1] = 0xff; // TOS
+        p[8] = 0xff; // TTL
+        p[10] = 0xff; // header checksum
+        p[11] = 0xff;
+    }
+    p[ip_len + 6] = 0xff; // UDP checksum
+    p[ip_len + 7] = 0xff;
+    p[ip_len + udp::HEADER_LEN + bth::FECN_BECN_OFFSET] = 0xff;
 }
 
 /// Reads the ICRC stored in the last four bytes of `packet` (least-significant byte first).
