@@ -27,8 +27,9 @@ fuzz_target!(|data: &[u8]| {
         let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
         let mr = d.reg_mr(pd, BASE, 1 << 16, all).unwrap();
         let caps = QpCaps { max_send_wr: 8, max_recv_wr: 8, max_send_sge: 2, max_recv_sge: 2, max_inline_data: 0 };
-        let qpn =
-            d.create_qp(QpInit { qp_type: QpType::Rc, pd, send_cq: cq, recv_cq: cq, caps, sq_sig_all: false }).unwrap();
+        let qpn = d
+            .create_qp(QpInit { qp_type: QpType::Rc, pd, send_cq: cq, recv_cq: cq, caps, sq_sig_all: false, srq: None })
+            .unwrap();
         devs.push((d, qpn, mr));
     }
     let qpns = [devs[0].1, devs[1].1];
@@ -88,7 +89,7 @@ fuzz_target!(|data: &[u8]| {
                 pkt[b - 4..].copy_from_slice(&c.to_le_bytes());
             }
         }
-        devs[to].0.handle_packet(now, RecvMeta { src: addrs[1 - to], src_port: 0xc001, ip_id: None }, &pkt);
+        devs[to].0.handle_packet(now, RecvMeta { src: addrs[1 - to], src_port: 0xc001, ip_id: None, dst: None }, &pkt);
         for d in devs.iter_mut() {
             while d.0.poll_transmit(now, &mut buf).is_some() {}
             if let Some(t) = d.0.poll_timeout() {
