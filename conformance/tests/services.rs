@@ -3,7 +3,7 @@
 use softrdma_conformance::pair::{Fate, Pair, RcOptions, Side, ADDR_A, ADDR_B, BASE, MEM, OWNER};
 use softrdma_engine::device::{AsyncEvent, CqId, Device, QpAttr, QpCaps, QpInit, SrqAttr, GRH_SLOT};
 use softrdma_engine::memory::VecMemory;
-use softrdma_engine::verbs::{Access, AttrMask, Mtu, QpState, QpType, VerbsError, WcOpcode, WcStatus};
+use softrdma_engine::verbs::{Access, AttrMask, QpState, QpType, VerbsError, WcOpcode, WcStatus};
 use softrdma_engine::wire::{Opcode, Qpn};
 use softrdma_engine::wr::{RecvWr, SendOp, SendWr, Sge, UdDest};
 
@@ -282,7 +282,6 @@ fn uc_has_no_read_or_atomic() {
         .a
         .post_send(a.qpn, SendWr::new(1, SendOp::Read { remote_addr: BASE, rkey: b.mr.rkey }, sge(a.mr.lkey, BASE, 8)));
     assert_eq!(r, Err(VerbsError::Inval));
-    let _ = Mtu::Mtu256;
 }
 
 #[test]
