@@ -875,3 +875,42 @@ fn receive_buffer_with_a_bad_key_is_loc_prot_err_and_remote_operational_error() 
     assert_eq!(p.poll(A, a.cq)[0].status, WcStatus::RemOpErr);
     assert!(p.log.iter().any(|s| s.from == B && s.syndrome == Some(0x63)));
 }
+
+#[test]
+fn icrc_with_an_unseen_ipv4_id_is_accepted_only_when_the_policy_allows() {
+    use softrdma_engine::device::{Device, DeviceConfig, IcrcPolicy, RecvMeta};
+    use softrdma_engine::memory::VecMemory;
+    use softrdma_engine::wire::{icrc, IbPacket};
+    // A request as a sender whose IPv4 ID was 0x4d2 would checksum it (rxe changes its IDs).
+    let (mut p, a, b) = setup(RcOptions::default());
+    p.fill(A, BASE, b"id!!");
+    post_recv(&mut p, B, &b, 1, BASE + 0x1000, 64);
+    send(&mut p, &a, 1, SendOp::Send, BASE, 4);
+    let mut buf = vec![0u8; 512];
+    let t = p.a.poll_transmit(p.now, &mut buf).unwrap();
+    let mut pkt = buf[..t.len].to_vec();
+    let (hdr, n) = softrdma_engine::device::ip_udp_header(
+        softrdma_conformance::pair::ADDR_A,
+        softrdma_conformance::pair::ADDR_B,
+        t.src_port,
+        pkt.len(),
+        0x4d2,
+    );
+    let body = pkt.len() - icrc::LEN;
+    let crc = icrc::roce_v2_parts(&hdr[..n], &pkt[..body]).unwrap();
+    IbPacket::new_unchecked(&mut pkt[..]).set_icrc(crc);
+    let meta = RecvMeta { src: softrdma_conformance::pair::ADDR_A, src_port: t.src_port, ip_id: None, dst: None };
+    // Exact (the default): dropped as a bad ICRC.
+    p.b.handle_packet(p.now, meta, &pkt);
+    assert_eq!(p.b.counters().icrc_err, 1);
+    // Told the ID: accepted.
+    p.b.handle_packet(p.now, RecvMeta { ip_id: Some(0x4d2), ..meta }, &pkt);
+    assert_eq!(p.b.counters().rcvd_pkts, 1);
+    // A device with AnyIpv4Id accepts it without being told, and counts the solve.
+    let mut d = Device::new(
+        DeviceConfig { icrc: IcrcPolicy::AnyIpv4Id, ..DeviceConfig::new(softrdma_conformance::pair::ADDR_B, 1) },
+        VecMemory::new(),
+    );
+    d.handle_packet(p.now, meta, &pkt);
+    assert_eq!((d.counters().icrc_err, d.counters().icrc_id_solved), (0, 1));
+}

@@ -96,6 +96,19 @@ impl Default for Limits {
     }
 }
 
+/// How the receiver checks the ICRC of RoCEv2 over IPv4, whose IPv4 ID it may not see.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IcrcPolicy {
+    /// The ID is the one `RecvMeta::ip_id` gives, or 0 (what a Linux sender with DF on an
+    /// unconnected socket uses, and the simulated wire): a 2^-32 check.
+    #[default]
+    Exact,
+    /// If the ICRC does not hold for that ID, accept it when some ID makes it hold (design D5: rxe
+    /// and hardware change the ID per packet); a corrupted packet then passes with probability
+    /// about 2^-16. IPv6 is always exact.
+    AnyIpv4Id,
+}
+
 /// How a device is set up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceConfig {
@@ -107,12 +120,14 @@ pub struct DeviceConfig {
     pub seed: u64,
     /// Limits.
     pub limits: Limits,
+    /// ICRC check for IPv4 senders.
+    pub icrc: IcrcPolicy,
 }
 
 impl DeviceConfig {
-    /// A device at `addr` with MTU 4096 and rxe's limits.
+    /// A device at `addr` with MTU 4096, rxe's limits and the exact ICRC check.
     pub fn new(addr: IpAddr, seed: u64) -> DeviceConfig {
-        DeviceConfig { addr, mtu: Mtu::Mtu4096, seed, limits: Limits::default() }
+        DeviceConfig { addr, mtu: Mtu::Mtu4096, seed, limits: Limits::default(), icrc: IcrcPolicy::Exact }
     }
 }
 
@@ -226,6 +241,8 @@ pub struct Counters {
     pub naks_sent: [u64; 4],
     /// Packets dropped for a bad ICRC.
     pub icrc_err: u64,
+    /// Packets whose ICRC held only for an IPv4 ID other than the assumed one (IcrcPolicy::AnyIpv4Id).
+    pub icrc_id_solved: u64,
     /// Packets dropped as malformed (layout, unknown QP, wrong transport, wrong P_Key).
     pub malformed: u64,
     /// XRC requests naming an SRQ that is not in the target QP's domain.
@@ -681,8 +698,14 @@ impl<M: Memory> Device<M> {
         match icrc::roce_v2_parts(&hdr[..n], pkt.body()) {
             Ok(c) if c == pkt.icrc() => {}
             _ => {
-                self.counters.icrc_err += 1;
-                return;
+                let solved = self.config.icrc == IcrcPolicy::AnyIpv4Id
+                    && meta.ip_id.is_none()
+                    && icrc::solve_ipv4_id(&hdr[..n], payload).is_some();
+                if !solved {
+                    self.counters.icrc_err += 1;
+                    return;
+                }
+                self.counters.icrc_id_solved += 1;
             }
         }
         let bth = BthPacket::new_unchecked(payload);

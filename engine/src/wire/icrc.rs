@@ -210,3 +210,171 @@ mod test {
         assert!(verify_roce_v2(&[0x45, 0, 0]).is_err());
     }
 }
+
+/// The reflected CRC-32 polynomial (IEEE 802.3).
+const POLY: u32 = 0xedb8_8320;
+
+/// The raw (no pre- or post-inversion) reflected CRC-32 register after `data`, from `crc`.
+fn raw_update(mut crc: u32, data: &[u8]) -> u32 {
+    for &b in data {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = (crc >> 1) ^ (POLY & (crc & 1).wrapping_neg());
+        }
+    }
+    crc
+}
+
+fn gf2_times(mat: &[u32; 32], mut vec: u32) -> u32 {
+    let mut sum = 0;
+    let mut i = 0;
+    while vec != 0 {
+        if vec & 1 != 0 {
+            sum ^= mat[i];
+        }
+        vec >>= 1;
+        i += 1;
+    }
+    sum
+}
+
+fn gf2_square(mat: &[u32; 32]) -> [u32; 32] {
+    let mut sq = [0u32; 32];
+    for (n, s) in sq.iter_mut().enumerate() {
+        *s = gf2_times(mat, mat[n]);
+    }
+    sq
+}
+
+/// The linear operator "append `n` zero bytes" on a raw CRC register, as a 32x32 GF(2) matrix
+/// (the square-and-multiply construction zlib's crc32_combine uses).
+fn zeros_operator(mut n: usize) -> [u32; 32] {
+    // Identity.
+    let mut result = [0u32; 32];
+    for (i, r) in result.iter_mut().enumerate() {
+        *r = 1 << i;
+    }
+    // The operator for one zero bit, then squared to one zero byte.
+    let mut op = [0u32; 32];
+    op[0] = POLY;
+    for (i, o) in op.iter_mut().enumerate().skip(1) {
+        *o = 1 << (i - 1);
+    }
+    let op2 = gf2_square(&op);
+    let op4 = gf2_square(&op2);
+    let mut byte_op = gf2_square(&op4);
+    while n > 0 {
+        if n & 1 != 0 {
+            let mut next = [0u32; 32];
+            for (i, r) in next.iter_mut().enumerate() {
+                *r = gf2_times(&byte_op, result[i]);
+            }
+            result = next;
+        }
+        n >>= 1;
+        if n > 0 {
+            byte_op = gf2_square(&byte_op);
+        }
+    }
+    result
+}
+
+/// Finds an IPv4 identification for which the ICRC of a RoCEv2 packet over IPv4 is right, when the
+/// receiver cannot see the ID (a plain UDP socket; design D5). `ip_udp` holds the IPv4 and UDP
+/// headers as rebuilt by the receiver (its ID field is ignored); `transport` is the UDP payload
+/// with the ICRC.
+///
+/// The CRC is linear over GF(2), so the ICRC of the packet with ID `id` is the ICRC with ID 0
+/// XOR a linear function of the 16 ID bits: a 32 x 16 system, solved by elimination. A corrupted
+/// packet still passes with probability about 2^-16 (against 2^-32 with the ID known); IPv6 has no
+/// ID and is checked exactly.
+pub fn solve_ipv4_id(ip_udp: &[u8], transport: &[u8]) -> Option<u16> {
+    if ip_udp.len() < ipv4::HEADER_LEN + udp::HEADER_LEN
+        || ip_udp[0] >> 4 != 4
+        || transport.len() < bth::HEADER_LEN + LEN
+    {
+        return None;
+    }
+    let body = &transport[..transport.len() - LEN];
+    let stored = stored(transport)?;
+    let mut zero_id = [0u8; 60 + udp::HEADER_LEN];
+    let hl = ip_udp.len().min(zero_id.len());
+    zero_id[..hl].copy_from_slice(&ip_udp[..hl]);
+    zero_id[4] = 0;
+    zero_id[5] = 0;
+    let c0 = roce_v2_parts(&zero_id[..hl], body).ok()?;
+    let target = c0 ^ stored;
+    if target == 0 {
+        return Some(0);
+    }
+    // Bytes of the CRC input after the ID field: the rest of the headers, then the body.
+    let after = (hl - 6) + body.len();
+    let shift = zeros_operator(after);
+    // Column k: the effect on the CRC of bit k of the ID (the field is big-endian).
+    let mut cols = [0u32; 16];
+    for (k, c) in cols.iter_mut().enumerate() {
+        let id = 1u16 << k;
+        *c = gf2_times(&shift, raw_update(0, &id.to_be_bytes()));
+    }
+    // Gaussian elimination over GF(2): a basis of columns, each with the ID bits that make it.
+    let mut basis: Vec<(u32, u16)> = Vec::with_capacity(16);
+    for (k, &c) in cols.iter().enumerate() {
+        let (mut v, mut m) = (c, 1u16 << k);
+        for &(b, bm) in &basis {
+            if v ^ b < v {
+                v ^= b;
+                m ^= bm;
+            }
+        }
+        if v != 0 {
+            basis.push((v, m));
+            basis.sort_by(|a, b| b.0.cmp(&a.0));
+        }
+    }
+    let (mut v, mut m) = (target, 0u16);
+    for &(b, bm) in &basis {
+        if v ^ b < v {
+            v ^= b;
+            m ^= bm;
+        }
+    }
+    (v == 0).then_some(m)
+}
+
+#[cfg(test)]
+mod solve_test {
+    use super::*;
+
+    #[test]
+    fn zeros_operator_matches_crc_of_zero_bytes() {
+        for n in [0usize, 1, 2, 7, 64, 1000, 4157] {
+            let r = 0x1234_5678u32;
+            let direct = raw_update(r, &vec![0u8; n]);
+            assert_eq!(gf2_times(&zeros_operator(n), r), direct, "n = {n}");
+        }
+    }
+
+    #[test]
+    fn finds_the_id_a_sender_used() {
+        // Golden packet g1 with its IPv4 ID set to each of several values and the ICRC recomputed:
+        // the solver, told nothing of the ID, finds it.
+        let g1: Vec<u8> = (0..148)
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&"02000000000202000000000108004500003c000040004011b6adc0000201c0000202c00012b7002800000400ffff000000128000000148656c6c6f2c20526f43457632212121aae4f0d2"[i..i + 2], 16).unwrap())
+            .collect();
+        for id in [0u16, 1, 2, 0x718c, 0xffff, 0x8000] {
+            let mut f = g1.clone();
+            f[18..20].copy_from_slice(&id.to_be_bytes());
+            let l3 = &f[14..];
+            let crc = roce_v2(&l3[..l3.len() - 4]).unwrap();
+            let n = f.len();
+            f[n - 4..].copy_from_slice(&crc.to_le_bytes());
+            let got = solve_ipv4_id(&f[14..42], &f[42..]).expect("solvable");
+            assert_eq!(got, id);
+            // A flipped payload bit is (almost always) not explained by any ID.
+            let mut bad = f.clone();
+            bad[60] ^= 0x04;
+            assert_eq!(solve_ipv4_id(&bad[14..42], &bad[42..]), None);
+        }
+    }
+}
