@@ -328,7 +328,7 @@ pub fn solve_ipv4_id(ip_udp: &[u8], transport: &[u8]) -> Option<u16> {
         }
         if v != 0 {
             basis.push((v, m));
-            basis.sort_by(|a, b| b.0.cmp(&a.0));
+            basis.sort_by_key(|b| std::cmp::Reverse(b.0));
         }
     }
     let (mut v, mut m) = (target, 0u16);
