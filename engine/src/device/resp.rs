@@ -71,7 +71,13 @@ fn remote_ok<M: Memory>(
 }
 
 /// Scatters `data` into a receive WQE's buffers at `offset`; false on a bad lkey or bounds.
-fn scatter<M: Memory>(pd: Option<PdId>, ctx: &mut Ctx<'_, M>, wr: &RecvWr, offset: u32, data: &[u8]) -> bool {
+pub(crate) fn scatter<M: Memory>(
+    pd: Option<PdId>,
+    ctx: &mut Ctx<'_, M>,
+    wr: &RecvWr,
+    offset: u32,
+    data: &[u8],
+) -> bool {
     walk_sges(&wr.sg_list, offset, data.len(), |sge, sge_off, at, n| {
         let Some(mr) = ctx.mr_by_lkey(sge.lkey) else { return false };
         if Some(mr.pd) != pd
@@ -85,7 +91,7 @@ fn scatter<M: Memory>(pd: Option<PdId>, ctx: &mut Ctx<'_, M>, wr: &RecvWr, offse
     })
 }
 
-fn recv_capacity(wr: &RecvWr) -> u64 {
+pub(crate) fn recv_capacity(wr: &RecvWr) -> u64 {
     wr.sg_list.iter().map(|s| u64::from(s.length)).sum()
 }
 

@@ -4,8 +4,8 @@
 use std::net::IpAddr;
 
 use super::qp::{InMsg, Qp};
-use super::req::walk_sges;
-use super::{ip_udp_header, CqId, Ctx, PdId};
+use super::resp::{recv_capacity as capacity, scatter};
+use super::{ip_udp_header, CqId, Ctx};
 use crate::memory::Memory;
 use crate::verbs::{Access, WcOpcode, WcStatus};
 use crate::wire::{IbPacket, OpKind, Position, Qpn};
@@ -32,24 +32,6 @@ fn give_back<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, wr: RecvWr) {
         }
         None => qp.rq.push_front(wr),
     }
-}
-
-fn scatter<M: Memory>(pd: Option<PdId>, ctx: &mut Ctx<'_, M>, wr: &RecvWr, offset: u32, data: &[u8]) -> bool {
-    walk_sges(&wr.sg_list, offset, data.len(), |sge, sge_off, at, n| {
-        let Some(mr) = ctx.mr_by_lkey(sge.lkey) else { return false };
-        if Some(mr.pd) != pd
-            || !mr.access.contains(Access::LOCAL_WRITE)
-            || !mr.contains(sge.addr, u64::from(sge.length))
-        {
-            return false;
-        }
-        let owner = mr.owner;
-        ctx.mem.write(owner, sge.addr.wrapping_add(u64::from(sge_off)), &data[at..at + n]).is_ok()
-    })
-}
-
-fn capacity(wr: &RecvWr) -> u64 {
-    wr.sg_list.iter().map(|s| u64::from(s.length)).sum()
 }
 
 /// Abandons the UC message in progress (its receive WQE goes back, unused).
