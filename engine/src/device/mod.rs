@@ -388,8 +388,14 @@ pub struct Device<M: Memory> {
     xrc_policy: XrcPolicy,
     next_id: u32,
     next_qpn: u32,
-    /// QPs that may have a packet to send, in round-robin order (a QP appears at most once).
+    /// QPs that may have a packet to send, in round-robin order (a QP appears at most once:
+    /// `in_ready` says which are queued).
     ready: VecDeque<Qpn>,
+    in_ready: std::collections::HashSet<Qpn, BuildHasherDefault<IdHasher>>,
+    /// Every QP's next timer deadline, ordered (poll_timeout is the first), and what is filed
+    /// for each QP.
+    timers: std::collections::BTreeSet<(Instant, Qpn)>,
+    armed: HashMap<Qpn, Instant>,
     events: VecDeque<AsyncEvent>,
     handle_events: VecDeque<HandleEvent>,
     counters: Counters,
@@ -436,6 +442,9 @@ impl<M: Memory> Device<M> {
             next_id: 1,
             next_qpn,
             ready: VecDeque::new(),
+            in_ready: Default::default(),
+            timers: Default::default(),
+            armed: HashMap::default(),
             events: VecDeque::new(),
             handle_events: VecDeque::new(),
             counters: Counters::default(),
@@ -600,6 +609,10 @@ impl<M: Memory> Device<M> {
             }
         }
         self.ready.retain(|q| *q != qpn);
+        self.in_ready.remove(&qpn);
+        if let Some(t) = self.armed.remove(&qpn) {
+            self.timers.remove(&(t, qpn));
+        }
         for m in self.mcast.values_mut() {
             m.retain(|q| *q != qpn);
         }
@@ -648,10 +661,7 @@ impl<M: Memory> Device<M> {
         let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::Inval)?;
         let mut ctx = ctx!(self, now);
         qp.modify(&mut ctx, attr, mask, &limits, port_mtu)?;
-        let r = qp.qpn;
-        if !self.ready.contains(&r) {
-            self.ready.push_back(r);
-        }
+        self.touched(qpn);
         Ok(())
     }
 
@@ -662,9 +672,7 @@ impl<M: Memory> Device<M> {
         let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::Inval)?;
         let mut ctx = ctx!(self, Instant::ZERO);
         qp.post_send(&mut ctx, wr, &limits)?;
-        if !self.ready.contains(&qpn) {
-            self.ready.push_back(qpn);
-        }
+        self.touched(qpn);
         Ok(())
     }
 
@@ -724,6 +732,7 @@ impl<M: Memory> Device<M> {
                         self.counters.rcvd_pkts += 1;
                     }
                 }
+                self.touched(q);
             }
             return;
         }
@@ -735,42 +744,67 @@ impl<M: Memory> Device<M> {
         if qp.handle_packet(&mut ctx, meta.src, &pkt) {
             self.counters.rcvd_pkts += 1;
         }
-        if !self.ready.contains(&qpn) {
+        self.touched(qpn);
+    }
+
+    /// After a QP ran: queue it to transmit, and refile its timer.
+    fn touched(&mut self, qpn: Qpn) {
+        if self.in_ready.insert(qpn) {
             self.ready.push_back(qpn);
+        }
+        self.sync_timer(qpn);
+    }
+
+    fn sync_timer(&mut self, qpn: Qpn) {
+        let new = self.qps.get(&qpn).and_then(|q| q.poll_timeout());
+        let old = self.armed.get(&qpn).copied();
+        if new == old {
+            return;
+        }
+        if let Some(t) = old {
+            self.timers.remove(&(t, qpn));
+            self.armed.remove(&qpn);
+        }
+        if let Some(t) = new {
+            self.timers.insert((t, qpn));
+            self.armed.insert(qpn, t);
         }
     }
 
     /// Writes the next packet to send into `buf` (at least MTU + 64 bytes) and says where it goes.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
         while let Some(qpn) = self.ready.pop_front() {
-            let Some(qp) = self.qps.get_mut(&qpn) else { continue };
+            let Some(qp) = self.qps.get_mut(&qpn) else {
+                self.in_ready.remove(&qpn);
+                continue;
+            };
             let mut ctx = ctx!(self, now);
-            if let Some(t) = qp.poll_transmit(&mut ctx, buf) {
+            let sent = qp.poll_transmit(&mut ctx, buf);
+            self.sync_timer(qpn);
+            if let Some(t) = sent {
                 self.counters.sent_pkts += 1;
                 self.ready.push_back(qpn);
                 return Some(t);
             }
+            self.in_ready.remove(&qpn);
         }
         None
     }
 
     /// The earliest timer deadline of any QP.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.qps.values().filter_map(|q| q.poll_timeout()).min()
+        self.timers.first().map(|(t, _)| *t)
     }
 
     /// Runs every timer that is due.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let due: Vec<Qpn> =
-            self.qps.values().filter(|q| q.poll_timeout().is_some_and(|t| t <= now)).map(|q| q.qpn).collect();
+        let due: Vec<Qpn> = self.timers.iter().take_while(|(t, _)| *t <= now).map(|(_, q)| *q).collect();
         for qpn in due {
             if let Some(qp) = self.qps.get_mut(&qpn) {
                 let mut ctx = ctx!(self, now);
                 qp.handle_timeout(&mut ctx);
             }
-            if !self.ready.contains(&qpn) {
-                self.ready.push_back(qpn);
-            }
+            self.touched(qpn);
         }
     }
 }
