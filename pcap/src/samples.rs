@@ -22,28 +22,7 @@ pub struct Sample {
     pub frame: Vec<u8>,
 }
 
-/// A small deterministic generator (SplitMix64).
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator from a seed.
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// A value below `n` (n > 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-}
+pub use softrdma_engine::rng::Rng;
 
 const MAC_A: EthernetAddress = EthernetAddress([0x02, 0x53, 0x52, 0x44, 0x4d, 0x01]);
 const MAC_B: EthernetAddress = EthernetAddress([0x02, 0x53, 0x52, 0x44, 0x4d, 0x02]);

@@ -20,12 +20,10 @@ use std::net::{IpAddr, Ipv4Addr};
 use softrdma_engine::device::{CqId, Device, DeviceConfig, QpAttr, QpCaps, QpInit, SrqAttr, GRH_SLOT};
 use softrdma_engine::memory::VecMemory;
 use softrdma_engine::rng::Rng;
-use softrdma_engine::time::Duration;
 use softrdma_engine::verbs::{Access, AttrMask, Mtu, QpState, QpType, WcStatus};
 use softrdma_engine::wire::Qpn;
 use softrdma_engine::wr::{RecvWr, SendOp, SendWr, Sge, UdDest};
 
-use crate::sim::{Limits, Sim, SimError};
 use crate::workload::{DeviceNode, Op, Report, Workload, WorkloadError};
 
 const OWNER: u32 = 1;
@@ -227,16 +225,8 @@ pub fn run_service(w: &Workload, service: Service) -> Result<Report, WorkloadErr
         nodes[0].dev.post_send(qps[q].0, wr).map_err(err)?;
         sent.push((i, q, op, len, srq));
     }
-    let mut sim = Sim::new(nodes, w.link, w.faults.clone(), w.seed);
     let mut report = Report { posted: sent.len() as u64, ..Report::default() };
-    match sim.run(Limits { max_steps: 20_000_000, max_time: Duration::from_millis(600_000) }) {
-        Ok(_) => {}
-        Err(SimError::StepLimit(_)) => report.violations.push("livelock: step limit reached".into()),
-        Err(SimError::TimeLimit(_)) => report.violations.push("livelock: time limit reached".into()),
-    }
-    report.virtual_time_ns = sim.now().as_nanos();
-    report.wire = *sim.stats();
-    let mut nodes = sim.into_endpoints();
+    let mut nodes = crate::workload::simulate(nodes, w, &mut report);
     // Send side: completions in order per QP; errors only as the reliable rules order them.
     let swc = nodes[0].dev.poll_cq(send_cq, usize::MAX);
     for wc in &swc {

@@ -316,17 +316,8 @@ pub fn run(w: &Workload) -> Result<Report, WorkloadError> {
         nodes[0].dev.post_send(qa, wr).map_err(|e| WorkloadError::Invalid(e.to_string()))?;
         posted.push(Posted { qp: q, op, wr_id, len, slot: off, add });
     }
-    let mut sim = Sim::new(nodes, w.link, w.faults.clone(), w.seed);
-    let limits = Limits { max_steps: 20_000_000, max_time: Duration::from_millis(600_000) };
     let mut report = Report { posted: posted.len() as u64, ..Report::default() };
-    match sim.run(limits) {
-        Ok(_) => {}
-        Err(SimError::StepLimit(_)) => report.violations.push("livelock: step limit reached".into()),
-        Err(SimError::TimeLimit(_)) => report.violations.push("livelock: time limit reached".into()),
-    }
-    report.virtual_time_ns = sim.now().as_nanos();
-    report.wire = *sim.stats();
-    let mut nodes = sim.into_endpoints();
+    let mut nodes = simulate(nodes, w, &mut report);
     // Collect completions per QP pair.
     for (q, pair) in pairs.iter().enumerate() {
         let mine: Vec<&Posted> = posted.iter().filter(|p| p.qp == q).collect();
@@ -348,6 +339,20 @@ pub fn run(w: &Workload) -> Result<Report, WorkloadError> {
         report.violations.push(format!("{} completions delivered corrupted data", report.corrupted_delivered));
     }
     Ok(report)
+}
+
+/// Runs the nodes on the simulated wire to quiescence (a livelock bound is a violation), files
+/// the time and the wire's counters in the report, and gives the nodes back.
+pub(crate) fn simulate(nodes: Vec<DeviceNode>, w: &Workload, report: &mut Report) -> Vec<DeviceNode> {
+    let mut sim = Sim::new(nodes, w.link, w.faults.clone(), w.seed);
+    match sim.run(Limits { max_steps: 20_000_000, max_time: Duration::from_millis(600_000) }) {
+        Ok(_) => {}
+        Err(SimError::StepLimit(_)) => report.violations.push("livelock: step limit reached".into()),
+        Err(SimError::TimeLimit(_)) => report.violations.push("livelock: time limit reached".into()),
+    }
+    report.virtual_time_ns = sim.now().as_nanos();
+    report.wire = *sim.stats();
+    sim.into_endpoints()
 }
 
 fn pattern(i: u32, len: u32) -> Vec<u8> {

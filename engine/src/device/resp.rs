@@ -8,6 +8,7 @@
 
 use super::qp::{InMsg, Qp, RdAtomic, RespOut};
 use super::req::{emit, walk_sges};
+use super::unrel::take_recv_from;
 use super::PdId;
 use super::{AsyncEvent, Ctx, Transmit};
 use crate::memory::Memory;
@@ -156,11 +157,7 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
     match info.kind {
         OpKind::Send => {
             if info.position.starts() {
-                let taken = match srq {
-                    Some(n) => ctx.srq_pop(n),
-                    None => qp.rq.pop_front(),
-                };
-                let Some(wr) = taken else {
+                let Some(wr) = take_recv_from(qp, ctx, srq) else {
                     // No receive WQE: RNR NAK with the QP's min_rnr_timer (IBTA 9.7.5.2.8).
                     ctx.counters.send_rnr_err += 1;
                     let t = qp.attr.min_rnr_timer;
@@ -257,11 +254,7 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
             if info.position.ends() {
                 qp.msn = qp.msn.wrapping_add(1);
                 if needs_recv {
-                    let wr = match srq {
-                        Some(n) => ctx.srq_pop(n),
-                        None => qp.rq.pop_front(),
-                    };
-                    if let Some(wr) = wr {
+                    if let Some(wr) = take_recv_from(qp, ctx, srq) {
                         let imm = pkt.immdt().map(|i| i.imm());
                         qp.complete_recv(
                             ctx,
