@@ -6,6 +6,7 @@ use core::fmt;
 
 /// A queue pair's transport service (`enum ibv_qp_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum QpType {
     /// Reliable Connected (IBV_QPT_RC = 2).
     Rc,
@@ -46,6 +47,7 @@ impl QpType {
 
 /// A queue pair's state (`enum ibv_qp_state`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum QpState {
     /// IBV_QPS_RESET = 0.
     Reset,
@@ -87,6 +89,7 @@ macro_rules! flags {
     ($(#[$m:meta])* pub struct $name:ident: $t:ty { $( $(#[$fm:meta])* const $f:ident = $v:expr; )* }) => {
         $(#[$m])*
         #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+        #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
         pub struct $name(pub $t);
 
         impl $name {
@@ -193,6 +196,7 @@ flags! {
 
 /// The status of a work completion (`enum ibv_wc_status`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[repr(u32)]
 pub enum WcStatus {
     /// IBV_WC_SUCCESS.
@@ -243,6 +247,7 @@ pub enum WcStatus {
 
 /// What a work completion completes (`enum ibv_wc_opcode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[repr(u32)]
 pub enum WcOpcode {
     /// IBV_WC_SEND.
@@ -267,6 +272,7 @@ pub enum WcOpcode {
 
 /// The error a verbs call fails with: the errno libibverbs returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum VerbsError {
     /// EPERM (1): not allowed from user space.
     #[error("operation not permitted (EPERM)")]
@@ -312,6 +318,7 @@ impl VerbsError {
 
 /// IB path MTU (`enum ibv_mtu`: 1 = 256 ... 5 = 4096).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum Mtu {
     /// 256 bytes.
     Mtu256 = 1,

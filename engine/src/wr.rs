@@ -5,6 +5,7 @@ use crate::wire::Qpn;
 
 /// A scatter/gather element: `length` bytes at `addr` in the memory region of `lkey`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Sge {
     /// Start address.
     pub addr: u64,
@@ -16,6 +17,7 @@ pub struct Sge {
 
 /// What a send work request does (`ibv_wr_opcode`, with its operands).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum SendOp {
     /// SEND.
     Send,
@@ -127,6 +129,7 @@ impl SendOp {
 
 /// A send work request.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct SendWr {
     /// Returned in the completion.
     pub wr_id: u64,
@@ -150,6 +153,7 @@ pub struct SendWr {
 
 /// The destination of a UD send (`ibv_send_wr.wr.ud`): an address handle and the remote QP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct UdDest {
     /// The destination address (the address handle's GID, as an IP address).
     pub dest: std::net::IpAddr,
@@ -178,6 +182,7 @@ impl SendWr {
 
 /// A receive work request.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct RecvWr {
     /// Returned in the completion.
     pub wr_id: u64,
@@ -187,6 +192,7 @@ pub struct RecvWr {
 
 /// A work completion (`struct ibv_wc`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct WorkCompletion {
     /// The work request's id.
     pub wr_id: u64,

@@ -61,6 +61,7 @@ pub(crate) type HashMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefau
 
 /// Device limits, as `ibv_query_device` reports them; verbs calls beyond them fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Limits {
     /// Most QPs.
     pub max_qp: u32,
@@ -98,6 +99,7 @@ impl Default for Limits {
 
 /// How the receiver checks the ICRC of RoCEv2 over IPv4, whose IPv4 ID it may not see.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum IcrcPolicy {
     /// The ID is the one `RecvMeta::ip_id` gives, or 0 (what a Linux sender with DF on an
     /// unconnected socket uses, and the simulated wire): a 2^-32 check.
@@ -111,6 +113,7 @@ pub enum IcrcPolicy {
 
 /// How a device is set up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct DeviceConfig {
     /// The device's IP address (its RoCEv2 GID).
     pub addr: IpAddr,
@@ -122,25 +125,37 @@ pub struct DeviceConfig {
     pub limits: Limits,
     /// ICRC check for IPv4 senders.
     pub icrc: IcrcPolicy,
+    /// UDP source ports.
+    pub flow_ports: FlowPorts,
 }
 
 impl DeviceConfig {
     /// A device at `addr` with MTU 4096, rxe's limits and the exact ICRC check.
     pub fn new(addr: IpAddr, seed: u64) -> DeviceConfig {
-        DeviceConfig { addr, mtu: Mtu::Mtu4096, seed, limits: Limits::default(), icrc: IcrcPolicy::Exact }
+        DeviceConfig {
+            addr,
+            mtu: Mtu::Mtu4096,
+            seed,
+            limits: Limits::default(),
+            icrc: IcrcPolicy::Exact,
+            flow_ports: FlowPorts::default(),
+        }
     }
 }
 
 /// A protection domain handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct PdId(pub u32);
 
 /// A completion queue handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct CqId(pub u32);
 
 /// A registered memory region's keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct MrKeys {
     /// Local key.
     pub lkey: u32,
@@ -150,6 +165,7 @@ pub struct MrKeys {
 
 /// An asynchronous event (`enum ibv_event_type`, the ones the engine raises).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum AsyncEvent {
     /// IBV_EVENT_COMM_EST: the first packet arrived while the QP was in RTR.
     CommEst(Qpn),
@@ -208,6 +224,7 @@ pub struct Transmit {
 
 /// Counters with rxe's names (`/sys/class/infiniband/rxe0/ports/1/hw_counters`) plus ours.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Counters {
     /// Packets sent.
     pub sent_pkts: u64,
@@ -278,6 +295,8 @@ pub(crate) struct Cq {
     capacity: usize,
     entries: VecDeque<WorkCompletion>,
     overflowed: bool,
+    /// Completions ever added (a completion channel compares it with what it last saw).
+    added: u64,
 }
 
 /// The shared state QP code needs besides the QP itself (split from [`Device`] to satisfy the
@@ -293,6 +312,7 @@ pub(crate) struct Ctx<'a, M: Memory> {
     pub(crate) handle_events: &'a mut VecDeque<HandleEvent>,
     pub(crate) counters: &'a mut Counters,
     pub(crate) local: IpAddr,
+    pub(crate) flow_ports: FlowPorts,
     /// The port's active MTU (UD datagrams may not exceed it).
     pub(crate) port_mtu: Mtu,
     /// The destination address of the packet being handled (the device's, or a multicast group).
@@ -324,13 +344,39 @@ impl<M: Memory> Ctx<'_, M> {
             return;
         }
         c.entries.push_back(wc);
+        c.added += 1;
     }
 }
 
-/// The UDP source port for a QP: 0xC000 | 14 bits of a hash of the QPN (rxe's flow entropy).
-pub(crate) fn src_port(qpn: Qpn) -> u16 {
-    let h = qpn.value().wrapping_mul(0x9e37_79b1);
-    0xc000 | ((h >> 18) as u16 & 0x3fff)
+/// The UDP source ports a device sends from (flow entropy; the ICRC covers the source port, so a
+/// transport must send each packet from exactly the port the engine chose).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct FlowPorts {
+    /// First port.
+    pub base: u16,
+    /// How many ports from `base`; a QP uses `base + hash(QPN) % count`. 0: every packet leaves
+    /// from `base` itself (a transport that sends from its 4791 socket).
+    pub count: u16,
+}
+
+impl Default for FlowPorts {
+    /// rxe's choice: 0xC000 | 14 bits of a hash of the QPN.
+    fn default() -> FlowPorts {
+        FlowPorts { base: 0xc000, count: 0x4000 }
+    }
+}
+
+impl FlowPorts {
+    /// The UDP source port of a QP's packets.
+    pub fn port(self, qpn: Qpn) -> u16 {
+        if self.count == 0 {
+            return self.base;
+        }
+        // 14 bits of a multiplicative hash (rxe's default is exactly 0xC000 | these bits).
+        let h = qpn.value().wrapping_mul(0x9e37_79b1) >> 18;
+        self.base.wrapping_add((h % u32::from(self.count)) as u16)
+    }
 }
 
 /// The IPv4/IPv6 and UDP headers the ICRC of a datagram covers, as the sender's kernel writes
@@ -414,6 +460,7 @@ macro_rules! ctx {
             handle_events: &mut $d.handle_events,
             counters: &mut $d.counters,
             local: $d.config.addr,
+            flow_ports: $d.config.flow_ports,
             port_mtu: $d.config.mtu,
             dst: $d.config.addr,
         }
@@ -526,7 +573,7 @@ impl<M: Memory> Device<M> {
             return Err(VerbsError::Inval);
         }
         let id = CqId(self.next_id());
-        self.cqs.insert(id, Cq { capacity: cqe as usize, entries: VecDeque::new(), overflowed: false });
+        self.cqs.insert(id, Cq { capacity: cqe as usize, entries: VecDeque::new(), overflowed: false, added: 0 });
         Ok(id)
     }
 
@@ -547,6 +594,12 @@ impl<M: Memory> Device<M> {
         let Some(c) = self.cqs.get_mut(&cq) else { return Vec::new() };
         let n = max.min(c.entries.len());
         c.entries.drain(..n).collect()
+    }
+
+    /// How many completions the CQ has taken since it was created, and how many it holds now
+    /// (the device's completion channels use the first to see new completions).
+    pub fn cq_counts(&self, cq: CqId) -> Option<(u64, usize)> {
+        self.cqs.get(&cq).map(|c| (c.added, c.entries.len()))
     }
 
     /// Creates a QP in RESET. Capacities beyond the device limits are EINVAL (as rxe_qp_chk_cap).

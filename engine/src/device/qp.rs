@@ -13,6 +13,7 @@ use crate::wr::{RecvWr, SendWr, WorkCompletion};
 
 /// Queue capacities requested at creation (`struct ibv_qp_cap`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct QpCaps {
     /// Send queue depth.
     pub max_send_wr: u32,
@@ -28,6 +29,7 @@ pub struct QpCaps {
 
 /// What `create_qp` takes (`struct ibv_qp_init_attr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct QpInit {
     /// Transport service.
     pub qp_type: QpType,
@@ -47,6 +49,7 @@ pub struct QpInit {
 
 /// QP attributes (`struct ibv_qp_attr`, the fields the engine uses).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct QpAttr {
     /// Requested state (with AttrMask::STATE).
     pub qp_state: QpState,

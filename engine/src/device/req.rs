@@ -3,7 +3,7 @@
 //! rewound PSN after a NAK or timeout (go-back-N).
 
 use super::qp::{Qp, SendWqe};
-use super::{ip_udp_header, src_port, Ctx, Transmit};
+use super::{ip_udp_header, Ctx, Transmit};
 use crate::memory::Memory;
 use crate::verbs::{Access, QpState, QpType, WcStatus};
 use crate::wire::{
@@ -32,7 +32,7 @@ pub(crate) fn emit<M: Memory>(
     if !fill(ctx, p.payload_mut()) {
         return None;
     }
-    let sport = src_port(qp_num);
+    let sport = ctx.flow_ports.port(qp_num);
     let (hdr, n) = ip_udp_header(ctx.local, dest, sport, len, 0);
     let crc = icrc::roce_v2_parts(&hdr[..n], &buf[..len - icrc::LEN]).ok()?;
     IbPacket::new_unchecked(&mut buf[..len]).set_icrc(crc);

@@ -18,11 +18,13 @@ use crate::wr::RecvWr;
 
 /// An XRC domain handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct XrcdId(pub u32);
 
 /// What happens to an XRC target QP when its last open handle goes away without an explicit
 /// destroy (its owner exited or closed the device).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum XrcPolicy {
     /// It lives on, bound to its domain, until the domain is destroyed (the libibverbs XRC
     /// extension / OFED 1.3 semantics this project follows).
@@ -34,6 +36,7 @@ pub enum XrcPolicy {
 
 /// SRQ attributes (`struct ibv_srq_attr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct SrqAttr {
     /// Most outstanding receive WQEs.
     pub max_wr: u32,
@@ -293,6 +296,12 @@ impl<M: Memory> Device<M> {
             }
             self.reap_xrcd(x);
         }
+    }
+
+    /// Whether a shared domain with this file identity still exists (the device keeps the file
+    /// open while it does).
+    pub fn xrcd_identity_live(&self, identity: u64) -> bool {
+        self.xrcds.values().any(|d| d.identity == Some(identity))
     }
 
     /// Sets the XRC target QP lifetime policy.

@@ -6,6 +6,7 @@ use super::{be, Opcode, Psn, Result};
 
 /// A 24-bit queue pair number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Qpn(u32);
 
 impl Qpn {
