@@ -1,9 +1,24 @@
 //! # softrdma-device
 //!
-//! The emulated HCA as a running thing: it will drive one engine device over a transport, serve
-//! client processes over IPC (unix socket, shared-memory rings, eventfds), reach their memory and
-//! keep rxe-named counters; it can also run embedded in a process.
-//!
-//! Status: not built yet (the device issue). This crate exists so the workspace has its final
-//! shape; it holds no code that pretends to work.
+//! The emulated HCA as a running thing (design D2-D5, D8, D9):
+//! - [`hca`]: one engine device driven over RoCEv2/UDP by a device thread, with internal
+//!   loopback, fault injection and the capture tap, serving the verbs calls of its clients;
+//! - [`server`], [`proto`], [`client`]: client processes attach over a unix socket with a
+//!   versioned protocol (SO_PEERCRED, pidfd watch, fds passed with SCM_RIGHTS);
+//! - [`daemon`], [`runtime`]: a device as a process, found in the runtime directory;
+//! - [`memory`]: the clients' memory, reached with process_vm_readv/writev;
+//! - [`verbs`]: the Rust-native verbs API, on a daemon or on a device inside the process.
 #![warn(missing_docs, unreachable_pub)]
+
+pub mod capture;
+pub mod client;
+pub mod daemon;
+pub mod faults;
+pub mod hca;
+pub mod memory;
+pub mod proto;
+pub mod runtime;
+pub mod server;
+pub mod verbs;
+
+pub use hca::{Hca, HcaConfig};

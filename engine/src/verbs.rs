@@ -289,6 +289,9 @@ pub enum VerbsError {
     /// EACCES (13).
     #[error("permission denied (EACCES)")]
     Access,
+    /// EFAULT (14): a memory range the process does not have (reg_mr).
+    #[error("bad address (EFAULT)")]
+    Fault,
     /// EBUSY (16): the object is still in use.
     #[error("object in use (EBUSY)")]
     Busy,
@@ -309,6 +312,7 @@ impl VerbsError {
             VerbsError::Again => 11,
             VerbsError::NoMem => 12,
             VerbsError::Access => 13,
+            VerbsError::Fault => 14,
             VerbsError::Busy => 16,
             VerbsError::Inval => 22,
             VerbsError::NotSupp => 95,

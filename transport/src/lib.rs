@@ -10,10 +10,10 @@
 //! - [`workload`], engine devices as nodes of that wire and a workload runner that checks what
 //!   arrived against what was posted (`softrdma sim`); [`services`], the same for XRC fan-in, UD
 //!   and UC.
+//! - [`udp`], the real wire: RoCEv2 datagrams over UDP sockets (port 4791, a pool of source
+//!   ports for flow entropy, batched with GSO/GRO), and the interface MTU to active MTU rule.
 //!
-//! Not built yet: the UDP transport (RoCEv2 on port 4791, batched with GSO/GRO) arrives with the
-//! device issue, and the optional raw-Ethernet transport after it. No code here pretends to be
-//! them.
+//! Not built yet: the optional raw-Ethernet transport. No code here pretends to be it.
 //!
 //! Guarantees of [`sim`]:
 //! - Deterministic: the same endpoints, configuration and seed give the same run, event for
@@ -25,4 +25,7 @@
 
 pub mod services;
 pub mod sim;
+pub mod udp;
 pub mod workload;
+
+pub use udp::{active_mtu, interface_mtu, RoceUdp, UdpConfig, UdpError, UdpStats};

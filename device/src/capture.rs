@@ -1,0 +1,99 @@
+//! The capture tap (design D8): every packet a device sends or receives, internal loopback
+//! included, written as an Ethernet frame (LINKTYPE_ETHERNET) with real IP/UDP headers so
+//! Wireshark decodes it.
+//!
+//! Sent packets are written as the kernel sends them (IPv4 ID 0 with DF, TTL 64). A UDP socket
+//! does not show a received packet's IP header, so received packets get a rebuilt one: the IPv4 ID
+//! that makes the ICRC hold (the sender's real ID, recovered by solving the CRC), TTL 64, and the
+//! UDP checksum recomputed over IPv6 (IPv4: 0). Loopback packets are written once, as sent. MAC
+//! addresses are made up from the IP address (02:00 + the IPv4 address; locally administered).
+
+use std::fs::File;
+use std::io::{self, BufWriter};
+use std::net::IpAddr;
+use std::path::Path;
+
+use softrdma_engine::device::ip_udp_header;
+use softrdma_engine::wire::{checksum, icrc, ipv4::Packet as Ipv4Packet};
+use softrdma_pcap::PcapWriter;
+
+/// A capture file being written.
+pub struct Tap {
+    out: PcapWriter<BufWriter<File>>,
+    frame: Vec<u8>,
+    /// Frames written.
+    pub frames: u64,
+}
+
+/// The made-up MAC address of an IP address.
+pub fn mac_of(a: IpAddr) -> [u8; 6] {
+    match a {
+        IpAddr::V4(v) => {
+            let o = v.octets();
+            [0x02, 0x00, o[0], o[1], o[2], o[3]]
+        }
+        IpAddr::V6(v) => {
+            let o = v.octets();
+            [0x02, 0x00, o[12], o[13], o[14], o[15]]
+        }
+    }
+}
+
+impl Tap {
+    /// Creates (truncates) a pcap file.
+    pub fn create(path: &Path) -> io::Result<Tap> {
+        let f = File::create(path)?;
+        let out = PcapWriter::new(BufWriter::new(f), softrdma_pcap::Resolution::Nano)?;
+        Ok(Tap { out, frame: Vec::with_capacity(4200), frames: 0 })
+    }
+
+    /// Writes one packet: `payload` is the UDP payload (BTH .. ICRC). `ip_id`: the IPv4 ID, or
+    /// `None` to recover it from the ICRC (received packets).
+    pub fn write(
+        &mut self,
+        time_ns: u64,
+        src: IpAddr,
+        dst: IpAddr,
+        sport: u16,
+        payload: &[u8],
+        ip_id: Option<u16>,
+    ) -> io::Result<()> {
+        let (mut hdr, n) = ip_udp_header(src, dst, sport, payload.len(), ip_id.unwrap_or(0));
+        if ip_id.is_none() && matches!((src, dst), (IpAddr::V4(_), IpAddr::V4(_))) {
+            if let Some(id) = icrc::solve_ipv4_id(&hdr[..n], payload) {
+                hdr[4..6].copy_from_slice(&id.to_be_bytes());
+            }
+        }
+        let v4 = hdr[0] >> 4 == 4;
+        self.frame.clear();
+        self.frame.extend_from_slice(&mac_of(dst));
+        self.frame.extend_from_slice(&mac_of(src));
+        self.frame.extend_from_slice(if v4 { &[0x08, 0x00] } else { &[0x86, 0xdd] });
+        let l3 = self.frame.len();
+        self.frame.extend_from_slice(&hdr[..n]);
+        self.frame.extend_from_slice(payload);
+        if v4 {
+            Ipv4Packet::new_unchecked(&mut self.frame[l3..l3 + 20]).fill_checksum();
+        } else {
+            // RFC 8200 8.1: the UDP checksum is mandatory over IPv6.
+            let udp = l3 + 40;
+            let ulen = self.frame.len() - udp;
+            let mut acc = checksum::sum(0, &self.frame[l3 + 8..l3 + 40]);
+            acc = checksum::sum(acc, &(ulen as u32).to_be_bytes());
+            acc = checksum::sum(acc, &[0, 0, 0, 17]);
+            acc = checksum::sum(acc, &self.frame[udp..]);
+            let c = !checksum::fold(acc);
+            let c = if c == 0 { 0xffff } else { c };
+            self.frame[udp + 6..udp + 8].copy_from_slice(&c.to_be_bytes());
+        }
+        self.out.write_packet(time_ns, &self.frame, self.frame.len() as u32)?;
+        self.frames += 1;
+        Ok(())
+    }
+
+    /// Flushes buffered frames to the file.
+    pub fn flush(&mut self) -> io::Result<()> {
+        use std::io::Write;
+        self.out.get_mut().flush()
+    }
+}

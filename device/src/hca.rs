@@ -1,0 +1,906 @@
+//! The emulated HCA as a running thing: one engine [`Device`] driven over the RoCEv2 UDP transport
+//! by a device thread, with internal loopback, fault injection and the capture tap, and the
+//! verbs calls of its clients (each an owner of objects, checked on every call).
+//!
+//! Threads: the device thread waits (ppoll) on the UDP socket, a wake-up eventfd and the next
+//! timer; a client's call runs on the caller's thread (the daemon's connection thread, or the
+//! application's own thread for an embedded device) under the device lock, then moves whatever the
+//! call made sendable, so a post leaves without a thread switch.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::fs::File;
+use std::io;
+use std::net::IpAddr;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use nix::poll::{PollFd, PollFlags};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use softrdma_engine::device::{
+    AsyncEvent, CqId, Device, DeviceConfig, FlowPorts, IcrcPolicy, PdId, RecvMeta, Transmit, XrcPolicy,
+};
+use softrdma_engine::time::Instant;
+use softrdma_engine::verbs::{Access, Mtu, QpType, VerbsError};
+use softrdma_engine::wire::Qpn;
+use softrdma_transport::udp::{self, RoceUdp, UdpConfig};
+
+use crate::capture::Tap;
+use crate::faults::{Copy, FaultCounts, FaultInjector, FaultSpec};
+use crate::memory::{range_mapped, ProcessMemory};
+use crate::proto::{ClientEvent, DeviceInfo, Request, Response};
+
+/// The RoCEv2 UDP port (IANA).
+pub const ROCE_PORT: u16 = 4791;
+
+/// rxe's vendor id (0xFFFFFF: no OUI); not Mellanox's 0x02c9, so programs that special-case
+/// Mellanox hardware do not.
+pub const VENDOR_ID: u32 = 0xff_ffff;
+
+/// How a device is set up.
+#[derive(Debug, Clone)]
+pub struct HcaConfig {
+    /// Device name (srdma0).
+    pub name: String,
+    /// The address it owns UDP 4791 on.
+    pub addr: IpAddr,
+    /// The UDP port (4791; tests may pick another).
+    pub port: u16,
+    /// Active MTU; `None`: derived from the interface MTU as rxe derives it.
+    pub mtu: Option<Mtu>,
+    /// Capture every packet into this pcap file.
+    pub pcap: Option<PathBuf>,
+    /// Faults injected on transmit.
+    pub faults: FaultSpec,
+    /// Send sockets for flow entropy (UDP source ports 0xC000.. upward); 0: send from the 4791
+    /// socket.
+    pub flow_ports: u16,
+    /// ICRC check for IPv4 senders: a UDP socket cannot see the sender's IPv4 ID, so the default
+    /// accepts a packet whose ICRC holds for some ID (design D5).
+    pub icrc: IcrcPolicy,
+    /// XRC target QP lifetime.
+    pub xrc_policy: XrcPolicy,
+    /// Seed of the device's random choices (key bits, QPNs); `None`: from the clock.
+    pub seed: Option<u64>,
+}
+
+impl HcaConfig {
+    /// A device `name` on `addr` with the defaults: UDP 4791, MTU from the interface, no capture,
+    /// no faults, 8 flow ports, the "some IPv4 ID" ICRC check.
+    pub fn new(name: &str, addr: IpAddr) -> HcaConfig {
+        HcaConfig {
+            name: name.to_owned(),
+            addr,
+            port: ROCE_PORT,
+            mtu: None,
+            pcap: None,
+            faults: FaultSpec::default(),
+            flow_ports: 8,
+            icrc: IcrcPolicy::AnyIpv4Id,
+            xrc_policy: XrcPolicy::default(),
+            seed: None,
+        }
+    }
+}
+
+/// Why a device could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum HcaError {
+    /// The UDP transport could not bind.
+    #[error(transparent)]
+    Udp(#[from] udp::UdpError),
+    /// Another I/O error (eventfd, capture file).
+    #[error("{what}: {source}")]
+    Io {
+        /// What failed.
+        what: String,
+        /// The error.
+        source: io::Error,
+    },
+}
+
+/// The objects a client made, so every call can be checked against them and they can be
+/// destroyed when the client goes.
+#[derive(Debug, Default)]
+struct Objects {
+    pds: HashSet<PdId>,
+    mrs: HashSet<u32>,
+    cqs: HashSet<CqId>,
+    qps: HashSet<Qpn>,
+    srqs: HashSet<u32>,
+    xrcds: Vec<softrdma_engine::device::XrcdId>,
+    handles: HashSet<(Qpn, u32)>,
+    mcast: HashSet<(Qpn, IpAddr)>,
+    channels: HashSet<u32>,
+}
+
+struct Client {
+    objects: Objects,
+    events: VecDeque<ClientEvent>,
+    event_fd: Arc<EventFd>,
+}
+
+struct Channel {
+    fd: Arc<EventFd>,
+    events: VecDeque<CqId>,
+}
+
+struct CqWatch {
+    channel: Option<u32>,
+    /// Armed by req_notify_cq: fire on the first completion added after `seen`.
+    armed: bool,
+    seen: u64,
+}
+
+/// A packet waiting for its time (delay or reordering injected).
+struct Delayed {
+    at: Instant,
+    seq: u64,
+    dst: IpAddr,
+    sport: u16,
+    data: Vec<u8>,
+}
+
+impl PartialEq for Delayed {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for Delayed {}
+impl PartialOrd for Delayed {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Delayed {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(o.at, o.seq))
+    }
+}
+
+/// Counters of the device layer (the engine keeps the transport's).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IoCounters {
+    /// Datagrams sent on the UDP socket.
+    pub udp_sent: u64,
+    /// Datagrams received from the UDP socket.
+    pub udp_rcvd: u64,
+    /// Packets moved through internal loopback.
+    pub loopback: u64,
+    /// UDP send errors (the packet is lost; the transport retransmits).
+    pub send_errors: u64,
+}
+
+struct State {
+    dev: Device<ProcessMemory>,
+    udp: RoceUdp,
+    faults: FaultInjector,
+    copies: Vec<Copy>,
+    delayed: BinaryHeap<Reverse<Delayed>>,
+    seq: u64,
+    loopback: VecDeque<(u16, Vec<u8>, Option<IpAddr>)>,
+    tap: Option<Tap>,
+    epoch: std::time::Instant,
+    clients: HashMap<u32, Client>,
+    next_owner: u32,
+    channels: HashMap<u32, Channel>,
+    next_channel: u32,
+    cqs: HashMap<CqId, CqWatch>,
+    /// Shared XRC domain files by (st_dev, st_ino), kept open while their domain lives.
+    xrcd_files: HashMap<(u64, u64), File>,
+    buf: Vec<u8>,
+    io: IoCounters,
+}
+
+pub(crate) struct Shared {
+    state: Mutex<State>,
+    wake: EventFd,
+    stop: AtomicBool,
+    info: DeviceInfo,
+}
+
+/// A running device.
+pub struct Hca {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+fn eventfd() -> io::Result<EventFd> {
+    EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK).map_err(io::Error::from)
+}
+
+fn node_guid(addr: IpAddr) -> u64 {
+    // EUI-64 from the made-up MAC (capture::mac_of), universal/local bit flipped as IPv6 does.
+    let m = crate::capture::mac_of(addr);
+    u64::from_be_bytes([m[0] ^ 2, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]])
+}
+
+impl Hca {
+    /// Starts a device: binds UDP, opens the capture, starts the device thread.
+    pub fn start(cfg: HcaConfig) -> Result<Hca, HcaError> {
+        let io_err = |what: &str| {
+            let what = what.to_owned();
+            move |source| HcaError::Io { what, source }
+        };
+        let udp = RoceUdp::bind(&UdpConfig {
+            addr: cfg.addr,
+            port: cfg.port,
+            sport_base: 0xc000,
+            sport_count: cfg.flow_ports,
+            gso: false,
+            gro: true,
+        })?;
+        let flow_ports = if cfg.flow_ports == 0 {
+            FlowPorts { base: cfg.port, count: 0 }
+        } else {
+            FlowPorts { base: udp.sport_base(), count: cfg.flow_ports }
+        };
+        let iface_mtu = udp::interface_mtu(cfg.addr).unwrap_or(1500);
+        let active_mtu = cfg.mtu.unwrap_or_else(|| udp::active_mtu(iface_mtu));
+        let seed = cfg.seed.unwrap_or_else(|| {
+            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            t.as_nanos() as u64 ^ u64::from(std::process::id()) << 32
+        });
+        let mut dc = DeviceConfig::new(cfg.addr, seed);
+        dc.mtu = active_mtu;
+        dc.icrc = cfg.icrc;
+        dc.flow_ports = flow_ports;
+        let mut dev = Device::new(dc, ProcessMemory::default());
+        dev.set_xrc_policy(cfg.xrc_policy);
+        let tap = match &cfg.pcap {
+            Some(p) => Some(Tap::create(p).map_err(io_err(&format!("capture file {}", p.display())))?),
+            None => None,
+        };
+        let info = DeviceInfo {
+            name: cfg.name.clone(),
+            addr: cfg.addr,
+            active_mtu,
+            iface_mtu,
+            limits: dev.config().limits,
+            node_guid: node_guid(cfg.addr),
+            vendor_id: VENDOR_ID,
+            pid: std::process::id() as i32,
+        };
+        let state = State {
+            dev,
+            udp,
+            faults: FaultInjector::new(cfg.faults),
+            copies: Vec::new(),
+            delayed: BinaryHeap::new(),
+            seq: 0,
+            loopback: VecDeque::new(),
+            tap,
+            epoch: std::time::Instant::now(),
+            clients: HashMap::new(),
+            next_owner: 1,
+            channels: HashMap::new(),
+            next_channel: 1,
+            cqs: HashMap::new(),
+            xrcd_files: HashMap::new(),
+            buf: vec![0u8; 4096 + 256],
+            io: IoCounters::default(),
+        };
+        let shared = Arc::new(Shared {
+            state: Mutex::new(state),
+            wake: eventfd().map_err(io_err("eventfd"))?,
+            stop: AtomicBool::new(false),
+            info,
+        });
+        let s2 = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("{}-engine", cfg.name))
+            .spawn(move || run(&s2))
+            .map_err(io_err("device thread"))?;
+        Ok(Hca { shared, thread: Mutex::new(Some(thread)) })
+    }
+
+    /// What the device says about itself.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.shared.info
+    }
+
+    /// A new client (owner) whose memory is process `pid`'s; returns its owner id and the fd that
+    /// is readable while async events wait for it.
+    pub fn attach(&self, pid: i32) -> io::Result<(u32, Arc<EventFd>)> {
+        let fd = Arc::new(eventfd()?);
+        let mut st = self.shared.lock();
+        let owner = st.next_owner;
+        st.next_owner += 1;
+        st.dev.memory().attach(owner, pid);
+        st.clients.insert(owner, Client { objects: Objects::default(), events: VecDeque::new(), event_fd: fd.clone() });
+        Ok((owner, fd))
+    }
+
+    /// A client went away: its objects are destroyed as the kernel's uverbs cleanup destroys a
+    /// closed context's, except that XRC target QP handles left open do not destroy their QP
+    /// (design.md, XRC; `XrcPolicy::DestroyOnLastClose` gives upstream's behaviour).
+    pub fn detach(&self, owner: u32) {
+        let mut st = self.shared.lock();
+        st.detach(owner);
+    }
+
+    /// Runs one verbs call of a client. `fds`: descriptors that came with the call (an XRC
+    /// domain file); the answer may carry descriptors too (a completion channel's).
+    pub fn call(&self, owner: u32, req: Request, fds: Vec<OwnedFd>) -> (Response, Vec<Arc<EventFd>>) {
+        let quiet = matches!(req, Request::PollCq { .. } | Request::GetAsyncEvent | Request::GetCqEvent(_));
+        let mut st = self.shared.lock();
+        let out = match st.clients.contains_key(&owner) {
+            true => st.call(owner, req, fds),
+            false => (Response::Err(VerbsError::Inval), Vec::new()),
+        };
+        st.pump();
+        drop(st);
+        if !quiet {
+            // New timers or packets for the device thread to look at.
+            let _ = self.shared.wake.write(1);
+        }
+        out
+    }
+
+    /// Engine counters, device-layer counters and injected faults.
+    pub fn counters(&self) -> (softrdma_engine::device::Counters, IoCounters, FaultCounts) {
+        let st = self.shared.lock();
+        (*st.dev.counters(), st.io, st.faults.counts)
+    }
+
+    /// Stops the device thread and flushes the capture.
+    pub fn stop(&self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let _ = self.shared.wake.write(1);
+        let t = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = t {
+            let _ = t.join();
+        }
+        if let Some(tap) = self.shared.lock().tap.as_mut() {
+            let _ = tap.flush();
+        }
+    }
+}
+
+impl Drop for Hca {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock would be a bug in the device; the state is still the
+        // engine's, so go on rather than poison every client.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The device thread.
+fn run(sh: &Shared) {
+    loop {
+        if sh.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let (timeout, udp_fd) = {
+            let mut st = sh.lock();
+            st.pump();
+            let now = st.now();
+            let next = [st.dev.poll_timeout(), st.delayed.peek().map(|d| d.0.at)].into_iter().flatten().min();
+            let t = next.map(|t| t.saturating_since(now).as_nanos());
+            (t, st.udp.as_raw_fd())
+        };
+        let ts = timeout.map(|ns| nix::sys::time::TimeSpec::from_duration(std::time::Duration::from_nanos(ns)));
+        // SAFETY-free: the fd stays open as long as `sh` (the state owns the socket).
+        let udp_b = unsafe_borrow(udp_fd);
+        let mut fds = [PollFd::new(udp_b, PollFlags::POLLIN), PollFd::new(sh.wake.as_fd(), PollFlags::POLLIN)];
+        let _ = nix::poll::ppoll(&mut fds, ts, None);
+        let wake = fds[1].revents().is_some_and(|r| r.contains(PollFlags::POLLIN));
+        let readable = fds[0].revents().is_some_and(|r| r.contains(PollFlags::POLLIN));
+        if wake {
+            let _ = sh.wake.read();
+        }
+        if readable {
+            let mut st = sh.lock();
+            st.receive();
+            st.pump();
+        }
+    }
+}
+
+fn unsafe_borrow(fd: RawFd) -> std::os::fd::BorrowedFd<'static> {
+    // SAFETY: the UDP socket lives in the device state, which outlives the device thread that
+    // polls it (`Hca::stop` joins the thread before the state can be dropped).
+    unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
+}
+
+impl State {
+    fn now(&self) -> Instant {
+        Instant(self.epoch.elapsed().as_nanos() as u64)
+    }
+
+    fn addr(&self) -> IpAddr {
+        self.dev.config().addr
+    }
+
+    /// Reads every datagram the socket holds and hands it to the engine.
+    fn receive(&mut self) {
+        let now = self.now();
+        let addr = self.addr();
+        for _ in 0..64 {
+            let State { udp, dev, tap, io, epoch, .. } = self;
+            let r = udp.recv(&mut |d| {
+                io.udp_rcvd += 1;
+                let src = d.src.ip();
+                let dst = d.dst.filter(|a| *a != addr);
+                if let Some(t) = tap.as_mut() {
+                    let _ = t.write(epoch.elapsed().as_nanos() as u64, src, dst.unwrap_or(addr), d.src.port(), d.payload, None);
+                }
+                let meta = RecvMeta { src, src_port: d.src.port(), ip_id: None, dst };
+                dev.handle_packet(now, meta, d.payload);
+            });
+            match r {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    }
+
+    /// Moves everything that can move: due timers, delayed packets, the engine's transmissions
+    /// and the internal loopback, until nothing is left (bounded), then routes events.
+    fn pump(&mut self) {
+        for _ in 0..1024 {
+            let now = self.now();
+            if self.dev.poll_timeout().is_some_and(|t| t <= now) {
+                self.dev.handle_timeout(now);
+            }
+            while self.delayed.peek().is_some_and(|d| d.0.at <= now) {
+                let d = self.delayed.pop().expect("peeked").0;
+                self.deliver(d.dst, d.sport, d.data);
+            }
+            let mut buf = std::mem::take(&mut self.buf);
+            let mut sent = 0;
+            while let Some(t) = self.dev.poll_transmit(now, &mut buf) {
+                self.emit(now, t, &buf[..t.len]);
+                sent += 1;
+                if sent == 256 {
+                    break;
+                }
+            }
+            self.buf = buf;
+            let mut moved = 0;
+            let addr = self.addr();
+            while let Some((sport, data, dst)) = self.loopback.pop_front() {
+                self.io.loopback += 1;
+                let meta = RecvMeta { src: addr, src_port: sport, ip_id: None, dst };
+                self.dev.handle_packet(now, meta, &data);
+                moved += 1;
+            }
+            if sent == 0 && moved == 0 {
+                break;
+            }
+        }
+        self.route_events();
+    }
+
+    fn emit(&mut self, now: Instant, t: Transmit, data: &[u8]) {
+        let addr = self.addr();
+        if let Some(tap) = self.tap.as_mut() {
+            let _ = tap.write(self.epoch.elapsed().as_nanos() as u64, addr, t.dst, t.src_port, data, Some(0));
+        }
+        let mut copies = std::mem::take(&mut self.copies);
+        self.faults.decide(now, data.len(), &mut copies);
+        for c in &copies {
+            let mut d = data.to_vec();
+            if let Some(b) = c.flip_bit {
+                d[b / 8] ^= 1 << (b % 8);
+            }
+            if c.at > now {
+                self.seq += 1;
+                self.delayed.push(Reverse(Delayed { at: c.at, seq: self.seq, dst: t.dst, sport: t.src_port, data: d }));
+            } else {
+                self.deliver(t.dst, t.src_port, d);
+            }
+        }
+        self.copies = copies;
+    }
+
+    /// One packet onto the wire, or through internal loopback when it is for this device
+    /// (a NIC loops back traffic between its own QPs; so do we, still through engine and tap).
+    fn deliver(&mut self, dst: IpAddr, sport: u16, data: Vec<u8>) {
+        let addr = self.addr();
+        let mcast = dst.is_multicast();
+        if dst == addr || mcast {
+            self.loopback.push_back((sport, data.clone(), mcast.then_some(dst)));
+        }
+        if dst != addr {
+            match self.udp.send(dst, sport, &data) {
+                Ok(()) => self.io.udp_sent += 1,
+                Err(_) => self.io.send_errors += 1,
+            }
+        }
+    }
+
+    /// Async events to their owners; completion channel events for armed CQs.
+    fn route_events(&mut self) {
+        while let Some(e) = self.dev.poll_event() {
+            let owner = match e {
+                AsyncEvent::CommEst(q)
+                | AsyncEvent::SqDrained(q)
+                | AsyncEvent::QpFatal(q)
+                | AsyncEvent::QpReqErr(q)
+                | AsyncEvent::QpAccessErr(q)
+                | AsyncEvent::LastWqeReached(q) => self.owner_of(|o| o.qps.contains(&q)),
+                AsyncEvent::CqErr(c) => self.owner_of(|o| o.cqs.contains(&c)),
+                AsyncEvent::SrqLimitReached(s) => self.owner_of(|o| o.srqs.contains(&s)),
+            };
+            if let Some(c) = owner.and_then(|o| self.clients.get_mut(&o)) {
+                c.events.push_back(ClientEvent { event: e, handle: None });
+                let _ = c.event_fd.write(1);
+            }
+        }
+        while let Some(h) = self.dev.poll_handle_event() {
+            if let Some(c) = self.clients.get_mut(&h.owner) {
+                c.events.push_back(ClientEvent { event: h.event, handle: Some(h.handle) });
+                let _ = c.event_fd.write(1);
+            }
+        }
+        let mut fired = Vec::new();
+        for (cq, w) in self.cqs.iter_mut() {
+            let Some((added, _)) = self.dev.cq_counts(*cq) else { continue };
+            if w.armed && added > w.seen {
+                w.armed = false;
+                w.seen = added;
+                if let Some(ch) = w.channel {
+                    fired.push((ch, *cq));
+                }
+            }
+        }
+        for (ch, cq) in fired {
+            if let Some(c) = self.channels.get_mut(&ch) {
+                c.events.push_back(cq);
+                let _ = c.fd.write(1);
+            }
+        }
+    }
+
+    fn owner_of(&self, f: impl Fn(&Objects) -> bool) -> Option<u32> {
+        self.clients.iter().find(|(_, c)| f(&c.objects)).map(|(o, _)| *o)
+    }
+
+    fn objs(&mut self, owner: u32) -> &mut Objects {
+        &mut self.clients.get_mut(&owner).expect("caller checked the client").objects
+    }
+
+    fn call(&mut self, owner: u32, req: Request, fds: Vec<OwnedFd>) -> (Response, Vec<Arc<EventFd>>) {
+        match self.call_inner(owner, req, fds) {
+            Ok(r) => r,
+            Err(e) => (Response::Err(e), Vec::new()),
+        }
+    }
+
+    fn call_inner(
+        &mut self,
+        owner: u32,
+        req: Request,
+        fds: Vec<OwnedFd>,
+    ) -> Result<(Response, Vec<Arc<EventFd>>), VerbsError> {
+        use Response as R;
+        let ok = |r: Response| Ok((r, Vec::new()));
+        let o = owner;
+        // Every object a call names must be the caller's (a client never reaches another's).
+        macro_rules! mine {
+            ($set:ident, $k:expr) => {
+                if !self.objs(o).$set.contains(&$k) {
+                    return Err(VerbsError::Inval);
+                }
+            };
+        }
+        match req {
+            Request::Hello { .. } => Err(VerbsError::Inval),
+            Request::AllocPd => {
+                let pd = self.dev.alloc_pd(o);
+                self.objs(o).pds.insert(pd);
+                ok(R::Pd(pd))
+            }
+            Request::DeallocPd(pd) => {
+                mine!(pds, pd);
+                self.dev.dealloc_pd(pd)?;
+                self.objs(o).pds.remove(&pd);
+                ok(R::Ok)
+            }
+            Request::RegMr { pd, addr, len, access } => {
+                mine!(pds, pd);
+                if len == 0 {
+                    return Err(VerbsError::Inval);
+                }
+                let pid = self.pid_of(o);
+                // The kernel pins the pages (writable when the MR may be written): EFAULT if
+                // the process does not have them.
+                let write = access.intersects(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
+                if !range_mapped(pid, addr, len, write) {
+                    return Err(VerbsError::Fault);
+                }
+                let keys = self.dev.reg_mr(pd, addr, len, access)?;
+                self.objs(o).mrs.insert(keys.lkey);
+                ok(R::Mr(keys))
+            }
+            Request::DeregMr(lkey) => {
+                mine!(mrs, lkey);
+                self.dev.dereg_mr(lkey)?;
+                self.objs(o).mrs.remove(&lkey);
+                ok(R::Ok)
+            }
+            Request::CreateCompChannel => {
+                let fd = Arc::new(eventfd().map_err(|_| VerbsError::NoMem)?);
+                let id = self.next_channel;
+                self.next_channel += 1;
+                self.channels.insert(id, Channel { fd: fd.clone(), events: VecDeque::new() });
+                self.objs(o).channels.insert(id);
+                Ok((R::Channel(id), vec![fd]))
+            }
+            Request::DestroyCompChannel(id) => {
+                mine!(channels, id);
+                if self.cqs.values().any(|w| w.channel == Some(id)) {
+                    return Err(VerbsError::Busy);
+                }
+                self.channels.remove(&id);
+                self.objs(o).channels.remove(&id);
+                ok(R::Ok)
+            }
+            Request::CreateCq { cqe, channel } => {
+                if let Some(ch) = channel {
+                    mine!(channels, ch);
+                }
+                let cq = self.dev.create_cq(cqe)?;
+                self.objs(o).cqs.insert(cq);
+                self.cqs.insert(cq, CqWatch { channel, armed: false, seen: 0 });
+                ok(R::Cq(cq))
+            }
+            Request::DestroyCq(cq) => {
+                mine!(cqs, cq);
+                self.dev.destroy_cq(cq)?;
+                self.objs(o).cqs.remove(&cq);
+                if let Some(w) = self.cqs.remove(&cq) {
+                    // Events of the CQ still queued on its channel go with it.
+                    if let Some(ch) = w.channel.and_then(|c| self.channels.get_mut(&c)) {
+                        ch.events.retain(|c| *c != cq);
+                    }
+                }
+                ok(R::Ok)
+            }
+            Request::ReqNotifyCq { cq, solicited_only: _ } => {
+                mine!(cqs, cq);
+                let added = self.dev.cq_counts(cq).map_or(0, |c| c.0);
+                let w = self.cqs.get_mut(&cq).ok_or(VerbsError::Inval)?;
+                if w.channel.is_none() {
+                    return Err(VerbsError::Inval);
+                }
+                // Solicited-only is treated as "any completion": a superset of the events IBTA
+                // 11.4.2.2 asks for (see the closing note); consumers poll after every event.
+                w.armed = true;
+                w.seen = added;
+                ok(R::Ok)
+            }
+            Request::GetCqEvent(ch) => {
+                mine!(channels, ch);
+                let c = self.channels.get_mut(&ch).ok_or(VerbsError::Inval)?;
+                ok(R::CqEvent(c.events.pop_front()))
+            }
+            Request::PollCq { cq, max } => {
+                mine!(cqs, cq);
+                ok(R::Completions(self.dev.poll_cq(cq, max.min(4096) as usize)))
+            }
+            Request::CreateQp(init) => {
+                mine!(pds, init.pd);
+                mine!(cqs, init.send_cq);
+                if init.qp_type != QpType::XrcIni {
+                    mine!(cqs, init.recv_cq);
+                }
+                if let Some(s) = init.srq {
+                    mine!(srqs, s);
+                }
+                if init.qp_type == QpType::XrcTgt {
+                    // Target QPs are made in a domain (CreateXrcTgtQp), not in a PD.
+                    return Err(VerbsError::Inval);
+                }
+                let qpn = self.dev.create_qp(init)?;
+                self.objs(o).qps.insert(qpn);
+                ok(R::Qp(qpn))
+            }
+            Request::DestroyQp(qpn) => {
+                mine!(qps, qpn);
+                self.dev.destroy_qp(qpn)?;
+                self.objs(o).qps.remove(&qpn);
+                self.objs(o).mcast.retain(|(q, _)| *q != qpn);
+                ok(R::Ok)
+            }
+            Request::ModifyQp { qpn, attr, mask } => {
+                self.check_qp(o, qpn)?;
+                self.dev.modify_qp(qpn, &attr, mask)?;
+                ok(R::Ok)
+            }
+            Request::QueryQp(qpn) => {
+                self.check_qp(o, qpn)?;
+                let (s, a) = self.dev.query_qp(qpn)?;
+                ok(R::QpAttr(s, a))
+            }
+            Request::PostSend { qpn, wrs } => {
+                mine!(qps, qpn);
+                for (i, wr) in wrs.into_iter().enumerate() {
+                    if let Err(err) = self.dev.post_send(qpn, wr) {
+                        return ok(R::PostErr { err, index: i as u32 });
+                    }
+                }
+                ok(R::Ok)
+            }
+            Request::PostRecv { qpn, wrs } => {
+                mine!(qps, qpn);
+                for (i, wr) in wrs.into_iter().enumerate() {
+                    if let Err(err) = self.dev.post_recv(qpn, wr) {
+                        return ok(R::PostErr { err, index: i as u32 });
+                    }
+                }
+                ok(R::Ok)
+            }
+            Request::CreateSrq { pd, attr } => {
+                mine!(pds, pd);
+                let s = self.dev.create_srq(pd, attr)?;
+                self.objs(o).srqs.insert(s);
+                ok(R::Srq(s))
+            }
+            Request::CreateXrcSrq { xrcd, pd, cq, attr } => {
+                mine!(pds, pd);
+                mine!(cqs, cq);
+                if !self.objs(o).xrcds.contains(&xrcd) {
+                    return Err(VerbsError::Inval);
+                }
+                let s = self.dev.create_xrc_srq(xrcd, pd, cq, attr)?;
+                self.objs(o).srqs.insert(s);
+                ok(R::Srq(s))
+            }
+            Request::ModifySrq { srqn, limit } => {
+                mine!(srqs, srqn);
+                self.dev.modify_srq_limit(srqn, limit)?;
+                ok(R::Ok)
+            }
+            Request::QuerySrq(srqn) => {
+                mine!(srqs, srqn);
+                let (a, n) = self.dev.query_srq(srqn)?;
+                ok(R::SrqAttr(a, n as u32))
+            }
+            Request::PostSrqRecv { srqn, wrs } => {
+                mine!(srqs, srqn);
+                for (i, wr) in wrs.into_iter().enumerate() {
+                    if let Err(err) = self.dev.post_srq_recv(srqn, wr) {
+                        return ok(R::PostErr { err, index: i as u32 });
+                    }
+                }
+                ok(R::Ok)
+            }
+            Request::DestroySrq(srqn) => {
+                mine!(srqs, srqn);
+                self.dev.destroy_srq(srqn)?;
+                self.objs(o).srqs.remove(&srqn);
+                ok(R::Ok)
+            }
+            Request::OpenXrcd { create, exclusive } => {
+                let file = fds.into_iter().next().map(File::from);
+                let key = match &file {
+                    Some(f) => {
+                        let md = f.metadata().map_err(|_| VerbsError::Inval)?;
+                        Some((md.dev(), md.ino()))
+                    }
+                    None => None,
+                };
+                // The identity is the file's (st_dev, st_ino); the device keeps the file open
+                // while the domain lives, so the inode number cannot be reused meanwhile.
+                let identity = key.map(|(d, i)| d.rotate_left(32) ^ i);
+                let x = self.dev.open_xrcd(o, identity, create, exclusive)?;
+                if let (Some(k), Some(f)) = (key, file) {
+                    self.xrcd_files.entry(k).or_insert(f);
+                }
+                self.objs(o).xrcds.push(x);
+                ok(R::Xrcd(x))
+            }
+            Request::CloseXrcd(x) => {
+                let i = self.objs(o).xrcds.iter().position(|y| *y == x).ok_or(VerbsError::Inval)?;
+                self.dev.close_xrcd(o, x)?;
+                self.objs(o).xrcds.remove(i);
+                self.reap_xrcd_files();
+                ok(R::Ok)
+            }
+            Request::CreateXrcTgtQp(x) => {
+                if !self.objs(o).xrcds.contains(&x) {
+                    return Err(VerbsError::Inval);
+                }
+                let (qpn, h) = self.dev.create_xrc_tgt_qp(o, x)?;
+                self.objs(o).handles.insert((qpn, h));
+                ok(R::QpHandle(qpn, h))
+            }
+            Request::OpenQp { xrcd, qpn } => {
+                if !self.objs(o).xrcds.contains(&xrcd) {
+                    return Err(VerbsError::Inval);
+                }
+                let h = self.dev.open_qp(o, xrcd, qpn)?;
+                self.objs(o).handles.insert((qpn, h));
+                ok(R::QpHandle(qpn, h))
+            }
+            Request::DestroyQpHandle { qpn, handle } => {
+                if !self.objs(o).handles.contains(&(qpn, handle)) {
+                    return Err(VerbsError::Inval);
+                }
+                self.dev.destroy_qp_handle(qpn, handle)?;
+                self.objs(o).handles.remove(&(qpn, handle));
+                ok(R::Ok)
+            }
+            Request::AttachMcast { qpn, group } => {
+                mine!(qps, qpn);
+                self.dev.attach_mcast(qpn, group)?;
+                self.objs(o).mcast.insert((qpn, group));
+                ok(R::Ok)
+            }
+            Request::DetachMcast { qpn, group } => {
+                mine!(qps, qpn);
+                self.dev.detach_mcast(qpn, group)?;
+                self.objs(o).mcast.remove(&(qpn, group));
+                ok(R::Ok)
+            }
+            Request::GetAsyncEvent => {
+                let c = self.clients.get_mut(&o).expect("checked");
+                ok(R::Event(c.events.pop_front()))
+            }
+            Request::Stats => ok(R::Stats(*self.dev.counters())),
+        }
+    }
+
+    /// A QP the caller may modify or query: its own, or a target QP it holds a handle on.
+    fn check_qp(&mut self, o: u32, qpn: Qpn) -> Result<(), VerbsError> {
+        let ob = self.objs(o);
+        if ob.qps.contains(&qpn) || ob.handles.iter().any(|(q, _)| *q == qpn) {
+            Ok(())
+        } else {
+            Err(VerbsError::Inval)
+        }
+    }
+
+    fn pid_of(&mut self, o: u32) -> i32 {
+        self.dev.memory().pid_of(o).unwrap_or(-1)
+    }
+
+    fn reap_xrcd_files(&mut self) {
+        let dev = &self.dev;
+        self.xrcd_files.retain(|(d, i), _| dev.xrcd_identity_live(d.rotate_left(32) ^ i));
+    }
+
+    fn detach(&mut self, owner: u32) {
+        let Some(c) = self.clients.remove(&owner) else { return };
+        let ob = c.objects;
+        for (q, g) in &ob.mcast {
+            let _ = self.dev.detach_mcast(*q, *g);
+        }
+        for q in &ob.qps {
+            let _ = self.dev.destroy_qp(*q);
+        }
+        // Target QP handles and domain references go (the QPs stay with their domain unless
+        // the policy says otherwise).
+        self.dev.release_owner(owner);
+        for s in &ob.srqs {
+            let _ = self.dev.destroy_srq(*s);
+        }
+        for cq in &ob.cqs {
+            let _ = self.dev.destroy_cq(*cq);
+            self.cqs.remove(cq);
+        }
+        for mr in &ob.mrs {
+            let _ = self.dev.dereg_mr(*mr);
+        }
+        for pd in &ob.pds {
+            let _ = self.dev.dealloc_pd(*pd);
+        }
+        for ch in &ob.channels {
+            self.channels.remove(ch);
+        }
+        self.dev.memory().detach(owner);
+        self.reap_xrcd_files();
+    }
+}

@@ -1,0 +1,175 @@
+//! How the device reaches its clients' memory (design D3): `process_vm_readv`/`process_vm_writev`
+//! on the client's pid, after the engine has checked the key, bounds and access rights against its
+//! memory region table.
+//!
+//! Atomics are a read and a write under the device lock, so they are atomic with respect to every
+//! other RDMA atomic on the device (IBV_ATOMIC_HCA, what `ibv_query_device` reports), as on an HCA;
+//! they are not atomic with respect to the client's own CPU stores, as on most HCAs.
+//!
+//! Ordering: applications poll the last byte of an RDMA WRITE. The engine writes a message packet
+//! by packet in PSN order; within one call the kernel copies the iovecs front to back, and x86
+//! stores become visible in program order, so the last cache line of a message lands last.
+
+use std::collections::HashMap;
+use std::io::{IoSlice, IoSliceMut};
+
+use nix::sys::uio::{process_vm_readv, process_vm_writev, RemoteIoVec};
+use nix::unistd::Pid;
+use softrdma_engine::memory::{Memory, MemoryError, Owner};
+
+/// The memory of every attached client, by owner.
+#[derive(Debug, Default)]
+pub struct ProcessMemory {
+    pids: HashMap<Owner, i32>,
+    /// Failed cross-process accesses (the client unmapped the buffer, or the kernel refused).
+    pub faults: u64,
+}
+
+impl ProcessMemory {
+    /// Maps an owner to its process.
+    pub fn attach(&mut self, owner: Owner, pid: i32) {
+        self.pids.insert(owner, pid);
+    }
+
+    /// The process of an owner.
+    pub fn pid_of(&self, owner: Owner) -> Option<i32> {
+        self.pids.get(&owner).copied()
+    }
+
+    /// Forgets an owner.
+    pub fn detach(&mut self, owner: Owner) {
+        self.pids.remove(&owner);
+    }
+
+    fn pid(&self, owner: Owner, addr: u64, len: usize) -> Result<Pid, MemoryError> {
+        self.pids.get(&owner).map(|p| Pid::from_raw(*p)).ok_or(MemoryError { addr, len })
+    }
+}
+
+impl Memory for ProcessMemory {
+    fn read(&mut self, owner: Owner, addr: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
+        let len = buf.len();
+        if len == 0 {
+            return Ok(());
+        }
+        let pid = self.pid(owner, addr, len)?;
+        let remote = [RemoteIoVec { base: addr as usize, len }];
+        match process_vm_readv(pid, &mut [IoSliceMut::new(buf)], &remote) {
+            Ok(n) if n == len => Ok(()),
+            _ => {
+                self.faults += 1;
+                Err(MemoryError { addr, len })
+            }
+        }
+    }
+
+    fn write(&mut self, owner: Owner, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+        let len = data.len();
+        if len == 0 {
+            return Ok(());
+        }
+        let pid = self.pid(owner, addr, len)?;
+        let remote = [RemoteIoVec { base: addr as usize, len }];
+        match process_vm_writev(pid, &[IoSlice::new(data)], &remote) {
+            Ok(n) if n == len => Ok(()),
+            _ => {
+                self.faults += 1;
+                Err(MemoryError { addr, len })
+            }
+        }
+    }
+
+    fn compare_swap(&mut self, owner: Owner, addr: u64, compare: u64, swap: u64) -> Result<u64, MemoryError> {
+        let mut b = [0u8; 8];
+        self.read(owner, addr, &mut b)?;
+        let old = u64::from_ne_bytes(b);
+        if old == compare {
+            self.write(owner, addr, &swap.to_ne_bytes())?;
+        }
+        Ok(old)
+    }
+
+    fn fetch_add(&mut self, owner: Owner, addr: u64, add: u64) -> Result<u64, MemoryError> {
+        let mut b = [0u8; 8];
+        self.read(owner, addr, &mut b)?;
+        let old = u64::from_ne_bytes(b);
+        self.write(owner, addr, &old.wrapping_add(add).to_ne_bytes())?;
+        Ok(old)
+    }
+}
+
+/// Whether `[addr, addr+len)` lies in mappings of process `pid` that are readable (and writable
+/// when `write`), from /proc/PID/maps: what pinning the pages would check (the kernel's
+/// ib_umem_get fails with EFAULT otherwise).
+pub fn range_mapped(pid: i32, addr: u64, len: u64, write: bool) -> bool {
+    let Some(end) = addr.checked_add(len) else { return false };
+    if len == 0 {
+        return true;
+    }
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else { return false };
+    let mut covered = addr;
+    let mut ranges: Vec<(u64, u64, bool, bool)> = maps
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let (a, b) = it.next()?.split_once('-')?;
+            let perms = it.next()?.as_bytes();
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+                perms.first() == Some(&b'r'),
+                perms.get(1) == Some(&b'w'),
+            ))
+        })
+        .collect();
+    ranges.sort_unstable();
+    for (s, e, r, w) in ranges {
+        if e <= covered || s > covered {
+            continue;
+        }
+        if !r || (write && !w) {
+            return false;
+        }
+        covered = e;
+        if covered >= end {
+            return true;
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_and_writes_own_process() {
+        let mut buf = vec![7u8; 64];
+        let mut m = ProcessMemory::default();
+        m.attach(1, std::process::id() as i32);
+        let addr = buf.as_mut_ptr() as u64;
+        m.write(1, addr + 8, &[1, 2, 3]).unwrap();
+        let mut out = [0u8; 4];
+        m.read(1, addr + 7, &mut out).unwrap();
+        assert_eq!(out, [7, 1, 2, 3]);
+        assert_eq!(m.fetch_add(1, addr + 16, 5).unwrap(), u64::from_ne_bytes([7; 8]));
+        assert_eq!(m.compare_swap(1, addr + 16, 1, 9).unwrap(), u64::from_ne_bytes([7; 8]) + 5);
+        assert!(m.read(2, addr, &mut out).is_err(), "unknown owner");
+        assert!(m.read(1, 8, &mut out).is_err(), "unmapped address");
+        assert_eq!(m.faults, 1);
+        std::hint::black_box(&buf);
+    }
+
+    #[test]
+    fn mapped_ranges() {
+        let v = vec![0u8; 1 << 16];
+        let pid = std::process::id() as i32;
+        assert!(range_mapped(pid, v.as_ptr() as u64, v.len() as u64, true));
+        assert!(!range_mapped(pid, 4096, 4096, false));
+        assert!(!range_mapped(pid, u64::MAX - 1, 4, false));
+        // Code is mapped but not writable.
+        let f = mapped_ranges as fn() as usize as u64;
+        assert!(range_mapped(pid, f, 16, false));
+        assert!(!range_mapped(pid, f, 16, true));
+    }
+}

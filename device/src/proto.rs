@@ -1,0 +1,388 @@
+//! The client protocol on a device's unix socket: versioned, request/response, postcard-encoded,
+//! one frame per message (a 4-byte little-endian length, then the body), file descriptors passed
+//! with SCM_RIGHTS on the frame's first byte.
+//!
+//! A frame larger than [`MAX_FRAME`], a body that does not decode, or a request before `Hello`
+//! ends that client's connection only.
+
+use std::io::{self, IoSlice, IoSliceMut, Read};
+use std::net::IpAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use serde::{Deserialize, Serialize};
+use softrdma_engine::device::{AsyncEvent, Counters, CqId, Limits, MrKeys, PdId, QpAttr, QpInit, SrqAttr, XrcdId};
+use softrdma_engine::verbs::{Access, AttrMask, Mtu, QpState, VerbsError};
+use softrdma_engine::wire::Qpn;
+use softrdma_engine::wr::{RecvWr, SendWr, WorkCompletion};
+
+/// The protocol version; `Hello` with another one is refused.
+pub const VERSION: u32 = 1;
+
+/// The largest frame either side accepts (a post of many WRs stays far below).
+pub const MAX_FRAME: usize = 16 << 20;
+
+/// Most file descriptors in one frame.
+pub const MAX_FDS: usize = 4;
+
+/// What a client asks.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Request {
+    /// First message: the protocol version and the client's pid (checked against SO_PEERCRED).
+    Hello {
+        /// [`VERSION`].
+        version: u32,
+        /// The client's pid.
+        pid: i32,
+    },
+    /// `ibv_alloc_pd`.
+    AllocPd,
+    /// `ibv_dealloc_pd`.
+    DeallocPd(PdId),
+    /// `ibv_reg_mr` of the client's own memory.
+    RegMr {
+        /// Protection domain.
+        pd: PdId,
+        /// Start address in the client.
+        addr: u64,
+        /// Length.
+        len: u64,
+        /// Access flags.
+        access: Access,
+    },
+    /// `ibv_dereg_mr`.
+    DeregMr(u32),
+    /// `ibv_create_comp_channel`: answered with an fd that is readable while events wait.
+    CreateCompChannel,
+    /// `ibv_destroy_comp_channel`.
+    DestroyCompChannel(u32),
+    /// `ibv_create_cq`, optionally bound to a completion channel.
+    CreateCq {
+        /// Entries.
+        cqe: u32,
+        /// Completion channel id.
+        channel: Option<u32>,
+    },
+    /// `ibv_destroy_cq`.
+    DestroyCq(CqId),
+    /// `ibv_req_notify_cq`.
+    ReqNotifyCq {
+        /// The CQ.
+        cq: CqId,
+        /// Only solicited (and error) completions.
+        solicited_only: bool,
+    },
+    /// `ibv_get_cq_event` without blocking: the next CQ event of the channel, if any.
+    GetCqEvent(u32),
+    /// `ibv_poll_cq`.
+    PollCq {
+        /// The CQ.
+        cq: CqId,
+        /// Most completions to return.
+        max: u32,
+    },
+    /// `ibv_create_qp`.
+    CreateQp(QpInit),
+    /// `ibv_destroy_qp`.
+    DestroyQp(Qpn),
+    /// `ibv_modify_qp`.
+    ModifyQp {
+        /// The QP.
+        qpn: Qpn,
+        /// Attributes.
+        attr: QpAttr,
+        /// Which ones.
+        mask: AttrMask,
+    },
+    /// `ibv_query_qp`.
+    QueryQp(Qpn),
+    /// `ibv_post_send` of a list.
+    PostSend {
+        /// The QP.
+        qpn: Qpn,
+        /// The list.
+        wrs: Vec<SendWr>,
+    },
+    /// `ibv_post_recv` of a list.
+    PostRecv {
+        /// The QP.
+        qpn: Qpn,
+        /// The list.
+        wrs: Vec<RecvWr>,
+    },
+    /// `ibv_create_srq`.
+    CreateSrq {
+        /// Protection domain.
+        pd: PdId,
+        /// Attributes.
+        attr: SrqAttr,
+    },
+    /// `ibv_create_srq_ex` of type XRC.
+    CreateXrcSrq {
+        /// Domain.
+        xrcd: XrcdId,
+        /// Protection domain.
+        pd: PdId,
+        /// CQ.
+        cq: CqId,
+        /// Attributes.
+        attr: SrqAttr,
+    },
+    /// `ibv_modify_srq` (limit only).
+    ModifySrq {
+        /// SRQ number.
+        srqn: u32,
+        /// New limit.
+        limit: u32,
+    },
+    /// `ibv_query_srq`.
+    QuerySrq(u32),
+    /// `ibv_post_srq_recv` of a list.
+    PostSrqRecv {
+        /// SRQ number.
+        srqn: u32,
+        /// The list.
+        wrs: Vec<RecvWr>,
+    },
+    /// `ibv_destroy_srq`.
+    DestroySrq(u32),
+    /// `ibv_open_xrcd`; the domain file's fd travels with the frame (none: a private domain).
+    OpenXrcd {
+        /// O_CREAT.
+        create: bool,
+        /// O_EXCL.
+        exclusive: bool,
+    },
+    /// `ibv_close_xrcd`.
+    CloseXrcd(XrcdId),
+    /// `ibv_create_qp_ex` of type XRC_RECV.
+    CreateXrcTgtQp(XrcdId),
+    /// `ibv_open_qp`.
+    OpenQp {
+        /// Domain.
+        xrcd: XrcdId,
+        /// The target QP.
+        qpn: Qpn,
+    },
+    /// `ibv_destroy_qp` on a target QP handle.
+    DestroyQpHandle {
+        /// The QP.
+        qpn: Qpn,
+        /// The handle.
+        handle: u32,
+    },
+    /// `ibv_attach_mcast`.
+    AttachMcast {
+        /// UD QP.
+        qpn: Qpn,
+        /// Group address.
+        group: IpAddr,
+    },
+    /// `ibv_detach_mcast`.
+    DetachMcast {
+        /// UD QP.
+        qpn: Qpn,
+        /// Group address.
+        group: IpAddr,
+    },
+    /// `ibv_get_async_event` without blocking.
+    GetAsyncEvent,
+    /// Counters (`softrdma stat`).
+    Stats,
+}
+
+/// What the device describes about itself at `Hello`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Device name (srdma0).
+    pub name: String,
+    /// The address (GID index 0 is its RoCEv2 GID).
+    pub addr: IpAddr,
+    /// The port's active MTU.
+    pub active_mtu: Mtu,
+    /// The interface's MTU the active MTU derives from.
+    pub iface_mtu: u32,
+    /// Limits.
+    pub limits: Limits,
+    /// Node GUID (derived from the address, as an EUI-64 from a made-up MAC).
+    pub node_guid: u64,
+    /// IEEE OUI of the vendor (a locally administered one: not Mellanox's 0x02c9).
+    pub vendor_id: u32,
+    /// The device's pid.
+    pub pid: i32,
+}
+
+/// An async event addressed to a client.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ClientEvent {
+    /// The event.
+    pub event: AsyncEvent,
+    /// For an XRC target QP event: the client's handle on the QP.
+    pub handle: Option<u32>,
+}
+
+/// What the device answers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Response {
+    /// Success with nothing to return.
+    Ok,
+    /// The verbs error (errno).
+    Err(VerbsError),
+    /// A post failed at this index of the list (`bad_wr`); the ones before it were posted.
+    PostErr {
+        /// The error.
+        err: VerbsError,
+        /// Index of the first WR not posted.
+        index: u32,
+    },
+    /// Hello accepted: the client's owner id, the device; the async event fd travels with it.
+    Hello {
+        /// The client's owner id on the device.
+        owner: u32,
+        /// The device.
+        info: DeviceInfo,
+    },
+    /// A PD.
+    Pd(PdId),
+    /// An MR's keys.
+    Mr(MrKeys),
+    /// A completion channel's id (its fd travels with the frame).
+    Channel(u32),
+    /// A CQ.
+    Cq(CqId),
+    /// A CQ event, if one was waiting.
+    CqEvent(Option<CqId>),
+    /// Completions.
+    Completions(Vec<WorkCompletion>),
+    /// A QP.
+    Qp(Qpn),
+    /// A QP's state and attributes.
+    QpAttr(QpState, QpAttr),
+    /// An SRQ number.
+    Srq(u32),
+    /// SRQ attributes and outstanding WQEs.
+    SrqAttr(SrqAttr, u32),
+    /// An XRC domain.
+    Xrcd(XrcdId),
+    /// A target QP handle.
+    QpHandle(Qpn, u32),
+    /// An async event, if one was waiting.
+    Event(Option<ClientEvent>),
+    /// Counters.
+    Stats(Counters),
+}
+
+/// A malformed or oversized frame, or an I/O error.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtoError {
+    /// I/O.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    /// The frame is larger than [`MAX_FRAME`].
+    #[error("frame of {0} bytes is larger than the limit")]
+    TooLarge(usize),
+    /// The body does not decode.
+    #[error("malformed message: {0}")]
+    Decode(#[from] postcard::Error),
+    /// The peer closed the connection.
+    #[error("connection closed")]
+    Closed,
+}
+
+/// Sends one message with optional fds.
+pub fn send<T: Serialize>(sock: &UnixStream, msg: &T, fds: &[RawFd]) -> Result<(), ProtoError> {
+    let body = postcard::to_stdvec(msg)?;
+    if body.len() > MAX_FRAME {
+        return Err(ProtoError::TooLarge(body.len()));
+    }
+    let len = (body.len() as u32).to_le_bytes();
+    let iov = [IoSlice::new(&len), IoSlice::new(&body)];
+    let cmsg = [ControlMessage::ScmRights(fds)];
+    let cmsgs: &[ControlMessage<'_>] = if fds.is_empty() { &[] } else { &cmsg };
+    let total = len.len() + body.len();
+    let n = loop {
+        match sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            r => break r.map_err(io::Error::from)?,
+        }
+    };
+    if n < total {
+        // The rest without fds (a stream socket may take a large frame in parts).
+        let mut rest = Vec::with_capacity(total - n);
+        rest.extend_from_slice(&len);
+        rest.extend_from_slice(&body);
+        use std::io::Write;
+        (&*sock).write_all(&rest[n..])?;
+    }
+    Ok(())
+}
+
+/// Receives one message and the fds that came with it.
+pub fn recv<T: for<'de> Deserialize<'de>>(sock: &UnixStream) -> Result<(T, Vec<OwnedFd>), ProtoError> {
+    let mut len = [0u8; 4];
+    let mut space = nix::cmsg_space!([RawFd; MAX_FDS]);
+    let mut fds = Vec::new();
+    let got = loop {
+        let mut iov = [IoSliceMut::new(&mut len)];
+        match recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(io::Error::from(e).into()),
+            Ok(m) => {
+                for c in m.cmsgs().map_err(io::Error::from)? {
+                    if let ControlMessageOwned::ScmRights(r) = c {
+                        // SAFETY: the kernel just installed these descriptors in this process for
+                        // us; nothing else owns them.
+                        fds.extend(r.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+                    }
+                }
+                break m.bytes;
+            }
+        }
+    };
+    if got == 0 {
+        return Err(ProtoError::Closed);
+    }
+    if got < 4 {
+        (&*sock).read_exact(&mut len[got..])?;
+    }
+    let n = u32::from_le_bytes(len) as usize;
+    if n > MAX_FRAME {
+        return Err(ProtoError::TooLarge(n));
+    }
+    let mut body = vec![0u8; n];
+    (&*sock).read_exact(&mut body)?;
+    Ok((postcard::from_bytes(&body)?, fds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn round_trip_with_fds() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let f = std::fs::File::open("/dev/null").unwrap();
+        send(&a, &Request::OpenXrcd { create: true, exclusive: false }, &[f.as_raw_fd()]).unwrap();
+        send(&a, &Request::PollCq { cq: CqId(3), max: 16 }, &[]).unwrap();
+        let (m, fds): (Request, _) = recv(&b).unwrap();
+        assert!(matches!(m, Request::OpenXrcd { create: true, exclusive: false }));
+        assert_eq!(fds.len(), 1);
+        let (m, fds): (Request, _) = recv(&b).unwrap();
+        assert!(matches!(m, Request::PollCq { cq: CqId(3), max: 16 }));
+        assert!(fds.is_empty());
+    }
+
+    #[test]
+    fn malformed_and_oversized_frames_are_errors() {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        a.write_all(&3u32.to_le_bytes()).unwrap();
+        a.write_all(&[0xff, 0xff, 0xff]).unwrap();
+        assert!(matches!(recv::<Request>(&b), Err(ProtoError::Decode(_))));
+        a.write_all(&(MAX_FRAME as u32 + 1).to_le_bytes()).unwrap();
+        assert!(matches!(recv::<Request>(&b), Err(ProtoError::TooLarge(_))));
+        drop(a);
+        assert!(matches!(recv::<Request>(&b), Err(ProtoError::Closed)));
+    }
+}

@@ -1,0 +1,114 @@
+//! Serving client processes on a device's unix socket (design D2, D4): one thread per client.
+//!
+//! The peer's uid must be ours (SO_PEERCRED; other users are refused). The client is watched
+//! through a pidfd of its SO_PEERCRED pid, not through the socket: a forked child inherits the
+//! socket, so it may stay open after the client died. When the client dies, or its connection
+//! ends or sends a malformed message, its objects are destroyed ([`Hca::detach`]); no other
+//! client is affected.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
+use softrdma_engine::verbs::VerbsError;
+
+use crate::hca::Hca;
+use crate::proto::{self, Request, Response, VERSION};
+
+/// A pidfd for a process (Linux 5.3+).
+pub fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the descriptor was just created for us.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Accepts clients until `stop` is set (checked every 100 ms).
+pub fn serve(hca: Arc<Hca>, listener: UnixListener, stop: &AtomicBool) -> io::Result<()> {
+    listener.set_nonblocking(true)?;
+    while !stop.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((sock, _)) => {
+                sock.set_nonblocking(false)?;
+                let h = hca.clone();
+                std::thread::Builder::new().name("client".into()).spawn(move || serve_client(&h, sock))?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
+                let _ = nix::poll::poll(&mut fds, PollTimeout::from(100u8));
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// One client's connection, from Hello to the end.
+pub fn serve_client(hca: &Hca, sock: UnixStream) {
+    let Ok(cred) = getsockopt(&sock, PeerCredentials) else { return };
+    if cred.uid() != nix::unistd::getuid().as_raw() {
+        tracing::warn!(uid = cred.uid(), "refused a client of another user");
+        let _ = proto::send(&sock, &Response::Err(VerbsError::Access), &[]);
+        return;
+    }
+    match proto::recv::<Request>(&sock) {
+        Ok((Request::Hello { version, .. }, _)) if version == VERSION => {}
+        Ok((Request::Hello { version, .. }, _)) => {
+            tracing::warn!(version, "refused a client speaking another protocol version");
+            let _ = proto::send(&sock, &Response::Err(VerbsError::NotSupp), &[]);
+            return;
+        }
+        _ => return,
+    }
+    let pid = cred.pid();
+    let Ok(pidfd) = pidfd_open(pid) else { return };
+    let Ok((owner, event_fd)) = hca.attach(pid) else { return };
+    let hello = Response::Hello { owner, info: hca.info().clone() };
+    if proto::send(&sock, &hello, &[event_fd.as_raw_fd()]).is_ok() {
+        serve_calls(hca, owner, &sock, &pidfd);
+    }
+    hca.detach(owner);
+}
+
+fn serve_calls(hca: &Hca, owner: u32, sock: &UnixStream, pidfd: &OwnedFd) {
+    loop {
+        let mut fds = [PollFd::new(sock.as_fd(), PollFlags::POLLIN), PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+        match nix::poll::poll(&mut fds, PollTimeout::from(1000u16)) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return,
+        }
+        let has = |i: usize| fds[i].revents().is_some_and(|r| !r.is_empty());
+        if has(1) {
+            return; // the client process exited
+        }
+        if !has(0) {
+            continue;
+        }
+        let (req, in_fds) = match proto::recv::<Request>(sock) {
+            Ok(m) => m,
+            Err(e) => {
+                if !matches!(e, proto::ProtoError::Closed) {
+                    tracing::warn!(owner, error = %e, "disconnecting a client");
+                }
+                return;
+            }
+        };
+        let (resp, out) = hca.call(owner, req, in_fds);
+        let raw: Vec<_> = out.iter().map(|f| f.as_raw_fd()).collect();
+        if proto::send(sock, &resp, &raw).is_err() {
+            return;
+        }
+    }
+}
+
+/// How long `up` waits for a device to answer.
+pub const START_TIMEOUT: Duration = Duration::from_secs(10);

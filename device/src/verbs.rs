@@ -1,0 +1,742 @@
+//! The Rust-native verbs API, in the style of rust-ibverbs and sideway: a [`Context`] on a
+//! device, and the objects made from it, each destroyed when dropped.
+//!
+//! A context talks to a daemon ([`Context::open`]) or to a device running inside this process
+//! ([`Context::embedded`]); both run the same device code.
+//!
+//! Memory regions own their buffer ([`MemoryRegion`]); the device writes into it (received data,
+//! RDMA WRITE and READ results), so read it only after the completion that says it is there, as
+//! with any RDMA buffer.
+
+use std::fs::File;
+use std::net::IpAddr;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use serde::{Deserialize, Serialize};
+pub use softrdma_engine::device::{CqId, MrKeys, PdId, QpAttr, QpCaps, QpInit, SrqAttr, XrcdId};
+pub use softrdma_engine::verbs::{Access, AttrMask, Mtu, QpState, QpType, VerbsError, WcOpcode, WcStatus};
+pub use softrdma_engine::wire::Qpn;
+pub use softrdma_engine::wr::{RecvWr, SendOp, SendWr, Sge, UdDest, WorkCompletion};
+
+use crate::client::{ClientError, Connection};
+use crate::hca::Hca;
+use crate::proto::{ClientEvent, DeviceInfo, Request, Response};
+
+/// A verbs error: the errno of the call, or the device connection lost.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The call failed (errno as libibverbs gives it).
+    #[error(transparent)]
+    Verbs(#[from] VerbsError),
+    /// A post failed at this index of the list; the ones before it were posted.
+    #[error("work request {index} not posted: {err}")]
+    Post {
+        /// The error.
+        err: VerbsError,
+        /// Index of the first request not posted.
+        index: usize,
+    },
+    /// The device is gone or unreachable.
+    #[error(transparent)]
+    Device(#[from] ClientError),
+}
+
+/// The result of a verbs call.
+pub type Result<T> = std::result::Result<T, Error>;
+
+enum Backend {
+    Daemon(Connection),
+    Embedded { hca: Arc<Hca>, owner: u32, event_fd: OwnedFd },
+}
+
+struct Inner {
+    backend: Backend,
+    info: DeviceInfo,
+}
+
+impl Inner {
+    fn call_fds(&self, req: Request, fd: Option<RawFd>) -> Result<(Response, Vec<OwnedFd>)> {
+        let (resp, fds) = match &self.backend {
+            Backend::Daemon(c) => c.call(&req, fd.as_slice())?,
+            Backend::Embedded { hca, owner, .. } => {
+                let fds = match fd {
+                    // SAFETY: the caller lends a descriptor it keeps open for the call.
+                    Some(f) => vec![unsafe { BorrowedFd::borrow_raw(f) }.try_clone_to_owned().map_err(|_| VerbsError::NoMem)?],
+                    None => Vec::new(),
+                };
+                let (r, out) = hca.call(*owner, req, fds);
+                let out = out.iter().filter_map(|e| e.as_fd().try_clone_to_owned().ok()).collect();
+                (r, out)
+            }
+        };
+        match resp {
+            Response::Err(e) => Err(Error::Verbs(e)),
+            Response::PostErr { err, index } => Err(Error::Post { err, index: index as usize }),
+            r => Ok((r, fds)),
+        }
+    }
+
+    fn call(&self, req: Request) -> Result<Response> {
+        Ok(self.call_fds(req, None)?.0)
+    }
+
+    /// Best effort for destructors.
+    fn release(&self, req: Request) {
+        let _ = self.call(req);
+    }
+}
+
+fn unexpected<T>() -> Result<T> {
+    Err(Error::Device(ClientError::Unexpected))
+}
+
+fn wait_readable(fd: BorrowedFd<'_>, timeout: Option<Duration>) -> bool {
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    let t = match timeout {
+        None => PollTimeout::NONE,
+        Some(d) => PollTimeout::try_from(d.as_millis().min(i32::MAX as u128) as i32).unwrap_or(PollTimeout::MAX),
+    };
+    matches!(nix::poll::poll(&mut fds, t), Ok(n) if n > 0)
+}
+
+fn drain_eventfd(fd: BorrowedFd<'_>) {
+    let mut b = [0u8; 8];
+    let _ = nix::unistd::read(fd, &mut b);
+}
+
+/// An open device.
+#[derive(Clone)]
+pub struct Context {
+    inner: Arc<Inner>,
+}
+
+impl Context {
+    /// Opens device `name` (a running daemon, found in the runtime directory).
+    pub fn open(name: &str) -> Result<Context> {
+        let c = Connection::connect(name)?;
+        Ok(Context { inner: Arc::new(Inner { info: c.info.clone(), backend: Backend::Daemon(c) }) })
+    }
+
+    /// Opens device `name` in runtime directory `dir`.
+    pub fn open_in(dir: &std::path::Path, name: &str) -> Result<Context> {
+        let c = Connection::connect_in(dir, name)?;
+        Ok(Context { inner: Arc::new(Inner { info: c.info.clone(), backend: Backend::Daemon(c) }) })
+    }
+
+    /// A context on a device running in this process.
+    pub fn embedded(hca: &Arc<Hca>) -> Result<Context> {
+        let (owner, fd) = hca.attach(std::process::id() as i32).map_err(|_| VerbsError::NoMem)?;
+        let event_fd = fd.as_fd().try_clone_to_owned().map_err(|_| VerbsError::NoMem)?;
+        let info = hca.info().clone();
+        Ok(Context { inner: Arc::new(Inner { backend: Backend::Embedded { hca: hca.clone(), owner, event_fd }, info }) })
+    }
+
+    /// The device.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.inner.info
+    }
+
+    /// GID index 0 as an IP address (the RoCEv2 GID of the device's address).
+    pub fn gid_addr(&self) -> IpAddr {
+        self.inner.info.addr
+    }
+
+    /// `ibv_alloc_pd`.
+    pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
+        match self.inner.call(Request::AllocPd)? {
+            Response::Pd(id) => Ok(ProtectionDomain { ctx: self.clone(), id }),
+            _ => unexpected(),
+        }
+    }
+
+    /// `ibv_create_comp_channel`.
+    pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
+        match self.inner.call_fds(Request::CreateCompChannel, None)? {
+            (Response::Channel(id), mut fds) if !fds.is_empty() => {
+                Ok(CompletionChannel { ctx: self.clone(), id, fd: fds.remove(0) })
+            }
+            _ => unexpected(),
+        }
+    }
+
+    /// `ibv_create_cq` with at least `cqe` entries, optionally on a completion channel.
+    pub fn create_cq(&self, cqe: u32, channel: Option<&CompletionChannel>) -> Result<CompletionQueue> {
+        match self.inner.call(Request::CreateCq { cqe, channel: channel.map(|c| c.id) })? {
+            Response::Cq(id) => Ok(CompletionQueue { ctx: self.clone(), id }),
+            _ => unexpected(),
+        }
+    }
+
+    /// `ibv_open_xrcd`: the domain of `file` (shared with every process that opens the same
+    /// file), or a private one. Without `create` a missing domain is EAGAIN; `create` and
+    /// `exclusive` with an existing one is EINVAL.
+    pub fn open_xrcd(&self, file: Option<&File>, create: bool, exclusive: bool) -> Result<XrcDomain> {
+        let fd = file.map(|f| f.as_raw_fd());
+        match self.inner.call_fds(Request::OpenXrcd { create, exclusive }, fd)?.0 {
+            Response::Xrcd(id) => Ok(XrcDomain { ctx: self.clone(), id }),
+            _ => unexpected(),
+        }
+    }
+
+    /// `ibv_get_async_event`: waits up to `timeout` (`None`: forever) for the next async event.
+    pub fn get_async_event(&self, timeout: Option<Duration>) -> Result<Option<ClientEvent>> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if let Response::Event(Some(e)) = self.inner.call(Request::GetAsyncEvent)? {
+                return Ok(Some(e));
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if left == Some(Duration::ZERO) {
+                return Ok(None);
+            }
+            let fd = self.event_fd();
+            if wait_readable(fd, left) {
+                drain_eventfd(fd);
+            }
+        }
+    }
+
+    /// The fd that is readable while async events wait.
+    pub fn event_fd(&self) -> BorrowedFd<'_> {
+        match &self.inner.backend {
+            Backend::Daemon(c) => c.event_fd.as_fd(),
+            Backend::Embedded { event_fd, .. } => event_fd.as_fd(),
+        }
+    }
+
+    /// The device's transport counters.
+    pub fn counters(&self) -> Result<softrdma_engine::device::Counters> {
+        match self.inner.call(Request::Stats)? {
+            Response::Stats(c) => Ok(c),
+            _ => unexpected(),
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Backend::Embedded { hca, owner, .. } = &self.backend {
+            hca.detach(*owner);
+        }
+    }
+}
+
+/// A protection domain.
+pub struct ProtectionDomain {
+    ctx: Context,
+    id: PdId,
+}
+
+impl ProtectionDomain {
+    /// The context.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// `ibv_reg_mr` of a new zeroed buffer of `len` bytes.
+    pub fn alloc_mr(&self, len: usize, access: Access) -> Result<MemoryRegion> {
+        let buf = vec![0u8; len.max(1)].into_boxed_slice();
+        let keys = match self.ctx.inner.call(Request::RegMr {
+            pd: self.id,
+            addr: buf.as_ptr() as u64,
+            len: len as u64,
+            access,
+        })? {
+            Response::Mr(k) => k,
+            _ => return unexpected(),
+        };
+        Ok(MemoryRegion { ctx: self.ctx.clone(), buf, keys })
+    }
+
+    /// `ibv_reg_mr` of memory this process owns and keeps alive and in place until the
+    /// returned handle is dropped (the device checks the range is mapped: EFAULT otherwise).
+    ///
+    /// # Safety
+    /// `[addr, addr+len)` must stay allocated while the registration lives.
+    pub unsafe fn reg_mr_raw(&self, addr: u64, len: u64, access: Access) -> Result<RawMr> {
+        match self.ctx.inner.call(Request::RegMr { pd: self.id, addr, len, access })? {
+            Response::Mr(keys) => Ok(RawMr { ctx: self.ctx.clone(), keys }),
+            _ => unexpected(),
+        }
+    }
+
+    /// A QP builder on this PD.
+    pub fn qp_builder<'a>(&'a self, qp_type: QpType, send_cq: &'a CompletionQueue) -> QueuePairBuilder<'a> {
+        QueuePairBuilder {
+            pd: self,
+            init: QpInit {
+                qp_type,
+                pd: self.id,
+                send_cq: send_cq.id,
+                recv_cq: send_cq.id,
+                caps: QpCaps { max_send_wr: 128, max_recv_wr: 128, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+                sq_sig_all: false,
+                srq: None,
+            },
+        }
+    }
+
+    /// `ibv_create_srq`.
+    pub fn create_srq(&self, attr: SrqAttr) -> Result<SharedReceiveQueue> {
+        match self.ctx.inner.call(Request::CreateSrq { pd: self.id, attr })? {
+            Response::Srq(n) => Ok(SharedReceiveQueue { ctx: self.ctx.clone(), srqn: n }),
+            _ => unexpected(),
+        }
+    }
+}
+
+impl Drop for ProtectionDomain {
+    fn drop(&mut self) {
+        self.ctx.inner.release(Request::DeallocPd(self.id));
+    }
+}
+
+/// A registered buffer this handle owns.
+pub struct MemoryRegion {
+    ctx: Context,
+    buf: Box<[u8]>,
+    keys: MrKeys,
+}
+
+impl MemoryRegion {
+    /// Local and remote keys.
+    pub fn keys(&self) -> MrKeys {
+        self.keys
+    }
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        self.keys.lkey
+    }
+    /// Remote key.
+    pub fn rkey(&self) -> u32 {
+        self.keys.rkey
+    }
+    /// Start address (what a remote peer names in RDMA WRITE/READ/atomics).
+    pub fn addr(&self) -> u64 {
+        self.buf.as_ptr() as u64
+    }
+    /// Length.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+    /// The buffer (read it after the completion that says the data is there).
+    pub fn as_slice(&self) -> &[u8] {
+        // The device writes through process_vm_writev: read fresh bytes, not a cached view.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        &self.buf
+    }
+    /// The buffer, to fill before posting.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.buf
+    }
+    /// An SGE for `range` of the buffer.
+    pub fn sge(&self, range: std::ops::Range<usize>) -> Sge {
+        assert!(range.start <= range.end && range.end <= self.buf.len(), "SGE outside the region");
+        Sge { addr: self.addr() + range.start as u64, length: (range.end - range.start) as u32, lkey: self.keys.lkey }
+    }
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        self.ctx.inner.release(Request::DeregMr(self.keys.lkey));
+    }
+}
+
+/// A registration of memory the caller owns.
+pub struct RawMr {
+    ctx: Context,
+    keys: MrKeys,
+}
+
+impl RawMr {
+    /// Keys.
+    pub fn keys(&self) -> MrKeys {
+        self.keys
+    }
+}
+
+impl Drop for RawMr {
+    fn drop(&mut self) {
+        self.ctx.inner.release(Request::DeregMr(self.keys.lkey));
+    }
+}
+
+/// A completion channel: an fd that is readable while CQ events wait.
+pub struct CompletionChannel {
+    ctx: Context,
+    id: u32,
+    fd: OwnedFd,
+}
+
+impl CompletionChannel {
+    /// `ibv_get_cq_event`: waits up to `timeout` for the next CQ event; returns the CQ's id.
+    pub fn get_cq_event(&self, timeout: Option<Duration>) -> Result<Option<CqId>> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if let Response::CqEvent(Some(cq)) = self.ctx.inner.call(Request::GetCqEvent(self.id))? {
+                return Ok(Some(cq));
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if left == Some(Duration::ZERO) {
+                return Ok(None);
+            }
+            if wait_readable(self.fd.as_fd(), left) {
+                drain_eventfd(self.fd.as_fd());
+            }
+        }
+    }
+}
+
+impl AsFd for CompletionChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl Drop for CompletionChannel {
+    fn drop(&mut self) {
+        self.ctx.inner.release(Request::DestroyCompChannel(self.id));
+    }
+}
+
+/// A completion queue.
+pub struct CompletionQueue {
+    ctx: Context,
+    id: CqId,
+}
+
+impl CompletionQueue {
+    /// Its id (what CQ events name).
+    pub fn id(&self) -> CqId {
+        self.id
+    }
+
+    /// `ibv_poll_cq`: up to `max` completions.
+    pub fn poll(&self, max: u32) -> Result<Vec<WorkCompletion>> {
+        match self.ctx.inner.call(Request::PollCq { cq: self.id, max })? {
+            Response::Completions(c) => Ok(c),
+            _ => unexpected(),
+        }
+    }
+
+    /// Polls until `n` completions arrived or `timeout` passed (spins briefly, then backs off).
+    pub fn wait(&self, n: usize, timeout: Duration) -> Result<Vec<WorkCompletion>> {
+        let deadline = Instant::now() + timeout;
+        let mut out = Vec::new();
+        let mut idle = 0u32;
+        while out.len() < n && Instant::now() < deadline {
+            let got = self.poll((n - out.len()) as u32)?;
+            if got.is_empty() {
+                idle += 1;
+                if idle > 64 {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+            } else {
+                idle = 0;
+            }
+            out.extend(got);
+        }
+        Ok(out)
+    }
+
+    /// `ibv_req_notify_cq`.
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        self.ctx.inner.call(Request::ReqNotifyCq { cq: self.id, solicited_only })?;
+        Ok(())
+    }
+}
+
+impl Drop for CompletionQueue {
+    fn drop(&mut self) {
+        self.ctx.inner.release(Request::DestroyCq(self.id));
+    }
+}
+
+/// Builds a QP (`struct ibv_qp_init_attr`).
+pub struct QueuePairBuilder<'a> {
+    pd: &'a ProtectionDomain,
+    init: QpInit,
+}
+
+impl<'a> QueuePairBuilder<'a> {
+    /// Receive completions go to this CQ (default: the send CQ).
+    pub fn recv_cq(mut self, cq: &CompletionQueue) -> Self {
+        self.init.recv_cq = cq.id;
+        self
+    }
+    /// Queue capacities.
+    pub fn caps(mut self, caps: QpCaps) -> Self {
+        self.init.caps = caps;
+        self
+    }
+    /// Complete every send WR.
+    pub fn sig_all(mut self, on: bool) -> Self {
+        self.init.sq_sig_all = on;
+        self
+    }
+    /// Take receives from an SRQ.
+    pub fn srq(mut self, srq: &SharedReceiveQueue) -> Self {
+        self.init.srq = Some(srq.srqn);
+        self
+    }
+    /// `ibv_create_qp`.
+    pub fn build(self) -> Result<QueuePair> {
+        match self.pd.ctx.inner.call(Request::CreateQp(self.init))? {
+            Response::Qp(qpn) => {
+                Ok(QueuePair { ctx: self.pd.ctx.clone(), qpn, qp_type: self.init.qp_type, handle: None })
+            }
+            _ => unexpected(),
+        }
+    }
+}
+
+/// What a peer needs to connect to a QP, exchanged out of band (serde).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Endpoint {
+    /// The device address (its GID).
+    pub addr: IpAddr,
+    /// QP number.
+    pub qpn: u32,
+    /// First PSN it sends.
+    pub psn: u32,
+}
+
+/// Connection parameters (`ibv_modify_qp` to RTR and RTS).
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectOptions {
+    /// Path MTU.
+    pub mtu: Mtu,
+    /// Access remote peers get through the QP.
+    pub access: Access,
+    /// Local ACK timeout code (14: 67 ms).
+    pub timeout: u8,
+    /// Transport retries.
+    pub retry_cnt: u8,
+    /// RNR retries (7: infinite).
+    pub rnr_retry: u8,
+    /// RNR NAK timer code.
+    pub min_rnr_timer: u8,
+    /// Outstanding READ/atomics both ways.
+    pub rd_atomic: u8,
+    /// Q_Key (UD).
+    pub qkey: u32,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            mtu: Mtu::Mtu1024,
+            access: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            rd_atomic: 16,
+            qkey: 0x1111_1111,
+        }
+    }
+}
+
+/// A queue pair (or a handle on an XRC target QP).
+pub struct QueuePair {
+    ctx: Context,
+    qpn: Qpn,
+    qp_type: QpType,
+    handle: Option<u32>,
+}
+
+impl QueuePair {
+    /// QP number.
+    pub fn qpn(&self) -> u32 {
+        self.qpn.value()
+    }
+
+    /// This QP as a peer sees it, with the PSN it will send from.
+    pub fn endpoint(&self, psn: u32) -> Endpoint {
+        Endpoint { addr: self.ctx.gid_addr(), qpn: self.qpn(), psn }
+    }
+
+    /// `ibv_modify_qp`.
+    pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
+        self.ctx.inner.call(Request::ModifyQp { qpn: self.qpn, attr: *attr, mask })?;
+        Ok(())
+    }
+
+    /// `ibv_query_qp`.
+    pub fn query(&self) -> Result<(QpState, QpAttr)> {
+        match self.ctx.inner.call(Request::QueryQp(self.qpn))? {
+            Response::QpAttr(s, a) => Ok((s, a)),
+            _ => unexpected(),
+        }
+    }
+
+    /// RESET -> INIT -> RTR -> RTS (INIT -> RTR only for an XRC target QP; UD needs no remote),
+    /// with the attribute masks the kernel's qp_state_table requires for the QP type.
+    pub fn connect(&self, local_psn: u32, remote: &Endpoint, o: &ConnectOptions) -> Result<()> {
+        use softrdma_engine::modify::required;
+        let t = self.qp_type;
+        let mut a = QpAttr {
+            qp_state: QpState::Init,
+            pkey_index: 0,
+            port_num: 1,
+            qp_access_flags: o.access,
+            qkey: o.qkey,
+            path_mtu: o.mtu,
+            dest_qp_num: remote.qpn,
+            rq_psn: remote.psn,
+            dest: remote.addr,
+            max_dest_rd_atomic: o.rd_atomic,
+            min_rnr_timer: o.min_rnr_timer,
+            sq_psn: local_psn,
+            timeout: o.timeout,
+            retry_cnt: o.retry_cnt,
+            rnr_retry: o.rnr_retry,
+            max_rd_atomic: o.rd_atomic,
+            ..QpAttr::default()
+        };
+        let steps: &[(QpState, QpState)] = if t == QpType::XrcTgt {
+            &[(QpState::Reset, QpState::Init), (QpState::Init, QpState::Rtr)]
+        } else {
+            &[(QpState::Reset, QpState::Init), (QpState::Init, QpState::Rtr), (QpState::Rtr, QpState::Rts)]
+        };
+        for &(from, to) in steps {
+            a.qp_state = to;
+            let mask = required(t, from, to).ok_or(VerbsError::Inval)?;
+            self.modify(&a, mask)?;
+        }
+        Ok(())
+    }
+
+    /// `ibv_post_send` of a list.
+    pub fn post_send(&self, wrs: Vec<SendWr>) -> Result<()> {
+        self.ctx.inner.call(Request::PostSend { qpn: self.qpn, wrs })?;
+        Ok(())
+    }
+
+    /// `ibv_post_recv` of a list.
+    pub fn post_recv(&self, wrs: Vec<RecvWr>) -> Result<()> {
+        self.ctx.inner.call(Request::PostRecv { qpn: self.qpn, wrs })?;
+        Ok(())
+    }
+
+    /// `ibv_attach_mcast` (UD).
+    pub fn attach_mcast(&self, group: IpAddr) -> Result<()> {
+        self.ctx.inner.call(Request::AttachMcast { qpn: self.qpn, group })?;
+        Ok(())
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        let req = match self.handle {
+            Some(handle) => Request::DestroyQpHandle { qpn: self.qpn, handle },
+            None => Request::DestroyQp(self.qpn),
+        };
+        self.ctx.inner.release(req);
+    }
+}
+
+/// A shared receive queue (plain or XRC).
+pub struct SharedReceiveQueue {
+    ctx: Context,
+    srqn: u32,
+}
+
+impl SharedReceiveQueue {
+    /// `ibv_get_srq_num`: the number XRC senders name.
+    pub fn srq_num(&self) -> u32 {
+        self.srqn
+    }
+    /// `ibv_post_srq_recv` of a list.
+    pub fn post_recv(&self, wrs: Vec<RecvWr>) -> Result<()> {
+        self.ctx.inner.call(Request::PostSrqRecv { srqn: self.srqn, wrs })?;
+        Ok(())
+    }
+    /// `ibv_modify_srq` with IBV_SRQ_LIMIT.
+    pub fn set_limit(&self, limit: u32) -> Result<()> {
+        self.ctx.inner.call(Request::ModifySrq { srqn: self.srqn, limit })?;
+        Ok(())
+    }
+    /// `ibv_query_srq`: attributes and outstanding WQEs.
+    pub fn query(&self) -> Result<(SrqAttr, u32)> {
+        match self.ctx.inner.call(Request::QuerySrq(self.srqn))? {
+            Response::SrqAttr(a, n) => Ok((a, n)),
+            _ => unexpected(),
+        }
+    }
+}
+
+impl Drop for SharedReceiveQueue {
+    fn drop(&mut self) {
+        self.ctx.inner.release(Request::DestroySrq(self.srqn));
+    }
+}
+
+/// An XRC domain.
+pub struct XrcDomain {
+    ctx: Context,
+    id: XrcdId,
+}
+
+impl XrcDomain {
+    /// `ibv_create_srq_ex` of type XRC in this domain.
+    pub fn create_srq(&self, pd: &ProtectionDomain, cq: &CompletionQueue, attr: SrqAttr) -> Result<SharedReceiveQueue> {
+        match self.ctx.inner.call(Request::CreateXrcSrq { xrcd: self.id, pd: pd.id, cq: cq.id, attr })? {
+            Response::Srq(n) => Ok(SharedReceiveQueue { ctx: self.ctx.clone(), srqn: n }),
+            _ => unexpected(),
+        }
+    }
+
+    /// `ibv_create_qp_ex` of type XRC_RECV: a target QP bound to this domain.
+    pub fn create_tgt_qp(&self) -> Result<QueuePair> {
+        match self.ctx.inner.call(Request::CreateXrcTgtQp(self.id))? {
+            Response::QpHandle(qpn, h) => {
+                Ok(QueuePair { ctx: self.ctx.clone(), qpn, qp_type: QpType::XrcTgt, handle: Some(h) })
+            }
+            _ => unexpected(),
+        }
+    }
+
+    /// `ibv_open_qp`: a handle on an existing target QP of this domain.
+    pub fn open_qp(&self, qpn: u32) -> Result<QueuePair> {
+        match self.ctx.inner.call(Request::OpenQp { xrcd: self.id, qpn: Qpn::new(qpn) })? {
+            Response::QpHandle(qpn, h) => {
+                Ok(QueuePair { ctx: self.ctx.clone(), qpn, qp_type: QpType::XrcTgt, handle: Some(h) })
+            }
+            _ => unexpected(),
+        }
+    }
+
+    /// Leaves a target QP handle open: the QP then lives as long as the domain (not destroyed
+    /// when this process exits), as the XRC extension defines.
+    pub fn leak_handle(qp: QueuePair) {
+        std::mem::forget(qp);
+    }
+}
+
+impl Drop for XrcDomain {
+    fn drop(&mut self) {
+        self.ctx.inner.release(Request::CloseXrcd(self.id));
+    }
+}
+
+/// An address handle (`ibv_create_ah`): where UD datagrams go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AddressHandle {
+    /// Destination GID as an IP address.
+    pub dest: IpAddr,
+}
+
+impl AddressHandle {
+    /// A UD destination through this address handle.
+    pub fn ud(&self, remote_qpn: u32, remote_qkey: u32) -> UdDest {
+        UdDest { dest: self.dest, remote_qpn, remote_qkey }
+    }
+}

@@ -1,0 +1,986 @@
+//! RoCEv2 over real UDP sockets (design decision D5): moves the UDP payloads the engine builds
+//! (BTH, extension headers, payload, pad, ICRC) between hosts, batched with UDP GSO and GRO.
+//!
+//! # Sockets
+//!
+//! A [`RoceUdp`] owns one *receive socket* bound to `addr:port` (4791 normally) and a *pool* of
+//! send sockets bound to `addr:sport_base + i`. The pool exists because the ICRC covers the UDP
+//! source port: the engine picks a source port per QP for flow entropy (rxe: `0xC000 | hash(QPN)`),
+//! and the packet must leave from exactly that port, which a UDP socket can only do if it is bound
+//! to it. One socket per port, bound once, costs a file descriptor each and nothing per packet;
+//! the alternatives (a raw socket, or rebinding) need privileges or a syscall per flow change.
+//! With `sport_count == 0` there is no pool and everything leaves from the receive socket.
+//!
+//! Every socket is nonblocking, never connected, and has UDP checksums on (the Linux default;
+//! nothing here sets `SO_NO_CHECK`, which GSO would refuse anyway).
+//!
+//! - IPv4 sockets use `IP_MTU_DISCOVER = IP_PMTUDISC_DO`: DF is set and the kernel never
+//!   fragments. That keeps every RoCE packet in one IP datagram, and it fixes the IPv4 ID the
+//!   ICRC covers: an *unconnected* socket with DF sends ID 0, and the segments of one GSO send
+//!   get IDs 0, 1, 2, ... (measured; `shared/reference/wire/README.md`). A connected socket would
+//!   use a running per-socket counter, which a receiver cannot guess; that is why nothing here
+//!   connects. IPv6 sockets get `IPV6_MTU_DISCOVER = IPV6_PMTUDISC_DO` and `IPV6_DONTFRAG` for the
+//!   same "one packet, never fragmented" property (IPv6 has no ID in its fixed header).
+//! - IPv6 sockets set `IPV6_V6ONLY`, so a device on `::` does not also take the IPv4 port.
+//! - The receive socket asks for `IP_PKTINFO`/`IPV6_RECVPKTINFO` (the datagram's destination
+//!   address: a multicast group, or which local address was hit), `IP_RECVTTL`/
+//!   `IPV6_RECVHOPLIMIT` and `IP_RECVTOS`/`IPV6_RECVTCLASS` (capture rebuilds the IP header from
+//!   them, design decision D8), and tries 4 MiB receive and send buffers (the kernel caps them at
+//!   `net.core.rmem_max`/`wmem_max`; failure is ignored).
+//! - `SO_REUSEADDR`/`SO_REUSEPORT` are never set: a second device on the same address and port
+//!   must fail to bind, not silently share (and steal) the traffic.
+//!
+//! # Batching
+//!
+//! [`RoceUdp::send_segments`] sends several equal-size RoCE packets in one `sendmsg` with a
+//! `UDP_SEGMENT` control message (UDP GSO): the kernel (or the NIC) cuts the buffer into
+//! datagrams, each still one RoCE packet on the wire. Limits: at most [`MAX_GSO_SEGMENTS`] (64)
+//! segments, the value of `UDP_MAX_SEGMENTS` on 6.1 kernels (later ones allow 128), and at most
+//! [`MAX_GSO_BYTES`] (65535 - 8 - 20) bytes, because the whole super-packet must fit one IPv4
+//! datagram before segmentation. Only the last segment may be shorter. If the kernel rejects GSO at
+//! first use (`EIO` from a device that cannot do it, `EINVAL` from a kernel without it), the call
+//! is completed one datagram at a time and GSO stays off for this socket set.
+//!
+//! On receive, `UDP_GRO` lets the kernel hand over a run of same-size datagrams of one flow as
+//! one buffer plus the segment size; [`RoceUdp::recv`] cuts it back into datagrams. Independently
+//! of GRO, `recvmmsg` reads up to 32 buffers per syscall.
+//!
+//! Sending never blocks: `ENOBUFS` and `EAGAIN` count the datagrams as dropped
+//! ([`RoceUdp::send_drops`]) and report success, because RoCE retransmits and the engine must not
+//! wait on the wire.
+//!
+//! # MTU
+//!
+//! [`interface_mtu`] finds the MTU of the interface that holds an address, and [`active_mtu`]
+//! turns it into the port's active MTU as Linux rxe does.
+
+use std::fmt;
+use std::io::{self, IoSlice};
+use std::mem;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+
+use nix::sys::socket::{self as nsock, sockopt, ControlMessage, MsgFlags, SockaddrStorage};
+use softrdma_engine::verbs::Mtu;
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+/// The IANA port of RoCEv2.
+pub const ROCE_V2_PORT: u16 = 4791;
+
+/// The first UDP source port rxe uses for flow entropy (`RXE_ROCE_V2_SPORT`); source-port pools
+/// stay within `0xC000..=0xFFFF` when they have to move.
+pub const SPORT_RANGE_START: u16 = 0xC000;
+
+/// Most segments one [`RoceUdp::send_segments`] call takes: `UDP_MAX_SEGMENTS` of 6.1 kernels
+/// (a larger count gets `EINVAL` there; kernels from 6.13 on allow 128).
+pub const MAX_GSO_SEGMENTS: usize = 64;
+
+/// Most bytes one [`RoceUdp::send_segments`] call takes: the largest UDP payload of one IPv4
+/// datagram (65535 minus the 20-byte IPv4 and 8-byte UDP headers). GSO builds the super-packet as
+/// one datagram before cutting it, so this bounds the sum of the segments, for IPv6 too.
+pub const MAX_GSO_BYTES: usize = 65535 - 8 - 20;
+
+/// Most datagrams one [`RoceUdp::recv`] call reads without GRO (see there for GRO).
+pub const RECV_BUDGET: usize = 256;
+
+/// Bytes rxe subtracts from the interface MTU before rounding to an IB MTU: `RXE_MAX_HDR_LENGTH`
+/// (80) in `drivers/infiniband/sw/rxe/rxe_hdr.h`, room for the IP, UDP and largest IB headers.
+pub const ROCE_HEADER_OVERHEAD: u32 = 80;
+
+/// Socket buffer size asked for (the kernel caps it at `net.core.rmem_max`/`wmem_max`).
+const SOCKET_BUFFER_BYTES: usize = 4 << 20;
+
+/// Buffers per `recvmmsg`.
+const RECV_BATCH: usize = 32;
+
+/// Bytes per receive buffer: any UDP datagram (at most 65527 bytes of payload) and any GRO run
+/// (the kernel keeps a coalesced UDP packet under 64 KiB) fit, so nothing is ever truncated.
+const RECV_SLOT: usize = 1 << 16;
+
+/// Control-message bytes per receive buffer: pktinfo (at most 40 with its header), TTL or hop
+/// limit, TOS or traffic class and the GRO segment size (24 each), with room to spare.
+const CMSG_SLOT: usize = 256;
+
+/// How to set up a [`RoceUdp`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdpConfig {
+    /// The local address (the device's GID address; IPv4 or IPv6). Unspecified (`0.0.0.0`, `::`)
+    /// receives on every address, and the kernel then picks each packet's source address.
+    pub addr: IpAddr,
+    /// The UDP port to receive on, and the port every peer listens on: [`ROCE_V2_PORT`] normally.
+    /// 0 lets the kernel pick one ([`RoceUdp::port`] tells which), which only makes sense for a
+    /// device that talks to itself.
+    pub port: u16,
+    /// First UDP source port of the send-socket pool. If a port of the block is taken, further
+    /// blocks are tried ([`RoceUdp::sport_base`] tells the one used).
+    pub sport_base: u16,
+    /// Sockets in the pool; 0 sends everything from the receive socket (source port = `port`).
+    pub sport_count: u16,
+    /// Use UDP GSO in [`RoceUdp::send_segments`] when the kernel supports it.
+    pub gso: bool,
+    /// Let the kernel coalesce received datagrams (UDP GRO) when it supports it.
+    pub gro: bool,
+}
+
+impl UdpConfig {
+    /// A device at `addr` on [`ROCE_V2_PORT`], 16 source ports from [`SPORT_RANGE_START`], GSO
+    /// and GRO on.
+    pub fn new(addr: IpAddr) -> UdpConfig {
+        UdpConfig { addr, port: ROCE_V2_PORT, sport_base: SPORT_RANGE_START, sport_count: 16, gso: true, gro: true }
+    }
+}
+
+/// Why a bind failed, for callers that act on it (the message already says it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BindProblem {
+    /// `EADDRINUSE`: another socket (another device, maybe another user's) owns the address and
+    /// port.
+    InUse,
+    /// `EADDRNOTAVAIL`: the address is not one of this host's.
+    NotLocal,
+    /// `EACCES`: a port below 1024 without `CAP_NET_BIND_SERVICE`.
+    Permission,
+    /// Anything else; the message carries the system's error.
+    Other,
+}
+
+impl BindProblem {
+    fn of(error: &io::Error) -> BindProblem {
+        match error.raw_os_error() {
+            Some(libc::EADDRINUSE) => BindProblem::InUse,
+            Some(libc::EADDRNOTAVAIL) => BindProblem::NotLocal,
+            Some(libc::EACCES) => BindProblem::Permission,
+            _ => BindProblem::Other,
+        }
+    }
+}
+
+/// What can go wrong setting up a [`RoceUdp`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum UdpError {
+    /// Binding a socket failed. The message names the address and the likely cause, e.g.
+    /// "cannot bind UDP 127.0.0.1:4791 (--addr 127.0.0.1): address already in use (another
+    /// device, maybe another user's, owns it)"; it includes `error`, which is therefore not
+    /// reported again as the source.
+    #[error("cannot bind UDP {local} (--addr {addr}): {}", bind_reason(.problem, .error))]
+    Bind {
+        /// The address and port that could not be bound.
+        local: SocketAddr,
+        /// The configured address (what `--addr` said).
+        addr: IpAddr,
+        /// The cause, classified.
+        problem: BindProblem,
+        /// The system's error.
+        error: io::Error,
+    },
+    /// Every block of `count` source ports tried had a port in use.
+    #[error(
+        "cannot bind UDP source ports on {addr} (--addr {addr}): every block of {count} consecutive ports tried \
+         (from {first} up to 65535, then from {SPORT_RANGE_START}) has a port in use; free some ports or use a \
+         smaller pool"
+    )]
+    NoSourcePorts {
+        /// The configured address.
+        addr: IpAddr,
+        /// Ports per block (`sport_count`).
+        count: u16,
+        /// The first base tried (`sport_base`).
+        first: u16,
+    },
+    /// The configuration cannot work.
+    #[error("invalid UDP configuration: {0}")]
+    Config(String),
+    /// Creating or configuring a socket failed.
+    #[error("cannot set up UDP socket on {local}: {what}: {error}")]
+    Setup {
+        /// The address the socket was for.
+        local: SocketAddr,
+        /// What was being done.
+        what: &'static str,
+        /// The system's error (included in the message).
+        error: io::Error,
+    },
+}
+
+fn bind_reason(problem: &BindProblem, error: &io::Error) -> String {
+    match problem {
+        BindProblem::InUse => "address already in use (another device, maybe another user's, owns it)".to_string(),
+        BindProblem::NotLocal => "address not available (it is not an address of this host)".to_string(),
+        BindProblem::Permission => {
+            "permission denied (ports below 1024 need CAP_NET_BIND_SERVICE or root)".to_string()
+        }
+        BindProblem::Other => error.to_string(),
+    }
+}
+
+/// One received RoCEv2 datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Datagram<'a> {
+    /// The sender's address and UDP source port (the port the ICRC covers).
+    pub src: SocketAddr,
+    /// The IP destination address of the datagram (`IP_PKTINFO`/`IPV6_PKTINFO`): a multicast
+    /// group, or the local address it was sent to. `None` if the kernel did not say.
+    pub dst: Option<IpAddr>,
+    /// IPv4 TTL or IPv6 hop limit as received.
+    pub ttl: Option<u8>,
+    /// IPv4 TOS byte or IPv6 traffic class (DSCP and ECN) as received.
+    pub tos: Option<u8>,
+    /// The UDP payload: BTH through ICRC.
+    pub payload: &'a [u8],
+}
+
+/// Counters of a [`RoceUdp`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct UdpStats {
+    /// Datagrams handed to the kernel (each GSO segment counts).
+    pub sent: u64,
+    /// Send syscalls that succeeded.
+    pub send_calls: u64,
+    /// Of those, sends with UDP GSO.
+    pub gso_sends: u64,
+    /// Datagrams dropped on send because the socket or device queue was full (`ENOBUFS`,
+    /// `EAGAIN`).
+    pub send_drops: u64,
+    /// Datagrams delivered by [`RoceUdp::recv`].
+    pub received: u64,
+    /// Receive buffers that held more than one datagram (GRO coalesced them).
+    pub gro_buffers: u64,
+    /// Datagrams dropped on receive because they did not fit the buffer (should never happen).
+    pub recv_truncated: u64,
+}
+
+/// A RoCEv2 UDP endpoint: the receive socket on `addr:port` and the source-port pool. See the
+/// [module documentation](self) for the socket options and why.
+pub struct RoceUdp {
+    recv: Socket,
+    local: SocketAddr,
+    pool: Vec<Socket>,
+    sport_base: u16,
+    gso: bool,
+    gro: bool,
+    ring: RecvRing,
+    stats: UdpStats,
+}
+
+impl fmt::Debug for RoceUdp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RoceUdp")
+            .field("local", &self.local)
+            .field("sport_base", &self.sport_base)
+            .field("sport_count", &self.pool.len())
+            .field("gso", &self.gso)
+            .field("gro", &self.gro)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The result of one send syscall that did not fail.
+enum Sent {
+    Ok,
+    Dropped,
+}
+
+impl RoceUdp {
+    /// Binds the receive socket to `addr:port` and the source-port pool (see [`UdpConfig`]).
+    ///
+    /// Errors: [`UdpError::Bind`] if the receive socket cannot be bound (address taken, not local,
+    /// privileged port), or a pool socket fails for a reason other than its port being taken;
+    /// [`UdpError::NoSourcePorts`] if no block of free source ports was found;
+    /// [`UdpError::Config`] for a pool that does not fit below 65536; [`UdpError::Setup`] if a
+    /// socket cannot be created or configured (e.g. too many open files for a large pool).
+    pub fn bind(config: &UdpConfig) -> Result<RoceUdp, UdpError> {
+        let addr = config.addr;
+        let count = u32::from(config.sport_count);
+        if count > 0 && (config.sport_base == 0 || u32::from(config.sport_base) + count > 0x1_0000) {
+            return Err(UdpError::Config(format!(
+                "source ports {}..{} do not fit in 1..=65535",
+                config.sport_base,
+                u32::from(config.sport_base) + count
+            )));
+        }
+
+        let wanted = SocketAddr::new(addr, config.port);
+        let recv = new_socket(wanted)?;
+        recv.bind(&SockAddr::from(wanted)).map_err(|error| bind_error(wanted, addr, error))?;
+        let local = recv
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .ok_or_else(|| setup_error(wanted, "reading the bound address", io::ErrorKind::Other.into()))?;
+        // Bigger buffers absorb bursts between two polls; the kernel caps them, and a small buffer
+        // only costs drops that RoCE retransmits, so failure is ignored.
+        let _ = recv.set_recv_buffer_size(SOCKET_BUFFER_BYTES);
+        configure_receive(&recv, local)?;
+        let gro = config.gro && nsock::setsockopt(&recv, sockopt::UdpGroSegment, &true).is_ok();
+        // A kernel with UDP GSO answers the UDP_SEGMENT getsockopt; one without says ENOPROTOOPT.
+        let gso = config.gso && nsock::getsockopt(&recv, sockopt::UdpGsoSegment).is_ok();
+
+        let (sport_base, pool) = if config.sport_count == 0 {
+            (local.port(), Vec::new())
+        } else {
+            bind_pool(addr, config.sport_base, config.sport_count)?
+        };
+
+        Ok(RoceUdp { recv, local, pool, sport_base, gso, gro, ring: RecvRing::new(), stats: UdpStats::default() })
+    }
+
+    /// The receive socket's address and port.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// The UDP port this device receives on and sends to (peers listen on the same port).
+    pub fn port(&self) -> u16 {
+        self.local.port()
+    }
+
+    /// The first source port of the pool actually bound (may differ from the configured one if
+    /// that block was taken); the receive port when there is no pool.
+    pub fn sport_base(&self) -> u16 {
+        self.sport_base
+    }
+
+    /// Sockets in the source-port pool (the configured `sport_count`).
+    pub fn sport_count(&self) -> u16 {
+        self.pool.len() as u16
+    }
+
+    /// Whether [`RoceUdp::send_segments`] uses UDP GSO (configured, supported, and not disabled
+    /// after the kernel refused it).
+    pub fn gso_enabled(&self) -> bool {
+        self.gso
+    }
+
+    /// Whether the receive socket has UDP GRO on.
+    pub fn gro_enabled(&self) -> bool {
+        self.gro
+    }
+
+    /// Most segments one [`RoceUdp::send_segments`] call takes ([`MAX_GSO_SEGMENTS`]), with or
+    /// without GSO.
+    pub fn max_segments(&self) -> usize {
+        MAX_GSO_SEGMENTS
+    }
+
+    /// Datagrams dropped on send because a queue was full.
+    pub fn send_drops(&self) -> u64 {
+        self.stats.send_drops
+    }
+
+    /// All counters.
+    pub fn stats(&self) -> UdpStats {
+        self.stats
+    }
+
+    /// Reads every datagram queued on the receive socket, up to a budget, and calls `f` once per
+    /// RoCE datagram (a GRO buffer is cut into its segments, in order). Returns how many were
+    /// delivered; 0 when nothing was queued. Never blocks: poll [`RoceUdp::as_fd`] for
+    /// readability first.
+    ///
+    /// The budget keeps one busy peer from starving the caller's other work: without GRO at most
+    /// [`RECV_BUDGET`] datagrams; with GRO at most [`RECV_BUDGET`] buffers, each of which may hold
+    /// a run of up to 64 datagrams (a buffer is never split across calls, since the caller only
+    /// comes back when poll says the socket is readable).
+    ///
+    /// An error is returned only if nothing was delivered; after a partial read the next call
+    /// meets it again.
+    pub fn recv(&mut self, f: &mut dyn FnMut(Datagram<'_>)) -> io::Result<usize> {
+        let fd = self.recv.as_raw_fd();
+        let mut delivered = 0usize;
+        let mut buffers = 0usize;
+        while buffers < RECV_BUDGET {
+            let want = (RECV_BUDGET - buffers).min(RECV_BATCH);
+            let n = match self.ring.fill(fd, want) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(_) if delivered > 0 => break,
+                Err(e) => return Err(e),
+            };
+            buffers += n;
+            for i in 0..n {
+                let meta = self.ring.meta[i];
+                if meta.truncated {
+                    self.stats.recv_truncated += 1;
+                    continue;
+                }
+                let data = &self.ring.data[i * RECV_SLOT..i * RECV_SLOT + meta.len];
+                // A stride of 0 cannot come from the kernel; treat it as one datagram.
+                let stride = if meta.stride == 0 { meta.len.max(1) } else { meta.stride };
+                let mut segments = 0usize;
+                for payload in data.chunks(stride) {
+                    f(Datagram { src: meta.src, dst: meta.dst, ttl: meta.ttl, tos: meta.tos, payload });
+                    segments += 1;
+                }
+                if data.is_empty() {
+                    // An empty datagram is still a datagram (the engine counts it as malformed).
+                    f(Datagram { src: meta.src, dst: meta.dst, ttl: meta.ttl, tos: meta.tos, payload: data });
+                    segments = 1;
+                }
+                if segments > 1 {
+                    self.stats.gro_buffers += 1;
+                }
+                delivered += segments;
+            }
+            if n < want {
+                // recvmmsg on a nonblocking socket returns what is queued: the queue is empty now.
+                break;
+            }
+        }
+        self.stats.received += delivered as u64;
+        Ok(delivered)
+    }
+
+    /// Sends one datagram to `dst` on this device's port (peers listen on the same port), from
+    /// the socket bound to `src_port`: a pool port, or the receive port.
+    ///
+    /// A full queue (`ENOBUFS`, `EAGAIN`) drops the datagram, counts it in
+    /// [`RoceUdp::send_drops`] and returns `Ok`. Errors: `InvalidInput` if `src_port` is not one
+    /// of this device's ports or `dst` is of the other IP family; others as the kernel reports
+    /// them (`EMSGSIZE`: larger than the path MTU, since DF is set).
+    pub fn send(&mut self, dst: IpAddr, src_port: u16, payload: &[u8]) -> io::Result<()> {
+        let to = self.destination(dst)?;
+        let outcome = send_one(self.socket_for(src_port)?, &to, payload)?;
+        self.account(outcome, 1, false);
+        Ok(())
+    }
+
+    /// Sends `buf` as datagrams of `segment_size` bytes (the last one may be shorter) to `dst`
+    /// from `src_port`, in one syscall with UDP GSO when it is on, else one send per segment.
+    ///
+    /// Limits: at most [`RoceUdp::max_segments`] segments and [`MAX_GSO_BYTES`] bytes per call
+    /// (`InvalidInput` otherwise, and for `segment_size == 0`). If the kernel refuses GSO
+    /// (`EIO`, `EINVAL`) the call is completed one datagram at a time, and if that works GSO is
+    /// turned off for good ([`RoceUdp::gso_enabled`]); if it fails too, its error is returned and
+    /// GSO stays on (the segments themselves were at fault, e.g. larger than the MTU). Drops as
+    /// in [`RoceUdp::send`]: a full queue drops every segment of the call. Without GSO, an error
+    /// on one segment returns it at once; the segments before it were sent.
+    pub fn send_segments(&mut self, dst: IpAddr, src_port: u16, buf: &[u8], segment_size: usize) -> io::Result<()> {
+        if segment_size == 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "UDP segment size 0"));
+        }
+        if buf.len() > MAX_GSO_BYTES {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} bytes in one segmented send; at most {MAX_GSO_BYTES}", buf.len()),
+            ));
+        }
+        let segments = buf.len().div_ceil(segment_size);
+        if segments > MAX_GSO_SEGMENTS {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{segments} segments in one send; at most {MAX_GSO_SEGMENTS}"),
+            ));
+        }
+        if segments <= 1 {
+            return self.send(dst, src_port, buf);
+        }
+        let to = self.destination(dst)?;
+        let mut gso_refused = false;
+        if self.gso {
+            let socket = self.socket_for(src_port)?;
+            match send_gso(socket, to, buf, segment_size) {
+                Ok(outcome) => {
+                    self.account(outcome, segments as u64, true);
+                    return Ok(());
+                }
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL)) => gso_refused = true,
+                Err(e) => return Err(e),
+            }
+        }
+        for segment in buf.chunks(segment_size) {
+            let outcome = send_one(self.socket_for(src_port)?, &to, segment)?;
+            self.account(outcome, 1, false);
+        }
+        if gso_refused {
+            self.gso = false;
+        }
+        Ok(())
+    }
+
+    /// The socket that sends from `src_port`.
+    fn socket_for(&self, src_port: u16) -> io::Result<&Socket> {
+        if src_port == self.local.port() {
+            return Ok(&self.recv);
+        }
+        let offset = usize::from(src_port.wrapping_sub(self.sport_base));
+        if src_port >= self.sport_base && offset < self.pool.len() {
+            return Ok(&self.pool[offset]);
+        }
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "UDP source port {src_port} is not one of this device's (pool {}..{}, receive port {})",
+                self.sport_base,
+                u32::from(self.sport_base) + self.pool.len() as u32,
+                self.local.port()
+            ),
+        ))
+    }
+
+    /// `dst` on this device's port, if it is of the socket's family.
+    fn destination(&self, dst: IpAddr) -> io::Result<SocketAddr> {
+        if dst.is_ipv4() != self.local.is_ipv4() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("cannot send to {dst} from {}: other IP family", self.local.ip()),
+            ));
+        }
+        Ok(SocketAddr::new(dst, self.local.port()))
+    }
+
+    fn account(&mut self, outcome: Sent, datagrams: u64, gso: bool) {
+        match outcome {
+            Sent::Ok => {
+                self.stats.sent += datagrams;
+                self.stats.send_calls += 1;
+                if gso {
+                    self.stats.gso_sends += 1;
+                }
+            }
+            Sent::Dropped => self.stats.send_drops += datagrams,
+        }
+    }
+}
+
+impl AsFd for RoceUdp {
+    /// The receive socket, to poll for readability.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.recv.as_fd()
+    }
+}
+
+impl AsRawFd for RoceUdp {
+    /// The receive socket, to poll for readability.
+    fn as_raw_fd(&self) -> RawFd {
+        self.recv.as_raw_fd()
+    }
+}
+
+/// One send syscall without control messages.
+fn send_one(socket: &Socket, to: &SocketAddr, payload: &[u8]) -> io::Result<Sent> {
+    let to = SockAddr::from(*to);
+    loop {
+        match socket.send_to(payload, &to) {
+            Ok(_) => return Ok(Sent::Ok),
+            Err(e) => match classify_send_error(e)? {
+                Some(outcome) => return Ok(outcome),
+                None => continue,
+            },
+        }
+    }
+}
+
+/// One `sendmsg` with a `UDP_SEGMENT` control message.
+fn send_gso(socket: &Socket, to: SocketAddr, buf: &[u8], segment_size: usize) -> io::Result<Sent> {
+    let to = SockaddrStorage::from(to);
+    // The callers checked segment_size <= MAX_GSO_BYTES < 65536.
+    let size = segment_size as u16;
+    let iov = [IoSlice::new(buf)];
+    let cmsgs = [ControlMessage::UdpGsoSegments(&size)];
+    loop {
+        match nsock::sendmsg(socket.as_raw_fd(), &iov, &cmsgs, MsgFlags::MSG_NOSIGNAL, Some(&to)) {
+            Ok(_) => return Ok(Sent::Ok),
+            Err(errno) => match classify_send_error(io::Error::from(errno))? {
+                Some(outcome) => return Ok(outcome),
+                None => continue,
+            },
+        }
+    }
+}
+
+/// `Ok(Some(Dropped))` for a full queue, `Ok(None)` to retry (`EINTR`), `Err` for the rest.
+fn classify_send_error(error: io::Error) -> io::Result<Option<Sent>> {
+    match error.raw_os_error() {
+        Some(libc::ENOBUFS | libc::EAGAIN) => Ok(Some(Sent::Dropped)),
+        Some(libc::EINTR) => Ok(None),
+        _ => Err(error),
+    }
+}
+
+fn bind_error(local: SocketAddr, addr: IpAddr, error: io::Error) -> UdpError {
+    UdpError::Bind { local, addr, problem: BindProblem::of(&error), error }
+}
+
+fn setup_error(local: SocketAddr, what: &'static str, error: io::Error) -> UdpError {
+    UdpError::Setup { local, what, error }
+}
+
+/// A nonblocking, close-on-exec UDP socket for `local`'s family with the options every socket
+/// here has (V6ONLY, no fragmentation, a large send buffer). Not bound yet.
+fn new_socket(local: SocketAddr) -> Result<Socket, UdpError> {
+    let socket = Socket::new(Domain::for_address(local), Type::DGRAM, Some(Protocol::UDP)).map_err(|e| {
+        let what = if e.raw_os_error() == Some(libc::EMFILE) {
+            "creating a socket (too many open files: each source port of the pool is one socket)"
+        } else {
+            "creating a socket"
+        };
+        setup_error(local, what, e)
+    })?;
+    socket.set_nonblocking(true).map_err(|e| setup_error(local, "setting O_NONBLOCK", e))?;
+    if local.is_ipv6() {
+        socket.set_only_v6(true).map_err(|e| setup_error(local, "setting IPV6_V6ONLY", e))?;
+        set_int_option(&socket, libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER, libc::IPV6_PMTUDISC_DO)
+            .map_err(|e| setup_error(local, "setting IPV6_MTU_DISCOVER", e))?;
+        nsock::setsockopt(&socket, sockopt::Ipv6DontFrag, &true)
+            .map_err(|e| setup_error(local, "setting IPV6_DONTFRAG", e.into()))?;
+    } else {
+        set_int_option(&socket, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO)
+            .map_err(|e| setup_error(local, "setting IP_MTU_DISCOVER", e))?;
+    }
+    let _ = socket.set_send_buffer_size(SOCKET_BUFFER_BYTES);
+    Ok(socket)
+}
+
+/// The receive socket's ancillary data: destination address, TTL, TOS.
+fn configure_receive(socket: &Socket, local: SocketAddr) -> Result<(), UdpError> {
+    let fail = |what: &'static str| move |e: nix::errno::Errno| setup_error(local, what, e.into());
+    if local.is_ipv6() {
+        nsock::setsockopt(socket, sockopt::Ipv6RecvPacketInfo, &true).map_err(fail("setting IPV6_RECVPKTINFO"))?;
+        nsock::setsockopt(socket, sockopt::Ipv6RecvHopLimit, &true).map_err(fail("setting IPV6_RECVHOPLIMIT"))?;
+        nsock::setsockopt(socket, sockopt::Ipv6RecvTClass, &true).map_err(fail("setting IPV6_RECVTCLASS"))?;
+    } else {
+        nsock::setsockopt(socket, sockopt::Ipv4PacketInfo, &true).map_err(fail("setting IP_PKTINFO"))?;
+        nsock::setsockopt(socket, sockopt::Ipv4RecvTtl, &true).map_err(fail("setting IP_RECVTTL"))?;
+        nsock::setsockopt(socket, sockopt::IpRecvTos, &true).map_err(fail("setting IP_RECVTOS"))?;
+    }
+    Ok(())
+}
+
+/// `setsockopt` of an int option that neither socket2 nor nix offers (`IP_MTU_DISCOVER`).
+fn set_int_option(socket: &Socket, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
+    // SAFETY: the pointer and length describe `value`, a live c_int, for the whole call; the fd
+    // is owned by `socket`.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The bases tried for a pool of `count` ports: `base` itself, then the following blocks up to
+/// 65535 (only those inside `0xC000..`), then the blocks from 0xC000 that end before `base`.
+fn pool_bases(base: u16, count: u16) -> impl Iterator<Item = u16> {
+    let (base, count) = (u32::from(base), u32::from(count));
+    let start = u32::from(SPORT_RANGE_START);
+    let fits = move |b: &u32| b + count <= 0x1_0000;
+    let forward = (1..).map(move |k| base + k * count).take_while(fits).filter(move |b| *b >= start);
+    let wrapped = (0..).map(move |k| start + k * count).take_while(move |b| b + count <= base);
+    std::iter::once(base).chain(forward).chain(wrapped).map(|b| b as u16)
+}
+
+/// Binds `count` send sockets to consecutive ports, trying the bases of [`pool_bases`] until one
+/// block is entirely free.
+fn bind_pool(addr: IpAddr, base: u16, count: u16) -> Result<(u16, Vec<Socket>), UdpError> {
+    'blocks: for block in pool_bases(base, count) {
+        let mut pool = Vec::with_capacity(usize::from(count));
+        for i in 0..count {
+            let local = SocketAddr::new(addr, block + i);
+            let socket = new_socket(local)?;
+            match socket.bind(&SockAddr::from(local)) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => continue 'blocks,
+                Err(e) => return Err(bind_error(local, addr, e)),
+            }
+            // Pool sockets only send; a small receive buffer bounds what strays sent to them can
+            // hold (the kernel rounds 0 up to its minimum).
+            let _ = socket.set_recv_buffer_size(0);
+            pool.push(socket);
+        }
+        return Ok((block, pool));
+    }
+    Err(UdpError::NoSourcePorts { addr, count, first: base })
+}
+
+/// What the kernel said about one received buffer.
+#[derive(Debug, Clone, Copy)]
+struct SlotMeta {
+    len: usize,
+    /// GRO segment size; `len` when the buffer holds one datagram.
+    stride: usize,
+    truncated: bool,
+    src: SocketAddr,
+    dst: Option<IpAddr>,
+    ttl: Option<u8>,
+    tos: Option<u8>,
+}
+
+impl Default for SlotMeta {
+    fn default() -> SlotMeta {
+        SlotMeta {
+            len: 0,
+            stride: 0,
+            truncated: false,
+            src: SocketAddr::from(([0, 0, 0, 0], 0)),
+            dst: None,
+            ttl: None,
+            tos: None,
+        }
+    }
+}
+
+/// Control-message space for one buffer, aligned for `cmsghdr`.
+#[derive(Clone, Copy)]
+#[repr(C, align(8))]
+struct CmsgSpace([u8; CMSG_SLOT]);
+
+/// Receive buffers, addresses and control space for one `recvmmsg`, allocated once. The
+/// `mmsghdr` array is rebuilt on the stack for each call, so no pointer outlives a call (and the
+/// ring stays `Send`).
+struct RecvRing {
+    data: Vec<u8>,
+    names: Vec<libc::sockaddr_storage>,
+    control: Vec<CmsgSpace>,
+    meta: [SlotMeta; RECV_BATCH],
+}
+
+impl RecvRing {
+    fn new() -> RecvRing {
+        RecvRing {
+            data: vec![0; RECV_BATCH * RECV_SLOT],
+            // SAFETY: sockaddr_storage is plain old data; all zeroes is a valid (AF_UNSPEC) value.
+            names: vec![unsafe { mem::zeroed::<libc::sockaddr_storage>() }; RECV_BATCH],
+            control: vec![CmsgSpace([0; CMSG_SLOT]); RECV_BATCH],
+            meta: [SlotMeta::default(); RECV_BATCH],
+        }
+    }
+
+    /// One `recvmmsg` of up to `want` (<= RECV_BATCH) buffers; fills `meta[..n]`.
+    fn fill(&mut self, fd: RawFd, want: usize) -> io::Result<usize> {
+        let want = want.min(RECV_BATCH);
+        let data = self.data.as_mut_ptr();
+        let names = self.names.as_mut_ptr();
+        let control = self.control.as_mut_ptr();
+        // SAFETY (zeroed): iovec and mmsghdr are plain C structs; null pointers and zero lengths
+        // are valid values, and every field used is set below.
+        let mut iov: [libc::iovec; RECV_BATCH] = unsafe { mem::zeroed() };
+        let mut hdrs: [libc::mmsghdr; RECV_BATCH] = unsafe { mem::zeroed() };
+        for (i, v) in iov.iter_mut().enumerate().take(want) {
+            // SAFETY: i < RECV_BATCH, and `data` holds RECV_BATCH slots of RECV_SLOT bytes.
+            v.iov_base = unsafe { data.add(i * RECV_SLOT) }.cast();
+            v.iov_len = RECV_SLOT;
+        }
+        let iov_ptr = iov.as_mut_ptr();
+        for (i, h) in hdrs.iter_mut().enumerate().take(want) {
+            let m = &mut h.msg_hdr;
+            // SAFETY: i < RECV_BATCH = the length of `names`, `control` and `iov`.
+            unsafe {
+                m.msg_name = names.add(i).cast();
+                m.msg_iov = iov_ptr.add(i);
+                m.msg_control = control.add(i).cast();
+            }
+            m.msg_namelen = mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            m.msg_iovlen = 1;
+            m.msg_controllen = CMSG_SLOT as _;
+            m.msg_flags = 0;
+        }
+        // SAFETY: the first `want` headers point at buffers, names and control space owned by
+        // `self` (borrowed mutably for this call) with the lengths given; the kernel writes only
+        // within them. A null timeout is allowed.
+        let n = unsafe { libc::recvmmsg(fd, hdrs.as_mut_ptr(), want as libc::c_uint, 0, std::ptr::null_mut()) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let n = n as usize;
+        for (i, h) in hdrs.iter().enumerate().take(n) {
+            let len = h.msg_len as usize;
+            // SAFETY: the kernel filled `names[i]` (msg_namelen bytes) and the control messages
+            // within `msg_controllen` bytes of `control[i]`, which `h.msg_hdr` still describes.
+            self.meta[i] = unsafe { parse_message(&h.msg_hdr, &self.names[i], len) };
+        }
+        Ok(n)
+    }
+}
+
+/// Decodes one received message's source address and control messages.
+///
+/// # Safety
+/// `hdr` must describe a message `recvmsg`/`recvmmsg` just filled: `msg_control` pointing at
+/// `msg_controllen` valid bytes of control messages, and `name` the source address it wrote.
+unsafe fn parse_message(hdr: &libc::msghdr, name: &libc::sockaddr_storage, len: usize) -> SlotMeta {
+    let mut meta = SlotMeta { len, stride: len, truncated: hdr.msg_flags & libc::MSG_TRUNC != 0, ..SlotMeta::default() };
+    meta.src = socket_addr(name, hdr.msg_namelen).unwrap_or(meta.src);
+    // SAFETY (whole loop): the caller guarantees the control buffer; CMSG_FIRSTHDR/CMSG_NXTHDR
+    // only return headers that lie within msg_controllen, and each read below checks the
+    // message's length first and reads unaligned.
+    let mut c = unsafe { libc::CMSG_FIRSTHDR(hdr) };
+    while !c.is_null() {
+        let (level, kind, cmsg_len) = unsafe { ((*c).cmsg_level, (*c).cmsg_type, (*c).cmsg_len as usize) };
+        let data = unsafe { libc::CMSG_DATA(c) };
+        let data_len = cmsg_len.saturating_sub(unsafe { libc::CMSG_LEN(0) } as usize);
+        let int = || (data_len >= 4).then(|| unsafe { data.cast::<libc::c_int>().read_unaligned() });
+        match (level, kind) {
+            (libc::IPPROTO_IP, libc::IP_PKTINFO) if data_len >= mem::size_of::<libc::in_pktinfo>() => {
+                let info = unsafe { data.cast::<libc::in_pktinfo>().read_unaligned() };
+                // ipi_addr is the header's destination address (ipi_spec_dst the local one).
+                meta.dst = Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(info.ipi_addr.s_addr))));
+            }
+            (libc::IPPROTO_IP, libc::IP_TTL) => meta.ttl = int().map(|v| v as u8),
+            // IP_TOS comes as one byte.
+            (libc::IPPROTO_IP, libc::IP_TOS) if data_len >= 1 => meta.tos = Some(unsafe { data.read() }),
+            (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) if data_len >= mem::size_of::<libc::in6_pktinfo>() => {
+                let info = unsafe { data.cast::<libc::in6_pktinfo>().read_unaligned() };
+                meta.dst = Some(IpAddr::V6(Ipv6Addr::from(info.ipi6_addr.s6_addr)));
+            }
+            (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT) => meta.ttl = int().map(|v| v as u8),
+            (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => meta.tos = int().map(|v| v as u8),
+            (libc::SOL_UDP, libc::UDP_GRO) => {
+                if let Some(size) = int().filter(|&s| s > 0) {
+                    meta.stride = size as usize;
+                }
+            }
+            _ => {}
+        }
+        c = unsafe { libc::CMSG_NXTHDR(hdr, c) };
+    }
+    meta
+}
+
+/// A kernel-written socket address as a std one.
+fn socket_addr(name: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketAddr> {
+    let len = len as usize;
+    match libc::c_int::from(name.ss_family) {
+        libc::AF_INET if len >= mem::size_of::<libc::sockaddr_in>() => {
+            // SAFETY: the family says the storage holds a sockaddr_in, which fits in it.
+            let a = unsafe { (name as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>().read_unaligned() };
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
+                u16::from_be(a.sin_port),
+            )))
+        }
+        libc::AF_INET6 if len >= mem::size_of::<libc::sockaddr_in6>() => {
+            // SAFETY: the family says the storage holds a sockaddr_in6, which fits in it.
+            let a = unsafe { (name as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>().read_unaligned() };
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(a.sin6_addr.s6_addr),
+                u16::from_be(a.sin6_port),
+                a.sin6_flowinfo,
+                a.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// The MTU of the interface that holds `addr`, from `/sys/class/net/<name>/mtu`; `None` if no
+/// interface holds it, or for the unspecified address.
+///
+/// An address matches an interface that lists it exactly, or lies inside the prefix of a loopback
+/// interface's address: Linux routes all of 127.0.0.0/8 to `lo` although only 127.0.0.1/8 is
+/// listed, so 127.0.0.2 gives lo's MTU (65536).
+pub fn interface_mtu(addr: IpAddr) -> Option<u32> {
+    let name = interface_of(addr)?;
+    // An alias label ("eth0:1") names the address, not a device; the MTU is the device's.
+    let device = name.split(':').next()?;
+    if device.is_empty() || device.contains('/') {
+        return None;
+    }
+    std::fs::read_to_string(format!("/sys/class/net/{device}/mtu")).ok()?.trim().parse().ok()
+}
+
+/// The name of the interface holding `addr` (see [`interface_mtu`]).
+fn interface_of(addr: IpAddr) -> Option<String> {
+    if addr.is_unspecified() {
+        return None;
+    }
+    let interfaces: Vec<_> = nix::ifaddrs::getifaddrs().ok()?.collect();
+    let ip_of = |s: &Option<SockaddrStorage>| -> Option<IpAddr> {
+        let s = s.as_ref()?;
+        if let Some(v4) = s.as_sockaddr_in() {
+            return Some(IpAddr::V4(v4.ip()));
+        }
+        s.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))
+    };
+    if let Some(exact) = interfaces.iter().find(|i| ip_of(&i.address) == Some(addr)) {
+        return Some(exact.interface_name.clone());
+    }
+    interfaces
+        .iter()
+        .filter(|i| i.flags.contains(nix::net::if_::InterfaceFlags::IFF_LOOPBACK))
+        .find(|i| match (ip_of(&i.address), ip_of(&i.netmask)) {
+            (Some(IpAddr::V4(a)), Some(IpAddr::V4(m))) => match addr {
+                IpAddr::V4(x) => u32::from(a) & u32::from(m) == u32::from(x) & u32::from(m),
+                IpAddr::V6(_) => false,
+            },
+            (Some(IpAddr::V6(a)), Some(IpAddr::V6(m))) => match addr {
+                IpAddr::V6(x) => u128::from(a) & u128::from(m) == u128::from(x) & u128::from(m),
+                IpAddr::V4(_) => false,
+            },
+            _ => false,
+        })
+        .map(|i| i.interface_name.clone())
+}
+
+/// The port's active MTU for an interface MTU, as Linux rxe derives it: `rxe_set_mtu()`
+/// (`drivers/infiniband/sw/rxe/rxe.c`) calls `eth_mtu_int_to_enum()` (`rxe_param.h`), which
+/// subtracts `RXE_MAX_HDR_LENGTH` (80, `rxe_hdr.h`: [`ROCE_HEADER_OVERHEAD`]) and rounds down to
+/// 256, 512, 1024, 2048 or 4096; a result under 256 becomes 256.
+///
+/// So lo (65536) and 9000-byte jumbo frames give 4096, a 1500-byte Ethernet 1024 (1420 left), and
+/// 1280 also 1024. The thresholds are 4176, 2128, 1104 and 592.
+pub fn active_mtu(iface_mtu: u32) -> Mtu {
+    Mtu::at_most(iface_mtu.saturating_sub(ROCE_HEADER_OVERHEAD) as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_bases_stay_in_range() {
+        let bases: Vec<u16> = pool_bases(0xC000, 0x1000).collect();
+        assert_eq!(bases, [0xC000, 0xD000, 0xE000, 0xF000]);
+        // From the middle: forward to the end, then wrap to 0xC000 without reaching the start.
+        let bases: Vec<u16> = pool_bases(0xE010, 0x1000).collect();
+        assert_eq!(bases, [0xE010, 0xF010, 0xC000, 0xD000]);
+        // A base below the range is tried first, and only blocks inside the range follow.
+        let bases: Vec<u16> = pool_bases(0xBFF0, 0x2000).collect();
+        assert_eq!(bases, [0xBFF0, 0xDFF0]);
+        assert_eq!(pool_bases(0xFFFF, 1).collect::<Vec<_>>(), [0xFFFF, 0xC000]);
+        assert_eq!(pool_bases(0xC000, 1).count(), 0x4000);
+    }
+
+    #[test]
+    fn send_errors() {
+        let err = |n| classify_send_error(io::Error::from_raw_os_error(n));
+        assert!(matches!(err(libc::ENOBUFS), Ok(Some(Sent::Dropped))));
+        assert!(matches!(err(libc::EAGAIN), Ok(Some(Sent::Dropped))));
+        assert!(matches!(err(libc::EINTR), Ok(None)));
+        assert_eq!(err(libc::EMSGSIZE).err().and_then(|e| e.raw_os_error()), Some(libc::EMSGSIZE));
+    }
+
+    #[test]
+    fn bind_messages() {
+        let local: SocketAddr = "127.0.0.1:4791".parse().unwrap();
+        let e = bind_error(local, local.ip(), io::Error::from_raw_os_error(libc::EADDRINUSE));
+        assert_eq!(
+            e.to_string(),
+            "cannot bind UDP 127.0.0.1:4791 (--addr 127.0.0.1): address already in use (another device, maybe \
+             another user's, owns it)"
+        );
+        let local: SocketAddr = "[2001:db8::1]:4791".parse().unwrap();
+        let e = bind_error(local, local.ip(), io::Error::from_raw_os_error(libc::EADDRNOTAVAIL));
+        assert_eq!(
+            e.to_string(),
+            "cannot bind UDP [2001:db8::1]:4791 (--addr 2001:db8::1): address not available (it is not an address \
+             of this host)"
+        );
+    }
+
+    #[test]
+    fn endpoint_is_send() {
+        fn send<T: Send>() {}
+        send::<RoceUdp>();
+    }
+}
