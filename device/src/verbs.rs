@@ -608,7 +608,7 @@ impl QueuePair {
         };
         for &(from, to) in steps {
             a.qp_state = to;
-            let mask = required(t, from, to).ok_or(VerbsError::Inval)?;
+            let mask = required(t, from, to).ok_or(VerbsError::Inval)? | AttrMask::STATE;
             self.modify(&a, mask)?;
         }
         Ok(())

@@ -35,7 +35,7 @@
 //! [`RoceUdp::send_segments`] sends several equal-size RoCE packets in one `sendmsg` with a
 //! `UDP_SEGMENT` control message (UDP GSO): the kernel (or the NIC) cuts the buffer into
 //! datagrams, each still one RoCE packet on the wire. Limits: at most [`MAX_GSO_SEGMENTS`] (64)
-//! segments, the value of `UDP_MAX_SEGMENTS` on 6.1 kernels (later ones allow 128), and at most
+//! segments, the value of `UDP_MAX_SEGMENTS` on 6.1 kernels (newer ones allow 128), and at most
 //! [`MAX_GSO_BYTES`] (65535 - 8 - 20) bytes, because the whole super-packet must fit one IPv4
 //! datagram before segmentation. Only the last segment may be shorter. If the kernel rejects GSO at
 //! first use (`EIO` from a device that cannot do it, `EINVAL` from a kernel without it), the call
@@ -61,8 +61,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 
 use nix::sys::socket::{self as nsock, sockopt, ControlMessage, MsgFlags, SockaddrStorage};
-use softrdma_engine::verbs::Mtu;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use softrdma_engine::verbs::Mtu;
 
 /// The IANA port of RoCEv2.
 pub const ROCE_V2_PORT: u16 = 4791;
@@ -72,7 +72,8 @@ pub const ROCE_V2_PORT: u16 = 4791;
 pub const SPORT_RANGE_START: u16 = 0xC000;
 
 /// Most segments one [`RoceUdp::send_segments`] call takes: `UDP_MAX_SEGMENTS` of 6.1 kernels
-/// (a larger count gets `EINVAL` there; kernels from 6.13 on allow 128).
+/// (more gets `EINVAL` there). Newer kernels, and stable updates of some older ones, raised it
+/// to 128; 64 works everywhere.
 pub const MAX_GSO_SEGMENTS: usize = 64;
 
 /// Most bytes one [`RoceUdp::send_segments`] call takes: the largest UDP payload of one IPv4
@@ -176,9 +177,8 @@ pub enum UdpError {
     },
     /// Every block of `count` source ports tried had a port in use.
     #[error(
-        "cannot bind UDP source ports on {addr} (--addr {addr}): every block of {count} consecutive ports tried \
-         (from {first} up to 65535, then from {SPORT_RANGE_START}) has a port in use; free some ports or use a \
-         smaller pool"
+        "cannot bind UDP source ports on {addr}: every block of {count} consecutive ports tried (from {first} up to \
+         65535, then from {SPORT_RANGE_START}) has a port in use; free some ports or use a smaller pool"
     )]
     NoSourcePorts {
         /// The configured address.
@@ -207,9 +207,7 @@ fn bind_reason(problem: &BindProblem, error: &io::Error) -> String {
     match problem {
         BindProblem::InUse => "address already in use (another device, maybe another user's, owns it)".to_string(),
         BindProblem::NotLocal => "address not available (it is not an address of this host)".to_string(),
-        BindProblem::Permission => {
-            "permission denied (ports below 1024 need CAP_NET_BIND_SERVICE or root)".to_string()
-        }
+        BindProblem::Permission => "permission denied (ports below 1024 need CAP_NET_BIND_SERVICE or root)".to_string(),
         BindProblem::Other => error.to_string(),
     }
 }
@@ -381,8 +379,10 @@ impl RoceUdp {
     ///
     /// The budget keeps one busy peer from starving the caller's other work: without GRO at most
     /// [`RECV_BUDGET`] datagrams; with GRO at most [`RECV_BUDGET`] buffers, each of which may hold
-    /// a run of up to 64 datagrams (a buffer is never split across calls, since the caller only
-    /// comes back when poll says the socket is readable).
+    /// a run of datagrams (up to 64 coalesced by GRO, or one whole GSO send of a sender on the
+    /// same host, which loopback delivers uncut). A buffer is never split across calls: the
+    /// caller only comes back when poll says the socket is readable, so nothing may stay behind
+    /// in user space.
     ///
     /// An error is returned only if nothing was delivered; after a partial read the next call
     /// meets it again.
@@ -509,12 +509,15 @@ impl RoceUdp {
         if src_port >= self.sport_base && offset < self.pool.len() {
             return Ok(&self.pool[offset]);
         }
+        let pool = if self.pool.is_empty() {
+            "no source-port pool".to_string()
+        } else {
+            format!("pool {}..={}", self.sport_base, u32::from(self.sport_base) + self.pool.len() as u32 - 1)
+        };
         Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!(
-                "UDP source port {src_port} is not one of this device's (pool {}..{}, receive port {})",
-                self.sport_base,
-                u32::from(self.sport_base) + self.pool.len() as u32,
+                "UDP source port {src_port} is not one of this device's ({pool}, receive port {})",
                 self.local.port()
             ),
         ))
@@ -809,7 +812,8 @@ impl RecvRing {
 /// `hdr` must describe a message `recvmsg`/`recvmmsg` just filled: `msg_control` pointing at
 /// `msg_controllen` valid bytes of control messages, and `name` the source address it wrote.
 unsafe fn parse_message(hdr: &libc::msghdr, name: &libc::sockaddr_storage, len: usize) -> SlotMeta {
-    let mut meta = SlotMeta { len, stride: len, truncated: hdr.msg_flags & libc::MSG_TRUNC != 0, ..SlotMeta::default() };
+    let mut meta =
+        SlotMeta { len, stride: len, truncated: hdr.msg_flags & libc::MSG_TRUNC != 0, ..SlotMeta::default() };
     meta.src = socket_addr(name, hdr.msg_namelen).unwrap_or(meta.src);
     // SAFETY (whole loop): the caller guarantees the control buffer; CMSG_FIRSTHDR/CMSG_NXTHDR
     // only return headers that lie within msg_controllen, and each read below checks the
@@ -941,13 +945,16 @@ mod tests {
     fn pool_bases_stay_in_range() {
         let bases: Vec<u16> = pool_bases(0xC000, 0x1000).collect();
         assert_eq!(bases, [0xC000, 0xD000, 0xE000, 0xF000]);
-        // From the middle: forward to the end, then wrap to 0xC000 without reaching the start.
+        // From the middle: forward while blocks fit, then wrap to 0xC000 without reaching the start.
         let bases: Vec<u16> = pool_bases(0xE010, 0x1000).collect();
-        assert_eq!(bases, [0xE010, 0xF010, 0xC000, 0xD000]);
+        // (0xF010 + 0x1000 would pass 65535.)
+        assert_eq!(bases, [0xE010, 0xC000, 0xD000]);
         // A base below the range is tried first, and only blocks inside the range follow.
         let bases: Vec<u16> = pool_bases(0xBFF0, 0x2000).collect();
         assert_eq!(bases, [0xBFF0, 0xDFF0]);
-        assert_eq!(pool_bases(0xFFFF, 1).collect::<Vec<_>>(), [0xFFFF, 0xC000]);
+        // Single ports: every port of the range, each once.
+        let bases: Vec<u16> = pool_bases(0xFFFF, 1).collect();
+        assert_eq!((bases.len(), bases[0], bases[1], bases[0x3FFF]), (0x4000, 0xFFFF, 0xC000, 0xFFFE));
         assert_eq!(pool_bases(0xC000, 1).count(), 0x4000);
     }
 

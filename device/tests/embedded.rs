@@ -1,0 +1,261 @@
+//! Two devices in this process, talking real RoCEv2 over UDP on loopback (127.0.0.1 and
+//! 127.0.0.2), and one device talking to itself through internal loopback: RC SEND, WRITE, READ
+//! and atomics, UD, XRC and SRQ, with and without injected faults; the capture holds every packet
+//! with a valid ICRC.
+//!
+//! Each test uses its own UDP port so tests can run in parallel (devices on the same address and
+//! port would collide, as two HCAs cannot own one address).
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use softrdma_device::hca::{Hca, HcaConfig};
+use softrdma_device::verbs::*;
+
+const A: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
+const B: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+const T: Duration = Duration::from_secs(20);
+
+fn device(name: &str, addr: IpAddr, port: u16, faults: &str) -> Arc<Hca> {
+    let mut c = HcaConfig::new(name, addr);
+    c.port = port;
+    c.faults = faults.parse().unwrap();
+    c.seed = Some(port as u64);
+    Arc::new(Hca::start(c).unwrap())
+}
+
+struct Side {
+    ctx: Context,
+    pd: ProtectionDomain,
+    cq: CompletionQueue,
+    qp: QueuePair,
+    mr: MemoryRegion,
+}
+
+fn side(hca: &Arc<Hca>, t: QpType) -> Side {
+    let ctx = Context::embedded(hca).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(256, None).unwrap();
+    let caps = QpCaps { max_send_wr: 64, max_recv_wr: 64, max_send_sge: 2, max_recv_sge: 2, max_inline_data: 0 };
+    let qp = pd.qp_builder(t, &cq).caps(caps).build().unwrap();
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    let mr = pd.alloc_mr(1 << 20, access).unwrap();
+    Side { ctx, pd, cq, qp, mr }
+}
+
+fn connect(a: &Side, b: &Side, mtu: Mtu) {
+    let o = ConnectOptions { mtu, ..ConnectOptions::default() };
+    a.qp.connect(100, &b.qp.endpoint(900), &o).unwrap();
+    b.qp.connect(900, &a.qp.endpoint(100), &o).unwrap();
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+fn one(cq: &CompletionQueue) -> WorkCompletion {
+    let w = cq.wait(1, T).unwrap();
+    assert_eq!(w.len(), 1, "no completion within {T:?}");
+    w[0]
+}
+
+/// SEND (several packets), WRITE with immediate, READ, both atomics, between `a` and `b`.
+fn rc_ops(a: &mut Side, b: &mut Side, bad_rkey: bool) {
+    // SEND of 10 KB (several MTU packets).
+    let data = pattern(10_000, 7);
+    a.mr.as_mut_slice()[..data.len()].copy_from_slice(&data);
+    b.qp.post_recv(vec![RecvWr { wr_id: 1, sg_list: vec![b.mr.sge(0..16384)] }]).unwrap();
+    a.qp.post_send(vec![SendWr::new(2, SendOp::Send, vec![a.mr.sge(0..data.len())])]).unwrap();
+    let r = one(&b.cq);
+    assert_eq!((r.wr_id, r.status, r.opcode, r.byte_len), (1, WcStatus::Success, WcOpcode::Recv, 10_000));
+    assert_eq!(&b.mr.as_slice()[..data.len()], &data[..]);
+    let s = one(&a.cq);
+    assert_eq!((s.wr_id, s.status, s.opcode), (2, WcStatus::Success, WcOpcode::Send));
+
+    // WRITE with immediate into b at offset 100 000.
+    let data = pattern(70_000, 3);
+    a.mr.as_mut_slice()[..data.len()].copy_from_slice(&data);
+    b.qp.post_recv(vec![RecvWr { wr_id: 3, sg_list: vec![] }]).unwrap();
+    let op = SendOp::WriteWithImm { remote_addr: b.mr.addr() + 100_000, rkey: b.mr.rkey(), imm: 0xfeed };
+    a.qp.post_send(vec![SendWr::new(4, op, vec![a.mr.sge(0..data.len())])]).unwrap();
+    let r = one(&b.cq);
+    assert_eq!((r.wr_id, r.status, r.opcode, r.imm), (3, WcStatus::Success, WcOpcode::RecvRdmaWithImm, Some(0xfeed)));
+    assert_eq!(&b.mr.as_slice()[100_000..170_000], &data[..]);
+    assert_eq!(one(&a.cq).status, WcStatus::Success);
+
+    // READ it back from b into a at 500 000.
+    let op = SendOp::Read { remote_addr: b.mr.addr() + 100_000, rkey: b.mr.rkey() };
+    a.qp.post_send(vec![SendWr::new(5, op, vec![a.mr.sge(500_000..570_000)])]).unwrap();
+    let c = one(&a.cq);
+    assert_eq!((c.wr_id, c.status, c.opcode), (5, WcStatus::Success, WcOpcode::RdmaRead));
+    assert_eq!(&a.mr.as_slice()[500_000..570_000], &data[..]);
+
+    // Atomics on b's word at 8192.
+    b.mr.as_mut_slice()[8192..8200].copy_from_slice(&40u64.to_ne_bytes());
+    let fa = SendOp::FetchAdd { remote_addr: b.mr.addr() + 8192, rkey: b.mr.rkey(), add: 2 };
+    a.qp.post_send(vec![SendWr::new(6, fa, vec![a.mr.sge(0..8)])]).unwrap();
+    assert_eq!(one(&a.cq).status, WcStatus::Success);
+    assert_eq!(u64::from_ne_bytes(a.mr.as_slice()[..8].try_into().unwrap()), 40);
+    let cs = SendOp::CompareSwap { remote_addr: b.mr.addr() + 8192, rkey: b.mr.rkey(), compare: 42, swap: 7 };
+    a.qp.post_send(vec![SendWr::new(7, cs, vec![a.mr.sge(8..16)])]).unwrap();
+    assert_eq!(one(&a.cq).status, WcStatus::Success);
+    assert_eq!(u64::from_ne_bytes(a.mr.as_slice()[8..16].try_into().unwrap()), 42);
+    assert_eq!(u64::from_ne_bytes(b.mr.as_slice()[8192..8200].try_into().unwrap()), 7);
+
+    if !bad_rkey {
+        return;
+    }
+    // A bad rkey is a remote access error, never an access outside the MR; the responder's QP
+    // goes to ERR (IBTA 9.9.3.1.3, class C error), so this ends the connection.
+    let op = SendOp::Write { remote_addr: b.mr.addr(), rkey: b.mr.rkey() ^ 0x55 };
+    a.qp.post_send(vec![SendWr::new(8, op, vec![a.mr.sge(0..64)])]).unwrap();
+    assert_eq!(one(&a.cq).status, WcStatus::RemAccessErr);
+}
+
+#[test]
+fn rc_across_two_devices_over_udp() {
+    let (da, db) = (device("ta", A, 47911, ""), device("tb", B, 47911, ""));
+    let (mut a, mut b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
+    connect(&a, &b, Mtu::Mtu4096);
+    rc_ops(&mut a, &mut b, true);
+    let (_, io_a, _) = da.counters();
+    let (_, io_b, _) = db.counters();
+    assert!(io_a.udp_sent > 10 && io_b.udp_rcvd > 10, "{io_a:?} {io_b:?}");
+    assert_eq!(io_a.loopback, 0, "two devices talk over UDP, not loopback");
+}
+
+#[test]
+fn rc_within_one_device_through_loopback_with_faults() {
+    let d = device("tl", A, 47912, "loss=0.03,dup=0.03,reorder=0.03,corrupt=0.01,seed=5");
+    let (mut a, mut b) = (side(&d, QpType::Rc), side(&d, QpType::Rc));
+    connect(&a, &b, Mtu::Mtu1024);
+    for round in 0..3 {
+        rc_ops(&mut a, &mut b, round == 2);
+    }
+    let (c, io, f) = d.counters();
+    assert!(io.loopback > 100 && io.udp_sent == 0, "{io:?}");
+    assert!(f.dropped > 0 && f.duplicated > 0 && f.corrupted > 0, "{f:?}");
+    assert!(c.retransmitted_pkts > 0, "{c:?}");
+    assert!(c.icrc_err > 0, "corrupted packets are caught by the ICRC: {c:?}");
+}
+
+#[test]
+fn ud_across_devices_and_grh() {
+    let (da, db) = (device("ua", A, 47913, ""), device("ub", B, 47913, ""));
+    let (mut a, b) = (side(&da, QpType::Ud), side(&db, QpType::Ud));
+    let o = ConnectOptions::default();
+    a.qp.connect(0, &b.qp.endpoint(0), &o).unwrap();
+    b.qp.connect(0, &a.qp.endpoint(0), &o).unwrap();
+    let msg = pattern(1000, 9);
+    a.mr.as_mut_slice()[..1000].copy_from_slice(&msg);
+    b.qp.post_recv(vec![RecvWr { wr_id: 1, sg_list: vec![b.mr.sge(0..2048)] }]).unwrap();
+    let ah = AddressHandle { dest: B };
+    let mut wr = SendWr::new(2, SendOp::Send, vec![a.mr.sge(0..1000)]);
+    wr.ud = Some(ah.ud(b.qp.qpn(), o.qkey));
+    a.qp.post_send(vec![wr]).unwrap();
+    let r = one(&b.cq);
+    assert_eq!((r.status, r.byte_len, r.grh, r.src_qp.value(), r.src), (WcStatus::Success, 1040, true, a.qp.qpn(), Some(A)));
+    assert_eq!(&b.mr.as_slice()[40..1040], &msg[..]);
+    // The GRH slot holds the IPv4 header in bytes 20..40 (source address at 32).
+    assert_eq!(&b.mr.as_slice()[32..36], &[127, 0, 0, 1]);
+}
+
+#[test]
+fn xrc_fan_in_two_owners_share_a_domain_file() {
+    let (ds, dr) = (device("xs", A, 47914, ""), device("xr", B, 47914, ""));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("xrcd");
+    let file = std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(&path).unwrap();
+    // Two receiving "processes" (owners) on device xr open the same domain file.
+    let r1 = Context::embedded(&dr).unwrap();
+    let r2 = Context::embedded(&dr).unwrap();
+    let x1 = r1.open_xrcd(Some(&file), true, false).unwrap();
+    let f2 = std::fs::File::open(&path).unwrap();
+    assert!(matches!(r2.open_xrcd(Some(&f2), true, true), Err(Error::Verbs(VerbsError::Inval))), "O_EXCL on an existing domain");
+    let x2 = r2.open_xrcd(Some(&f2), false, false).unwrap();
+    let other = tempfile::NamedTempFile::new().unwrap();
+    assert!(matches!(r2.open_xrcd(Some(other.as_file()), false, false), Err(Error::Verbs(VerbsError::Again))));
+    let (pd1, pd2) = (r1.alloc_pd().unwrap(), r2.alloc_pd().unwrap());
+    let (cq1, cq2) = (r1.create_cq(64, None).unwrap(), r2.create_cq(64, None).unwrap());
+    let attr = SrqAttr { max_wr: 32, max_sge: 1, srq_limit: 0 };
+    let (s1, s2) = (x1.create_srq(&pd1, &cq1, attr).unwrap(), x2.create_srq(&pd2, &cq2, attr).unwrap());
+    let m1 = pd1.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let m2 = pd2.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    s1.post_recv(vec![RecvWr { wr_id: 11, sg_list: vec![m1.sge(0..4096)] }]).unwrap();
+    s2.post_recv(vec![RecvWr { wr_id: 22, sg_list: vec![m2.sge(0..4096)] }]).unwrap();
+    // One target QP made by owner 1; owner 2 opens it.
+    let tgt = x1.create_tgt_qp().unwrap();
+    let opened = x2.open_qp(tgt.qpn()).unwrap();
+    assert_eq!(opened.qpn(), tgt.qpn());
+    // One initiator on the sending device reaches both SRQs through the one target QP.
+    let mut s = side(&ds, QpType::XrcIni);
+    let o = ConnectOptions::default();
+    s.qp.connect(5, &tgt.endpoint(77), &o).unwrap();
+    tgt.connect(77, &s.qp.endpoint(5), &o).unwrap();
+    s.mr.as_mut_slice()[..4].copy_from_slice(b"to-1");
+    s.mr.as_mut_slice()[4..8].copy_from_slice(b"to-2");
+    let mut w1 = SendWr::new(1, SendOp::Send, vec![s.mr.sge(0..4)]);
+    w1.remote_srqn = s1.srq_num();
+    let mut w2 = SendWr::new(2, SendOp::Send, vec![s.mr.sge(4..8)]);
+    w2.remote_srqn = s2.srq_num();
+    w2.signaled = true;
+    s.qp.post_send(vec![w1, w2]).unwrap();
+    let sent = s.cq.wait(2, T).unwrap();
+    assert!(sent.iter().all(|w| w.status == WcStatus::Success), "{sent:?}");
+    let c1 = one(&cq1);
+    let c2 = one(&cq2);
+    assert_eq!((c1.wr_id, c1.status, c1.byte_len), (11, WcStatus::Success, 4));
+    assert_eq!((c2.wr_id, c2.status, c2.byte_len), (22, WcStatus::Success, 4));
+    assert_eq!(&m1.as_slice()[..4], b"to-1");
+    assert_eq!(&m2.as_slice()[..4], b"to-2");
+    // An SRQ number that is not in the domain is refused (NAK), never delivered.
+    let mut bad = SendWr::new(3, SendOp::Send, vec![s.mr.sge(0..4)]);
+    bad.remote_srqn = 0x00ff_fff0;
+    s.qp.post_send(vec![bad]).unwrap();
+    assert_eq!(one(&s.cq).status, WcStatus::RemInvReqErr);
+    assert!(cq1.poll(4).unwrap().is_empty() && cq2.poll(4).unwrap().is_empty());
+    drop((opened, tgt));
+}
+
+#[test]
+fn capture_holds_every_packet_with_a_valid_icrc() {
+    let dir = tempfile::tempdir().unwrap();
+    let pa = dir.path().join("a.pcap");
+    let mut ca = HcaConfig::new("pa", A);
+    ca.port = 47915;
+    ca.pcap = Some(pa.clone());
+    let da = Arc::new(Hca::start(ca).unwrap());
+    let db = device("pb", B, 47915, "");
+    let (mut a, mut b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
+    connect(&a, &b, Mtu::Mtu2048);
+    rc_ops(&mut a, &mut b, true);
+    let (c, _, _) = da.counters();
+    drop((a, b));
+    da.stop();
+    let mut report = softrdma_pcap::analyze::CheckReport::default();
+    let mut n = 0u64;
+    for r in softrdma_pcap::Reader::open(&pa).unwrap() {
+        let r = r.unwrap();
+        report.add(&softrdma_pcap::analyze::summarize(r.index, r.linktype, &r.data, r.is_truncated()));
+        n += 1;
+    }
+    assert!(report.is_clean(), "{report:?}");
+    assert_eq!(n, c.sent_pkts + c.rcvd_pkts, "every sent and received packet is in the capture");
+}
+
+#[test]
+fn registering_memory_the_process_does_not_have_is_efault() {
+    let d = device("mf", A, 47916, "");
+    let ctx = Context::embedded(&d).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    // SAFETY: the registration is refused; nothing is ever accessed.
+    let r = unsafe { pd.reg_mr_raw(0x1000, 4096, Access::LOCAL_WRITE) };
+    assert!(matches!(r, Err(Error::Verbs(VerbsError::Fault))), "{:?}", r.err());
+    // Another owner's objects are not reachable.
+    let other = Context::embedded(&d).unwrap();
+    let cq = other.create_cq(4, None).unwrap();
+    let pd2 = other.alloc_pd().unwrap();
+    assert!(pd.qp_builder(QpType::Rc, &cq).build().is_err(), "a CQ of another client");
+    drop(pd2);
+}
