@@ -2,9 +2,12 @@
 //!
 //! The command-line front end of softrdma, a user-space RoCEv2 RDMA device.
 //!
-//! Today it offers the capture tools, built on the engine's wire module:
-//! - `softrdma demo`: builds a short RoCE conversation with the project's own encoder, writes it
-//!   as a pcap file, decodes it back and checks every ICRC;
+//! - `softrdma demo`: two devices (daemons) on 127.0.0.1 and 127.0.0.2, RC/UD/XRC traffic between
+//!   them over RoCEv2/UDP with light loss, every byte checked, a table and the captures;
+//! - `softrdma daemon --name NAME --addr A`, `up NAME --addr A`, `down NAME`, `list`, `stat NAME`:
+//!   devices as processes (design D2);
+//! - `softrdma pcap sample`: a RoCE conversation built with the project's own encoder, written,
+//!   decoded back and checked, with no device;
 //! - `softrdma pcap decode FILE [--json]`: one line (or one JSON object) per frame;
 //! - `softrdma pcap check FILE`: a summary; non-zero exit when an IB packet is malformed or has a
 //!   bad ICRC.
@@ -12,11 +15,13 @@
 //! - `softrdma sim ...`: an RC workload between two engine devices on the simulated lossy wire,
 //!   checked against what was posted.
 //!
-//! The device commands of design.md (`daemon`, `up`, `down`, `exec`, `stat`, `capture`, `bench`)
-//! are not built yet; clap rejects them as unknown subcommands.
+//! Not built yet (later issues): `exec`, `capture`, `bench`, `pcap replay`; clap rejects them as
+//! unknown subcommands.
 
 mod demo;
+mod device_cmd;
 mod pcap_cmd;
+mod sample;
 mod sim;
 
 use std::path::PathBuf;
@@ -25,7 +30,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "softrdma", version, about = "A user-space RoCEv2 RDMA device: capture and wire tools")]
+#[command(name = "softrdma", version, about = "A user-space RoCEv2 RDMA device")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -33,12 +38,44 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Build a RoCE conversation with softrdma's encoder, write it as pcap, decode and check it.
-    Demo {
-        /// Where to write the capture (default: a file in the system temp dir).
-        #[arg(long, short = 'w')]
-        out: Option<PathBuf>,
-        /// Print JSON lines instead of text.
+    /// Start two devices on 127.0.0.1 and 127.0.0.2, run RC, UD and XRC traffic between them with
+    /// light loss, check every byte, print a table and the captures' paths.
+    Demo(demo::DemoArgs),
+    /// One receiving process of the demo's XRC fan-in (used by `demo`).
+    #[command(hide = true)]
+    DemoWorker(demo::WorkerArgs),
+    /// Run a device in the foreground until SIGTERM/SIGINT.
+    Daemon {
+        /// Device name.
+        #[arg(long, default_value = "srdma0")]
+        name: String,
+        #[command(flatten)]
+        args: device_cmd::DeviceArgs,
+    },
+    /// Start a device in the background (unless it runs) and wait until it answers.
+    Up {
+        /// Device name.
+        name: String,
+        #[command(flatten)]
+        args: device_cmd::DeviceArgs,
+    },
+    /// Stop a device.
+    Down {
+        /// Device name.
+        name: String,
+    },
+    /// List the running devices.
+    List {
+        /// One JSON object per device.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a device's counters (rxe's names plus the device layer's).
+    Stat {
+        /// Device name.
+        #[arg(default_value = "srdma0")]
+        name: String,
+        /// One JSON object.
         #[arg(long)]
         json: bool,
     },
@@ -54,6 +91,16 @@ enum Command {
 
 #[derive(Subcommand)]
 enum PcapCommand {
+    /// Build a RoCE conversation with softrdma's encoder (no device), write it as pcap, decode
+    /// and check it.
+    Sample {
+        /// Where to write the capture (default: a file in the system temp dir).
+        #[arg(long, short = 'w')]
+        out: Option<PathBuf>,
+        /// Print JSON lines instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print one line per frame: addresses, opcode, headers, ICRC.
     Decode {
         /// The capture file.
@@ -81,11 +128,24 @@ enum PcapCommand {
 }
 
 fn main() -> ExitCode {
+    // Diagnostics on stderr, filtered by SOFTRDMA_LOG (e.g. `warn`, `softrdma_device=trace`).
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SOFTRDMA_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    use std::io::IsTerminal;
+    let ansi = std::io::stderr().is_terminal();
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Demo { out, json } => demo::run(out, json),
+        Command::Demo(a) => demo::run(&a),
+        Command::DemoWorker(a) => demo::worker(&a),
+        Command::Daemon { name, args } => device_cmd::daemon(&name, &args),
+        Command::Up { name, args } => device_cmd::up(&name, &args),
+        Command::Down { name } => device_cmd::down(&name),
+        Command::List { json } => device_cmd::list(json),
+        Command::Stat { name, json } => device_cmd::stat(&name, json),
         Command::Sim(args) => sim::run(&args),
         Command::Pcap { command } => match command {
+            PcapCommand::Sample { out, json } => sample::run(out, json),
             PcapCommand::Decode { file, json } => pcap_cmd::decode(&file, json),
             PcapCommand::Check { file } => pcap_cmd::check(&file),
             PcapCommand::Generate { file, seed, pcapng } => pcap_cmd::generate(&file, seed, pcapng),

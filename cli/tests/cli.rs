@@ -29,9 +29,9 @@ fn json_lines(out: &Output) -> Vec<Value> {
 }
 
 #[test]
-fn demo_builds_decodes_and_checks_its_own_capture() {
+fn pcap_sample_builds_decodes_and_checks_its_own_capture() {
     let path = tmp("demo.pcap");
-    let out = softrdma(&["demo", "-w", &path]);
+    let out = softrdma(&["pcap", "sample", "-w", &path]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(text.contains("verdict         OK"), "{text}");

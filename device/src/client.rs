@@ -15,7 +15,9 @@ use crate::runtime;
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// No device answers on that socket.
-    #[error("no softrdma device {name:?} answers in {dir} ({source}); start one with `softrdma up {name} --addr ADDR`")]
+    #[error(
+        "no softrdma device {name:?} answers in {dir} ({source}); start one with `softrdma up {name} --addr ADDR`"
+    )]
     NoDevice {
         /// Device name.
         name: String,

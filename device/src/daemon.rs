@@ -73,8 +73,11 @@ pub fn run(cfg: HcaConfig, ready: impl FnOnce(&DeviceInfo)) -> Result<(), Daemon
     let listener = UnixListener::bind(&sock_path).map_err(io_err(format!("bind {}", sock_path.display())))?;
     let _ = fs::set_permissions(&sock_path, fs::Permissions::from_mode(0o600));
     let handler = nix::sys::signal::SigHandler::Handler(on_signal);
-    let action =
-        nix::sys::signal::SigAction::new(handler, nix::sys::signal::SaFlags::empty(), nix::sys::signal::SigSet::empty());
+    let action = nix::sys::signal::SigAction::new(
+        handler,
+        nix::sys::signal::SaFlags::empty(),
+        nix::sys::signal::SigSet::empty(),
+    );
     for sig in [nix::sys::signal::SIGTERM, nix::sys::signal::SIGINT] {
         // SAFETY: the handler only stores to an atomic.
         let _ = unsafe { nix::sys::signal::sigaction(sig, &action) };
@@ -124,7 +127,10 @@ pub fn up(exe: &Path, name: &str, args: &[String]) -> Result<DeviceInfo, DaemonE
             // Lost a start race to another `up`? Then that one comes up.
             let text = fs::read_to_string(&log).unwrap_or_default();
             if !text.contains("already running or starting") {
-                return Err(DaemonError::StartFailed { name: name.to_owned(), why: format!("{status}: {}", text.trim()) });
+                return Err(DaemonError::StartFailed {
+                    name: name.to_owned(),
+                    why: format!("{status}: {}", text.trim()),
+                });
             }
         }
         if Instant::now() > deadline {

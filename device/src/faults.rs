@@ -43,7 +43,9 @@ impl Default for FaultSpec {
 
 /// A spec that does not parse.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("bad --faults spec {spec:?}: {why} (expected e.g. loss=0.01,dup=0.01,reorder=0.01,corrupt=0.001,delay=1ms,seed=7)")]
+#[error(
+    "bad --faults spec {spec:?}: {why} (expected e.g. loss=0.01,dup=0.01,reorder=0.01,corrupt=0.001,delay=1ms,seed=7)"
+)]
 pub struct FaultSpecError {
     spec: String,
     why: String,
@@ -163,7 +165,7 @@ impl FaultInjector {
             let mut at = now + self.spec.delay;
             if self.chance(self.spec.reorder) {
                 self.counts.reordered += 1;
-                at = at + self.spec.reorder_delay;
+                at += self.spec.reorder_delay;
             }
             let flip_bit = (len > 0 && self.chance(self.spec.corrupt)).then(|| {
                 self.counts.corrupted += 1;

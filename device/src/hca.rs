@@ -32,7 +32,7 @@ use softrdma_transport::udp::{self, RoceUdp, UdpConfig};
 use crate::capture::Tap;
 use crate::faults::{Copy, FaultCounts, FaultInjector, FaultSpec};
 use crate::memory::{range_mapped, ProcessMemory};
-use crate::proto::{ClientEvent, DeviceInfo, Request, Response};
+use crate::proto::{ClientEvent, DeviceInfo, IoStats, Request, Response};
 
 /// The RoCEv2 UDP port (IANA).
 pub const ROCE_PORT: u16 = 4791;
@@ -347,6 +347,12 @@ impl Hca {
         (*st.dev.counters(), st.io, st.faults.counts)
     }
 
+    /// The counters as `softrdma stat` shows them.
+    pub fn stats(&self) -> (softrdma_engine::device::Counters, IoStats) {
+        let mut st = self.shared.lock();
+        (*st.dev.counters(), st.io_stats())
+    }
+
     /// Stops the device thread and flushes the capture.
     pub fn stop(&self) {
         self.shared.stop.store(true, Ordering::SeqCst);
@@ -400,10 +406,25 @@ fn run(sh: &Shared) {
             let _ = sh.wake.read();
         }
         if readable {
-            let mut st = sh.lock();
-            st.receive();
-            st.pump();
+            // Batch by batch, releasing the lock in between so clients' calls get in.
+            for _ in 0..64 {
+                let mut st = sh.lock();
+                let n = st.receive();
+                st.pump();
+                if n == 0 {
+                    break;
+                }
+            }
         }
+    }
+}
+
+/// One line per packet at TRACE level (`SOFTRDMA_LOG=trace`): direction, opcode, PSN, AckReq.
+fn trace_packet(dir: &str, p: &[u8]) {
+    if p.len() >= 12 && tracing::enabled!(tracing::Level::TRACE) {
+        let psn = u32::from_be_bytes([0, p[9], p[10], p[11]]);
+        let qpn = u32::from_be_bytes([0, p[5], p[6], p[7]]);
+        tracing::trace!(dir, opcode = p[0], qpn, psn, ack_req = p[8] >> 7, len = p.len());
     }
 }
 
@@ -422,27 +443,27 @@ impl State {
         self.dev.config().addr
     }
 
-    /// Reads every datagram the socket holds and hands it to the engine.
-    fn receive(&mut self) {
+    /// Reads one batch of datagrams (at most the transport's receive budget) and hands them to
+    /// the engine; returns how many. The caller pumps after every batch: answers (ACKs, READ
+    /// responses) must not wait until the socket is empty, or a sender retransmitting faster than
+    /// we drain would never hear from us.
+    fn receive(&mut self) -> usize {
         let now = self.now();
         let addr = self.addr();
-        for _ in 0..64 {
-            let State { udp, dev, tap, io, epoch, .. } = self;
-            let r = udp.recv(&mut |d| {
-                io.udp_rcvd += 1;
-                let src = d.src.ip();
-                let dst = d.dst.filter(|a| *a != addr);
-                if let Some(t) = tap.as_mut() {
-                    let _ = t.write(epoch.elapsed().as_nanos() as u64, src, dst.unwrap_or(addr), d.src.port(), d.payload, None);
-                }
-                let meta = RecvMeta { src, src_port: d.src.port(), ip_id: None, dst };
-                dev.handle_packet(now, meta, d.payload);
-            });
-            match r {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
+        let State { udp, dev, tap, io, epoch, .. } = self;
+        let r = udp.recv(&mut |d| {
+            io.udp_rcvd += 1;
+            let src = d.src.ip();
+            let dst = d.dst.filter(|a| *a != addr);
+            if let Some(t) = tap.as_mut() {
+                let _ =
+                    t.write(epoch.elapsed().as_nanos() as u64, src, dst.unwrap_or(addr), d.src.port(), d.payload, None);
             }
-        }
+            let meta = RecvMeta { src, src_port: d.src.port(), ip_id: None, dst };
+            trace_packet("rx", d.payload);
+            dev.handle_packet(now, meta, d.payload);
+        });
+        r.unwrap_or(0)
     }
 
     /// Moves everything that can move: due timers, delayed packets, the engine's transmissions
@@ -460,6 +481,7 @@ impl State {
             let mut buf = std::mem::take(&mut self.buf);
             let mut sent = 0;
             while let Some(t) = self.dev.poll_transmit(now, &mut buf) {
+                trace_packet("tx", &buf[..t.len]);
                 self.emit(now, t, &buf[..t.len]);
                 sent += 1;
                 if sent == 256 {
@@ -849,7 +871,23 @@ impl State {
                 let c = self.clients.get_mut(&o).expect("checked");
                 ok(R::Event(c.events.pop_front()))
             }
-            Request::Stats => ok(R::Stats(*self.dev.counters())),
+            Request::Stats => ok(R::Stats(*self.dev.counters(), self.io_stats())),
+        }
+    }
+
+    fn io_stats(&mut self) -> IoStats {
+        let f = self.faults.counts;
+        IoStats {
+            udp_sent: self.io.udp_sent,
+            udp_rcvd: self.io.udp_rcvd,
+            loopback: self.io.loopback,
+            send_errors: self.io.send_errors,
+            dropped_by_fault: f.dropped,
+            duplicated_by_fault: f.duplicated,
+            reordered_by_fault: f.reordered,
+            corrupted_by_fault: f.corrupted,
+            memory_faults: self.dev.memory().faults,
+            clients: self.clients.len() as u64,
         }
     }
 

@@ -269,8 +269,33 @@ pub enum Response {
     QpHandle(Qpn, u32),
     /// An async event, if one was waiting.
     Event(Option<ClientEvent>),
-    /// Counters.
-    Stats(Counters),
+    /// Counters: the engine's and the device layer's.
+    Stats(Counters, IoStats),
+}
+
+/// The device layer's counters (`softrdma stat`).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct IoStats {
+    /// Datagrams sent on the UDP socket.
+    pub udp_sent: u64,
+    /// Datagrams received from the UDP socket.
+    pub udp_rcvd: u64,
+    /// Packets moved through internal loopback.
+    pub loopback: u64,
+    /// UDP send errors (the packet is lost; the transport retransmits).
+    pub send_errors: u64,
+    /// Packets the fault injector dropped.
+    pub dropped_by_fault: u64,
+    /// Packets it duplicated.
+    pub duplicated_by_fault: u64,
+    /// Packets it held back (reordered).
+    pub reordered_by_fault: u64,
+    /// Packets it corrupted.
+    pub corrupted_by_fault: u64,
+    /// Failed cross-process memory accesses.
+    pub memory_faults: u64,
+    /// Attached clients.
+    pub clients: u64,
 }
 
 /// A malformed or oversized frame, or an I/O error.

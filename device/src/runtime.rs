@@ -112,7 +112,8 @@ pub fn lock_path(dir: &Path, name: &str) -> PathBuf {
 pub fn lock_device(dir: &Path, name: &str, wait: bool) -> Result<Option<Flock<File>>, RuntimeError> {
     check_name(name)?;
     let path = lock_path(dir, name);
-    let f = OpenOptions::new().create(true).truncate(false).write(true).mode(0o600).open(&path).map_err(io_err(&path))?;
+    let f =
+        OpenOptions::new().create(true).truncate(false).write(true).mode(0o600).open(&path).map_err(io_err(&path))?;
     let arg = if wait { FlockArg::LockExclusive } else { FlockArg::LockExclusiveNonblock };
     match Flock::lock(f, arg) {
         Ok(l) => Ok(Some(l)),

@@ -64,7 +64,9 @@ impl Inner {
             Backend::Embedded { hca, owner, .. } => {
                 let fds = match fd {
                     // SAFETY: the caller lends a descriptor it keeps open for the call.
-                    Some(f) => vec![unsafe { BorrowedFd::borrow_raw(f) }.try_clone_to_owned().map_err(|_| VerbsError::NoMem)?],
+                    Some(f) => vec![unsafe { BorrowedFd::borrow_raw(f) }
+                        .try_clone_to_owned()
+                        .map_err(|_| VerbsError::NoMem)?],
                     None => Vec::new(),
                 };
                 let (r, out) = hca.call(*owner, req, fds);
@@ -131,7 +133,9 @@ impl Context {
         let (owner, fd) = hca.attach(std::process::id() as i32).map_err(|_| VerbsError::NoMem)?;
         let event_fd = fd.as_fd().try_clone_to_owned().map_err(|_| VerbsError::NoMem)?;
         let info = hca.info().clone();
-        Ok(Context { inner: Arc::new(Inner { backend: Backend::Embedded { hca: hca.clone(), owner, event_fd }, info }) })
+        Ok(Context {
+            inner: Arc::new(Inner { backend: Backend::Embedded { hca: hca.clone(), owner, event_fd }, info }),
+        })
     }
 
     /// The device.
@@ -207,10 +211,10 @@ impl Context {
         }
     }
 
-    /// The device's transport counters.
-    pub fn counters(&self) -> Result<softrdma_engine::device::Counters> {
+    /// The device's counters: the transport's and the device layer's.
+    pub fn counters(&self) -> Result<(softrdma_engine::device::Counters, crate::proto::IoStats)> {
         match self.inner.call(Request::Stats)? {
-            Response::Stats(c) => Ok(c),
+            Response::Stats(c, io) => Ok((c, io)),
             _ => unexpected(),
         }
     }
@@ -272,7 +276,13 @@ impl ProtectionDomain {
                 pd: self.id,
                 send_cq: send_cq.id,
                 recv_cq: send_cq.id,
-                caps: QpCaps { max_send_wr: 128, max_recv_wr: 128, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+                caps: QpCaps {
+                    max_send_wr: 128,
+                    max_recv_wr: 128,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
                 sq_sig_all: false,
                 srq: None,
             },

@@ -26,8 +26,8 @@ fn device(name: &str, addr: IpAddr, port: u16, faults: &str) -> Arc<Hca> {
 }
 
 struct Side {
-    ctx: Context,
-    pd: ProtectionDomain,
+    _ctx: Context,
+    _pd: ProtectionDomain,
     cq: CompletionQueue,
     qp: QueuePair,
     mr: MemoryRegion,
@@ -41,7 +41,7 @@ fn side(hca: &Arc<Hca>, t: QpType) -> Side {
     let qp = pd.qp_builder(t, &cq).caps(caps).build().unwrap();
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     let mr = pd.alloc_mr(1 << 20, access).unwrap();
-    Side { ctx, pd, cq, qp, mr }
+    Side { _ctx: ctx, _pd: pd, cq, qp, mr }
 }
 
 fn connect(a: &Side, b: &Side, mtu: Mtu) {
@@ -155,7 +155,10 @@ fn ud_across_devices_and_grh() {
     wr.ud = Some(ah.ud(b.qp.qpn(), o.qkey));
     a.qp.post_send(vec![wr]).unwrap();
     let r = one(&b.cq);
-    assert_eq!((r.status, r.byte_len, r.grh, r.src_qp.value(), r.src), (WcStatus::Success, 1040, true, a.qp.qpn(), Some(A)));
+    assert_eq!(
+        (r.status, r.byte_len, r.grh, r.src_qp.value(), r.src),
+        (WcStatus::Success, 1040, true, a.qp.qpn(), Some(A))
+    );
     assert_eq!(&b.mr.as_slice()[40..1040], &msg[..]);
     // The GRH slot holds the IPv4 header in bytes 20..40 (source address at 32).
     assert_eq!(&b.mr.as_slice()[32..36], &[127, 0, 0, 1]);
@@ -172,7 +175,10 @@ fn xrc_fan_in_two_owners_share_a_domain_file() {
     let r2 = Context::embedded(&dr).unwrap();
     let x1 = r1.open_xrcd(Some(&file), true, false).unwrap();
     let f2 = std::fs::File::open(&path).unwrap();
-    assert!(matches!(r2.open_xrcd(Some(&f2), true, true), Err(Error::Verbs(VerbsError::Inval))), "O_EXCL on an existing domain");
+    assert!(
+        matches!(r2.open_xrcd(Some(&f2), true, true), Err(Error::Verbs(VerbsError::Inval))),
+        "O_EXCL on an existing domain"
+    );
     let x2 = r2.open_xrcd(Some(&f2), false, false).unwrap();
     let other = tempfile::NamedTempFile::new().unwrap();
     assert!(matches!(r2.open_xrcd(Some(other.as_file()), false, false), Err(Error::Verbs(VerbsError::Again))));
@@ -258,4 +264,28 @@ fn registering_memory_the_process_does_not_have_is_efault() {
     let pd2 = other.alloc_pd().unwrap();
     assert!(pd.qp_builder(QpType::Rc, &cq).build().is_err(), "a CQ of another client");
     drop(pd2);
+}
+
+#[test]
+fn pipelined_writes_across_devices() {
+    let (da, db) = (device("wa", A, 47917, ""), device("wb", B, 47917, ""));
+    let (mut a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
+    connect(&a, &b, Mtu::Mtu4096);
+    let data = pattern(65536, 1);
+    a.mr.as_mut_slice()[..65536].copy_from_slice(&data);
+    let wrs: Vec<SendWr> = (0..16u64)
+        .map(|i| {
+            let op = SendOp::Write { remote_addr: b.mr.addr() + (i % 8) * 65536, rkey: b.mr.rkey() };
+            SendWr::new(i, op, vec![a.mr.sge(0..65536)])
+        })
+        .collect();
+    a.qp.post_send(wrs).unwrap();
+    let done = a.cq.wait(16, T).unwrap();
+    assert!(
+        done.len() == 16 && done.iter().all(|w| w.status == WcStatus::Success),
+        "{done:?} {:?} {:?}",
+        da.stats(),
+        db.stats()
+    );
+    assert_eq!(&b.mr.as_slice()[7 * 65536..8 * 65536], &data[..]);
 }

@@ -353,13 +353,14 @@ fn duplicate<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPacket<&[u8]>
             // Re-execute the READ from the duplicate's RETH, if it lies in a READ we
             // executed.
             let Some(reth) = pkt.reth() else { return };
-            let known = qp
+            let Some((first, last)) = qp
                 .rd_atomic
                 .iter()
-                .any(|r| r.atomic_orig.is_none() && psn.distance(r.first_psn) >= 0 && r.last_psn.distance(psn) >= 0);
-            if !known {
+                .find(|r| r.atomic_orig.is_none() && psn.distance(r.first_psn) >= 0 && r.last_psn.distance(psn) >= 0)
+                .map(|r| (r.first_psn, r.last_psn))
+            else {
                 return;
-            }
+            };
             let (va, rkey, len) = (reth.va(), reth.rkey(), reth.dma_len());
             let pd = if qp.qp_type == QpType::XrcTgt {
                 let n = pkt.xrceth().map_or(0, |x| x.xrc_srqn());
@@ -373,10 +374,18 @@ fn duplicate<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPacket<&[u8]>
             if len > 0 && remote_ok(qp, ctx, pd, rkey, va, u64::from(len), Access::REMOTE_READ).is_none() {
                 return nak_and_fail(qp, ctx, psn, NakCode::RemoteAccessError, AsyncEvent::QpAccessErr);
             }
-            // A resent READ supersedes the responses still queued for it.
-            qp.resp_out.retain(|o| !matches!(o, RespOut::Read { .. }));
+            // A resent READ supersedes what is still queued of the same READ, and takes its
+            // place; responses queued for other READs stay, in PSN order (a requester that goes
+            // back N resends several READs at once, and each needs its answer).
+            let same = |o: &RespOut| matches!(o, RespOut::Read { psn: p, .. } if p.distance(first) >= 0 && last.distance(*p) >= 0);
+            let at = qp.resp_out.iter().position(same);
+            qp.resp_out.retain(|o| !same(o));
             let msn = qp.msn;
-            qp.resp_out.push_back(RespOut::Read { psn, va, rkey, remaining: len, first: true, total: len, msn, pd });
+            let r = RespOut::Read { psn, va, rkey, remaining: len, first: true, total: len, msn, pd };
+            match at {
+                Some(i) => qp.resp_out.insert(i.min(qp.resp_out.len()), r),
+                None => qp.resp_out.push_back(r),
+            }
         }
         OpKind::CompareSwap | OpKind::FetchAdd => {
             // Replay the saved result; never execute an atomic twice (IBTA 9.7.5.1.4).

@@ -1,0 +1,212 @@
+//! The device commands: `daemon`, `up`, `down`, `list`, `stat`.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context as _, Result};
+use clap::{Args, ValueEnum};
+use softrdma_device::client::Connection;
+use softrdma_device::daemon;
+use softrdma_device::hca::HcaConfig;
+use softrdma_device::proto::{Request, Response};
+use softrdma_device::runtime;
+use softrdma_engine::device::{IcrcPolicy, XrcPolicy};
+use softrdma_engine::verbs::Mtu;
+
+/// How to run a device (the options of `daemon` and `up`).
+#[derive(Args, Debug, Clone)]
+pub(crate) struct DeviceArgs {
+    /// The IP address (IPv4 or IPv6) whose UDP port 4791 the device owns; its GID.
+    #[arg(long)]
+    pub(crate) addr: IpAddr,
+    /// Active MTU (256, 512, 1024, 2048 or 4096); default: from the interface MTU, as rxe.
+    #[arg(long)]
+    pub(crate) mtu: Option<u32>,
+    /// Capture every packet the device sends or receives into this pcap file.
+    #[arg(long)]
+    pub(crate) pcap: Option<PathBuf>,
+    /// Faults to inject on transmit, e.g. loss=0.01,dup=0.01,reorder=0.01,corrupt=0.001,delay=1ms,seed=7.
+    #[arg(long, default_value = "")]
+    pub(crate) faults: String,
+    /// UDP port (4791 is RoCEv2's; another one only for tests).
+    #[arg(long, default_value_t = 4791)]
+    pub(crate) port: u16,
+    /// Send sockets for flow entropy (source ports 0xC000 upward); 0 sends from the 4791 socket.
+    #[arg(long, default_value_t = 8)]
+    pub(crate) flow_ports: u16,
+    /// ICRC check of IPv4 packets: `any-id` accepts an ICRC that holds for some IPv4 ID (a UDP
+    /// socket cannot see the sender's ID); `exact` requires ID 0.
+    #[arg(long, value_enum, default_value_t = IcrcArg::AnyId)]
+    pub(crate) icrc: IcrcArg,
+    /// XRC target QP lifetime when its last handle closes without a destroy: `domain` (lives
+    /// with its XRC domain) or `last-close` (destroyed, as upstream Linux).
+    #[arg(long, value_enum, default_value_t = XrcArg::Domain)]
+    pub(crate) xrc_tgt_lifetime: XrcArg,
+    /// Seed of the device's random choices.
+    #[arg(long)]
+    pub(crate) seed: Option<u64>,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy)]
+pub(crate) enum IcrcArg {
+    AnyId,
+    Exact,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy)]
+pub(crate) enum XrcArg {
+    Domain,
+    LastClose,
+}
+
+impl DeviceArgs {
+    pub(crate) fn config(&self, name: &str) -> Result<HcaConfig> {
+        let mut c = HcaConfig::new(name, self.addr);
+        c.mtu = match self.mtu {
+            None => None,
+            Some(256) => Some(Mtu::Mtu256),
+            Some(512) => Some(Mtu::Mtu512),
+            Some(1024) => Some(Mtu::Mtu1024),
+            Some(2048) => Some(Mtu::Mtu2048),
+            Some(4096) => Some(Mtu::Mtu4096),
+            Some(m) => bail!("--mtu {m}: use 256, 512, 1024, 2048 or 4096"),
+        };
+        c.pcap = self.pcap.clone();
+        c.faults = self.faults.parse()?;
+        c.port = self.port;
+        c.flow_ports = self.flow_ports;
+        c.icrc = match self.icrc {
+            IcrcArg::AnyId => IcrcPolicy::AnyIpv4Id,
+            IcrcArg::Exact => IcrcPolicy::Exact,
+        };
+        c.xrc_policy = match self.xrc_tgt_lifetime {
+            XrcArg::Domain => XrcPolicy::LiveWithDomain,
+            XrcArg::LastClose => XrcPolicy::DestroyOnLastClose,
+        };
+        c.seed = self.seed;
+        Ok(c)
+    }
+
+    /// The same options as command-line arguments (for `up` to pass to `daemon`).
+    pub(crate) fn to_args(&self) -> Vec<String> {
+        let mut a = vec!["--addr".into(), self.addr.to_string()];
+        if let Some(m) = self.mtu {
+            a.extend(["--mtu".into(), m.to_string()]);
+        }
+        if let Some(p) = &self.pcap {
+            let p = std::path::absolute(p).unwrap_or_else(|_| p.clone());
+            a.extend(["--pcap".into(), p.display().to_string()]);
+        }
+        a.extend(["--faults".into(), self.faults.clone(), "--port".into(), self.port.to_string()]);
+        a.extend(["--flow-ports".into(), self.flow_ports.to_string()]);
+        a.extend(["--icrc".into(), self.icrc.to_possible_value().expect("named").get_name().to_owned()]);
+        let x = self.xrc_tgt_lifetime.to_possible_value().expect("named");
+        a.extend(["--xrc-tgt-lifetime".into(), x.get_name().to_owned()]);
+        if let Some(s) = self.seed {
+            a.extend(["--seed".into(), s.to_string()]);
+        }
+        a
+    }
+}
+
+pub(crate) fn daemon(name: &str, args: &DeviceArgs) -> Result<ExitCode> {
+    let cfg = args.config(name)?;
+    daemon::run(cfg, |info| {
+        println!(
+            "softrdma: device {} on {} (UDP {}), active MTU {}, pid {}",
+            info.name,
+            info.addr,
+            args.port,
+            info.active_mtu.bytes(),
+            info.pid
+        );
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) fn up(name: &str, args: &DeviceArgs) -> Result<ExitCode> {
+    args.config(name)?; // reject bad options here, not in the background
+    let exe = std::env::current_exe().context("finding the softrdma executable")?;
+    let info = daemon::up(&exe, name, &args.to_args())?;
+    println!("{} up on {} (pid {})", info.name, info.addr, info.pid);
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) fn down(name: &str) -> Result<ExitCode> {
+    if daemon::down(name)? {
+        println!("{name} down");
+    } else {
+        println!("{name} was not running");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) fn list(json: bool) -> Result<ExitCode> {
+    let dir = runtime::runtime_dir()?;
+    for name in runtime::list_devices(&dir) {
+        let Ok(c) = Connection::connect_in(&dir, &name) else { continue };
+        let i = &c.info;
+        if json {
+            let v = serde_json::json!({
+                "name": i.name, "addr": i.addr.to_string(), "active_mtu": i.active_mtu.bytes(),
+                "iface_mtu": i.iface_mtu, "pid": i.pid, "node_guid": format!("{:016x}", i.node_guid),
+                "socket": runtime::socket_path(&dir, &name).display().to_string(),
+            });
+            println!("{v}");
+        } else {
+            println!("{}\t{}\tmtu {}\tpid {}", i.name, i.addr, i.active_mtu.bytes(), i.pid);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) fn stat(name: &str, json: bool) -> Result<ExitCode> {
+    let c = Connection::connect(name)?;
+    let Response::Stats(s, io) = c.call(&Request::Stats, &[])?.0 else { bail!("unexpected answer from {name}") };
+    let rows: Vec<(&str, u64)> = vec![
+        ("sent_pkts", s.sent_pkts),
+        ("rcvd_pkts", s.rcvd_pkts),
+        ("duplicate_request", s.duplicate_request),
+        ("out_of_seq_request", s.out_of_seq_request),
+        ("rcvd_rnr_err", s.rcvd_rnr_err),
+        ("send_rnr_err", s.send_rnr_err),
+        ("rcvd_seq_err", s.rcvd_seq_err),
+        ("retry_exceeded_err", s.retry_exceeded_err),
+        ("retry_rnr_exceeded_err", s.retry_rnr_exceeded_err),
+        ("completer_retry_err", s.completer_retry_err),
+        ("retransmitted_pkts", s.retransmitted_pkts),
+        ("send_err", s.send_err),
+        ("rdma_sends", s.rdma_sends),
+        ("rdma_recvs", s.rdma_recvs),
+        ("naks_sent_seq", s.naks_sent[0]),
+        ("naks_sent_inv_req", s.naks_sent[1]),
+        ("naks_sent_rem_access", s.naks_sent[2]),
+        ("naks_sent_rem_op", s.naks_sent[3]),
+        ("icrc_err", s.icrc_err),
+        ("icrc_id_solved", s.icrc_id_solved),
+        ("malformed", s.malformed),
+        ("qkey_violations", s.qkey_violations),
+        ("xrc_srq_err", s.xrc_srq_err),
+        ("udp_sent", io.udp_sent),
+        ("udp_rcvd", io.udp_rcvd),
+        ("loopback_pkts", io.loopback),
+        ("udp_send_errors", io.send_errors),
+        ("dropped_by_fault", io.dropped_by_fault),
+        ("duplicated_by_fault", io.duplicated_by_fault),
+        ("reordered_by_fault", io.reordered_by_fault),
+        ("corrupted_by_fault", io.corrupted_by_fault),
+        ("memory_faults", io.memory_faults),
+        ("clients", io.clients),
+    ];
+    if json {
+        let m: serde_json::Map<String, serde_json::Value> =
+            rows.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
+        println!("{}", serde_json::Value::Object(m));
+    } else {
+        for (k, v) in rows {
+            println!("{k:<24}{v}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
