@@ -37,6 +37,10 @@ pub(crate) struct DemoArgs {
     /// Seed of the fault injection.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// UDP port of the two devices (RoCEv2's 4791; another one lets the demo run beside devices
+    /// that already own 4791 on those addresses).
+    #[arg(long, default_value_t = 4791)]
+    port: u16,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -128,8 +132,9 @@ const BIG: usize = 64 << 10;
 fn rc_workloads(c0: &Context, c1: &Context, ops: usize, rows: &mut Vec<Row>) -> Result<()> {
     let (mut a, mut b) = (rc_side(c0, QpType::Rc)?, rc_side(c1, QpType::Rc)?);
     let mtu = c0.info().active_mtu.min(c1.info().active_mtu);
-    // Timeout 12 (16.8 ms): quick recovery of a lost tail packet on loopback.
-    let o = ConnectOptions { mtu, timeout: 12, ..ConnectOptions::default() };
+    // Timeout 14 (67 ms), as ibv_rc_pingpong uses: shorter ones make a slow receiver (a debug
+    // build on a loaded 2-core machine) face a go-back-N storm it cannot drain.
+    let o = ConnectOptions { mtu, ..ConnectOptions::default() };
     a.qp.connect(1000, &b.qp.endpoint(5000), &o)?;
     b.qp.connect(5000, &a.qp.endpoint(1000), &o)?;
 
@@ -396,7 +401,7 @@ fn xrc_workload(c0: &Context, dir: &Path, ops: usize, rows: &mut Vec<Row>) -> Re
     ensure!(h2.tgt_qpn == h1.tgt_qpn, "the second process opened another QP");
     let ini = rc_side(c0, QpType::XrcIni)?;
     let tgt = Endpoint { addr: "127.0.0.2".parse()?, qpn: h1.tgt_qpn, psn: 0 };
-    let o = ConnectOptions { timeout: 12, ..ConnectOptions::default() };
+    let o = ConnectOptions::default();
     ini.qp.connect(300, &tgt, &o)?;
     w1.write(&ini.qp.endpoint(300))?;
     let _ready: bool = w1.read()?;
@@ -523,10 +528,12 @@ pub(crate) fn run(a: &DemoArgs) -> Result<ExitCode> {
     for (i, (name, addr)) in [("srdma0", "127.0.0.1"), ("srdma1", "127.0.0.2")].into_iter().enumerate() {
         let pcap = dir.join(format!("{name}.pcap"));
         let faults = format!("loss={},seed={}", a.loss, a.seed + i as u64);
-        let args: Vec<String> = ["--addr", addr, "--faults", &faults, "--pcap", &pcap.display().to_string()]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let port = a.port.to_string();
+        let args: Vec<String> =
+            ["--addr", addr, "--faults", &faults, "--pcap", &pcap.display().to_string(), "--port", &port]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
         daemon::up(&exe, name, &args)?;
         devices.names.push(name.to_owned());
         pcaps.push(pcap);
@@ -571,7 +578,10 @@ pub(crate) fn run(a: &DemoArgs) -> Result<ExitCode> {
         });
         println!("{v}");
     } else {
-        println!("softrdma demo: two devices, srdma0 on 127.0.0.1 and srdma1 on 127.0.0.2, RoCEv2 over UDP 4791,");
+        println!(
+            "softrdma demo: two devices, srdma0 on 127.0.0.1 and srdma1 on 127.0.0.2, RoCEv2 over UDP {},",
+            a.port
+        );
         println!("{:.1}% loss injected on each device's transmit path; every byte checked.\n", a.loss * 100.0);
         println!(
             "{:<24} {:>6} {:>12} {:>9} {:>10} {:>10}  {:<6} note",

@@ -936,3 +936,126 @@ fn a_thousand_qp_pairs_each_complete_their_work() {
     }
     assert_eq!(p.a.poll_timeout(), None, "no timer left armed once everything is acknowledged");
 }
+
+/// Runs the pair to quiescence like `Pair::drive`, except that a device takes every datagram that
+/// has arrived by the time it runs before it transmits anything, as the real device does (it
+/// reads a batch of datagrams from its UDP socket, then transmits). `lose` selects the datagrams
+/// the wire loses. Returns the batches B received, each as the (opcode, PSN) of its datagrams.
+fn drive_batched(
+    p: &mut Pair,
+    mut lose: impl FnMut(&softrdma_conformance::pair::Seen) -> bool,
+) -> Vec<Vec<(Opcode, Psn)>> {
+    use softrdma_conformance::pair::{Seen, ADDR_A, ADDR_B};
+    use softrdma_engine::device::RecvMeta;
+    use softrdma_engine::time::Instant;
+    use softrdma_engine::wire::IbPacket;
+    let mut in_flight: Vec<(Instant, usize, RecvMeta, Vec<u8>)> = Vec::new();
+    let mut batches_at_b = Vec::new();
+    let mut buf = vec![0u8; 4096 + 256];
+    for _ in 0..STEPS {
+        for from in [A, B] {
+            let now = p.now;
+            while let Some(t) = p.dev(from).poll_transmit(now, &mut buf) {
+                let bytes = buf[..t.len].to_vec();
+                let pkt = IbPacket::new_checked(&bytes[..]).expect("the engine emits well-formed packets");
+                let seen = Seen {
+                    from,
+                    at: now,
+                    opcode: pkt.opcode(),
+                    psn: pkt.bth().psn(),
+                    syndrome: pkt.aeth().map(|a| a.syndrome_byte()),
+                    ack_req: pkt.bth().ack_req(),
+                    bytes: bytes.clone(),
+                };
+                let lost = lose(&seen);
+                p.log.push(seen);
+                if !lost {
+                    let src = if from == A { ADDR_A } else { ADDR_B };
+                    let meta = RecvMeta { src, src_port: t.src_port, ip_id: None, dst: Some(t.dst) };
+                    in_flight.push((now + p.latency, 1 - from, meta, bytes));
+                }
+            }
+        }
+        let next_pkt = in_flight.iter().map(|x| x.0).min();
+        let next_timer = [p.a.poll_timeout(), p.b.poll_timeout()].into_iter().flatten().min();
+        let pkt_first = match (next_pkt, next_timer) {
+            (None, None) => return batches_at_b,
+            (Some(t), Some(x)) => t <= x,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+        };
+        if let (true, Some(t)) = (pkt_first, next_pkt) {
+            p.now = p.now.max(t);
+            let now = p.now;
+            // Everything that has arrived, in the order it was sent; each device transmits only
+            // at the top of the next round, after its whole batch.
+            let (arrived, rest): (Vec<_>, Vec<_>) = in_flight.into_iter().partition(|x| x.0 <= now);
+            in_flight = rest;
+            let mut batch = Vec::new();
+            for (_, to, meta, bytes) in arrived {
+                if to == B {
+                    let pkt = IbPacket::new_checked(&bytes[..]).expect("well-formed");
+                    batch.push((pkt.opcode(), pkt.bth().psn()));
+                }
+                p.dev(to).handle_packet(now, meta, &bytes);
+            }
+            if !batch.is_empty() {
+                batches_at_b.push(batch);
+            }
+        } else if let Some(t) = next_timer {
+            p.now = p.now.max(t);
+            let now = p.now;
+            p.a.handle_timeout(now);
+            p.b.handle_timeout(now);
+        }
+    }
+    panic!("livelock: {STEPS} rounds without quiescence");
+}
+
+/// IBTA 9.7.5.1.4 (duplicate READ requests are re-executed) with go-back-N (9.7.5.2): a requester
+/// that goes back resends several READ requests at once, and a responder that receives them all
+/// before it transmits (a batch read from its socket) answers each of them. Regression: the
+/// responder dropped every queued READ response when a duplicate READ arrived, so only the last
+/// resent READ was answered, the first never was, and the requester ended in RETRY_EXC_ERR.
+#[test]
+fn duplicate_reads_received_together_are_each_answered() {
+    let (mut p, a, b) = setup(RcOptions { mtu: Mtu::Mtu256, timeout: 10, ..RcOptions::default() });
+    // Three READs of 1 KiB (4 response packets each at MTU 256): PSNs 100-103, 104-107, 108-111.
+    let reads: Vec<(u64, u64, Vec<u8>)> = (0..3u64)
+        .map(|i| (BASE + 0x40000 + i * 0x1000, BASE + 0x50000 + i * 0x1000, pattern(1024, 20 + i as u8)))
+        .collect();
+    for (i, (remote, local, data)) in reads.iter().enumerate() {
+        p.fill(B, *remote, data);
+        send(&mut p, &a, i as u64 + 1, SendOp::Read { remote_addr: *remote, rkey: b.mr.rkey }, *local, 1024);
+    }
+    // Lose the second response packet of the first READ (PSN 101), once: A sees the gap and goes
+    // back, resending the READ from PSN 101 and then the two later READs.
+    let mut lost = false;
+    let batches = drive_batched(&mut p, move |s| {
+        if s.from == B && s.opcode == Opcode::RC_RDMA_READ_RESPONSE_MIDDLE && s.psn == Psn::new(101) && !lost {
+            lost = true;
+            true
+        } else {
+            false
+        }
+    });
+    // B received the three resent READ requests together (all duplicates).
+    let resent = [
+        (Opcode::RC_RDMA_READ_REQUEST, Psn::new(101)),
+        (Opcode::RC_RDMA_READ_REQUEST, Psn::new(104)),
+        (Opcode::RC_RDMA_READ_REQUEST, Psn::new(108)),
+    ];
+    assert!(batches.iter().any(|x| x[..] == resent[..]), "B's batches: {batches:?}");
+    // Each READ is answered: all three complete, with B's data.
+    let wa = p.poll(A, a.cq);
+    assert_eq!(
+        wa.iter().map(|w| (w.wr_id, w.status, w.opcode, w.byte_len)).collect::<Vec<_>>(),
+        (1..=3).map(|i| (i, WcStatus::Success, WcOpcode::RdmaRead, 1024)).collect::<Vec<_>>()
+    );
+    for (_, local, data) in &reads {
+        assert_eq!(&p.read(A, *local, 1024), data);
+    }
+    // Answered the first time: one go-back, three duplicates.
+    assert_eq!(p.b.counters().duplicate_request, 3);
+    assert_eq!(p.a.poll_timeout(), None, "nothing left outstanding");
+}

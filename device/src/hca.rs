@@ -350,7 +350,9 @@ impl Hca {
     /// The counters as `softrdma stat` shows them.
     pub fn stats(&self) -> (softrdma_engine::device::Counters, IoStats) {
         let mut st = self.shared.lock();
-        (*st.dev.counters(), st.io_stats())
+        let mut io = st.io_stats();
+        io.clients = st.clients.len() as u64;
+        (*st.dev.counters(), io)
     }
 
     /// Stops the device thread and flushes the capture.
@@ -887,7 +889,8 @@ impl State {
             reordered_by_fault: f.reordered,
             corrupted_by_fault: f.corrupted,
             memory_faults: self.dev.memory().faults,
-            clients: self.clients.len() as u64,
+            // The asking client does not count itself.
+            clients: self.clients.len().saturating_sub(1) as u64,
         }
     }
 

@@ -294,7 +294,7 @@ pub struct IoStats {
     pub corrupted_by_fault: u64,
     /// Failed cross-process memory accesses.
     pub memory_faults: u64,
-    /// Attached clients.
+    /// Attached clients (other than the one asking).
     pub clients: u64,
 }
 

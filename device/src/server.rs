@@ -112,3 +112,44 @@ fn serve_calls(hca: &Hca, owner: u32, sock: &UnixStream, pidfd: &OwnedFd) {
 
 /// How long `up` waits for a device to answer.
 pub const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hca::HcaConfig;
+
+    #[test]
+    fn another_protocol_version_is_refused_and_nothing_is_attached() {
+        let mut c = HcaConfig::new("v1", "127.0.0.1".parse().unwrap());
+        c.port = 47941;
+        let hca = Arc::new(Hca::start(c).unwrap());
+        let (a, b) = UnixStream::pair().unwrap();
+        let h = hca.clone();
+        let t = std::thread::spawn(move || serve_client(&h, b));
+        proto::send(&a, &Request::Hello { version: VERSION + 1, pid: 0 }, &[]).unwrap();
+        let (r, _) = proto::recv::<Response>(&a).unwrap();
+        assert!(matches!(r, Response::Err(VerbsError::NotSupp)), "{r:?}");
+        t.join().unwrap();
+        assert_eq!(hca.stats().1.clients, 0);
+        // A first message that is not Hello ends the connection without an answer.
+        let (a, b) = UnixStream::pair().unwrap();
+        let h = hca.clone();
+        let t = std::thread::spawn(move || serve_client(&h, b));
+        proto::send(&a, &Request::AllocPd, &[]).unwrap();
+        t.join().unwrap();
+        assert!(matches!(proto::recv::<Response>(&a), Err(proto::ProtoError::Closed)));
+        // The right version is served.
+        let (a, b) = UnixStream::pair().unwrap();
+        let h = hca.clone();
+        let t = std::thread::spawn(move || serve_client(&h, b));
+        proto::send(&a, &Request::Hello { version: VERSION, pid: 0 }, &[]).unwrap();
+        let (r, fds) = proto::recv::<Response>(&a).unwrap();
+        assert!(matches!(r, Response::Hello { .. }) && fds.len() == 1, "{r:?}");
+        proto::send(&a, &Request::AllocPd, &[]).unwrap();
+        assert!(matches!(proto::recv::<Response>(&a).unwrap().0, Response::Pd(_)));
+        assert_eq!(hca.stats().1.clients, 1);
+        drop(a);
+        t.join().unwrap();
+        assert_eq!(hca.stats().1.clients, 0, "a closed connection detaches its client");
+    }
+}
