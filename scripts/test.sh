@@ -28,7 +28,7 @@ step "fuzz targets"
 fuzz_seconds=${FUZZ_SECONDS:-30}
 corpus=$(mktemp -d)
 trap 'rm -rf "$corpus"' EXIT
-mkdir -p "$corpus/parse_packet" "$corpus/read_capture" "$corpus/handle_packet"
+mkdir -p "$corpus/parse_packet" "$corpus/read_capture" "$corpus/handle_packet" "$corpus/ipc_message"
 for f in ../shared/reference/wire/golden/*.hex; do
   python3 -c 'import sys; open(sys.argv[2], "wb").write(bytes.fromhex(open(sys.argv[1]).read().strip()))' \
     "$f" "$corpus/parse_packet/$(basename "$f" .hex)"
@@ -39,7 +39,7 @@ cd fuzz
 export RUSTC_BOOTSTRAP=1
 cargo fuzz build -O
 if [ "$fuzz_seconds" -gt 0 ]; then
-  for t in parse_packet read_capture handle_packet; do
+  for t in parse_packet read_capture handle_packet ipc_message; do
     cargo fuzz run -O "$t" "$corpus/$t" -- -max_total_time="$fuzz_seconds" -print_final_stats=0 2>&1 | tail -n 1
   done
 fi
