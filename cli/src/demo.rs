@@ -41,6 +41,9 @@ pub(crate) struct DemoArgs {
     /// that already own 4791 on those addresses).
     #[arg(long, default_value_t = 4791)]
     port: u16,
+    /// Batch the devices' sends with UDP GSO.
+    #[arg(long)]
+    gso: bool,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -276,7 +279,8 @@ fn ud_workload(c0: &Context, c1: &Context, ops: usize, rows: &mut Vec<Row>) -> R
     b.qp.connect(0, &a.qp.endpoint(0), &o)?;
     const D: usize = 1024;
     const SLOT: usize = D + 40;
-    let n = ops.min((4 << 20) / SLOT);
+    // At most the receive queue's depth of datagrams in flight (more would be ENOMEM at post).
+    let n = ops.min(250);
     for i in 0..n {
         b.qp.post_recv(vec![RecvWr { wr_id: i as u64, sg_list: vec![b.mr.sge(i * SLOT..(i + 1) * SLOT)] }])?;
         // Each datagram says which one it is (a lost one shifts the rest into earlier buffers).
@@ -529,11 +533,14 @@ pub(crate) fn run(a: &DemoArgs) -> Result<ExitCode> {
         let pcap = dir.join(format!("{name}.pcap"));
         let faults = format!("loss={},seed={}", a.loss, a.seed + i as u64);
         let port = a.port.to_string();
-        let args: Vec<String> =
+        let mut args: Vec<String> =
             ["--addr", addr, "--faults", &faults, "--pcap", &pcap.display().to_string(), "--port", &port]
                 .iter()
                 .map(|s| s.to_string())
                 .collect();
+        if a.gso {
+            args.push("--gso".into());
+        }
         daemon::up(&exe, name, &args)?;
         devices.names.push(name.to_owned());
         pcaps.push(pcap);
@@ -571,6 +578,7 @@ pub(crate) fn run(a: &DemoArgs) -> Result<ExitCode> {
                 "name": n, "sent_pkts": c.sent_pkts, "rcvd_pkts": c.rcvd_pkts,
                 "retransmitted_pkts": c.retransmitted_pkts, "naks_sent": c.naks_sent.iter().sum::<u64>(),
                 "dropped_by_fault": io.dropped_by_fault, "icrc_err": c.icrc_err, "udp_sent": io.udp_sent,
+                "icrc_id_solved": c.icrc_id_solved,
             })).collect::<Vec<_>>(),
             "captures": pcaps.iter().zip(&caps).map(|(p, (n, ok))| serde_json::json!({
                 "path": p.display().to_string(), "frames": n, "all_icrc_valid": ok,

@@ -46,6 +46,10 @@ pub(crate) struct DeviceArgs {
     /// Seed of the device's random choices.
     #[arg(long)]
     pub(crate) seed: Option<u64>,
+    /// Batch packets into UDP GSO sends (up to 64 segments; segment k's ICRC is computed for
+    /// IPv4 ID k, as Linux numbers them). Off by default: slower on loopback (BENCHMARKS.md).
+    #[arg(long)]
+    pub(crate) gso: bool,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy)]
@@ -85,6 +89,7 @@ impl DeviceArgs {
             XrcArg::LastClose => XrcPolicy::DestroyOnLastClose,
         };
         c.seed = self.seed;
+        c.gso = self.gso;
         Ok(c)
     }
 
@@ -105,6 +110,9 @@ impl DeviceArgs {
         a.extend(["--xrc-tgt-lifetime".into(), x.get_name().to_owned()]);
         if let Some(s) = self.seed {
             a.extend(["--seed".into(), s.to_string()]);
+        }
+        if self.gso {
+            a.push("--gso".into());
         }
         a
     }

@@ -224,6 +224,11 @@ pub struct Datagram<'a> {
     pub ttl: Option<u8>,
     /// IPv4 TOS byte or IPv6 traffic class (DSCP and ECN) as received.
     pub tos: Option<u8>,
+    /// The datagram's place in a GRO buffer (0 when it came alone). When the sender used GSO
+    /// (as on loopback, where the kernel hands the GSO packet over whole), the kernel numbered
+    /// the segments' IPv4 IDs from 0 in this order: a hint for the ICRC check, never trusted
+    /// alone.
+    pub segment: u16,
     /// The UDP payload: BTH through ICRC.
     pub payload: &'a [u8],
 }
@@ -410,13 +415,21 @@ impl RoceUdp {
                 // A stride of 0 cannot come from the kernel; treat it as one datagram.
                 let stride = if meta.stride == 0 { meta.len.max(1) } else { meta.stride };
                 let mut segments = 0usize;
-                for payload in data.chunks(stride) {
-                    f(Datagram { src: meta.src, dst: meta.dst, ttl: meta.ttl, tos: meta.tos, payload });
+                for (k, payload) in data.chunks(stride).enumerate() {
+                    let segment = k as u16;
+                    f(Datagram { src: meta.src, dst: meta.dst, ttl: meta.ttl, tos: meta.tos, segment, payload });
                     segments += 1;
                 }
                 if data.is_empty() {
                     // An empty datagram is still a datagram (the engine counts it as malformed).
-                    f(Datagram { src: meta.src, dst: meta.dst, ttl: meta.ttl, tos: meta.tos, payload: data });
+                    f(Datagram {
+                        src: meta.src,
+                        dst: meta.dst,
+                        ttl: meta.ttl,
+                        tos: meta.tos,
+                        segment: 0,
+                        payload: data,
+                    });
                     segments = 1;
                 }
                 if segments > 1 {

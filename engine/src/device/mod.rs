@@ -204,8 +204,9 @@ pub struct RecvMeta {
     pub src: IpAddr,
     /// Source UDP port.
     pub src_port: u16,
-    /// The IPv4 identification, when the receiver can see it (raw sockets); `None`: assume 0,
-    /// what an unconnected Linux UDP socket with DF sends.
+    /// The IPv4 identification the receiver knows (raw sockets) or expects (the segment's place
+    /// in a GRO buffer: Linux numbers GSO segments 0, 1, 2, ...); `None`: 0, what an unconnected
+    /// Linux UDP socket with DF sends. Checked exactly under [`IcrcPolicy::Exact`].
     pub ip_id: Option<u16>,
     /// The destination IP address, when it is not the device's own (a multicast group).
     pub dst: Option<IpAddr>,
@@ -759,8 +760,10 @@ impl<M: Memory> Device<M> {
         match icrc::roce_v2_parts(&hdr[..n], pkt.body()) {
             Ok(c) if c == pkt.icrc() => {}
             _ => {
+                // The given ID is what the receiver knows or guesses (a raw socket's real ID, a
+                // segment's place in a GRO buffer); under AnyIpv4Id a mismatch is solved anyway.
                 let solved = self.config.icrc == IcrcPolicy::AnyIpv4Id
-                    && meta.ip_id.is_none()
+                    && matches!(dst, IpAddr::V4(_))
                     && icrc::solve_ipv4_id(&hdr[..n], payload).is_some();
                 if !solved {
                     self.counters.icrc_err += 1;
