@@ -49,6 +49,10 @@ pub struct Connection {
     pub info: DeviceInfo,
     /// Readable while async events wait.
     pub event_fd: OwnedFd,
+    /// The client's ring arena (sealed memfd) from the device.
+    pub arena_fd: OwnedFd,
+    /// The device's doorbell.
+    pub doorbell: OwnedFd,
 }
 
 impl Connection {
@@ -70,12 +74,13 @@ impl Connection {
         proto::send(&sock, &Request::Hello { version: VERSION, pid: std::process::id() as i32 }, &[])?;
         let (resp, mut fds) = proto::recv::<Response>(&sock)?;
         match resp {
-            Response::Hello { owner, info } if !fds.is_empty() => {
+            Response::Hello { owner, info } if fds.len() == 3 => {
                 // Yama ptrace_scope 1 lets only a declared tracer use process_vm_writev on us
                 // (design D3); without Yama this fails harmlessly.
                 // SAFETY: prctl with integer arguments.
                 unsafe { libc::prctl(libc::PR_SET_PTRACER, info.pid as libc::c_ulong, 0, 0, 0) };
-                Ok(Connection { sock: Mutex::new(sock), owner, info, event_fd: fds.remove(0) })
+                let (event_fd, arena_fd) = (fds.remove(0), fds.remove(0));
+                Ok(Connection { sock: Mutex::new(sock), owner, info, event_fd, arena_fd, doorbell: fds.remove(0) })
             }
             Response::Err(e) => Err(ClientError::Refused(e)),
             _ => Err(ClientError::Unexpected),

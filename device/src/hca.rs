@@ -28,12 +28,14 @@ use softrdma_engine::time::Instant;
 use softrdma_engine::verbs::{Access, Mtu, QpType, VerbsError};
 use softrdma_engine::wire::Qpn;
 use softrdma_engine::wire::{icrc, IbPacket};
+use softrdma_engine::wr::RecvWr;
 use softrdma_transport::udp::{self, RoceUdp, UdpConfig};
 
+use crate::arena::{Allocator, Arena, RingDesc, CQE_SLOT, WQE_SLOT};
 use crate::capture::Tap;
 use crate::faults::{Copy, FaultCounts, FaultInjector, FaultSpec};
 use crate::memory::{range_mapped, ProcessMemory};
-use crate::proto::{ClientEvent, DeviceInfo, IoStats, Request, Response};
+use crate::proto::{ClientEvent, DeviceInfo, IoStats, Request, Response, SendEntry};
 
 /// The RoCEv2 UDP port (IANA).
 pub const ROCE_PORT: u16 = 4791;
@@ -128,6 +130,29 @@ struct Client {
     objects: Objects,
     events: VecDeque<ClientEvent>,
     event_fd: Arc<EventFd>,
+    /// The client's ring arena and where its rings are.
+    arena: Arena,
+    alloc: Allocator,
+    sq: HashMap<Qpn, RingDesc>,
+    rq: HashMap<Qpn, RingDesc>,
+    srq_rings: HashMap<u32, RingDesc>,
+    cq_rings: HashMap<CqId, RingDesc>,
+    /// The arena's `posted` counter when the rings were last serviced.
+    seen_posted: u32,
+    /// Work left in a ring because the engine's queue was full: look again next time.
+    backlog: bool,
+}
+
+/// What a new client gets.
+pub struct Attached {
+    /// Its owner id.
+    pub owner: u32,
+    /// Readable while async events wait for it.
+    pub event_fd: Arc<EventFd>,
+    /// Its ring arena (a sealed memfd) to map.
+    pub arena: OwnedFd,
+    /// The doorbell to write after posting to a ring (unless the device is polling).
+    pub doorbell: OwnedFd,
 }
 
 struct Channel {
@@ -183,6 +208,12 @@ pub struct IoCounters {
     pub gso_sends: u64,
     /// Received buffers that held several coalesced packets (GRO).
     pub gro_buffers: u64,
+    /// Work requests taken from the clients' rings.
+    pub ring_wqes: u64,
+    /// Ring entries that did not decode (a misbehaving client; skipped).
+    pub ring_malformed: u64,
+    /// Ring entries the engine refused (the client's checks at post time should prevent it).
+    pub ring_rejected: u64,
 }
 
 struct State {
@@ -339,14 +370,32 @@ impl Hca {
 
     /// A new client (owner) whose memory is process `pid`'s; returns its owner id and the fd that
     /// is readable while async events wait for it.
-    pub fn attach(&self, pid: i32) -> io::Result<(u32, Arc<EventFd>)> {
+    pub fn attach(&self, pid: i32) -> io::Result<Attached> {
         let fd = Arc::new(eventfd()?);
+        let arena = Arena::create()?;
+        let arena_fd = arena.fd().as_fd().try_clone_to_owned()?;
+        // One doorbell per device: any client's doorbell makes the device look at the rings of
+        // the clients whose `posted` counter moved.
+        let doorbell = self.shared.wake.as_fd().try_clone_to_owned()?;
         let mut st = self.shared.lock();
         let owner = st.next_owner;
         st.next_owner += 1;
         st.dev.memory().attach(owner, pid);
-        st.clients.insert(owner, Client { objects: Objects::default(), events: VecDeque::new(), event_fd: fd.clone() });
-        Ok((owner, fd))
+        let c = Client {
+            objects: Objects::default(),
+            events: VecDeque::new(),
+            event_fd: fd.clone(),
+            arena,
+            alloc: Allocator::default(),
+            sq: HashMap::new(),
+            rq: HashMap::new(),
+            srq_rings: HashMap::new(),
+            cq_rings: HashMap::new(),
+            seen_posted: 0,
+            backlog: false,
+        };
+        st.clients.insert(owner, c);
+        Ok(Attached { owner, event_fd: fd, arena: arena_fd, doorbell })
     }
 
     /// A client went away: its objects are destroyed as the kernel's uverbs cleanup destroys a
@@ -422,16 +471,33 @@ impl Shared {
 
 /// The device thread.
 fn run(sh: &Shared) {
+    // Adaptive polling (design D4): after ring activity the device keeps looking at the rings
+    // for a short while with the clients' doorbells suppressed, then clears the flag, fences,
+    // looks once more (a post that saw the flag set is found here) and sleeps.
+    let mut spin_until: Option<std::time::Instant> = None;
     loop {
         if sh.stop.load(Ordering::SeqCst) {
             return;
         }
         let (timeout, udp_fd) = {
             let mut st = sh.lock();
+            let before = st.io.ring_wqes;
             st.pump();
+            if st.io.ring_wqes != before {
+                if spin_until.is_none() {
+                    st.set_polling(true);
+                }
+                spin_until = Some(std::time::Instant::now() + SPIN);
+            }
+            let spinning = spin_until.is_some_and(|t| std::time::Instant::now() < t);
+            if !spinning && spin_until.take().is_some() {
+                st.set_polling(false);
+                std::sync::atomic::fence(Ordering::SeqCst);
+                st.pump();
+            }
             let now = st.now();
             let next = [st.dev.poll_timeout(), st.delayed.peek().map(|d| d.0.at)].into_iter().flatten().min();
-            let t = next.map(|t| t.saturating_since(now).as_nanos());
+            let t = if spinning { Some(0) } else { next.map(|t| t.saturating_since(now).as_nanos()) };
             (t, st.udp.as_raw_fd())
         };
         let ts = timeout.map(|ns| nix::sys::time::TimeSpec::from_duration(std::time::Duration::from_nanos(ns)));
@@ -457,6 +523,9 @@ fn run(sh: &Shared) {
         }
     }
 }
+
+/// How long the device keeps polling the rings after the last work it found on them.
+const SPIN: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// One line per packet at TRACE level (`SOFTRDMA_LOG=trace`): direction, opcode, PSN, AckReq.
 fn trace_packet(dir: &str, p: &[u8]) {
@@ -511,6 +580,8 @@ impl State {
     /// and the internal loopback, until nothing is left (bounded), then routes events.
     fn pump(&mut self) {
         for _ in 0..1024 {
+            let ring_work = self.service_rings();
+            self.io.ring_wqes += ring_work as u64;
             let now = self.now();
             if self.dev.poll_timeout().is_some_and(|t| t <= now) {
                 self.dev.handle_timeout(now);
@@ -539,10 +610,11 @@ impl State {
                 self.dev.handle_packet(now, meta, &data);
                 moved += 1;
             }
-            if sent == 0 && moved == 0 {
+            if sent == 0 && moved == 0 && ring_work == 0 {
                 break;
             }
         }
+        self.fill_cq_rings();
         self.route_events();
     }
 
@@ -785,14 +857,25 @@ impl State {
                     mine!(channels, ch);
                 }
                 let cq = self.dev.create_cq(cqe)?;
-                self.objs(o).cqs.insert(cq);
+                let c = self.clients.get_mut(&o).expect("checked");
+                let Some(ring) = c.alloc.ring(cqe, CQE_SLOT) else {
+                    let _ = self.dev.destroy_cq(cq);
+                    return Err(VerbsError::NoMem);
+                };
+                c.arena.reset(&ring);
+                c.cq_rings.insert(cq, ring);
+                c.objects.cqs.insert(cq);
                 self.cqs.insert(cq, CqWatch { channel, armed: false, seen: 0 });
-                ok(R::Cq(cq))
+                ok(R::Cq { cq, ring })
             }
             Request::DestroyCq(cq) => {
                 mine!(cqs, cq);
                 self.dev.destroy_cq(cq)?;
-                self.objs(o).cqs.remove(&cq);
+                let c = self.clients.get_mut(&o).expect("checked");
+                c.objects.cqs.remove(&cq);
+                if let Some(r) = c.cq_rings.remove(&cq) {
+                    c.alloc.release(&r);
+                }
                 if let Some(w) = self.cqs.remove(&cq) {
                     // Events of the CQ still queued on its channel go with it.
                     if let Some(ch) = w.channel.and_then(|c| self.channels.get_mut(&c)) {
@@ -837,14 +920,37 @@ impl State {
                     return Err(VerbsError::Inval);
                 }
                 let qpn = self.dev.create_qp(init)?;
-                self.objs(o).qps.insert(qpn);
-                ok(R::Qp(qpn))
+                let c = self.clients.get_mut(&o).expect("checked");
+                let sq = c.alloc.ring(init.caps.max_send_wr, WQE_SLOT);
+                let rq = if init.srq.is_none() && init.qp_type != QpType::XrcIni {
+                    c.alloc.ring(init.caps.max_recv_wr, WQE_SLOT).map(Some)
+                } else {
+                    Some(None)
+                };
+                let (Some(sq), Some(rq)) = (sq, rq) else {
+                    sq.inspect(|r| c.alloc.release(r));
+                    rq.flatten().inspect(|r| c.alloc.release(r));
+                    let _ = self.dev.destroy_qp(qpn);
+                    return Err(VerbsError::NoMem);
+                };
+                c.arena.reset(&sq);
+                c.sq.insert(qpn, sq);
+                if let Some(r) = rq {
+                    c.arena.reset(&r);
+                    c.rq.insert(qpn, r);
+                }
+                c.objects.qps.insert(qpn);
+                ok(R::Qp { qpn, sq: Some(sq), rq })
             }
             Request::DestroyQp(qpn) => {
                 mine!(qps, qpn);
                 self.dev.destroy_qp(qpn)?;
-                self.objs(o).qps.remove(&qpn);
-                self.objs(o).mcast.retain(|(q, _)| *q != qpn);
+                let c = self.clients.get_mut(&o).expect("checked");
+                c.objects.qps.remove(&qpn);
+                c.objects.mcast.retain(|(q, _)| *q != qpn);
+                for r in [c.sq.remove(&qpn), c.rq.remove(&qpn)].into_iter().flatten() {
+                    c.alloc.release(&r);
+                }
                 ok(R::Ok)
             }
             Request::ModifyQp { qpn, attr, mask } => {
@@ -878,8 +984,7 @@ impl State {
             Request::CreateSrq { pd, attr } => {
                 mine!(pds, pd);
                 let s = self.dev.create_srq(pd, attr)?;
-                self.objs(o).srqs.insert(s);
-                ok(R::Srq(s))
+                self.srq_ring(o, s, attr.max_wr)
             }
             Request::CreateXrcSrq { xrcd, pd, cq, attr } => {
                 mine!(pds, pd);
@@ -888,8 +993,7 @@ impl State {
                     return Err(VerbsError::Inval);
                 }
                 let s = self.dev.create_xrc_srq(xrcd, pd, cq, attr)?;
-                self.objs(o).srqs.insert(s);
-                ok(R::Srq(s))
+                self.srq_ring(o, s, attr.max_wr)
             }
             Request::ModifySrq { srqn, limit } => {
                 mine!(srqs, srqn);
@@ -913,7 +1017,11 @@ impl State {
             Request::DestroySrq(srqn) => {
                 mine!(srqs, srqn);
                 self.dev.destroy_srq(srqn)?;
-                self.objs(o).srqs.remove(&srqn);
+                let c = self.clients.get_mut(&o).expect("checked");
+                c.objects.srqs.remove(&srqn);
+                if let Some(r) = c.srq_rings.remove(&srqn) {
+                    c.alloc.release(&r);
+                }
                 ok(R::Ok)
             }
             Request::OpenXrcd { create, exclusive } => {
@@ -1000,6 +1108,118 @@ impl State {
             memory_faults: self.dev.memory().faults,
             // The asking client does not count itself.
             clients: self.clients.len().saturating_sub(1) as u64,
+        }
+    }
+
+    /// Sets every client's doorbell suppression flag.
+    fn set_polling(&self, on: bool) {
+        for c in self.clients.values() {
+            c.arena.polling().store(u32::from(on), Ordering::SeqCst);
+        }
+    }
+
+    /// Gives a new SRQ its ring (or destroys it again when the arena is full).
+    fn srq_ring(&mut self, o: u32, srqn: u32, max_wr: u32) -> Result<(Response, Vec<Arc<EventFd>>), VerbsError> {
+        let c = self.clients.get_mut(&o).expect("checked");
+        let Some(ring) = c.alloc.ring(max_wr, WQE_SLOT) else {
+            let _ = self.dev.destroy_srq(srqn);
+            return Err(VerbsError::NoMem);
+        };
+        c.arena.reset(&ring);
+        c.srq_rings.insert(srqn, ring);
+        c.objects.srqs.insert(srqn);
+        Ok((Response::Srq { srqn, ring }, Vec::new()))
+    }
+
+    /// Moves work the clients posted on their rings into the engine, receive queues first (so a
+    /// SEND posted together with its peer's receive finds it). A WQE is copied out of shared
+    /// memory before it is decoded and checked; a full engine queue leaves the rest in the ring
+    /// for later (backpressure). Returns how many WQEs moved.
+    fn service_rings(&mut self) -> usize {
+        let State { clients, dev, io, .. } = self;
+        let mut moved = 0;
+        for c in clients.values_mut() {
+            let posted = c.arena.posted().load(Ordering::Acquire);
+            if posted == c.seen_posted && !c.backlog {
+                continue;
+            }
+            c.seen_posted = posted;
+            c.backlog = false;
+            let mut backlog = false;
+            for (q, r) in &c.rq {
+                moved += c.arena.consume::<RecvWr>(r, usize::MAX, |v| match v {
+                    Some(wr) => match dev.post_recv(*q, wr) {
+                        Err(VerbsError::NoMem) => {
+                            backlog = true;
+                            false
+                        }
+                        r => {
+                            io.ring_rejected += u64::from(r.is_err());
+                            true
+                        }
+                    },
+                    None => {
+                        io.ring_malformed += 1;
+                        true
+                    }
+                });
+            }
+            for (s, r) in &c.srq_rings {
+                moved += c.arena.consume::<RecvWr>(r, usize::MAX, |v| match v {
+                    Some(wr) => match dev.post_srq_recv(*s, wr) {
+                        Err(VerbsError::NoMem) => {
+                            backlog = true;
+                            false
+                        }
+                        r => {
+                            io.ring_rejected += u64::from(r.is_err());
+                            true
+                        }
+                    },
+                    None => {
+                        io.ring_malformed += 1;
+                        true
+                    }
+                });
+            }
+            for (q, r) in &c.sq {
+                moved += c.arena.consume::<SendEntry>(r, usize::MAX, |v| match v {
+                    Some(e) => match dev.post_send_inline(*q, e.wr, e.data) {
+                        Err(VerbsError::NoMem) => {
+                            backlog = true;
+                            false
+                        }
+                        r => {
+                            io.ring_rejected += u64::from(r.is_err());
+                            true
+                        }
+                    },
+                    None => {
+                        io.ring_malformed += 1;
+                        true
+                    }
+                });
+            }
+            c.backlog = backlog;
+        }
+        moved
+    }
+
+    /// Moves completions from the engine's CQs into the clients' completion rings, as far as
+    /// the rings have room (what does not fit waits in the engine's CQ, which overflows at its
+    /// own capacity).
+    fn fill_cq_rings(&mut self) {
+        let State { clients, dev, .. } = self;
+        for c in clients.values_mut() {
+            for (cq, r) in &c.cq_rings {
+                if dev.cq_counts(*cq).is_none_or(|(_, held)| held == 0) {
+                    continue;
+                }
+                let free = c.arena.free(r) as usize;
+                for wc in dev.poll_cq(*cq, free) {
+                    let _ = c.arena.produce(r, &wc);
+                }
+            }
         }
     }
 

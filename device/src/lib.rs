@@ -10,6 +10,7 @@
 //! - [`verbs`]: the Rust-native verbs API, on a daemon or on a device inside the process.
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod arena;
 pub mod capture;
 pub mod client;
 pub mod daemon;

@@ -17,8 +17,10 @@ use softrdma_engine::verbs::{Access, AttrMask, Mtu, QpState, VerbsError};
 use softrdma_engine::wire::Qpn;
 use softrdma_engine::wr::{RecvWr, SendWr, WorkCompletion};
 
+pub use crate::arena::RingDesc;
+
 /// The protocol version; `Hello` with another one is refused.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// The largest frame either side accepts (a post of many WRs stays far below).
 pub const MAX_FRAME: usize = 16 << 20;
@@ -192,6 +194,16 @@ pub enum Request {
     Stats,
 }
 
+/// A send queue ring entry: the work request and, for IBV_SEND_INLINE, its data, copied by the
+/// client at post time (the application may reuse the buffer as soon as the post returns).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SendEntry {
+    /// The work request.
+    pub wr: SendWr,
+    /// The inline data.
+    pub data: Option<Vec<u8>>,
+}
+
 /// What the device describes about itself at `Hello`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct DeviceInfo {
@@ -236,7 +248,8 @@ pub enum Response {
         /// Index of the first WR not posted.
         index: u32,
     },
-    /// Hello accepted: the client's owner id, the device; the async event fd travels with it.
+    /// Hello accepted: the client's owner id, the device. Three fds travel with it: the async
+    /// event fd, the client's ring arena (a sealed memfd) and the doorbell (an eventfd).
     Hello {
         /// The client's owner id on the device.
         owner: u32,
@@ -249,18 +262,35 @@ pub enum Response {
     Mr(MrKeys),
     /// A completion channel's id (its fd travels with the frame).
     Channel(u32),
-    /// A CQ.
-    Cq(CqId),
+    /// A CQ and its completion ring.
+    Cq {
+        /// The CQ.
+        cq: CqId,
+        /// Its ring in the arena (the device produces, the client consumes).
+        ring: RingDesc,
+    },
     /// A CQ event, if one was waiting.
     CqEvent(Option<CqId>),
     /// Completions.
     Completions(Vec<WorkCompletion>),
-    /// A QP.
-    Qp(Qpn),
+    /// A QP and its work queue rings (none for a queue it does not have).
+    Qp {
+        /// QP number.
+        qpn: Qpn,
+        /// Send queue ring.
+        sq: Option<RingDesc>,
+        /// Receive queue ring (none with an SRQ).
+        rq: Option<RingDesc>,
+    },
     /// A QP's state and attributes.
     QpAttr(QpState, QpAttr),
-    /// An SRQ number.
-    Srq(u32),
+    /// An SRQ and its receive ring.
+    Srq {
+        /// SRQ number.
+        srqn: u32,
+        /// Its ring.
+        ring: RingDesc,
+    },
     /// SRQ attributes and outstanding WQEs.
     SrqAttr(SrqAttr, u32),
     /// An XRC domain.

@@ -71,9 +71,12 @@ pub fn serve_client(hca: &Hca, sock: UnixStream) {
     }
     let pid = cred.pid();
     let Ok(pidfd) = pidfd_open(pid) else { return };
-    let Ok((owner, event_fd)) = hca.attach(pid) else { return };
+    let Ok(a) = hca.attach(pid) else { return };
+    let owner = a.owner;
     let hello = Response::Hello { owner, info: hca.info().clone() };
-    if proto::send(&sock, &hello, &[event_fd.as_raw_fd()]).is_ok() {
+    let fds = [a.event_fd.as_raw_fd(), a.arena.as_raw_fd(), a.doorbell.as_raw_fd()];
+    if proto::send(&sock, &hello, &fds).is_ok() {
+        drop(a);
         serve_calls(hca, owner, &sock, &pidfd);
     }
     hca.detach(owner);
@@ -144,7 +147,7 @@ mod tests {
         let t = std::thread::spawn(move || serve_client(&h, b));
         proto::send(&a, &Request::Hello { version: VERSION, pid: 0 }, &[]).unwrap();
         let (r, fds) = proto::recv::<Response>(&a).unwrap();
-        assert!(matches!(r, Response::Hello { .. }) && fds.len() == 1, "{r:?}");
+        assert!(matches!(r, Response::Hello { .. }) && fds.len() == 3, "{r:?}");
         proto::send(&a, &Request::AllocPd, &[]).unwrap();
         assert!(matches!(proto::recv::<Response>(&a).unwrap().0, Response::Pd(_)));
         assert_eq!(hca.stats().1.clients, 1);

@@ -21,9 +21,12 @@ pub use softrdma_engine::verbs::{Access, AttrMask, Mtu, QpState, QpType, VerbsEr
 pub use softrdma_engine::wire::Qpn;
 pub use softrdma_engine::wr::{RecvWr, SendOp, SendWr, Sge, UdDest, WorkCompletion};
 
+use std::sync::atomic::{fence, Ordering};
+
+use crate::arena::{Arena, RingDesc};
 use crate::client::{ClientError, Connection};
 use crate::hca::Hca;
-use crate::proto::{ClientEvent, DeviceInfo, Request, Response};
+use crate::proto::{ClientEvent, DeviceInfo, Request, Response, SendEntry};
 
 /// A verbs error: the errno of the call, or the device connection lost.
 #[derive(Debug, thiserror::Error)]
@@ -55,9 +58,28 @@ enum Backend {
 struct Inner {
     backend: Backend,
     info: DeviceInfo,
+    /// The client's rings, shared with the device.
+    arena: Arena,
+    doorbell: OwnedFd,
 }
 
 impl Inner {
+    fn new(backend: Backend, info: DeviceInfo, arena_fd: OwnedFd, doorbell: OwnedFd) -> Result<Inner> {
+        let arena = Arena::open(arena_fd).map_err(|_| VerbsError::NoMem)?;
+        Ok(Inner { backend, info, arena, doorbell })
+    }
+
+    /// After publishing work on a ring: tell the device, unless it is polling the rings now
+    /// (design D4: the fence orders our producer index before our look at its flag; the device
+    /// fences between clearing the flag and its last scan).
+    fn ring_doorbell(&self) {
+        self.arena.posted().fetch_add(1, Ordering::Release);
+        fence(Ordering::SeqCst);
+        if self.arena.polling().load(Ordering::SeqCst) == 0 {
+            let _ = nix::unistd::write(&self.doorbell, &1u64.to_ne_bytes());
+        }
+    }
+
     fn call_fds(&self, req: Request, fd: Option<RawFd>) -> Result<(Response, Vec<OwnedFd>)> {
         let (resp, fds) = match &self.backend {
             Backend::Daemon(c) => c.call(&req, fd.as_slice())?,
@@ -118,24 +140,29 @@ pub struct Context {
 impl Context {
     /// Opens device `name` (a running daemon, found in the runtime directory).
     pub fn open(name: &str) -> Result<Context> {
-        let c = Connection::connect(name)?;
-        Ok(Context { inner: Arc::new(Inner { info: c.info.clone(), backend: Backend::Daemon(c) }) })
+        Context::daemon(Connection::connect(name)?)
     }
 
     /// Opens device `name` in runtime directory `dir`.
     pub fn open_in(dir: &std::path::Path, name: &str) -> Result<Context> {
-        let c = Connection::connect_in(dir, name)?;
-        Ok(Context { inner: Arc::new(Inner { info: c.info.clone(), backend: Backend::Daemon(c) }) })
+        Context::daemon(Connection::connect_in(dir, name)?)
+    }
+
+    fn daemon(mut c: Connection) -> Result<Context> {
+        let dup = |f: &OwnedFd| f.try_clone().map_err(|_| Error::Verbs(VerbsError::NoMem));
+        let (arena, doorbell) = (dup(&c.arena_fd)?, dup(&c.doorbell)?);
+        let info = c.info.clone();
+        c.arena_fd = dup(&c.event_fd)?; // the connection keeps no second arena reference
+        Ok(Context { inner: Arc::new(Inner::new(Backend::Daemon(c), info, arena, doorbell)?) })
     }
 
     /// A context on a device running in this process.
     pub fn embedded(hca: &Arc<Hca>) -> Result<Context> {
-        let (owner, fd) = hca.attach(std::process::id() as i32).map_err(|_| VerbsError::NoMem)?;
-        let event_fd = fd.as_fd().try_clone_to_owned().map_err(|_| VerbsError::NoMem)?;
+        let a = hca.attach(std::process::id() as i32).map_err(|_| VerbsError::NoMem)?;
+        let event_fd = a.event_fd.as_fd().try_clone_to_owned().map_err(|_| VerbsError::NoMem)?;
         let info = hca.info().clone();
-        Ok(Context {
-            inner: Arc::new(Inner { backend: Backend::Embedded { hca: hca.clone(), owner, event_fd }, info }),
-        })
+        let backend = Backend::Embedded { hca: hca.clone(), owner: a.owner, event_fd };
+        Ok(Context { inner: Arc::new(Inner::new(backend, info, a.arena, a.doorbell)?) })
     }
 
     /// The device.
@@ -169,7 +196,7 @@ impl Context {
     /// `ibv_create_cq` with at least `cqe` entries, optionally on a completion channel.
     pub fn create_cq(&self, cqe: u32, channel: Option<&CompletionChannel>) -> Result<CompletionQueue> {
         match self.inner.call(Request::CreateCq { cqe, channel: channel.map(|c| c.id) })? {
-            Response::Cq(id) => Ok(CompletionQueue { ctx: self.clone(), id }),
+            Response::Cq { cq, ring } => Ok(CompletionQueue { ctx: self.clone(), id: cq, ring }),
             _ => unexpected(),
         }
     }
@@ -292,7 +319,9 @@ impl ProtectionDomain {
     /// `ibv_create_srq`.
     pub fn create_srq(&self, attr: SrqAttr) -> Result<SharedReceiveQueue> {
         match self.ctx.inner.call(Request::CreateSrq { pd: self.id, attr })? {
-            Response::Srq(n) => Ok(SharedReceiveQueue { ctx: self.ctx.clone(), srqn: n }),
+            Response::Srq { srqn, ring } => {
+                Ok(SharedReceiveQueue { ctx: self.ctx.clone(), srqn, ring, max_sge: attr.max_sge })
+            }
             _ => unexpected(),
         }
     }
@@ -420,6 +449,7 @@ impl Drop for CompletionChannel {
 pub struct CompletionQueue {
     ctx: Context,
     id: CqId,
+    ring: RingDesc,
 }
 
 impl CompletionQueue {
@@ -428,12 +458,15 @@ impl CompletionQueue {
         self.id
     }
 
-    /// `ibv_poll_cq`: up to `max` completions.
+    /// `ibv_poll_cq`: up to `max` completions, read from the completion ring in shared memory
+    /// (no system call).
     pub fn poll(&self, max: u32) -> Result<Vec<WorkCompletion>> {
-        match self.ctx.inner.call(Request::PollCq { cq: self.id, max })? {
-            Response::Completions(c) => Ok(c),
-            _ => unexpected(),
-        }
+        let mut out = Vec::new();
+        self.ctx.inner.arena.consume::<WorkCompletion>(&self.ring, max as usize, |w| {
+            out.extend(w);
+            true
+        });
+        Ok(out)
     }
 
     /// Polls until `n` completions arrived or `timeout` passed (spins briefly, then backs off).
@@ -499,9 +532,16 @@ impl<'a> QueuePairBuilder<'a> {
     /// `ibv_create_qp`.
     pub fn build(self) -> Result<QueuePair> {
         match self.pd.ctx.inner.call(Request::CreateQp(self.init))? {
-            Response::Qp(qpn) => {
-                Ok(QueuePair { ctx: self.pd.ctx.clone(), qpn, qp_type: self.init.qp_type, handle: None })
-            }
+            Response::Qp { qpn, sq, rq } => Ok(QueuePair {
+                ctx: self.pd.ctx.clone(),
+                qpn,
+                qp_type: self.init.qp_type,
+                handle: None,
+                sq,
+                rq,
+                caps: self.init.caps,
+                state: std::sync::Mutex::new(QpState::Reset),
+            }),
             _ => unexpected(),
         }
     }
@@ -560,6 +600,12 @@ pub struct QueuePair {
     qpn: Qpn,
     qp_type: QpType,
     handle: Option<u32>,
+    sq: Option<RingDesc>,
+    rq: Option<RingDesc>,
+    caps: QpCaps,
+    /// The state as this process last set or saw it (posting checks it, as libibverbs
+    /// providers check their own copy).
+    state: std::sync::Mutex<QpState>,
 }
 
 impl QueuePair {
@@ -576,15 +622,71 @@ impl QueuePair {
     /// `ibv_modify_qp`.
     pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
         self.ctx.inner.call(Request::ModifyQp { qpn: self.qpn, attr: *attr, mask })?;
+        if mask.contains(AttrMask::STATE) {
+            *self.state.lock().unwrap_or_else(|e| e.into_inner()) = attr.qp_state;
+        }
         Ok(())
     }
 
     /// `ibv_query_qp`.
     pub fn query(&self) -> Result<(QpState, QpAttr)> {
         match self.ctx.inner.call(Request::QueryQp(self.qpn))? {
-            Response::QpAttr(s, a) => Ok((s, a)),
+            Response::QpAttr(s, a) => {
+                *self.state.lock().unwrap_or_else(|e| e.into_inner()) = s;
+                Ok((s, a))
+            }
             _ => unexpected(),
         }
+    }
+
+    fn cached_state(&self) -> QpState {
+        *self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The checks `ibv_post_send` makes before a request reaches the queue (the engine's, so
+    /// that what the ring carries is accepted): EINVAL for a QP that cannot send, an operation
+    /// the service lacks, too many SGEs, an oversize message, a short atomic, bad inline data.
+    fn check_send(&self, wr: &SendWr) -> std::result::Result<Option<Vec<u8>>, VerbsError> {
+        if matches!(self.cached_state(), QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(VerbsError::Inval);
+        }
+        let op_ok = match self.qp_type {
+            QpType::Rc | QpType::XrcIni => true,
+            QpType::Uc => !wr.op.is_read_or_atomic(),
+            QpType::Ud => matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. }) && wr.ud.is_some(),
+            QpType::XrcTgt => false,
+        };
+        let len: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+        let limits = self.ctx.inner.info.limits;
+        if !op_ok || wr.sg_list.len() > self.caps.max_send_sge as usize || len > u64::from(limits.max_msg_size) {
+            return Err(VerbsError::Inval);
+        }
+        if wr.op.is_atomic() && (len < 8 || wr.sg_list.is_empty()) {
+            return Err(VerbsError::Inval);
+        }
+        if !wr.inline {
+            return Ok(None);
+        }
+        if len > u64::from(self.caps.max_inline_data) || wr.op.is_read_or_atomic() {
+            return Err(VerbsError::Inval);
+        }
+        // IBV_SEND_INLINE: the data is copied now (no lkey check); the buffer is free again
+        // when the post returns. Read through the kernel so a bad address is EINVAL, not a crash.
+        let mut data = vec![0u8; len as usize];
+        let mut at = 0;
+        for s in &wr.sg_list {
+            let n = s.length as usize;
+            let local = [std::io::IoSliceMut::new(&mut data[at..at + n])];
+            let remote = [nix::sys::uio::RemoteIoVec { base: s.addr as usize, len: n }];
+            let mut local = local;
+            match nix::sys::uio::process_vm_readv(nix::unistd::Pid::this(), &mut local, &remote) {
+                Ok(got) if got == n => {}
+                _ if n == 0 => {}
+                _ => return Err(VerbsError::Inval),
+            }
+            at += n;
+        }
+        Ok(Some(data))
     }
 
     /// RESET -> INIT -> RTR -> RTS (INIT -> RTR only for an XRC target QP; UD needs no remote),
@@ -624,16 +726,61 @@ impl QueuePair {
         Ok(())
     }
 
-    /// `ibv_post_send` of a list.
+    /// `ibv_post_send` of a list, onto the send queue's ring in shared memory (no system call
+    /// but the doorbell). On an error the requests before `index` were posted.
     pub fn post_send(&self, wrs: Vec<SendWr>) -> Result<()> {
-        self.ctx.inner.call(Request::PostSend { qpn: self.qpn, wrs })?;
-        Ok(())
+        let inner = &self.ctx.inner;
+        let Some(sq) = self.sq else { return Err(Error::Post { err: VerbsError::Inval, index: 0 }) };
+        let mut r = Ok(());
+        let mut n = 0;
+        for (index, wr) in wrs.into_iter().enumerate() {
+            let err = match self.check_send(&wr) {
+                Err(e) => Some(e),
+                Ok(data) => match inner.arena.produce(&sq, &SendEntry { wr, data }) {
+                    Ok(true) => None,
+                    Ok(false) => Some(VerbsError::NoMem),
+                    Err(_) => Some(VerbsError::Inval),
+                },
+            };
+            if let Some(err) = err {
+                r = Err(Error::Post { err, index });
+                break;
+            }
+            n += 1;
+        }
+        if n > 0 {
+            inner.ring_doorbell();
+        }
+        r
     }
 
-    /// `ibv_post_recv` of a list.
+    /// `ibv_post_recv` of a list, onto the receive queue's ring: EINVAL in RESET, for a QP
+    /// without a receive queue of its own (SRQ, XRC) or too many SGEs; ENOMEM when full.
     pub fn post_recv(&self, wrs: Vec<RecvWr>) -> Result<()> {
-        self.ctx.inner.call(Request::PostRecv { qpn: self.qpn, wrs })?;
-        Ok(())
+        let inner = &self.ctx.inner;
+        let mut r = Ok(());
+        let mut n = 0;
+        for (index, wr) in wrs.into_iter().enumerate() {
+            let err = match self.rq {
+                None => Some(VerbsError::Inval),
+                Some(_) if self.cached_state() == QpState::Reset => Some(VerbsError::Inval),
+                Some(_) if wr.sg_list.len() > self.caps.max_recv_sge as usize => Some(VerbsError::Inval),
+                Some(rq) => match inner.arena.produce(&rq, &wr) {
+                    Ok(true) => None,
+                    Ok(false) => Some(VerbsError::NoMem),
+                    Err(_) => Some(VerbsError::Inval),
+                },
+            };
+            if let Some(err) = err {
+                r = Err(Error::Post { err, index });
+                break;
+            }
+            n += 1;
+        }
+        if n > 0 {
+            inner.ring_doorbell();
+        }
+        r
     }
 
     /// `ibv_attach_mcast` (UD).
@@ -657,6 +804,8 @@ impl Drop for QueuePair {
 pub struct SharedReceiveQueue {
     ctx: Context,
     srqn: u32,
+    ring: RingDesc,
+    max_sge: u32,
 }
 
 impl SharedReceiveQueue {
@@ -664,10 +813,32 @@ impl SharedReceiveQueue {
     pub fn srq_num(&self) -> u32 {
         self.srqn
     }
-    /// `ibv_post_srq_recv` of a list.
+    /// `ibv_post_srq_recv` of a list, onto the SRQ's ring: EINVAL for too many SGEs, ENOMEM
+    /// when the queue is full.
     pub fn post_recv(&self, wrs: Vec<RecvWr>) -> Result<()> {
-        self.ctx.inner.call(Request::PostSrqRecv { srqn: self.srqn, wrs })?;
-        Ok(())
+        let inner = &self.ctx.inner;
+        let mut r = Ok(());
+        let mut n = 0;
+        for (index, wr) in wrs.into_iter().enumerate() {
+            let err = if wr.sg_list.len() > self.max_sge as usize {
+                Some(VerbsError::Inval)
+            } else {
+                match inner.arena.produce(&self.ring, &wr) {
+                    Ok(true) => None,
+                    Ok(false) => Some(VerbsError::NoMem),
+                    Err(_) => Some(VerbsError::Inval),
+                }
+            };
+            if let Some(err) = err {
+                r = Err(Error::Post { err, index });
+                break;
+            }
+            n += 1;
+        }
+        if n > 0 {
+            inner.ring_doorbell();
+        }
+        r
     }
     /// `ibv_modify_srq` with IBV_SRQ_LIMIT.
     pub fn set_limit(&self, limit: u32) -> Result<()> {
@@ -699,7 +870,9 @@ impl XrcDomain {
     /// `ibv_create_srq_ex` of type XRC in this domain.
     pub fn create_srq(&self, pd: &ProtectionDomain, cq: &CompletionQueue, attr: SrqAttr) -> Result<SharedReceiveQueue> {
         match self.ctx.inner.call(Request::CreateXrcSrq { xrcd: self.id, pd: pd.id, cq: cq.id, attr })? {
-            Response::Srq(n) => Ok(SharedReceiveQueue { ctx: self.ctx.clone(), srqn: n }),
+            Response::Srq { srqn, ring } => {
+                Ok(SharedReceiveQueue { ctx: self.ctx.clone(), srqn, ring, max_sge: attr.max_sge })
+            }
             _ => unexpected(),
         }
     }
@@ -707,9 +880,16 @@ impl XrcDomain {
     /// `ibv_create_qp_ex` of type XRC_RECV: a target QP bound to this domain.
     pub fn create_tgt_qp(&self) -> Result<QueuePair> {
         match self.ctx.inner.call(Request::CreateXrcTgtQp(self.id))? {
-            Response::QpHandle(qpn, h) => {
-                Ok(QueuePair { ctx: self.ctx.clone(), qpn, qp_type: QpType::XrcTgt, handle: Some(h) })
-            }
+            Response::QpHandle(qpn, h) => Ok(QueuePair {
+                ctx: self.ctx.clone(),
+                qpn,
+                qp_type: QpType::XrcTgt,
+                handle: Some(h),
+                sq: None,
+                rq: None,
+                caps: QpCaps::default(),
+                state: std::sync::Mutex::new(QpState::Reset),
+            }),
             _ => unexpected(),
         }
     }
@@ -717,9 +897,16 @@ impl XrcDomain {
     /// `ibv_open_qp`: a handle on an existing target QP of this domain.
     pub fn open_qp(&self, qpn: u32) -> Result<QueuePair> {
         match self.ctx.inner.call(Request::OpenQp { xrcd: self.id, qpn: Qpn::new(qpn) })? {
-            Response::QpHandle(qpn, h) => {
-                Ok(QueuePair { ctx: self.ctx.clone(), qpn, qp_type: QpType::XrcTgt, handle: Some(h) })
-            }
+            Response::QpHandle(qpn, h) => Ok(QueuePair {
+                ctx: self.ctx.clone(),
+                qpn,
+                qp_type: QpType::XrcTgt,
+                handle: Some(h),
+                sq: None,
+                rq: None,
+                caps: QpCaps::default(),
+                state: std::sync::Mutex::new(QpState::Reset),
+            }),
             _ => unexpected(),
         }
     }

@@ -329,3 +329,54 @@ fn gso_batches_carry_an_icrc_for_each_segments_ipv4_id() {
     assert!(report.is_clean(), "{report:?}");
     assert!(ids.len() > 2, "segments numbered 0, 1, 2, ...: {ids:?}");
 }
+
+#[test]
+fn posting_checks_give_the_errno_libibverbs_gives() {
+    let d = device("pe", A, 47919, "");
+    let ctx = Context::embedded(&d).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64, None).unwrap();
+    let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 64 };
+    let qp = pd.qp_builder(QpType::Rc, &cq).caps(caps).build().unwrap();
+    let mr = pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let post_err = |r: Result<()>| match r {
+        Err(Error::Post { err, index }) => (err, index),
+        other => panic!("{other:?}"),
+    };
+    // post_recv in RESET is EINVAL; post_send before RTS is EINVAL.
+    assert_eq!(post_err(qp.post_recv(vec![RecvWr { wr_id: 1, sg_list: vec![mr.sge(0..8)] }])), (VerbsError::Inval, 0));
+    assert_eq!(post_err(qp.post_send(vec![SendWr::new(1, SendOp::Send, vec![mr.sge(0..8)])])), (VerbsError::Inval, 0));
+    let peer = pd.qp_builder(QpType::Rc, &cq).caps(caps).build().unwrap();
+    let o = ConnectOptions::default();
+    qp.connect(1, &peer.endpoint(2), &o).unwrap();
+    peer.connect(2, &qp.endpoint(1), &o).unwrap();
+    // Too many SGEs: EINVAL at the index of the bad request; the ones before it were posted.
+    let ok = RecvWr { wr_id: 2, sg_list: vec![mr.sge(0..8)] };
+    let bad = RecvWr { wr_id: 3, sg_list: vec![mr.sge(0..8), mr.sge(8..16)] };
+    assert_eq!(post_err(qp.post_recv(vec![ok, bad])), (VerbsError::Inval, 1));
+    // A full queue is ENOMEM (the ring holds max_recv_wr; the device may already have taken
+    // some into the engine, whose queue holds as many again).
+    let many: Vec<RecvWr> = (0..64).map(|i| RecvWr { wr_id: 10 + i, sg_list: vec![mr.sge(0..8)] }).collect();
+    let (err, index) = post_err(qp.post_recv(many));
+    assert_eq!(err, VerbsError::NoMem);
+    assert!((3..=8).contains(&index), "{index}");
+    // UC-only and UD-only rules: an atomic needs 8 bytes.
+    let fa = SendOp::FetchAdd { remote_addr: 0, rkey: 0, add: 1 };
+    assert_eq!(post_err(qp.post_send(vec![SendWr::new(4, fa, vec![mr.sge(0..4)])])), (VerbsError::Inval, 0));
+    // Inline data is copied at post: the buffer may change right after, the peer sees the old.
+    peer.post_recv(vec![RecvWr { wr_id: 99, sg_list: vec![mr.sge(0..64)] }]).unwrap();
+    let mut data = b"inline!!".to_vec();
+    let mut wr = SendWr::new(5, SendOp::Send, vec![Sge { addr: data.as_ptr() as u64, length: 8, lkey: 0 }]);
+    wr.inline = true;
+    qp.post_send(vec![wr]).unwrap();
+    data.copy_from_slice(b"changed!");
+    let got = cq.wait(2, T).unwrap();
+    assert!(got.iter().any(|w| w.wr_id == 99 && w.opcode == WcOpcode::Recv && w.byte_len == 8), "{got:?}");
+    assert_eq!(&mr.as_slice()[..8], b"inline!!");
+    // Too much inline data is EINVAL.
+    let big = vec![0u8; 65];
+    let mut wr = SendWr::new(6, SendOp::Send, vec![Sge { addr: big.as_ptr() as u64, length: 65, lkey: 0 }]);
+    wr.inline = true;
+    assert_eq!(post_err(qp.post_send(vec![wr])), (VerbsError::Inval, 0));
+    std::hint::black_box(&data);
+}

@@ -722,10 +722,17 @@ impl<M: Memory> Device<M> {
     /// Posts a send work request (`ibv_post_send`). ENOMEM when the send queue is full, EINVAL for
     /// a bad request; in ERR the request completes flushed.
     pub fn post_send(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), VerbsError> {
+        self.post_send_inline(qpn, wr, None)
+    }
+
+    /// Posts a send work request whose IBV_SEND_INLINE data the caller already copied (`data`,
+    /// as many bytes as the SGEs say): a client that gathers at post time, so that the
+    /// application may reuse its buffer as soon as the post returns.
+    pub fn post_send_inline(&mut self, qpn: Qpn, wr: SendWr, data: Option<Vec<u8>>) -> Result<(), VerbsError> {
         let limits = self.config.limits;
         let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::Inval)?;
         let mut ctx = ctx!(self, Instant::ZERO);
-        qp.post_send(&mut ctx, wr, &limits)?;
+        qp.post_send(&mut ctx, wr, data, &limits)?;
         self.touched(qpn);
         Ok(())
     }

@@ -500,6 +500,7 @@ impl Qp {
         &mut self,
         ctx: &mut Ctx<'_, M>,
         wr: SendWr,
+        given: Option<Vec<u8>>,
         limits: &Limits,
     ) -> Result<(), VerbsError> {
         if self.state == QpState::Reset || self.state == QpState::Init || self.state == QpState::Rtr {
@@ -538,14 +539,22 @@ impl Qp {
             if len > self.caps.max_inline_data || wr.op.is_read_or_atomic() {
                 return Err(VerbsError::Inval);
             }
-            // Inline data is copied now, without lkey checks (IBV_SEND_INLINE).
-            let mut data = Vec::with_capacity(len as usize);
-            let owner = self.owner;
-            for s in &wr.sg_list {
-                let mut chunk = vec![0u8; s.length as usize];
-                ctx.mem.read(owner, s.addr, &mut chunk).map_err(|_| VerbsError::Inval)?;
-                data.extend_from_slice(&chunk);
-            }
+            // Inline data is copied now, without lkey checks (IBV_SEND_INLINE), unless the
+            // caller copied it already (a client that gathers at post).
+            let data = match given {
+                Some(d) if d.len() == len as usize => d,
+                Some(_) => return Err(VerbsError::Inval),
+                None => {
+                    let mut data = Vec::with_capacity(len as usize);
+                    let owner = self.owner;
+                    for s in &wr.sg_list {
+                        let mut chunk = vec![0u8; s.length as usize];
+                        ctx.mem.read(owner, s.addr, &mut chunk).map_err(|_| VerbsError::Inval)?;
+                        data.extend_from_slice(&chunk);
+                    }
+                    data
+                }
+            };
             inline = Some(data);
         }
         let npkts = match wr.op {

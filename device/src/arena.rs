@@ -1,0 +1,387 @@
+//! The shared-memory arena of one client (design D4): the rings of its send, receive and shared
+//! receive queues and of its completion queues live in one memfd that the device creates, sizes
+//! and seals (`F_SEAL_SHRINK | F_SEAL_GROW`, so the client cannot truncate it under the device),
+//! and that both map. One arena per client, not one memfd per queue: 10k QPs would exhaust the fd
+//! limit long before memory.
+//!
+//! A ring is a header (producer index and consumer index, each on its own cache line) and
+//! `cap` slots of `slot` bytes; the indices run freely and wrap, a slot is `index & (cap - 1)`.
+//! A slot holds a little-endian u32 length and a postcard-encoded work request or completion.
+//! Either side may be hostile to the other: the reader copies a slot out before decoding it, bounds
+//! every length, and trusts no index further than `cap` entries.
+//!
+//! The arena's first page holds the doorbell suppression flag: while the device is polling the
+//! rings it sets `polling`, and a client that sees it set after publishing its producer index
+//! skips the doorbell (an eventfd write). Both sides put a SeqCst fence between their store and
+//! their load, and the device scans once more after clearing the flag, so no post is missed.
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{fence, AtomicU32, Ordering};
+
+use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+use nix::sys::memfd::{memfd_create, MFdFlags};
+use nix::sys::mman::{madvise, mmap, munmap, MapFlags, MmapAdvise, ProtFlags};
+use serde::{Deserialize, Serialize};
+
+/// Bytes of one client's arena (virtual: pages are allocated as rings are touched).
+pub const ARENA_LEN: usize = 64 << 20;
+
+const MAGIC: u32 = 0x5352_4441; // "SRDA"
+const HEADER: usize = 4096;
+const POLLING_OFF: usize = 64;
+const POSTED_OFF: usize = 128;
+const RING_HEADER: usize = 128;
+
+/// Slot size of send and receive queue rings (a work request with 32 SGEs fits).
+pub const WQE_SLOT: u32 = 1024;
+/// Slot size of completion queue rings.
+pub const CQE_SLOT: u32 = 128;
+
+/// Where a ring is in the arena.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RingDesc {
+    /// Offset of its header.
+    pub off: u64,
+    /// Slots (a power of two).
+    pub cap: u32,
+    /// Bytes per slot.
+    pub slot: u32,
+}
+
+impl RingDesc {
+    /// Bytes the ring takes.
+    pub fn bytes(&self) -> usize {
+        RING_HEADER + self.cap as usize * self.slot as usize
+    }
+}
+
+/// A mapped arena.
+pub struct Arena {
+    ptr: NonNull<u8>,
+    len: usize,
+    fd: OwnedFd,
+}
+
+// SAFETY: the mapping is shared memory reached only through atomics and byte copies; it stays
+// mapped as long as the Arena lives.
+unsafe impl Send for Arena {}
+// SAFETY: as above; no method hands out references that outlive a call.
+unsafe impl Sync for Arena {}
+
+fn errno(e: nix::errno::Errno) -> io::Error {
+    io::Error::from(e)
+}
+
+impl Arena {
+    /// Creates, sizes, seals and maps a new arena (the device side).
+    pub fn create() -> io::Result<Arena> {
+        let fd = memfd_create("softrdma-arena", MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING).map_err(errno)?;
+        nix::unistd::ftruncate(&fd, ARENA_LEN as i64).map_err(errno)?;
+        let seals = SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL;
+        fcntl(&fd, FcntlArg::F_ADD_SEALS(seals)).map_err(errno)?;
+        let a = Arena::map_fd(fd, ARENA_LEN)?;
+        a.u32_at(0).store(MAGIC, Ordering::Release);
+        Ok(a)
+    }
+
+    /// Maps an arena the device passed (the client side): checks that it is sealed against
+    /// shrinking and has the expected size and magic; asks the kernel not to copy it into forked
+    /// children (MADV_DONTFORK, as libibverbs does for its queues).
+    pub fn open(fd: OwnedFd) -> io::Result<Arena> {
+        let seals = fcntl(&fd, FcntlArg::F_GET_SEALS).map_err(errno)?;
+        let seals = SealFlag::from_bits_truncate(seals);
+        let len = nix::sys::stat::fstat(&fd).map_err(errno)?.st_size as usize;
+        if !seals.contains(SealFlag::F_SEAL_SHRINK) || len != ARENA_LEN {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the device's arena is not sealed or has the wrong size",
+            ));
+        }
+        let a = Arena::map_fd(fd, len)?;
+        if a.u32_at(0).load(Ordering::Acquire) != MAGIC {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "the device's arena has no header"));
+        }
+        // SAFETY: the range is our own mapping.
+        unsafe { madvise(a.ptr.cast(), a.len, MmapAdvise::MADV_DONTFORK) }.map_err(errno)?;
+        Ok(a)
+    }
+
+    fn map_fd(fd: OwnedFd, len: usize) -> io::Result<Arena> {
+        let n = std::num::NonZeroUsize::new(len).ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: a new shared mapping of the whole memfd; nothing else is at that address.
+        let p =
+            unsafe { mmap(None, n, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_SHARED, fd.as_fd(), 0) }
+                .map_err(errno)?;
+        Ok(Arena { ptr: p.cast(), len, fd })
+    }
+
+    /// The memfd (to pass to the client).
+    pub fn fd(&self) -> &OwnedFd {
+        &self.fd
+    }
+
+    fn u32_at(&self, off: usize) -> &AtomicU32 {
+        assert!(off % 4 == 0 && off + 4 <= self.len, "arena offset out of range");
+        // SAFETY: in bounds and aligned (checked); AtomicU32 has the layout of u32, and the
+        // mapping lives as long as &self.
+        unsafe { &*(self.ptr.as_ptr().add(off) as *const AtomicU32) }
+    }
+
+    /// The device's polling flag (doorbell suppression).
+    pub fn polling(&self) -> &AtomicU32 {
+        self.u32_at(POLLING_OFF)
+    }
+
+    /// Bumped by the client after it publishes work on any of its rings, so the device skips
+    /// the rings of clients that posted nothing since it last looked.
+    pub fn posted(&self) -> &AtomicU32 {
+        self.u32_at(POSTED_OFF)
+    }
+
+    fn check(&self, r: &RingDesc) -> bool {
+        r.cap.is_power_of_two()
+            && r.off as usize >= HEADER
+            && r.off % 64 == 0
+            && (r.off as usize).checked_add(r.bytes()).is_some_and(|e| e <= self.len)
+    }
+
+    /// Producer and consumer indices of a ring.
+    fn indices(&self, r: &RingDesc) -> (&AtomicU32, &AtomicU32) {
+        (self.u32_at(r.off as usize), self.u32_at(r.off as usize + 64))
+    }
+
+    fn slot_ptr(&self, r: &RingDesc, idx: u32) -> *mut u8 {
+        let i = (idx & (r.cap - 1)) as usize;
+        // SAFETY: `check` bounded the ring inside the mapping; i < cap.
+        unsafe { self.ptr.as_ptr().add(r.off as usize + RING_HEADER + i * r.slot as usize) }
+    }
+
+    /// Producer side: appends one encoded entry; `Ok(false)` when the ring is full.
+    pub fn produce<T: Serialize>(&self, r: &RingDesc, v: &T) -> io::Result<bool> {
+        if !self.check(r) {
+            return Err(io::Error::from(io::ErrorKind::InvalidInput));
+        }
+        let (prod, cons) = self.indices(r);
+        let p = prod.load(Ordering::Relaxed);
+        let c = cons.load(Ordering::Acquire);
+        if p.wrapping_sub(c) >= r.cap {
+            return Ok(false);
+        }
+        let mut buf = [0u8; WQE_SLOT as usize];
+        let body = postcard::to_slice(v, &mut buf[4..r.slot as usize])
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "entry larger than a ring slot"))?;
+        let n = body.len();
+        buf[..4].copy_from_slice(&(n as u32).to_le_bytes());
+        // SAFETY: the slot has r.slot >= n + 4 bytes (postcard wrote into a slice of that size).
+        unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), self.slot_ptr(r, p), n + 4) };
+        prod.store(p.wrapping_add(1), Ordering::Release);
+        Ok(true)
+    }
+
+    /// Consumer side: takes up to `max` entries (never more than `cap` at once, whatever the
+    /// producer's index says), calling `f` with each decoded one (`None`: a malformed slot).
+    /// `f` returns false to stop before consuming that entry (backpressure). Returns how many
+    /// were consumed.
+    pub fn consume<T: for<'de> Deserialize<'de>>(
+        &self,
+        r: &RingDesc,
+        max: usize,
+        mut f: impl FnMut(Option<T>) -> bool,
+    ) -> usize {
+        if !self.check(r) {
+            return 0;
+        }
+        let (prod, cons) = self.indices(r);
+        let c = cons.load(Ordering::Relaxed);
+        let p = prod.load(Ordering::Acquire);
+        let n = (p.wrapping_sub(c)).min(r.cap) as usize;
+        let mut done = 0;
+        let mut buf = [0u8; WQE_SLOT as usize];
+        while done < n.min(max) {
+            let idx = c.wrapping_add(done as u32);
+            // Copy the slot out before looking at it: the producer may change it meanwhile.
+            // SAFETY: slot_ptr is in bounds for r.slot bytes, and buf holds at least that many.
+            unsafe { std::ptr::copy_nonoverlapping(self.slot_ptr(r, idx), buf.as_mut_ptr(), r.slot as usize) };
+            let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+            let v = if len + 4 <= r.slot as usize { postcard::from_bytes(&buf[4..4 + len]).ok() } else { None };
+            if !f(v) {
+                break;
+            }
+            done += 1;
+        }
+        cons.store(c.wrapping_add(done as u32), Ordering::Release);
+        done
+    }
+
+    /// Entries waiting in a ring (bounded by its capacity).
+    pub fn pending(&self, r: &RingDesc) -> u32 {
+        if !self.check(r) {
+            return 0;
+        }
+        let (prod, cons) = self.indices(r);
+        prod.load(Ordering::Acquire).wrapping_sub(cons.load(Ordering::Acquire)).min(r.cap)
+    }
+
+    /// Free slots of a ring, as its producer sees them.
+    pub fn free(&self, r: &RingDesc) -> u32 {
+        if !self.check(r) {
+            return 0;
+        }
+        let (prod, cons) = self.indices(r);
+        r.cap.saturating_sub(prod.load(Ordering::Relaxed).wrapping_sub(cons.load(Ordering::Acquire)))
+    }
+
+    /// Resets a ring's indices (the device, when it hands a ring out).
+    pub fn reset(&self, r: &RingDesc) {
+        if self.check(r) {
+            let (p, c) = self.indices(r);
+            p.store(0, Ordering::Relaxed);
+            c.store(0, Ordering::Relaxed);
+            fence(Ordering::Release);
+        }
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, unmapped once.
+        let _ = unsafe { munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// The device's allocator of ring space in one arena: first fit over a sorted free list.
+#[derive(Debug)]
+pub struct Allocator {
+    free: Vec<(usize, usize)>,
+}
+
+impl Default for Allocator {
+    fn default() -> Allocator {
+        Allocator { free: vec![(HEADER, ARENA_LEN - HEADER)] }
+    }
+}
+
+impl Allocator {
+    /// A ring of at least `entries` slots of `slot` bytes; `None` when the arena is full.
+    pub fn ring(&mut self, entries: u32, slot: u32) -> Option<RingDesc> {
+        let cap = entries.max(1).checked_next_power_of_two()?;
+        let want = RingDesc { off: 0, cap, slot }.bytes().next_multiple_of(64);
+        let i = self.free.iter().position(|&(_, len)| len >= want)?;
+        let (off, len) = self.free[i];
+        if len == want {
+            self.free.remove(i);
+        } else {
+            self.free[i] = (off + want, len - want);
+        }
+        Some(RingDesc { off: off as u64, cap, slot })
+    }
+
+    /// Gives a ring's space back.
+    pub fn release(&mut self, r: &RingDesc) {
+        let (off, len) = (r.off as usize, r.bytes().next_multiple_of(64));
+        let i = self.free.partition_point(|&(o, _)| o < off);
+        self.free.insert(i, (off, len));
+        // Merge with the neighbours.
+        if i + 1 < self.free.len() && self.free[i].0 + self.free[i].1 == self.free[i + 1].0 {
+            self.free[i].1 += self.free[i + 1].1;
+            self.free.remove(i + 1);
+        }
+        if i > 0 && self.free[i - 1].0 + self.free[i - 1].1 == self.free[i].0 {
+            self.free[i - 1].1 += self.free[i].1;
+            self.free.remove(i);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn produce_consume_across_two_mappings() {
+        let dev = Arena::create().unwrap();
+        let client = Arena::open(dev.fd().as_fd().try_clone_to_owned().unwrap()).unwrap();
+        let mut al = Allocator::default();
+        let r = al.ring(3, WQE_SLOT).unwrap();
+        assert_eq!(r.cap, 4);
+        dev.reset(&r);
+        for i in 0..4u64 {
+            assert!(client.produce(&r, &(i, "wqe")).unwrap());
+        }
+        assert!(!client.produce(&r, &(9u64, "full")).unwrap(), "a full ring refuses");
+        let mut got = Vec::new();
+        // Backpressure: stop after two.
+        let n = dev.consume::<(u64, String)>(&r, 16, |v| {
+            got.push(v.unwrap().0);
+            got.len() < 3
+        });
+        assert_eq!((n, got.clone()), (2, vec![0, 1, 2]));
+        got.clear();
+        let n = dev.consume::<(u64, String)>(&r, 16, |v| {
+            got.push(v.unwrap().0);
+            true
+        });
+        assert_eq!(n, 2);
+        assert_eq!(got, vec![2, 3]);
+        assert_eq!(client.free(&r), 4);
+    }
+
+    #[test]
+    fn hostile_indices_and_slots_are_bounded() {
+        let dev = Arena::create().unwrap();
+        let mut al = Allocator::default();
+        let r = al.ring(8, 64).unwrap();
+        dev.reset(&r);
+        // A producer index far ahead: at most `cap` entries are looked at; garbage slots decode
+        // to None.
+        dev.indices(&r).0.store(1_000_000, Ordering::Release);
+        let mut seen = 0;
+        let n = dev.consume::<u64>(&r, usize::MAX, |v| {
+            seen += 1;
+            v.is_none() || v.is_some()
+        });
+        assert_eq!((n, seen), (8, 8));
+        // A slot claiming a length beyond the slot is malformed, not an overrun.
+        dev.reset(&r);
+        // SAFETY: writing the first slot of a ring inside the arena.
+        unsafe { std::ptr::copy_nonoverlapping([0xff, 0xff, 0, 0].as_ptr(), dev.slot_ptr(&r, 0), 4) };
+        dev.indices(&r).0.store(1, Ordering::Release);
+        let mut bad = false;
+        dev.consume::<u64>(&r, 1, |v| {
+            bad = v.is_none();
+            true
+        });
+        assert!(bad);
+        // Descriptors outside the arena are refused.
+        let outside = RingDesc { off: ARENA_LEN as u64, cap: 4, slot: 64 };
+        assert!(dev.produce(&outside, &1u64).is_err());
+        assert_eq!(dev.consume::<u64>(&outside, 4, |_| true), 0);
+    }
+
+    #[test]
+    fn allocator_reuses_and_merges() {
+        let mut al = Allocator::default();
+        let a = al.ring(16, WQE_SLOT).unwrap();
+        let b = al.ring(16, WQE_SLOT).unwrap();
+        let c = al.ring(16, CQE_SLOT).unwrap();
+        assert!(a.off < b.off && b.off < c.off);
+        al.release(&b);
+        al.release(&a);
+        let d = al.ring(32, WQE_SLOT).unwrap();
+        assert_eq!(d.off, a.off, "a and b merged into one hole");
+        al.release(&c);
+        al.release(&d);
+        assert_eq!(al.free, vec![(HEADER, ARENA_LEN - HEADER)]);
+        assert!(al.ring(1 << 30, WQE_SLOT).is_none());
+    }
+
+    #[test]
+    fn an_unsealed_fd_is_refused() {
+        let fd = memfd_create("x", MFdFlags::MFD_CLOEXEC).unwrap();
+        nix::unistd::ftruncate(&fd, ARENA_LEN as i64).unwrap();
+        assert!(Arena::open(fd).is_err());
+    }
+}
