@@ -374,7 +374,7 @@ fn posting_checks_give_the_errno_libibverbs_gives() {
     assert!(got.iter().any(|w| w.wr_id == 99 && w.opcode == WcOpcode::Recv && w.byte_len == 8), "{got:?}");
     assert_eq!(&mr.as_slice()[..8], b"inline!!");
     // Too much inline data is EINVAL.
-    let big = vec![0u8; 65];
+    let big = [0u8; 65];
     let mut wr = SendWr::new(6, SendOp::Send, vec![Sge { addr: big.as_ptr() as u64, length: 65, lkey: 0 }]);
     wr.inline = true;
     assert_eq!(post_err(qp.post_send(vec![wr])), (VerbsError::Inval, 0));
