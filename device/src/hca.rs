@@ -162,8 +162,10 @@ struct Channel {
 
 struct CqWatch {
     channel: Option<u32>,
-    /// Armed by req_notify_cq: fire on the first completion added after `seen`.
+    /// Armed by req_notify_cq: fire on the first completion (solicited-only: the first
+    /// solicited or unsuccessful one) added after `seen`.
     armed: bool,
+    solicited_only: bool,
     seen: u64,
 }
 
@@ -751,10 +753,10 @@ impl State {
         }
         let mut fired = Vec::new();
         for (cq, w) in self.cqs.iter_mut() {
-            let Some((added, _)) = self.dev.cq_counts(*cq) else { continue };
-            if w.armed && added > w.seen {
+            let Some(n) = self.dev.cq_counts(*cq) else { continue };
+            let now = if w.solicited_only { n.solicited } else { n.added };
+            if w.armed && now > w.seen {
                 w.armed = false;
-                w.seen = added;
                 if let Some(ch) = w.channel {
                     fired.push((ch, *cq));
                 }
@@ -865,7 +867,7 @@ impl State {
                 c.arena.reset(&ring);
                 c.cq_rings.insert(cq, ring);
                 c.objects.cqs.insert(cq);
-                self.cqs.insert(cq, CqWatch { channel, armed: false, seen: 0 });
+                self.cqs.insert(cq, CqWatch { channel, armed: false, solicited_only: false, seen: 0 });
                 ok(R::Cq { cq, ring })
             }
             Request::DestroyCq(cq) => {
@@ -884,17 +886,18 @@ impl State {
                 }
                 ok(R::Ok)
             }
-            Request::ReqNotifyCq { cq, solicited_only: _ } => {
+            Request::ReqNotifyCq { cq, solicited_only } => {
                 mine!(cqs, cq);
-                let added = self.dev.cq_counts(cq).map_or(0, |c| c.0);
+                let n = self.dev.cq_counts(cq).ok_or(VerbsError::Inval)?;
                 let w = self.cqs.get_mut(&cq).ok_or(VerbsError::Inval)?;
                 if w.channel.is_none() {
                     return Err(VerbsError::Inval);
                 }
-                // Solicited-only is treated as "any completion": a superset of the events IBTA
-                // 11.4.2.2 asks for (see the closing note); consumers poll after every event.
+                // IBTA 11.4.2.2 / ibv_req_notify_cq(3): the next completion, or with
+                // solicited_only the next solicited receive or unsuccessful completion.
                 w.armed = true;
-                w.seen = added;
+                w.solicited_only = solicited_only;
+                w.seen = if solicited_only { n.solicited } else { n.added };
                 ok(R::Ok)
             }
             Request::GetCqEvent(ch) => {
@@ -1212,7 +1215,7 @@ impl State {
         let State { clients, dev, .. } = self;
         for c in clients.values_mut() {
             for (cq, r) in &c.cq_rings {
-                if dev.cq_counts(*cq).is_none_or(|(_, held)| held == 0) {
+                if dev.cq_counts(*cq).is_none_or(|n| n.held == 0) {
                     continue;
                 }
                 let free = c.arena.free(r) as usize;

@@ -380,3 +380,41 @@ fn posting_checks_give_the_errno_libibverbs_gives() {
     assert_eq!(post_err(qp.post_send(vec![wr])), (VerbsError::Inval, 0));
     std::hint::black_box(&data);
 }
+
+#[test]
+fn completion_channel_events_and_solicited_only() {
+    let d = device("ce", A, 47920, "");
+    let ctx = Context::embedded(&d).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let ch = ctx.create_comp_channel().unwrap();
+    let rcq = ctx.create_cq(64, Some(&ch)).unwrap();
+    let scq = ctx.create_cq(64, None).unwrap();
+    assert!(scq.req_notify(false).is_err(), "a CQ without a channel cannot be armed");
+    let a = pd.qp_builder(QpType::Rc, &scq).build().unwrap();
+    let b = pd.qp_builder(QpType::Rc, &scq).recv_cq(&rcq).build().unwrap();
+    let o = ConnectOptions::default();
+    a.connect(1, &b.endpoint(2), &o).unwrap();
+    b.connect(2, &a.endpoint(1), &o).unwrap();
+    let mr = pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let recv = |id| RecvWr { wr_id: id, sg_list: vec![mr.sge(0..64)] };
+    b.post_recv(vec![recv(1), recv(2), recv(3)]).unwrap();
+    let short = Duration::from_millis(300);
+    // Solicited-only: an ordinary SEND completes without an event...
+    rcq.req_notify(true).unwrap();
+    a.post_send(vec![SendWr::new(10, SendOp::Send, vec![mr.sge(100..108)])]).unwrap();
+    assert_eq!(rcq.wait(1, T).unwrap().len(), 1);
+    assert_eq!(ch.get_cq_event(Some(short)).unwrap(), None);
+    // ...a solicited one fires it.
+    let mut w = SendWr::new(11, SendOp::Send, vec![mr.sge(100..108)]);
+    w.solicited = true;
+    a.post_send(vec![w]).unwrap();
+    assert_eq!(ch.get_cq_event(Some(T)).unwrap(), Some(rcq.id()));
+    assert_eq!(rcq.wait(1, T).unwrap().len(), 1);
+    // Armed for any completion: the next one fires, once.
+    rcq.req_notify(false).unwrap();
+    a.post_send(vec![SendWr::new(12, SendOp::Send, vec![mr.sge(100..108)])]).unwrap();
+    assert_eq!(ch.get_cq_event(Some(T)).unwrap(), Some(rcq.id()));
+    assert_eq!(rcq.wait(1, T).unwrap().len(), 1);
+    assert_eq!(ch.get_cq_event(Some(short)).unwrap(), None, "one event per arming");
+    assert_eq!(scq.wait(3, T).unwrap().len(), 3);
+}

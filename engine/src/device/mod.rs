@@ -153,6 +153,17 @@ pub struct PdId(pub u32);
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct CqId(pub u32);
 
+/// A CQ's counts (see [`Device::cq_counts`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CqCounts {
+    /// Completions ever added.
+    pub added: u64,
+    /// Of those, solicited receives and unsuccessful completions.
+    pub solicited: u64,
+    /// Completions waiting to be polled.
+    pub held: usize,
+}
+
 /// A registered memory region's keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -298,6 +309,9 @@ pub(crate) struct Cq {
     overflowed: bool,
     /// Completions ever added (a completion channel compares it with what it last saw).
     added: u64,
+    /// Of those, the ones a solicited-only notification fires for: receives of a message with
+    /// the Solicited Event bit, and every unsuccessful completion (IBTA 11.4.2.2).
+    solicited: u64,
 }
 
 /// The shared state QP code needs besides the QP itself (split from [`Device`] to satisfy the
@@ -314,6 +328,8 @@ pub(crate) struct Ctx<'a, M: Memory> {
     pub(crate) counters: &'a mut Counters,
     pub(crate) local: IpAddr,
     pub(crate) flow_ports: FlowPorts,
+    /// The packet being completed carried the Solicited Event bit.
+    pub(crate) se: bool,
     /// The port's active MTU (UD datagrams may not exceed it).
     pub(crate) port_mtu: Mtu,
     /// The destination address of the packet being handled (the device's, or a multicast group).
@@ -346,6 +362,7 @@ impl<M: Memory> Ctx<'_, M> {
         }
         c.entries.push_back(wc);
         c.added += 1;
+        c.solicited += u64::from(self.se || wc.status != WcStatus::Success);
     }
 }
 
@@ -462,6 +479,7 @@ macro_rules! ctx {
             counters: &mut $d.counters,
             local: $d.config.addr,
             flow_ports: $d.config.flow_ports,
+            se: false,
             port_mtu: $d.config.mtu,
             dst: $d.config.addr,
         }
@@ -574,7 +592,10 @@ impl<M: Memory> Device<M> {
             return Err(VerbsError::Inval);
         }
         let id = CqId(self.next_id());
-        self.cqs.insert(id, Cq { capacity: cqe as usize, entries: VecDeque::new(), overflowed: false, added: 0 });
+        self.cqs.insert(
+            id,
+            Cq { capacity: cqe as usize, entries: VecDeque::new(), overflowed: false, added: 0, solicited: 0 },
+        );
         Ok(id)
     }
 
@@ -597,10 +618,10 @@ impl<M: Memory> Device<M> {
         c.entries.drain(..n).collect()
     }
 
-    /// How many completions the CQ has taken since it was created, and how many it holds now
-    /// (the device's completion channels use the first to see new completions).
-    pub fn cq_counts(&self, cq: CqId) -> Option<(u64, usize)> {
-        self.cqs.get(&cq).map(|c| (c.added, c.entries.len()))
+    /// What a completion channel needs to know about a CQ: completions added since it was
+    /// created, how many of those a solicited-only request fires for, and how many it holds now.
+    pub fn cq_counts(&self, cq: CqId) -> Option<CqCounts> {
+        self.cqs.get(&cq).map(|c| CqCounts { added: c.added, solicited: c.solicited, held: c.entries.len() })
     }
 
     /// Creates a QP in RESET. Capacities beyond the device limits are EINVAL (as rxe_qp_chk_cap).

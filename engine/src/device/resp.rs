@@ -192,7 +192,9 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
                 qp.msn = qp.msn.wrapping_add(1);
                 ctx.counters.rdma_recvs += 1;
                 let imm = pkt.immdt().map(|i| i.imm());
+                ctx.se = pkt.bth().solicited();
                 qp.complete_recv(ctx, m.cq, wr.wr_id, WcStatus::Success, WcOpcode::Recv, m.offset, imm, inv);
+                ctx.se = false;
             } else {
                 m.recv = Some(wr);
                 qp.in_msg = Some(m);
@@ -256,6 +258,7 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
                 if needs_recv {
                     if let Some(wr) = take_recv_from(qp, ctx, srq) {
                         let imm = pkt.immdt().map(|i| i.imm());
+                        ctx.se = pkt.bth().solicited();
                         qp.complete_recv(
                             ctx,
                             cq,
@@ -266,6 +269,7 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
                             imm,
                             None,
                         );
+                        ctx.se = false;
                     }
                 }
             } else {

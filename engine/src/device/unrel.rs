@@ -138,7 +138,9 @@ pub(crate) fn handle_uc<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPa
                 qp.msn = qp.msn.wrapping_add(1);
                 ctx.counters.rdma_recvs += 1;
                 let imm = pkt.immdt().map(|i| i.imm());
+                ctx.se = pkt.bth().solicited();
                 qp.complete_recv(ctx, cq, wr.wr_id, WcStatus::Success, WcOpcode::Recv, m.offset, imm, None);
+                ctx.se = false;
             } else {
                 m.recv = Some(wr);
                 qp.in_msg = Some(m);
@@ -166,16 +168,20 @@ pub(crate) fn handle_uc<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPa
                 qp.msn = qp.msn.wrapping_add(1);
                 if let Some(imm) = pkt.immdt().map(|i| i.imm()) {
                     match take_recv(qp, ctx) {
-                        Some(wr) => qp.complete_recv(
-                            ctx,
-                            cq,
-                            wr.wr_id,
-                            WcStatus::Success,
-                            WcOpcode::RecvRdmaWithImm,
-                            len,
-                            Some(imm),
-                            None,
-                        ),
+                        Some(wr) => {
+                            ctx.se = pkt.bth().solicited();
+                            qp.complete_recv(
+                                ctx,
+                                cq,
+                                wr.wr_id,
+                                WcStatus::Success,
+                                WcOpcode::RecvRdmaWithImm,
+                                len,
+                                Some(imm),
+                                None,
+                            );
+                            ctx.se = false;
+                        }
                         None => ctx.counters.dropped_messages += 1,
                     }
                 }
