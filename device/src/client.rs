@@ -71,14 +71,23 @@ impl Connection {
             dir: dir.display().to_string(),
             source,
         })?;
-        proto::send(&sock, &Request::Hello { version: VERSION, pid: std::process::id() as i32 }, &[])?;
+        // Yama ptrace_scope 1 lets only a declared tracer use process_vm_readv/writev on us
+        // (design D3): declare the device, whose pid is the socket peer's. Without Yama this
+        // fails harmlessly.
+        if let Ok(cred) = nix::sys::socket::getsockopt(&sock, nix::sys::socket::sockopt::PeerCredentials) {
+            // SAFETY: prctl with integer arguments.
+            unsafe { libc::prctl(libc::PR_SET_PTRACER, cred.pid() as libc::c_ulong, 0, 0, 0) };
+        }
+        static PROBE_WORD: u64 = proto::PROBE;
+        let hello = Request::Hello {
+            version: VERSION,
+            pid: std::process::id() as i32,
+            probe: std::ptr::addr_of!(PROBE_WORD) as u64,
+        };
+        proto::send(&sock, &hello, &[])?;
         let (resp, mut fds) = proto::recv::<Response>(&sock)?;
         match resp {
             Response::Hello { owner, info } if fds.len() == 3 => {
-                // Yama ptrace_scope 1 lets only a declared tracer use process_vm_writev on us
-                // (design D3); without Yama this fails harmlessly.
-                // SAFETY: prctl with integer arguments.
-                unsafe { libc::prctl(libc::PR_SET_PTRACER, info.pid as libc::c_ulong, 0, 0, 0) };
                 let (event_fd, arena_fd) = (fds.remove(0), fds.remove(0));
                 Ok(Connection { sock: Mutex::new(sock), owner, info, event_fd, arena_fd, doorbell: fds.remove(0) })
             }

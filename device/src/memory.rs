@@ -98,6 +98,15 @@ impl Memory for ProcessMemory {
     }
 }
 
+/// Whether the device can read process `pid`'s memory: the word at `probe` must hold
+/// [`crate::proto::PROBE`].
+pub fn can_reach(pid: i32, probe: u64) -> bool {
+    let mut m = ProcessMemory::default();
+    m.attach(0, pid);
+    let mut b = [0u8; 8];
+    m.read(0, probe, &mut b).is_ok() && u64::from_ne_bytes(b) == crate::proto::PROBE
+}
+
 /// Whether `[addr, addr+len)` lies in mappings of process `pid` that are readable (and writable
 /// when `write`), from /proc/PID/maps: what pinning the pages would check (the kernel's
 /// ib_umem_get fails with EFAULT otherwise).

@@ -22,6 +22,9 @@ pub use crate::arena::RingDesc;
 /// The protocol version; `Hello` with another one is refused.
 pub const VERSION: u32 = 2;
 
+/// What a client's probe word holds.
+pub const PROBE: u64 = 0x7072_6f62_6553_5244;
+
 /// The largest frame either side accepts (a post of many WRs stays far below).
 pub const MAX_FRAME: usize = 16 << 20;
 
@@ -37,6 +40,9 @@ pub enum Request {
         version: u32,
         /// The client's pid.
         pid: i32,
+        /// The address of [`PROBE`] in the client: the device reads it to check that it can
+        /// reach the client's memory (process_vm_readv) before it accepts the client.
+        probe: u64,
     },
     /// `ibv_alloc_pd`.
     AllocPd,

@@ -60,16 +60,24 @@ pub fn serve_client(hca: &Hca, sock: UnixStream) {
         let _ = proto::send(&sock, &Response::Err(VerbsError::Access), &[]);
         return;
     }
-    match proto::recv::<Request>(&sock) {
-        Ok((Request::Hello { version, .. }, _)) if version == VERSION => {}
+    let probe = match proto::recv::<Request>(&sock) {
+        Ok((Request::Hello { version, probe, .. }, _)) if version == VERSION => probe,
         Ok((Request::Hello { version, .. }, _)) => {
             tracing::warn!(version, "refused a client speaking another protocol version");
             let _ = proto::send(&sock, &Response::Err(VerbsError::NotSupp), &[]);
             return;
         }
         _ => return,
-    }
+    };
     let pid = cred.pid();
+    // The device reaches one-sided RDMA targets and receive buffers in the client's memory with
+    // process_vm_readv/writev; if the kernel refuses (Yama ptrace_scope 2/3, a non-dumpable
+    // process, seccomp), say so now rather than fail every transfer later.
+    if !crate::memory::can_reach(pid, probe) {
+        tracing::warn!(pid, "refused a client whose memory the device cannot reach (process_vm_readv)");
+        let _ = proto::send(&sock, &Response::Err(VerbsError::Access), &[]);
+        return;
+    }
     let Ok(pidfd) = pidfd_open(pid) else { return };
     let Ok(a) = hca.attach(pid) else { return };
     let owner = a.owner;
@@ -129,7 +137,7 @@ mod tests {
         let (a, b) = UnixStream::pair().unwrap();
         let h = hca.clone();
         let t = std::thread::spawn(move || serve_client(&h, b));
-        proto::send(&a, &Request::Hello { version: VERSION + 1, pid: 0 }, &[]).unwrap();
+        proto::send(&a, &Request::Hello { version: VERSION + 1, pid: 0, probe: 0 }, &[]).unwrap();
         let (r, _) = proto::recv::<Response>(&a).unwrap();
         assert!(matches!(r, Response::Err(VerbsError::NotSupp)), "{r:?}");
         t.join().unwrap();
@@ -145,7 +153,19 @@ mod tests {
         let (a, b) = UnixStream::pair().unwrap();
         let h = hca.clone();
         let t = std::thread::spawn(move || serve_client(&h, b));
-        proto::send(&a, &Request::Hello { version: VERSION, pid: 0 }, &[]).unwrap();
+        static P: u64 = proto::PROBE;
+        let probe = std::ptr::addr_of!(P) as u64;
+        // A probe address the device cannot read is refused (EACCES), attaching nothing.
+        let (a, b) = UnixStream::pair().unwrap();
+        let h = hca.clone();
+        let t = std::thread::spawn(move || serve_client(&h, b));
+        proto::send(&a, &Request::Hello { version: VERSION, pid: 0, probe: 8 }, &[]).unwrap();
+        assert!(matches!(proto::recv::<Response>(&a).unwrap().0, Response::Err(VerbsError::Access)));
+        t.join().unwrap();
+        let (a, b) = UnixStream::pair().unwrap();
+        let h = hca.clone();
+        let t = std::thread::spawn(move || serve_client(&h, b));
+        proto::send(&a, &Request::Hello { version: VERSION, pid: 0, probe }, &[]).unwrap();
         let (r, fds) = proto::recv::<Response>(&a).unwrap();
         assert!(matches!(r, Response::Hello { .. }) && fds.len() == 3, "{r:?}");
         proto::send(&a, &Request::AllocPd, &[]).unwrap();

@@ -418,3 +418,30 @@ fn completion_channel_events_and_solicited_only() {
     assert_eq!(ch.get_cq_event(Some(short)).unwrap(), None, "one event per arming");
     assert_eq!(scq.wait(3, T).unwrap().len(), 3);
 }
+
+#[test]
+fn ipv6_device_runs_rc_and_ud() {
+    let six: IpAddr = "::1".parse().unwrap();
+    let d = device("v6", six, 47921, "");
+    assert_eq!(d.info().addr, six);
+    let (mut a, mut b) = (side(&d, QpType::Rc), side(&d, QpType::Rc));
+    connect(&a, &b, Mtu::Mtu4096);
+    rc_ops(&mut a, &mut b, true);
+    let (c, _, _) = d.counters();
+    assert_eq!((c.icrc_err, c.icrc_id_solved), (0, 0), "IPv6 ICRCs are exact");
+    // UD over IPv6: the GRH slot holds the IPv6 header (source address in bytes 8..24).
+    let (mut u, v) = (side(&d, QpType::Ud), side(&d, QpType::Ud));
+    let o = ConnectOptions::default();
+    u.qp.connect(0, &v.qp.endpoint(0), &o).unwrap();
+    v.qp.connect(0, &u.qp.endpoint(0), &o).unwrap();
+    u.mr.as_mut_slice()[..4].copy_from_slice(b"six!");
+    v.qp.post_recv(vec![RecvWr { wr_id: 1, sg_list: vec![v.mr.sge(0..1024)] }]).unwrap();
+    let mut wr = SendWr::new(2, SendOp::Send, vec![u.mr.sge(0..4)]);
+    wr.ud = Some(AddressHandle { dest: six }.ud(v.qp.qpn(), o.qkey));
+    u.qp.post_send(vec![wr]).unwrap();
+    let r = one(&v.cq);
+    assert_eq!((r.status, r.byte_len, r.grh, r.src), (WcStatus::Success, 44, true, Some(six)));
+    assert_eq!(&v.mr.as_slice()[40..44], b"six!");
+    assert_eq!(v.mr.as_slice()[0] >> 4, 6, "an IPv6 header in the GRH slot");
+    assert_eq!(&v.mr.as_slice()[8..24], &"::1".parse::<std::net::Ipv6Addr>().unwrap().octets());
+}
