@@ -149,10 +149,6 @@ mod tests {
         proto::send(&a, &Request::AllocPd, &[]).unwrap();
         t.join().unwrap();
         assert!(matches!(proto::recv::<Response>(&a), Err(proto::ProtoError::Closed)));
-        // The right version is served.
-        let (a, b) = UnixStream::pair().unwrap();
-        let h = hca.clone();
-        let t = std::thread::spawn(move || serve_client(&h, b));
         static P: u64 = proto::PROBE;
         let probe = std::ptr::addr_of!(P) as u64;
         // A probe address the device cannot read is refused (EACCES), attaching nothing.
@@ -162,6 +158,7 @@ mod tests {
         proto::send(&a, &Request::Hello { version: VERSION, pid: 0, probe: 8 }, &[]).unwrap();
         assert!(matches!(proto::recv::<Response>(&a).unwrap().0, Response::Err(VerbsError::Access)));
         t.join().unwrap();
+        // The right version with a readable probe is served.
         let (a, b) = UnixStream::pair().unwrap();
         let h = hca.clone();
         let t = std::thread::spawn(move || serve_client(&h, b));
