@@ -205,6 +205,8 @@ pub(crate) fn stat(name: &str, json: bool) -> Result<ExitCode> {
         ("reordered_by_fault", io.reordered_by_fault),
         ("corrupted_by_fault", io.corrupted_by_fault),
         ("memory_faults", io.memory_faults),
+        ("memory_reads", io.memory_reads),
+        ("memory_writes", io.memory_writes),
         ("clients", io.clients),
     ];
     if json {

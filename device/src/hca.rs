@@ -216,6 +216,10 @@ pub struct IoCounters {
     pub ring_malformed: u64,
     /// Ring entries the engine refused (the client's checks at post time should prevent it).
     pub ring_rejected: u64,
+    /// Reads of client memory across processes (process_vm_readv).
+    pub memory_reads: u64,
+    /// Writes of client memory across processes (process_vm_writev).
+    pub memory_writes: u64,
 }
 
 struct State {
@@ -432,6 +436,8 @@ impl Hca {
         let mut io = st.io;
         let u = st.udp.stats();
         (io.gso_sends, io.gro_buffers) = (u.gso_sends, u.gro_buffers);
+        let mem = st.dev.memory_ref();
+        (io.memory_reads, io.memory_writes) = (mem.reads, mem.writes);
         (*st.dev.counters(), io, st.faults.counts)
     }
 
@@ -1109,6 +1115,8 @@ impl State {
             reordered_by_fault: f.reordered,
             corrupted_by_fault: f.corrupted,
             memory_faults: self.dev.memory().faults,
+            memory_reads: self.dev.memory().reads,
+            memory_writes: self.dev.memory().writes,
             // The asking client does not count itself.
             clients: self.clients.len().saturating_sub(1) as u64,
         }

@@ -23,6 +23,10 @@ pub struct ProcessMemory {
     pids: HashMap<Owner, i32>,
     /// Failed cross-process accesses (the client unmapped the buffer, or the kernel refused).
     pub faults: u64,
+    /// Cross-process reads (process_vm_readv calls).
+    pub reads: u64,
+    /// Cross-process writes (process_vm_writev calls).
+    pub writes: u64,
 }
 
 impl ProcessMemory {
@@ -53,6 +57,7 @@ impl Memory for ProcessMemory {
             return Ok(());
         }
         let pid = self.pid(owner, addr, len)?;
+        self.reads += 1;
         let remote = [RemoteIoVec { base: addr as usize, len }];
         match process_vm_readv(pid, &mut [IoSliceMut::new(buf)], &remote) {
             Ok(n) if n == len => Ok(()),
@@ -69,6 +74,7 @@ impl Memory for ProcessMemory {
             return Ok(());
         }
         let pid = self.pid(owner, addr, len)?;
+        self.writes += 1;
         let remote = [RemoteIoVec { base: addr as usize, len }];
         match process_vm_writev(pid, &[IoSlice::new(data)], &remote) {
             Ok(n) if n == len => Ok(()),

@@ -330,6 +330,10 @@ pub struct IoStats {
     pub corrupted_by_fault: u64,
     /// Failed cross-process memory accesses.
     pub memory_faults: u64,
+    /// Reads of client memory across processes (process_vm_readv).
+    pub memory_reads: u64,
+    /// Writes of client memory across processes (process_vm_writev).
+    pub memory_writes: u64,
     /// Attached clients (other than the one asking).
     pub clients: u64,
 }

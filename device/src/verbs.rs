@@ -61,12 +61,19 @@ struct Inner {
     /// The client's rings, shared with the device.
     arena: Arena,
     doorbell: OwnedFd,
+    /// This process's memory regions by lkey: PD, start, length (for gathering at post).
+    mrs: std::sync::Mutex<std::collections::HashMap<u32, (PdId, u64, u64)>>,
 }
+
+/// SEND and WRITE payloads up to this size are gathered into the work request at post time
+/// (design D3: the data moves in the client; the device does not reach into it to send them).
+/// Larger ones are read by the device when it sends them (one process_vm_readv per packet).
+pub const GATHER_MAX: usize = 512;
 
 impl Inner {
     fn new(backend: Backend, info: DeviceInfo, arena_fd: OwnedFd, doorbell: OwnedFd) -> Result<Inner> {
         let arena = Arena::open(arena_fd).map_err(|_| VerbsError::NoMem)?;
-        Ok(Inner { backend, info, arena, doorbell })
+        Ok(Inner { backend, info, arena, doorbell, mrs: Default::default() })
     }
 
     /// After publishing work on a ring: tell the device, unless it is polling the rings now
@@ -105,6 +112,45 @@ impl Inner {
 
     fn call(&self, req: Request) -> Result<Response> {
         Ok(self.call_fds(req, None)?.0)
+    }
+
+    fn mrs_lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u32, (PdId, u64, u64)>> {
+        self.mrs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Gathers a small SEND/WRITE payload at post time when every SGE lies in a memory region of
+    /// this process in the QP's PD (the lkey check the device would make); `None`: leave it to
+    /// the device (which then reports a bad lkey as the HCA would, in the completion).
+    fn gather(&self, pd: PdId, wr: &SendWr) -> Option<Vec<u8>> {
+        let sends_data = matches!(
+            wr.op,
+            SendOp::Send
+                | SendOp::SendWithImm { .. }
+                | SendOp::SendWithInv { .. }
+                | SendOp::Write { .. }
+                | SendOp::WriteWithImm { .. }
+        );
+        let len: usize = wr.sg_list.iter().map(|s| s.length as usize).sum();
+        if !sends_data || len > GATHER_MAX || wr.sg_list.is_empty() {
+            return None;
+        }
+        let mrs = self.mrs_lock();
+        let ok = wr.sg_list.iter().all(|s| {
+            mrs.get(&s.lkey).is_some_and(|&(p, a, l)| {
+                p == pd && s.addr >= a && s.addr.checked_add(u64::from(s.length)).is_some_and(|e| e <= a + l)
+            })
+        });
+        if !ok {
+            return None;
+        }
+        let mut out = Vec::with_capacity(len);
+        for s in &wr.sg_list {
+            // SAFETY: the range lies inside a memory region of this process that is registered
+            // now; a region leaves the registry (under this lock, held) before its memory is
+            // freed, so the bytes are allocated for the whole copy.
+            out.extend_from_slice(unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) });
+        }
+        Some(out)
     }
 
     /// Best effort for destructors.
@@ -279,6 +325,7 @@ impl ProtectionDomain {
             Response::Mr(k) => k,
             _ => return unexpected(),
         };
+        self.ctx.inner.mrs_lock().insert(keys.lkey, (self.id, buf.as_ptr() as u64, len as u64));
         Ok(MemoryRegion { ctx: self.ctx.clone(), buf, keys })
     }
 
@@ -289,7 +336,10 @@ impl ProtectionDomain {
     /// `[addr, addr+len)` must stay allocated while the registration lives.
     pub unsafe fn reg_mr_raw(&self, addr: u64, len: u64, access: Access) -> Result<RawMr> {
         match self.ctx.inner.call(Request::RegMr { pd: self.id, addr, len, access })? {
-            Response::Mr(keys) => Ok(RawMr { ctx: self.ctx.clone(), keys }),
+            Response::Mr(keys) => {
+                self.ctx.inner.mrs_lock().insert(keys.lkey, (self.id, addr, len));
+                Ok(RawMr { ctx: self.ctx.clone(), keys })
+            }
             _ => unexpected(),
         }
     }
@@ -384,6 +434,9 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
+        // Out of the registry first (under its lock), so no post is gathering from the buffer
+        // when it is freed.
+        self.ctx.inner.mrs_lock().remove(&self.keys.lkey);
         self.ctx.inner.release(Request::DeregMr(self.keys.lkey));
     }
 }
@@ -403,6 +456,7 @@ impl RawMr {
 
 impl Drop for RawMr {
     fn drop(&mut self) {
+        self.ctx.inner.mrs_lock().remove(&self.keys.lkey);
         self.ctx.inner.release(Request::DeregMr(self.keys.lkey));
     }
 }
@@ -540,6 +594,7 @@ impl<'a> QueuePairBuilder<'a> {
                 sq,
                 rq,
                 caps: self.init.caps,
+                pd: self.init.pd,
                 state: std::sync::Mutex::new(QpState::Reset),
             }),
             _ => unexpected(),
@@ -603,6 +658,7 @@ pub struct QueuePair {
     sq: Option<RingDesc>,
     rq: Option<RingDesc>,
     caps: QpCaps,
+    pd: PdId,
     /// The state as this process last set or saw it (posting checks it, as libibverbs
     /// providers check their own copy).
     state: std::sync::Mutex<QpState>,
@@ -665,7 +721,7 @@ impl QueuePair {
             return Err(VerbsError::Inval);
         }
         if !wr.inline {
-            return Ok(None);
+            return Ok(self.ctx.inner.gather(self.pd, wr));
         }
         if len > u64::from(self.caps.max_inline_data) || wr.op.is_read_or_atomic() {
             return Err(VerbsError::Inval);
@@ -888,6 +944,7 @@ impl XrcDomain {
                 sq: None,
                 rq: None,
                 caps: QpCaps::default(),
+                pd: PdId(0),
                 state: std::sync::Mutex::new(QpState::Reset),
             }),
             _ => unexpected(),
@@ -905,6 +962,7 @@ impl XrcDomain {
                 sq: None,
                 rq: None,
                 caps: QpCaps::default(),
+                pd: PdId(0),
                 state: std::sync::Mutex::new(QpState::Reset),
             }),
             _ => unexpected(),

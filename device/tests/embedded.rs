@@ -445,3 +445,32 @@ fn ipv6_device_runs_rc_and_ud() {
     assert_eq!(v.mr.as_slice()[0] >> 4, 6, "an IPv6 header in the GRH slot");
     assert_eq!(&v.mr.as_slice()[8..24], &"::1".parse::<std::net::Ipv6Addr>().unwrap().octets());
 }
+
+#[test]
+fn small_sends_are_gathered_at_post_without_reaching_into_the_client() {
+    let (da, db) = (device("ga2", A, 47922, ""), device("gb2", B, 47922, ""));
+    let (mut a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
+    connect(&a, &b, Mtu::Mtu1024);
+    let n = 50;
+    for i in 0..n {
+        a.mr.as_mut_slice()[i * 512..(i + 1) * 512].copy_from_slice(&pattern(512, i as u8));
+    }
+    b.qp.post_recv(
+        (0..n).map(|i| RecvWr { wr_id: i as u64, sg_list: vec![b.mr.sge(i * 512..(i + 1) * 512)] }).collect(),
+    )
+    .unwrap();
+    let wrs = (0..n).map(|i| SendWr::new(i as u64, SendOp::Send, vec![a.mr.sge(i * 512..(i + 1) * 512)])).collect();
+    a.qp.post_send(wrs).unwrap();
+    assert_eq!(b.cq.wait(n, T).unwrap().len(), n);
+    assert_eq!(a.cq.wait(n, T).unwrap().len(), n);
+    for i in 0..n {
+        assert_eq!(&b.mr.as_slice()[i * 512..(i + 1) * 512], &pattern(512, i as u8)[..]);
+    }
+    let (_, io, _) = da.counters();
+    assert_eq!(io.memory_reads, 0, "the sender's device never read the client: {io:?}");
+    // A larger message, or one whose lkey this process does not know, is read by the device.
+    a.qp.post_send(vec![SendWr::new(99, SendOp::Send, vec![a.mr.sge(0..4096)])]).unwrap();
+    b.qp.post_recv(vec![RecvWr { wr_id: 99, sg_list: vec![b.mr.sge(0..4096)] }]).unwrap();
+    assert_eq!(b.cq.wait(1, T).unwrap()[0].byte_len, 4096);
+    assert!(da.counters().1.memory_reads > 0);
+}

@@ -522,6 +522,11 @@ impl<M: Memory> Device<M> {
         &self.config
     }
 
+    /// The memory the device reaches, to read (counters).
+    pub fn memory_ref(&self) -> &M {
+        &self.mem
+    }
+
     /// The memory the device reaches (tests look at it).
     pub fn memory(&mut self) -> &mut M {
         &mut self.mem
@@ -746,9 +751,10 @@ impl<M: Memory> Device<M> {
         self.post_send_inline(qpn, wr, None)
     }
 
-    /// Posts a send work request whose IBV_SEND_INLINE data the caller already copied (`data`,
-    /// as many bytes as the SGEs say): a client that gathers at post time, so that the
-    /// application may reuse its buffer as soon as the post returns.
+    /// Posts a send work request whose data the caller already copied (`data`, as many bytes as
+    /// the SGEs say): IBV_SEND_INLINE data, which the application may reuse as soon as the post
+    /// returns, or the payload of a SEND/WRITE that a client gathered at post time after its own
+    /// lkey checks (design D3), so the device need not reach into the client to send it.
     pub fn post_send_inline(&mut self, qpn: Qpn, wr: SendWr, data: Option<Vec<u8>>) -> Result<(), VerbsError> {
         let limits = self.config.limits;
         let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::Inval)?;
