@@ -564,6 +564,10 @@ impl State {
     /// responses) must not wait until the socket is empty, or a sender retransmitting faster than
     /// we drain would never hear from us.
     fn receive(&mut self) -> usize {
+        // Work posted before these packets arrived must be in the engine when they are handled
+        // (a receive posted before the peer's SEND was posted is there for it, as on an HCA).
+        let moved = self.service_rings();
+        self.io.ring_wqes += moved as u64;
         let now = self.now();
         let addr = self.addr();
         let State { udp, dev, tap, io, epoch, .. } = self;

@@ -474,3 +474,30 @@ fn small_sends_are_gathered_at_post_without_reaching_into_the_client() {
     assert_eq!(b.cq.wait(1, T).unwrap()[0].byte_len, 4096);
     assert!(da.counters().1.memory_reads > 0);
 }
+
+#[test]
+fn receives_posted_before_the_peer_sends_are_there_for_its_datagrams() {
+    // UD has no RNR retry: a datagram that finds no receive WQE is gone. Receives posted on the
+    // ring before the peer posted its sends must be in the engine before the datagrams are.
+    let (da, db) = (device("ua2", A, 47923, ""), device("ub2", B, 47923, ""));
+    for round in 0..3 {
+        let (a, b) = (side(&da, QpType::Ud), side(&db, QpType::Ud));
+        let o = ConnectOptions::default();
+        a.qp.connect(0, &b.qp.endpoint(0), &o).unwrap();
+        b.qp.connect(0, &a.qp.endpoint(0), &o).unwrap();
+        let n = 60;
+        b.qp.post_recv(
+            (0..n).map(|i| RecvWr { wr_id: i as u64, sg_list: vec![b.mr.sge(i * 128..(i + 1) * 128)] }).collect(),
+        )
+        .unwrap();
+        let dest = AddressHandle { dest: B }.ud(b.qp.qpn(), o.qkey);
+        for i in 0..n {
+            let mut w = SendWr::new(i as u64, SendOp::Send, vec![a.mr.sge(0..64)]);
+            w.ud = Some(dest);
+            a.qp.post_send(vec![w]).unwrap();
+        }
+        assert_eq!(a.cq.wait(n, T).unwrap().len(), n);
+        let got = b.cq.wait(n, Duration::from_secs(5)).unwrap();
+        assert_eq!(got.len(), n, "round {round}: {} of {n} datagrams found a receive", got.len());
+    }
+}
