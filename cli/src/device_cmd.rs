@@ -159,6 +159,8 @@ pub(crate) fn list(json: bool) -> Result<ExitCode> {
             let v = serde_json::json!({
                 "name": i.name, "addr": i.addr.to_string(), "active_mtu": i.active_mtu.bytes(),
                 "iface_mtu": i.iface_mtu, "pid": i.pid, "node_guid": format!("{:016x}", i.node_guid),
+                "gid": std::net::Ipv6Addr::from(i.gid).to_string(), "link_layer": "Ethernet", "state": "ACTIVE",
+                "vendor_id": format!("{:#x}", i.vendor_id),
                 "socket": runtime::socket_path(&dir, &name).display().to_string(),
             });
             println!("{v}");

@@ -70,6 +70,9 @@ fn up_list_stat_down() {
     assert_eq!(devs[0]["addr"], "127.0.0.1");
     // lo has a 64 KiB MTU: rxe's rule gives 4096.
     assert_eq!(devs[0]["active_mtu"], 4096);
+    assert_eq!(devs[0]["gid"], "::ffff:127.0.0.1", "GID 0 is the IPv4-mapped RoCEv2 GID");
+    assert_eq!(devs[0]["link_layer"], "Ethernet");
+    assert_ne!(devs[0]["vendor_id"], "0x2c9", "not Mellanox's vendor id");
     wait_clients(rt, "t1", 0);
     assert_eq!(stat(rt, "t1")["sent_pkts"], 0);
     // The socket and the directory are private.

@@ -117,6 +117,8 @@ pub enum HcaError {
 struct Objects {
     pds: HashSet<PdId>,
     mrs: HashSet<u32>,
+    /// Memory windows by their index (the R_Key without its key byte, which binds change).
+    mws: HashSet<u32>,
     cqs: HashSet<CqId>,
     qps: HashSet<Qpn>,
     srqs: HashSet<u32>,
@@ -326,6 +328,7 @@ impl Hca {
             node_guid: node_guid(cfg.addr),
             vendor_id: VENDOR_ID,
             pid: std::process::id() as i32,
+            gid: crate::proto::gid_of(cfg.addr),
         };
         let state = State {
             dev,
@@ -847,6 +850,18 @@ impl State {
                 self.objs(o).mrs.remove(&lkey);
                 ok(R::Ok)
             }
+            Request::AllocMw { pd, mw_type } => {
+                mine!(pds, pd);
+                let rkey = self.dev.alloc_mw(pd, mw_type)?;
+                self.objs(o).mws.insert(rkey >> 8);
+                ok(R::Mw(rkey))
+            }
+            Request::DeallocMw(rkey) => {
+                mine!(mws, rkey >> 8);
+                self.dev.dealloc_mw(rkey)?;
+                self.objs(o).mws.remove(&(rkey >> 8));
+                ok(R::Ok)
+            }
             Request::CreateCompChannel => {
                 let fd = Arc::new(eventfd().map_err(|_| VerbsError::NoMem)?);
                 let id = self.next_channel;
@@ -1278,6 +1293,10 @@ impl State {
         }
         for mr in &ob.mrs {
             let _ = self.dev.dereg_mr(*mr);
+        }
+        for mw in &ob.mws {
+            // Any key byte: the engine finds a window by its index.
+            let _ = self.dev.dealloc_mw(*mw << 8);
         }
         for pd in &ob.pds {
             let _ = self.dev.dealloc_pd(*pd);

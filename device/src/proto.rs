@@ -61,6 +61,15 @@ pub enum Request {
     },
     /// `ibv_dereg_mr`.
     DeregMr(u32),
+    /// `ibv_alloc_mw` (type 1 or 2); bound with a BIND_MW work request.
+    AllocMw {
+        /// Protection domain.
+        pd: PdId,
+        /// IBV_MW_TYPE_1 or IBV_MW_TYPE_2.
+        mw_type: u8,
+    },
+    /// `ibv_dealloc_mw` by its current R_Key.
+    DeallocMw(u32),
     /// `ibv_create_comp_channel`: answered with an fd that is readable while events wait.
     CreateCompChannel,
     /// `ibv_destroy_comp_channel`.
@@ -229,6 +238,17 @@ pub struct DeviceInfo {
     pub vendor_id: u32,
     /// The device's pid.
     pub pid: i32,
+    /// GID index 0: the RoCEv2 GID of the address (IPv4-mapped, ::ffff:a.b.c.d, for IPv4).
+    /// The port's link layer is Ethernet and its state ACTIVE while the device runs.
+    pub gid: [u8; 16],
+}
+
+/// The RoCEv2 GID of an address: IPv4 addresses map into IPv6 (::ffff:a.b.c.d).
+pub fn gid_of(addr: IpAddr) -> [u8; 16] {
+    match addr {
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        IpAddr::V6(a) => a.octets(),
+    }
 }
 
 /// An async event addressed to a client.
@@ -266,6 +286,8 @@ pub enum Response {
     Pd(PdId),
     /// An MR's keys.
     Mr(MrKeys),
+    /// A memory window's R_Key.
+    Mw(u32),
     /// A completion channel's id (its fd travels with the frame).
     Channel(u32),
     /// A CQ and its completion ring.

@@ -344,6 +344,14 @@ impl ProtectionDomain {
         }
     }
 
+    /// `ibv_alloc_mw` of type 1 or 2 (bind it with a `SendOp::BindMw` work request).
+    pub fn alloc_mw(&self, mw_type: u8) -> Result<MemoryWindow> {
+        match self.ctx.inner.call(Request::AllocMw { pd: self.id, mw_type })? {
+            Response::Mw(rkey) => Ok(MemoryWindow { ctx: self.ctx.clone(), rkey }),
+            _ => unexpected(),
+        }
+    }
+
     /// A QP builder on this PD.
     pub fn qp_builder<'a>(&'a self, qp_type: QpType, send_cq: &'a CompletionQueue) -> QueuePairBuilder<'a> {
         QueuePairBuilder {
@@ -438,6 +446,30 @@ impl Drop for MemoryRegion {
         // when it is freed.
         self.ctx.inner.mrs_lock().remove(&self.keys.lkey);
         self.ctx.inner.release(Request::DeregMr(self.keys.lkey));
+    }
+}
+
+/// A memory window.
+pub struct MemoryWindow {
+    ctx: Context,
+    rkey: u32,
+}
+
+impl MemoryWindow {
+    /// The R_Key it was allocated with.
+    pub fn rkey(&self) -> u32 {
+        self.rkey
+    }
+
+    /// `ibv_inc_rkey`: the same window index with the next key byte (a bind's new R_Key).
+    pub fn inc_rkey(rkey: u32) -> u32 {
+        (rkey & !0xff) | (rkey.wrapping_add(1) & 0xff)
+    }
+}
+
+impl Drop for MemoryWindow {
+    fn drop(&mut self) {
+        self.ctx.inner.release(Request::DeallocMw(self.rkey));
     }
 }
 

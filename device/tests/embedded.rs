@@ -501,3 +501,35 @@ fn receives_posted_before_the_peer_sends_are_there_for_its_datagrams() {
         assert_eq!(got.len(), n, "round {round}: {} of {n} datagrams found a receive", got.len());
     }
 }
+
+#[test]
+fn memory_window_type_2_bound_and_used_remotely() {
+    let d = device("mw", A, 47924, "");
+    let (a, b) = (side(&d, QpType::Rc), side(&d, QpType::Rc));
+    connect(&a, &b, Mtu::Mtu1024);
+    // b's window over 64 bytes of its region, bound through b's QP, used by a.
+    // A window needs a region registered with IBV_ACCESS_MW_BIND (IBTA 10.6.7.2.1).
+    let region = b._pd.alloc_mr(8192, Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::MW_BIND).unwrap();
+    let mw = b._pd.alloc_mw(2).unwrap();
+    let new_rkey = MemoryWindow::inc_rkey(mw.rkey());
+    let bind = SendOp::BindMw {
+        mw_rkey: mw.rkey(),
+        new_rkey,
+        mr_lkey: region.lkey(),
+        addr: region.addr() + 4096,
+        length: 64,
+        access: Access::REMOTE_WRITE,
+    };
+    b.qp.post_send(vec![SendWr::new(1, bind, vec![])]).unwrap();
+    assert_eq!(one(&b.cq).status, WcStatus::Success);
+    let mut a = a;
+    a.mr.as_mut_slice()[..8].copy_from_slice(b"windowed");
+    let w = SendOp::Write { remote_addr: region.addr() + 4096, rkey: new_rkey };
+    a.qp.post_send(vec![SendWr::new(2, w, vec![a.mr.sge(0..8)])]).unwrap();
+    assert_eq!(one(&a.cq).status, WcStatus::Success);
+    assert_eq!(&region.as_slice()[4096..4104], b"windowed");
+    // Outside the window: remote access error.
+    let w = SendOp::Write { remote_addr: region.addr() + 4096 + 60, rkey: new_rkey };
+    a.qp.post_send(vec![SendWr::new(3, w, vec![a.mr.sge(0..8)])]).unwrap();
+    assert_eq!(one(&a.cq).status, WcStatus::RemAccessErr);
+}
