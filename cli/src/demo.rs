@@ -32,8 +32,8 @@ pub(crate) struct DemoArgs {
     #[arg(long, default_value_t = 0.01)]
     loss: f64,
     /// Operations per workload.
-    #[arg(long, default_value_t = 200)]
-    ops: usize,
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    ops: u32,
     /// Seed of the fault injection.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -130,6 +130,8 @@ fn pipeline(a: &Rc, n: usize, window: usize, mut mk: impl FnMut(usize) -> SendWr
 }
 
 const MSG: usize = 4096;
+/// Message slots in the XRC initiator's 4 MiB region (message i is sent from slot i % this).
+const SENDER_SLOTS: usize = (4 << 20) / MSG;
 const BIG: usize = 64 << 10;
 
 fn rc_workloads(c0: &Context, c1: &Context, ops: usize, rows: &mut Vec<Row>) -> Result<()> {
@@ -143,10 +145,6 @@ fn rc_workloads(c0: &Context, c1: &Context, ops: usize, rows: &mut Vec<Row>) -> 
 
     // SEND: `ops` messages of 4 KiB, each checked at the receiver.
     let slots = (4 << 20) / MSG;
-    for i in 0..ops {
-        let s = i % slots;
-        pattern(&mut a.mr.as_mut_slice()[s * MSG..(s + 1) * MSG], i as u64);
-    }
     let t0 = Instant::now();
     let mut recvs = Vec::new();
     let mut posted_recv = 0;
@@ -163,7 +161,10 @@ fn rc_workloads(c0: &Context, c1: &Context, ops: usize, rows: &mut Vec<Row>) -> 
             posted_recv += 1;
         }
         while sent < ops && sent < posted_recv && sent - sends.len() < 64 {
+            // Message i's content goes into its slot just before it is posted; the slot's previous
+            // message (i - slots) completed long ago (at most 64 are outstanding).
             let s = sent % slots;
+            pattern(&mut a.mr.as_mut_slice()[s * MSG..(s + 1) * MSG], sent as u64);
             a.qp.post_send(vec![SendWr::new(sent as u64, SendOp::Send, vec![a.mr.sge(s * MSG..(s + 1) * MSG)])])?;
             sent += 1;
         }
@@ -416,14 +417,16 @@ fn xrc_workload(c0: &Context, dir: &Path, ops: usize, rows: &mut Vec<Row>) -> Re
     w1.write(&ini.qp.endpoint(300))?;
     let _ready: bool = w1.read()?;
     let mut m = ini.mr;
-    for i in 0..2 * per {
+    let slots = m.len() / MSG;
+    for i in 0..(2 * per).min(slots) {
         pattern(&mut m.as_mut_slice()[i * MSG..(i + 1) * MSG], 5000 + i as u64);
     }
     let t0 = Instant::now();
     let rc = Rc { qp: ini.qp, cq: ini.cq, mr: m, _pd: ini._pd };
     let srqs = [h1.srqn, h2.srqn];
     let done = pipeline(&rc, 2 * per, 32, |i| {
-        let mut w = SendWr::new(i as u64, SendOp::Send, vec![rc.mr.sge(i * MSG..(i + 1) * MSG)]);
+        let s = i % slots;
+        let mut w = SendWr::new(i as u64, SendOp::Send, vec![rc.mr.sge(s * MSG..(s + 1) * MSG)]);
         w.remote_srqn = srqs[i % 2];
         w
     })?;
@@ -500,7 +503,7 @@ pub(crate) fn worker(a: &WorkerArgs) -> Result<ExitCode> {
         let i = w.wr_id as usize;
         w.status == WcStatus::Success
             && i == k
-            && mr.as_slice()[i * MSG..(i + 1) * MSG] == expect(5000 + (2 * k + base) as u64, MSG)[..]
+            && mr.as_slice()[i * MSG..(i + 1) * MSG] == expect(5000 + ((2 * k + base) % SENDER_SLOTS) as u64, MSG)[..]
     });
     let bytes = got.iter().map(|w| u64::from(w.byte_len)).sum();
     println!("{}", serde_json::to_string(&WorkerDone { received: got.len(), bytes, intact })?);
@@ -555,9 +558,10 @@ pub(crate) fn run(a: &DemoArgs) -> Result<ExitCode> {
     let c1 = Context::open("srdma1")?;
     let mut rows = Vec::new();
     let t0 = Instant::now();
-    let r = rc_workloads(&c0, &c1, a.ops, &mut rows)
-        .and_then(|()| ud_workload(&c0, &c1, a.ops, &mut rows))
-        .and_then(|()| xrc_workload(&c0, &dir, a.ops, &mut rows));
+    let ops = a.ops as usize;
+    let r = rc_workloads(&c0, &c1, ops, &mut rows)
+        .and_then(|()| ud_workload(&c0, &c1, ops, &mut rows))
+        .and_then(|()| xrc_workload(&c0, &dir, ops, &mut rows));
     if let Err(e) = r {
         // Say what the devices saw before they stop.
         for (n, c) in [("srdma0", &c0), ("srdma1", &c1)] {

@@ -563,8 +563,11 @@ impl CompletionQueue {
         while out.len() < n && Instant::now() < deadline {
             let got = self.poll((n - out.len()) as u32)?;
             if got.is_empty() {
+                // Adaptive: spin (yielding the CPU) for a while, then sleep in short naps.
                 idle += 1;
-                if idle > 64 {
+                if idle < 2000 {
+                    std::thread::yield_now();
+                } else {
                     std::thread::sleep(Duration::from_micros(50));
                 }
             } else {
