@@ -433,6 +433,11 @@ impl Hca {
         out
     }
 
+    /// Whether a client is still attached (the device cuts off a misbehaving one).
+    pub fn is_attached(&self, owner: u32) -> bool {
+        self.shared.lock().clients.contains_key(&owner)
+    }
+
     /// Engine counters, device-layer counters and injected faults.
     pub fn counters(&self) -> (softrdma_engine::device::Counters, IoCounters, FaultCounts) {
         let st = self.shared.lock();
@@ -1168,7 +1173,9 @@ impl State {
     fn service_rings(&mut self) -> usize {
         let State { clients, dev, io, .. } = self;
         let mut moved = 0;
-        for c in clients.values_mut() {
+        let mut misbehaving = Vec::new();
+        for (&owner, c) in clients.iter_mut() {
+            let mut bad = false;
             let posted = c.arena.posted().load(Ordering::Acquire);
             if posted == c.seen_posted && !c.backlog {
                 continue;
@@ -1190,7 +1197,8 @@ impl State {
                     },
                     None => {
                         io.ring_malformed += 1;
-                        true
+                        bad = true;
+                        false
                     }
                 });
             }
@@ -1208,7 +1216,8 @@ impl State {
                     },
                     None => {
                         io.ring_malformed += 1;
-                        true
+                        bad = true;
+                        false
                     }
                 });
             }
@@ -1226,11 +1235,21 @@ impl State {
                     },
                     None => {
                         io.ring_malformed += 1;
-                        true
+                        bad = true;
+                        false
                     }
                 });
             }
             c.backlog = backlog;
+            if bad {
+                misbehaving.push(owner);
+            }
+        }
+        // A ring entry that does not decode is a malformed message: that client is cut off and
+        // its objects destroyed; nobody else notices.
+        for owner in misbehaving {
+            tracing::warn!(owner, "disconnecting a client that wrote a malformed work request to its ring");
+            self.detach(owner);
         }
         moved
     }
@@ -1306,5 +1325,47 @@ impl State {
         }
         self.dev.memory().detach(owner);
         self.reap_xrcd_files();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use softrdma_engine::device::{QpCaps, QpInit};
+
+    fn call(h: &Hca, o: u32, r: Request) -> Response {
+        h.call(o, r, Vec::new()).0
+    }
+
+    #[test]
+    fn a_malformed_ring_entry_cuts_off_that_client_only() {
+        let mut c = HcaConfig::new("mal", "127.0.0.1".parse().unwrap());
+        c.port = 47942;
+        let h = Hca::start(c).unwrap();
+        let me = std::process::id() as i32;
+        let (bad, good) = (h.attach(me).unwrap(), h.attach(me).unwrap());
+        for o in [bad.owner, good.owner] {
+            let Response::Pd(pd) = call(&h, o, Request::AllocPd) else { panic!() };
+            let Response::Cq { cq, .. } = call(&h, o, Request::CreateCq { cqe: 8, channel: None }) else { panic!() };
+            let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+            let init = QpInit { qp_type: QpType::Rc, pd, send_cq: cq, recv_cq: cq, caps, sq_sig_all: false, srq: None };
+            let Response::Qp { sq: Some(sq), .. } = call(&h, o, Request::CreateQp(init)) else { panic!() };
+            if o == bad.owner {
+                let arena = Arena::open(bad.arena.try_clone().unwrap()).unwrap();
+                // Not a work request: one byte where a SendEntry should be.
+                assert!(arena.produce(&sq, &7u8).unwrap());
+                arena.posted().fetch_add(1, Ordering::Release);
+                nix::unistd::write(&bad.doorbell, &1u64.to_ne_bytes()).unwrap();
+            }
+        }
+        let t0 = std::time::Instant::now();
+        while h.is_attached(bad.owner) {
+            assert!(t0.elapsed() < std::time::Duration::from_secs(5), "the bad client was not cut off");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(h.is_attached(good.owner));
+        assert!(matches!(call(&h, good.owner, Request::AllocPd), Response::Pd(_)));
+        assert_eq!(h.counters().1.ring_malformed, 1);
+        assert!(matches!(call(&h, bad.owner, Request::AllocPd), Response::Err(VerbsError::Inval)));
     }
 }

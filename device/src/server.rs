@@ -98,8 +98,8 @@ fn serve_calls(hca: &Hca, owner: u32, sock: &UnixStream, pidfd: &OwnedFd) {
             Err(_) => return,
         }
         let has = |i: usize| fds[i].revents().is_some_and(|r| !r.is_empty());
-        if has(1) {
-            return; // the client process exited
+        if has(1) || !hca.is_attached(owner) {
+            return; // the client process exited, or the device cut it off
         }
         if !has(0) {
             continue;
