@@ -27,6 +27,11 @@ use serde::{Deserialize, Serialize};
 
 /// Bytes of one client's arena (virtual: pages are allocated as rings are touched).
 pub const ARENA_LEN: usize = 64 << 20;
+/// The rings live in the first half; the second half is the receive staging area, where the
+/// device puts received SEND data for the client to scatter into its buffers when it polls.
+pub const STAGING_OFF: usize = 32 << 20;
+/// Bytes of the staging area.
+pub const STAGING_LEN: usize = ARENA_LEN - STAGING_OFF;
 
 const MAGIC: u32 = 0x5352_4441; // "SRDA"
 const HEADER: usize = 4096;
@@ -233,6 +238,29 @@ impl Arena {
         r.cap.saturating_sub(prod.load(Ordering::Relaxed).wrapping_sub(cons.load(Ordering::Acquire)))
     }
 
+    /// Copies `data` into the staging area at `off` (the device, receiving); false when the
+    /// range is not inside the staging area.
+    pub fn stage_write(&self, off: usize, data: &[u8]) -> bool {
+        if off < STAGING_OFF || off.checked_add(data.len()).is_none_or(|e| e > ARENA_LEN) {
+            return false;
+        }
+        // SAFETY: in bounds (checked); byte copy into shared memory.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(off), data.len()) };
+        true
+    }
+
+    /// Copies from the staging area at `off` into `buf` (the client, scattering at poll); false
+    /// when the range is not inside the staging area.
+    pub fn stage_read(&self, off: usize, buf: &mut [u8]) -> bool {
+        if off < STAGING_OFF || off.checked_add(buf.len()).is_none_or(|e| e > ARENA_LEN) {
+            return false;
+        }
+        fence(Ordering::Acquire);
+        // SAFETY: in bounds (checked); byte copy out of shared memory.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), buf.as_mut_ptr(), buf.len()) };
+        true
+    }
+
     /// Resets a ring's indices (the device, when it hands a ring out).
     pub fn reset(&self, r: &RingDesc) {
         if self.check(r) {
@@ -258,16 +286,21 @@ pub struct Allocator {
 }
 
 impl Default for Allocator {
+    /// The ring space of an arena.
     fn default() -> Allocator {
-        Allocator { free: vec![(HEADER, ARENA_LEN - HEADER)] }
+        Allocator::span(HEADER, STAGING_OFF - HEADER)
     }
 }
 
 impl Allocator {
-    /// A ring of at least `entries` slots of `slot` bytes; `None` when the arena is full.
-    pub fn ring(&mut self, entries: u32, slot: u32) -> Option<RingDesc> {
-        let cap = entries.max(1).checked_next_power_of_two()?;
-        let want = RingDesc { off: 0, cap, slot }.bytes().next_multiple_of(64);
+    /// An allocator of `[start, start + len)`.
+    pub fn span(start: usize, len: usize) -> Allocator {
+        Allocator { free: vec![(start, len)] }
+    }
+
+    /// `bytes` (rounded up to 64), first fit; `None` when nothing is free enough.
+    pub fn alloc(&mut self, bytes: usize) -> Option<usize> {
+        let want = bytes.max(1).next_multiple_of(64);
         let i = self.free.iter().position(|&(_, len)| len >= want)?;
         let (off, len) = self.free[i];
         if len == want {
@@ -275,12 +308,24 @@ impl Allocator {
         } else {
             self.free[i] = (off + want, len - want);
         }
+        Some(off)
+    }
+
+    /// A ring of at least `entries` slots of `slot` bytes; `None` when the arena is full.
+    pub fn ring(&mut self, entries: u32, slot: u32) -> Option<RingDesc> {
+        let cap = entries.max(1).checked_next_power_of_two()?;
+        let off = self.alloc(RingDesc { off: 0, cap, slot }.bytes())?;
         Some(RingDesc { off: off as u64, cap, slot })
     }
 
     /// Gives a ring's space back.
     pub fn release(&mut self, r: &RingDesc) {
-        let (off, len) = (r.off as usize, r.bytes().next_multiple_of(64));
+        self.free(r.off as usize, r.bytes());
+    }
+
+    /// Gives `bytes` at `off` back (what `alloc` returned for that size).
+    pub fn free(&mut self, off: usize, bytes: usize) {
+        let len = bytes.max(1).next_multiple_of(64);
         let i = self.free.partition_point(|&(o, _)| o < off);
         self.free.insert(i, (off, len));
         // Merge with the neighbours.
@@ -374,7 +419,7 @@ mod tests {
         assert_eq!(d.off, a.off, "a and b merged into one hole");
         al.release(&c);
         al.release(&d);
-        assert_eq!(al.free, vec![(HEADER, ARENA_LEN - HEADER)]);
+        assert_eq!(al.free, vec![(HEADER, STAGING_OFF - HEADER)]);
         assert!(al.ring(1 << 30, WQE_SLOT).is_none());
     }
 

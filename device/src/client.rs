@@ -53,6 +53,8 @@ pub struct Connection {
     pub arena_fd: OwnedFd,
     /// The device's doorbell.
     pub doorbell: OwnedFd,
+    /// The ring on which this client gives staging space back.
+    pub release: crate::arena::RingDesc,
 }
 
 impl Connection {
@@ -87,9 +89,10 @@ impl Connection {
         proto::send(&sock, &hello, &[])?;
         let (resp, mut fds) = proto::recv::<Response>(&sock)?;
         match resp {
-            Response::Hello { owner, info } if fds.len() == 3 => {
+            Response::Hello { owner, info, release } if fds.len() == 3 => {
                 let (event_fd, arena_fd) = (fds.remove(0), fds.remove(0));
-                Ok(Connection { sock: Mutex::new(sock), owner, info, event_fd, arena_fd, doorbell: fds.remove(0) })
+                let doorbell = fds.remove(0);
+                Ok(Connection { sock: Mutex::new(sock), owner, info, event_fd, arena_fd, doorbell, release })
             }
             Response::Err(e) => Err(ClientError::Refused(e)),
             _ => Err(ClientError::Unexpected),

@@ -25,17 +25,17 @@ use softrdma_engine::device::{
     ip_udp_header, AsyncEvent, CqId, Device, DeviceConfig, FlowPorts, IcrcPolicy, PdId, RecvMeta, Transmit, XrcPolicy,
 };
 use softrdma_engine::time::Instant;
-use softrdma_engine::verbs::{Access, Mtu, QpType, VerbsError};
+use softrdma_engine::verbs::{Access, Mtu, QpType, VerbsError, WcOpcode};
 use softrdma_engine::wire::Qpn;
 use softrdma_engine::wire::{icrc, IbPacket};
 use softrdma_engine::wr::RecvWr;
 use softrdma_transport::udp::{self, RoceUdp, UdpConfig};
 
-use crate::arena::{Allocator, Arena, RingDesc, CQE_SLOT, WQE_SLOT};
+use crate::arena::{Allocator, Arena, RingDesc, CQE_SLOT, STAGING_LEN, STAGING_OFF, WQE_SLOT};
 use crate::capture::Tap;
 use crate::faults::{Copy, FaultCounts, FaultInjector, FaultSpec};
-use crate::memory::{range_mapped, ProcessMemory};
-use crate::proto::{ClientEvent, DeviceInfo, IoStats, Request, Response, SendEntry};
+use crate::memory::{range_mapped, ProcessMemory, STAGE_VA};
+use crate::proto::{ClientEvent, CqEntry, DeviceInfo, IoStats, RecvEntry, Request, Response, SendEntry};
 
 /// The RoCEv2 UDP port (IANA).
 pub const ROCE_PORT: u16 = 4791;
@@ -133,8 +133,17 @@ struct Client {
     events: VecDeque<ClientEvent>,
     event_fd: Arc<EventFd>,
     /// The client's ring arena and where its rings are.
-    arena: Arena,
+    arena: Arc<Arena>,
     alloc: Allocator,
+    /// Its staging area, the ring on which it gives staging back, what is staged by token, and
+    /// the device's staging memory region in each of its PDs.
+    staging: Allocator,
+    release: RingDesc,
+    staged: HashMap<u64, (usize, u32)>,
+    stage_mrs: HashMap<PdId, u32>,
+    /// The PD of each QP and SRQ (to check SGEs before staging).
+    qp_pd: HashMap<Qpn, PdId>,
+    srq_pd: HashMap<u32, PdId>,
     sq: HashMap<Qpn, RingDesc>,
     rq: HashMap<Qpn, RingDesc>,
     srq_rings: HashMap<u32, RingDesc>,
@@ -155,6 +164,8 @@ pub struct Attached {
     pub arena: OwnedFd,
     /// The doorbell to write after posting to a ring (unless the device is polling).
     pub doorbell: OwnedFd,
+    /// The ring on which the client gives staging space back.
+    pub release: RingDesc,
 }
 
 struct Channel {
@@ -381,8 +392,11 @@ impl Hca {
     /// is readable while async events wait for it.
     pub fn attach(&self, pid: i32) -> io::Result<Attached> {
         let fd = Arc::new(eventfd()?);
-        let arena = Arena::create()?;
+        let arena = Arc::new(Arena::create()?);
         let arena_fd = arena.fd().as_fd().try_clone_to_owned()?;
+        let mut alloc = Allocator::default();
+        let release = alloc.ring(4096, 64).ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))?;
+        arena.reset(&release);
         // One doorbell per device: any client's doorbell makes the device look at the rings of
         // the clients whose `posted` counter moved.
         let doorbell = self.shared.wake.as_fd().try_clone_to_owned()?;
@@ -390,12 +404,19 @@ impl Hca {
         let owner = st.next_owner;
         st.next_owner += 1;
         st.dev.memory().attach(owner, pid);
+        st.dev.memory().attach_arena(owner, arena.clone());
         let c = Client {
             objects: Objects::default(),
             events: VecDeque::new(),
             event_fd: fd.clone(),
             arena,
-            alloc: Allocator::default(),
+            alloc,
+            staging: Allocator::span(STAGING_OFF, STAGING_LEN),
+            release,
+            staged: HashMap::new(),
+            stage_mrs: HashMap::new(),
+            qp_pd: HashMap::new(),
+            srq_pd: HashMap::new(),
             sq: HashMap::new(),
             rq: HashMap::new(),
             srq_rings: HashMap::new(),
@@ -404,7 +425,7 @@ impl Hca {
             backlog: false,
         };
         st.clients.insert(owner, c);
-        Ok(Attached { owner, event_fd: fd, arena: arena_fd, doorbell })
+        Ok(Attached { owner, event_fd: fd, arena: arena_fd, doorbell, release })
     }
 
     /// A client went away: its objects are destroyed as the kernel's uverbs cleanup destroys a
@@ -538,6 +559,29 @@ fn run(sh: &Shared) {
             }
         }
     }
+}
+
+/// A receive the client asked to stage gets one SGE over a fresh piece of the staging area
+/// instead of its own, once its own SGEs pass the engine's checks (otherwise the engine sees them
+/// as they are, and reports what is wrong as it would); the staging is remembered by token.
+fn redirect(
+    dev: &Device<ProcessMemory>,
+    pd: Option<PdId>,
+    e: RecvEntry,
+    staging: &mut Allocator,
+    staged: &mut HashMap<u64, (usize, u32)>,
+    stage_mrs: &HashMap<PdId, u32>,
+) -> RecvWr {
+    let RecvEntry { mut wr, stage } = e;
+    let (Some(pd), true) = (pd, stage) else { return wr };
+    let len: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+    let ok = len <= u64::from(u32::MAX) && wr.sg_list.iter().all(|s| dev.sge_ok(pd, s, Access::LOCAL_WRITE));
+    let (Some(&lkey), true) = (stage_mrs.get(&pd), ok) else { return wr };
+    let Some(off) = staging.alloc(len as usize) else { return wr };
+    staged.insert(wr.wr_id, (off, len as u32));
+    let addr = STAGE_VA + (off - STAGING_OFF) as u64;
+    wr.sg_list = vec![softrdma_engine::wr::Sge { addr, length: len as u32, lkey }];
+    wr
 }
 
 /// How long the device keeps polling the rings after the last work it found on them.
@@ -824,13 +868,30 @@ impl State {
             Request::Hello { .. } => Err(VerbsError::Inval),
             Request::AllocPd => {
                 let pd = self.dev.alloc_pd(o);
-                self.objs(o).pds.insert(pd);
+                // The device's own region over the client's staging area, in this PD, so
+                // staged receives pass the engine's lkey checks; local write only (no rkey use).
+                let keys = self.dev.reg_mr(pd, STAGE_VA, STAGING_LEN as u64, Access::LOCAL_WRITE)?;
+                let c = self.clients.get_mut(&o).expect("checked");
+                c.stage_mrs.insert(pd, keys.lkey);
+                c.objects.pds.insert(pd);
                 ok(R::Pd(pd))
             }
             Request::DeallocPd(pd) => {
                 mine!(pds, pd);
-                self.dev.dealloc_pd(pd)?;
-                self.objs(o).pds.remove(&pd);
+                let lkey = self.clients.get(&o).and_then(|c| c.stage_mrs.get(&pd).copied());
+                if let Some(l) = lkey {
+                    self.dev.dereg_mr(l)?;
+                }
+                if let Err(e) = self.dev.dealloc_pd(pd) {
+                    // Still in use: give it its staging region back.
+                    if let Ok(k) = self.dev.reg_mr(pd, STAGE_VA, STAGING_LEN as u64, Access::LOCAL_WRITE) {
+                        self.clients.get_mut(&o).expect("checked").stage_mrs.insert(pd, k.lkey);
+                    }
+                    return Err(e);
+                }
+                let c = self.clients.get_mut(&o).expect("checked");
+                c.stage_mrs.remove(&pd);
+                c.objects.pds.remove(&pd);
                 ok(R::Ok)
             }
             Request::RegMr { pd, addr, len, access } => {
@@ -973,6 +1034,7 @@ impl State {
                     c.rq.insert(qpn, r);
                 }
                 c.objects.qps.insert(qpn);
+                c.qp_pd.insert(qpn, init.pd);
                 ok(R::Qp { qpn, sq: Some(sq), rq })
             }
             Request::DestroyQp(qpn) => {
@@ -1017,6 +1079,7 @@ impl State {
             Request::CreateSrq { pd, attr } => {
                 mine!(pds, pd);
                 let s = self.dev.create_srq(pd, attr)?;
+                self.clients.get_mut(&o).expect("checked").srq_pd.insert(s, pd);
                 self.srq_ring(o, s, attr.max_wr)
             }
             Request::CreateXrcSrq { xrcd, pd, cq, attr } => {
@@ -1026,6 +1089,7 @@ impl State {
                     return Err(VerbsError::Inval);
                 }
                 let s = self.dev.create_xrc_srq(xrcd, pd, cq, attr)?;
+                self.clients.get_mut(&o).expect("checked").srq_pd.insert(s, pd);
                 self.srq_ring(o, s, attr.max_wr)
             }
             Request::ModifySrq { srqn, limit } => {
@@ -1176,25 +1240,58 @@ impl State {
         let mut misbehaving = Vec::new();
         for (&owner, c) in clients.iter_mut() {
             let mut bad = false;
+            // Staging space the client has scattered from and given back.
+            if c.arena.pending(&c.release) > 0 {
+                let Client { arena, release, staging, .. } = &mut *c;
+                arena.consume::<(u64, u32)>(release, usize::MAX, |v| match v {
+                    Some((off, len))
+                        if off as usize >= STAGING_OFF
+                            && (off as usize).saturating_add(len as usize) <= STAGING_OFF + STAGING_LEN =>
+                    {
+                        staging.free(off as usize, len as usize);
+                        true
+                    }
+                    _ => {
+                        bad = true;
+                        false
+                    }
+                });
+            }
             let posted = c.arena.posted().load(Ordering::Acquire);
-            if posted == c.seen_posted && !c.backlog {
+            if posted == c.seen_posted && !c.backlog && !bad {
                 continue;
             }
             c.seen_posted = posted;
             c.backlog = false;
             let mut backlog = false;
-            for (q, r) in &c.rq {
-                moved += c.arena.consume::<RecvWr>(r, usize::MAX, |v| match v {
-                    Some(wr) => match dev.post_recv(*q, wr) {
-                        Err(VerbsError::NoMem) => {
-                            backlog = true;
-                            false
+            let Client { arena, rq, srq_rings, sq, staging, staged, stage_mrs, qp_pd, srq_pd, .. } = &mut *c;
+            // A receive the client asked to stage gets one SGE over a fresh piece of the staging
+            // area instead of its own, once its own SGEs pass the engine's checks (otherwise the
+            // engine sees them as they are, and reports what is wrong as it would).
+            for (q, r) in rq.iter() {
+                moved += arena.consume::<RecvEntry>(r, usize::MAX, |v| match v {
+                    Some(e) => {
+                        let token = e.wr.wr_id;
+                        let wr = redirect(dev, qp_pd.get(q).copied(), e, staging, staged, stage_mrs);
+                        let r = dev.post_recv(*q, wr);
+                        if r.is_err() {
+                            // Not taken (the entry stays in the ring, or is dropped): neither
+                            // is its staging.
+                            if let Some((off, len)) = staged.remove(&token) {
+                                staging.free(off, len as usize);
+                            }
                         }
-                        r => {
-                            io.ring_rejected += u64::from(r.is_err());
-                            true
+                        match r {
+                            Err(VerbsError::NoMem) => {
+                                backlog = true;
+                                false
+                            }
+                            r => {
+                                io.ring_rejected += u64::from(r.is_err());
+                                true
+                            }
                         }
-                    },
+                    }
                     None => {
                         io.ring_malformed += 1;
                         bad = true;
@@ -1202,18 +1299,30 @@ impl State {
                     }
                 });
             }
-            for (s, r) in &c.srq_rings {
-                moved += c.arena.consume::<RecvWr>(r, usize::MAX, |v| match v {
-                    Some(wr) => match dev.post_srq_recv(*s, wr) {
-                        Err(VerbsError::NoMem) => {
-                            backlog = true;
-                            false
+            for (s, r) in srq_rings.iter() {
+                moved += arena.consume::<RecvEntry>(r, usize::MAX, |v| match v {
+                    Some(e) => {
+                        let token = e.wr.wr_id;
+                        let wr = redirect(dev, srq_pd.get(s).copied(), e, staging, staged, stage_mrs);
+                        let r = dev.post_srq_recv(*s, wr);
+                        if r.is_err() {
+                            // Not taken (the entry stays in the ring, or is dropped): neither
+                            // is its staging.
+                            if let Some((off, len)) = staged.remove(&token) {
+                                staging.free(off, len as usize);
+                            }
                         }
-                        r => {
-                            io.ring_rejected += u64::from(r.is_err());
-                            true
+                        match r {
+                            Err(VerbsError::NoMem) => {
+                                backlog = true;
+                                false
+                            }
+                            r => {
+                                io.ring_rejected += u64::from(r.is_err());
+                                true
+                            }
                         }
-                    },
+                    }
                     None => {
                         io.ring_malformed += 1;
                         bad = true;
@@ -1221,8 +1330,8 @@ impl State {
                     }
                 });
             }
-            for (q, r) in &c.sq {
-                moved += c.arena.consume::<SendEntry>(r, usize::MAX, |v| match v {
+            for (q, r) in sq.iter() {
+                moved += arena.consume::<SendEntry>(r, usize::MAX, |v| match v {
                     Some(e) => match dev.post_send_inline(*q, e.wr, e.data) {
                         Err(VerbsError::NoMem) => {
                             backlog = true;
@@ -1248,7 +1357,7 @@ impl State {
         // A ring entry that does not decode is a malformed message: that client is cut off and
         // its objects destroyed; nobody else notices.
         for owner in misbehaving {
-            tracing::warn!(owner, "disconnecting a client that wrote a malformed work request to its ring");
+            tracing::warn!(owner, "disconnecting a client that wrote a malformed entry to its rings");
             self.detach(owner);
         }
         moved
@@ -1266,7 +1375,11 @@ impl State {
                 }
                 let free = c.arena.free(r) as usize;
                 for wc in dev.poll_cq(*cq, free) {
-                    let _ = c.arena.produce(r, &wc);
+                    // A staged receive's completion says where its data is.
+                    let recv = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+                    let stage = if recv { c.staged.remove(&wc.wr_id) } else { None };
+                    let e = CqEntry { wc, stage: stage.map(|(off, len)| (off as u64, len)) };
+                    let _ = c.arena.produce(r, &e);
                 }
             }
         }
@@ -1316,6 +1429,9 @@ impl State {
         for mw in &ob.mws {
             // Any key byte: the engine finds a window by its index.
             let _ = self.dev.dealloc_mw(*mw << 8);
+        }
+        for lkey in c.stage_mrs.values() {
+            let _ = self.dev.dereg_mr(*lkey);
         }
         for pd in &ob.pds {
             let _ = self.dev.dealloc_pd(*pd);

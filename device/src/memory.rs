@@ -12,15 +12,20 @@
 
 use std::collections::HashMap;
 use std::io::{IoSlice, IoSliceMut};
+use std::sync::Arc;
+
+use crate::arena::{Arena, STAGING_LEN, STAGING_OFF};
 
 use nix::sys::uio::{process_vm_readv, process_vm_writev, RemoteIoVec};
 use nix::unistd::Pid;
 use softrdma_engine::memory::{Memory, MemoryError, Owner};
 
 /// The memory of every attached client, by owner.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct ProcessMemory {
     pids: HashMap<Owner, i32>,
+    /// Each client's arena: received data for a staged receive lands in its staging area.
+    arenas: HashMap<Owner, Arc<Arena>>,
     /// Failed cross-process accesses (the client unmapped the buffer, or the kernel refused).
     pub faults: u64,
     /// Cross-process reads (process_vm_readv calls).
@@ -35,6 +40,11 @@ impl ProcessMemory {
         self.pids.insert(owner, pid);
     }
 
+    /// Gives an owner's staging addresses ([`STAGE_VA`] ..) their arena.
+    pub fn attach_arena(&mut self, owner: Owner, arena: Arc<Arena>) {
+        self.arenas.insert(owner, arena);
+    }
+
     /// The process of an owner.
     pub fn pid_of(&self, owner: Owner) -> Option<i32> {
         self.pids.get(&owner).copied()
@@ -43,6 +53,13 @@ impl ProcessMemory {
     /// Forgets an owner.
     pub fn detach(&mut self, owner: Owner) {
         self.pids.remove(&owner);
+        self.arenas.remove(&owner);
+    }
+
+    /// The staging offset of `[addr, addr+len)` if it is a staging address range.
+    fn staging(addr: u64, len: usize) -> Option<usize> {
+        let rel = addr.checked_sub(STAGE_VA)?;
+        (rel.checked_add(len as u64)? <= STAGING_LEN as u64).then_some(STAGING_OFF + rel as usize)
     }
 
     fn pid(&self, owner: Owner, addr: u64, len: usize) -> Result<Pid, MemoryError> {
@@ -72,6 +89,12 @@ impl Memory for ProcessMemory {
         let len = data.len();
         if len == 0 {
             return Ok(());
+        }
+        if let Some(off) = ProcessMemory::staging(addr, len) {
+            return match self.arenas.get(&owner) {
+                Some(a) if a.stage_write(off, data) => Ok(()),
+                _ => Err(MemoryError { addr, len }),
+            };
         }
         let pid = self.pid(owner, addr, len)?;
         self.writes += 1;
@@ -103,6 +126,11 @@ impl Memory for ProcessMemory {
         Ok(old)
     }
 }
+
+/// Where the staging area of a client's arena appears to the engine: a device-internal memory
+/// region of every PD covers `[STAGE_VA, STAGE_VA + STAGING_LEN)`. The address is not canonical
+/// on x86-64 (no user mapping can be there), so it never names client memory.
+pub const STAGE_VA: u64 = 0xffff_c000_0000_0000;
 
 /// Whether the device can read process `pid`'s memory: the word at `probe` must hold
 /// [`crate::proto::PROBE`].

@@ -219,6 +219,28 @@ pub struct SendEntry {
     pub data: Option<Vec<u8>>,
 }
 
+/// A receive queue ring entry: the work request and whether the client asks the device to
+/// stage the received data (design D3: the device puts it in the arena's staging area and the
+/// client scatters it into the posted buffers when it polls the completion). The client asks
+/// only when every SGE lies in one of its registered regions; `wr_id` is then the client's token.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RecvEntry {
+    /// The work request.
+    pub wr: RecvWr,
+    /// Stage the data.
+    pub stage: bool,
+}
+
+/// A completion ring entry: the completion and, for a staged receive, where its data is in the
+/// staging area (offset in the arena, bytes reserved), for the client to scatter and release.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CqEntry {
+    /// The completion.
+    pub wc: WorkCompletion,
+    /// Staged data.
+    pub stage: Option<(u64, u32)>,
+}
+
 /// What the device describes about itself at `Hello`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct DeviceInfo {
@@ -281,6 +303,8 @@ pub enum Response {
         owner: u32,
         /// The device.
         info: DeviceInfo,
+        /// The ring on which the client gives staging space back (entries `(offset, bytes)`).
+        release: RingDesc,
     },
     /// A PD.
     Pd(PdId),

@@ -81,7 +81,7 @@ pub fn serve_client(hca: &Hca, sock: UnixStream) {
     let Ok(pidfd) = pidfd_open(pid) else { return };
     let Ok(a) = hca.attach(pid) else { return };
     let owner = a.owner;
-    let hello = Response::Hello { owner, info: hca.info().clone() };
+    let hello = Response::Hello { owner, info: hca.info().clone(), release: a.release };
     let fds = [a.event_fd.as_raw_fd(), a.arena.as_raw_fd(), a.doorbell.as_raw_fd()];
     if proto::send(&sock, &hello, &fds).is_ok() {
         drop(a);

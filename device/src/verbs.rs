@@ -26,7 +26,7 @@ use std::sync::atomic::{fence, Ordering};
 use crate::arena::{Arena, RingDesc};
 use crate::client::{ClientError, Connection};
 use crate::hca::Hca;
-use crate::proto::{ClientEvent, DeviceInfo, Request, Response, SendEntry};
+use crate::proto::{ClientEvent, CqEntry, DeviceInfo, RecvEntry, Request, Response, SendEntry};
 
 /// A verbs error: the errno of the call, or the device connection lost.
 #[derive(Debug, thiserror::Error)]
@@ -61,9 +61,20 @@ struct Inner {
     /// The client's rings, shared with the device.
     arena: Arena,
     doorbell: OwnedFd,
-    /// This process's memory regions by lkey: PD, start, length (for gathering at post).
-    mrs: std::sync::Mutex<std::collections::HashMap<u32, (PdId, u64, u64)>>,
+    /// This process's memory regions by lkey: PD, start, length, access (for gathering at post
+    /// and scattering at poll).
+    mrs: std::sync::Mutex<std::collections::HashMap<u32, (PdId, u64, u64, Access)>>,
+    /// Receives whose data the device stages, by token: the application's wr_id and SGEs.
+    staged: std::sync::Mutex<std::collections::HashMap<u64, (u64, Vec<Sge>)>>,
+    next_token: std::sync::atomic::AtomicU64,
+    /// The ring on which staging space goes back to the device.
+    release: RingDesc,
 }
+
+/// Receives up to this size have their data staged by the device in the shared arena and
+/// scattered into the posted buffers by this process when it polls the completion (design D3);
+/// larger ones are written into the buffers by the device (one process_vm_writev per packet).
+pub const STAGE_MAX: u64 = 64 << 10;
 
 /// SEND and WRITE payloads up to this size are gathered into the work request at post time
 /// (design D3: the data moves in the client; the device does not reach into it to send them).
@@ -71,9 +82,92 @@ struct Inner {
 pub const GATHER_MAX: usize = 512;
 
 impl Inner {
-    fn new(backend: Backend, info: DeviceInfo, arena_fd: OwnedFd, doorbell: OwnedFd) -> Result<Inner> {
+    fn new(
+        backend: Backend,
+        info: DeviceInfo,
+        arena_fd: OwnedFd,
+        doorbell: OwnedFd,
+        release: RingDesc,
+    ) -> Result<Inner> {
         let arena = Arena::open(arena_fd).map_err(|_| VerbsError::NoMem)?;
-        Ok(Inner { backend, info, arena, doorbell, mrs: Default::default() })
+        Ok(Inner {
+            backend,
+            info,
+            arena,
+            doorbell,
+            mrs: Default::default(),
+            staged: Default::default(),
+            next_token: std::sync::atomic::AtomicU64::new(1),
+            release,
+        })
+    }
+
+    /// The ring entry for a receive: staged when every SGE lies in a region of this process, in
+    /// `pd`, that may be written locally (the device checks again), and it is not too large.
+    fn recv_entry(&self, pd: PdId, wr: RecvWr) -> RecvEntry {
+        let len: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+        let ours = !wr.sg_list.is_empty() && len <= STAGE_MAX && {
+            let mrs = self.mrs_lock();
+            wr.sg_list.iter().all(|s| {
+                mrs.get(&s.lkey).is_some_and(|&(p, a, l, acc)| {
+                    p == pd
+                        && acc.contains(Access::LOCAL_WRITE)
+                        && s.addr >= a
+                        && s.addr.checked_add(u64::from(s.length)).is_some_and(|e| e <= a + l)
+                })
+            })
+        };
+        if !ours {
+            return RecvEntry { wr, stage: false };
+        }
+        let token = (1 << 63) | self.next_token.fetch_add(1, Ordering::Relaxed);
+        let RecvWr { wr_id, sg_list } = wr;
+        self.staged_lock().insert(token, (wr_id, sg_list.clone()));
+        RecvEntry { wr: RecvWr { wr_id: token, sg_list }, stage: true }
+    }
+
+    /// A completion from the ring as the application sees it: a staged receive's data copied
+    /// into its buffers (the last byte last), its staging given back, its own wr_id restored.
+    fn complete(&self, e: CqEntry) -> WorkCompletion {
+        let mut wc = e.wc;
+        if !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
+            return wc;
+        }
+        let Some((wr_id, sges)) = self.staged_lock().remove(&wc.wr_id) else { return wc };
+        wc.wr_id = wr_id;
+        if let Some((off, len)) = e.stage {
+            let n = (wc.byte_len.min(len)) as usize;
+            let mut data = vec![0u8; n];
+            if n > 0 && self.arena.stage_read(off as usize, &mut data) {
+                let mrs = self.mrs_lock();
+                let mut at = 0;
+                for s in &sges {
+                    if at == n {
+                        break;
+                    }
+                    let k = (s.length as usize).min(n - at);
+                    let still = mrs.get(&s.lkey).is_some_and(|&(_, a, l, _)| s.addr >= a && s.addr + k as u64 <= a + l);
+                    if still {
+                        // SAFETY: the range lies in a memory region of this process registered
+                        // now (checked under the registry lock, held); a region leaves the
+                        // registry before its memory is freed.
+                        unsafe { std::ptr::copy_nonoverlapping(data[at..].as_ptr(), s.addr as *mut u8, k) };
+                    }
+                    at += k;
+                }
+                fence(Ordering::Release);
+            }
+            // Give the staging back; wait for room if the device is behind.
+            while !matches!(self.arena.produce(&self.release, &(off, len)), Ok(true)) {
+                self.ring_doorbell();
+                std::thread::yield_now();
+            }
+        }
+        wc
+    }
+
+    fn staged_lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, (u64, Vec<Sge>)>> {
+        self.staged.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// After publishing work on a ring: tell the device, unless it is polling the rings now
@@ -114,7 +208,7 @@ impl Inner {
         Ok(self.call_fds(req, None)?.0)
     }
 
-    fn mrs_lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u32, (PdId, u64, u64)>> {
+    fn mrs_lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u32, (PdId, u64, u64, Access)>> {
         self.mrs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -136,7 +230,7 @@ impl Inner {
         }
         let mrs = self.mrs_lock();
         let ok = wr.sg_list.iter().all(|s| {
-            mrs.get(&s.lkey).is_some_and(|&(p, a, l)| {
+            mrs.get(&s.lkey).is_some_and(|&(p, a, l, _)| {
                 p == pd && s.addr >= a && s.addr.checked_add(u64::from(s.length)).is_some_and(|e| e <= a + l)
             })
         });
@@ -197,9 +291,9 @@ impl Context {
     fn daemon(mut c: Connection) -> Result<Context> {
         let dup = |f: &OwnedFd| f.try_clone().map_err(|_| Error::Verbs(VerbsError::NoMem));
         let (arena, doorbell) = (dup(&c.arena_fd)?, dup(&c.doorbell)?);
-        let info = c.info.clone();
+        let (info, release) = (c.info.clone(), c.release);
         c.arena_fd = dup(&c.event_fd)?; // the connection keeps no second arena reference
-        Ok(Context { inner: Arc::new(Inner::new(Backend::Daemon(c), info, arena, doorbell)?) })
+        Ok(Context { inner: Arc::new(Inner::new(Backend::Daemon(c), info, arena, doorbell, release)?) })
     }
 
     /// A context on a device running in this process.
@@ -208,7 +302,7 @@ impl Context {
         let event_fd = a.event_fd.as_fd().try_clone_to_owned().map_err(|_| VerbsError::NoMem)?;
         let info = hca.info().clone();
         let backend = Backend::Embedded { hca: hca.clone(), owner: a.owner, event_fd };
-        Ok(Context { inner: Arc::new(Inner::new(backend, info, a.arena, a.doorbell)?) })
+        Ok(Context { inner: Arc::new(Inner::new(backend, info, a.arena, a.doorbell, a.release)?) })
     }
 
     /// The device.
@@ -325,7 +419,7 @@ impl ProtectionDomain {
             Response::Mr(k) => k,
             _ => return unexpected(),
         };
-        self.ctx.inner.mrs_lock().insert(keys.lkey, (self.id, buf.as_ptr() as u64, len as u64));
+        self.ctx.inner.mrs_lock().insert(keys.lkey, (self.id, buf.as_ptr() as u64, len as u64, access));
         Ok(MemoryRegion { ctx: self.ctx.clone(), buf, keys })
     }
 
@@ -337,7 +431,7 @@ impl ProtectionDomain {
     pub unsafe fn reg_mr_raw(&self, addr: u64, len: u64, access: Access) -> Result<RawMr> {
         match self.ctx.inner.call(Request::RegMr { pd: self.id, addr, len, access })? {
             Response::Mr(keys) => {
-                self.ctx.inner.mrs_lock().insert(keys.lkey, (self.id, addr, len));
+                self.ctx.inner.mrs_lock().insert(keys.lkey, (self.id, addr, len, access));
                 Ok(RawMr { ctx: self.ctx.clone(), keys })
             }
             _ => unexpected(),
@@ -378,7 +472,7 @@ impl ProtectionDomain {
     pub fn create_srq(&self, attr: SrqAttr) -> Result<SharedReceiveQueue> {
         match self.ctx.inner.call(Request::CreateSrq { pd: self.id, attr })? {
             Response::Srq { srqn, ring } => {
-                Ok(SharedReceiveQueue { ctx: self.ctx.clone(), srqn, ring, max_sge: attr.max_sge })
+                Ok(SharedReceiveQueue { ctx: self.ctx.clone(), srqn, ring, max_sge: attr.max_sge, pd: self.id })
             }
             _ => unexpected(),
         }
@@ -547,12 +641,12 @@ impl CompletionQueue {
     /// `ibv_poll_cq`: up to `max` completions, read from the completion ring in shared memory
     /// (no system call).
     pub fn poll(&self, max: u32) -> Result<Vec<WorkCompletion>> {
-        let mut out = Vec::new();
-        self.ctx.inner.arena.consume::<WorkCompletion>(&self.ring, max as usize, |w| {
-            out.extend(w);
+        let mut entries = Vec::new();
+        self.ctx.inner.arena.consume::<CqEntry>(&self.ring, max as usize, |e| {
+            entries.extend(e);
             true
         });
-        Ok(out)
+        Ok(entries.into_iter().map(|e| self.ctx.inner.complete(e)).collect())
     }
 
     /// Polls until `n` completions arrived or `timeout` passed (spins briefly, then backs off).
@@ -856,7 +950,7 @@ impl QueuePair {
                 None => Some(VerbsError::Inval),
                 Some(_) if self.cached_state() == QpState::Reset => Some(VerbsError::Inval),
                 Some(_) if wr.sg_list.len() > self.caps.max_recv_sge as usize => Some(VerbsError::Inval),
-                Some(rq) => match inner.arena.produce(&rq, &wr) {
+                Some(rq) => match inner.arena.produce(&rq, &inner.recv_entry(self.pd, wr)) {
                     Ok(true) => None,
                     Ok(false) => Some(VerbsError::NoMem),
                     Err(_) => Some(VerbsError::Inval),
@@ -897,6 +991,7 @@ pub struct SharedReceiveQueue {
     srqn: u32,
     ring: RingDesc,
     max_sge: u32,
+    pd: PdId,
 }
 
 impl SharedReceiveQueue {
@@ -914,7 +1009,7 @@ impl SharedReceiveQueue {
             let err = if wr.sg_list.len() > self.max_sge as usize {
                 Some(VerbsError::Inval)
             } else {
-                match inner.arena.produce(&self.ring, &wr) {
+                match inner.arena.produce(&self.ring, &inner.recv_entry(self.pd, wr)) {
                     Ok(true) => None,
                     Ok(false) => Some(VerbsError::NoMem),
                     Err(_) => Some(VerbsError::Inval),
@@ -962,7 +1057,7 @@ impl XrcDomain {
     pub fn create_srq(&self, pd: &ProtectionDomain, cq: &CompletionQueue, attr: SrqAttr) -> Result<SharedReceiveQueue> {
         match self.ctx.inner.call(Request::CreateXrcSrq { xrcd: self.id, pd: pd.id, cq: cq.id, attr })? {
             Response::Srq { srqn, ring } => {
-                Ok(SharedReceiveQueue { ctx: self.ctx.clone(), srqn, ring, max_sge: attr.max_sge })
+                Ok(SharedReceiveQueue { ctx: self.ctx.clone(), srqn, ring, max_sge: attr.max_sge, pd: pd.id })
             }
             _ => unexpected(),
         }

@@ -447,7 +447,7 @@ fn ipv6_device_runs_rc_and_ud() {
 }
 
 #[test]
-fn small_sends_are_gathered_at_post_without_reaching_into_the_client() {
+fn sends_are_gathered_at_post_and_scattered_at_poll_without_reaching_into_the_client() {
     let (da, db) = (device("ga2", A, 47922, ""), device("gb2", B, 47922, ""));
     let (mut a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
     connect(&a, &b, Mtu::Mtu1024);
@@ -468,6 +468,10 @@ fn small_sends_are_gathered_at_post_without_reaching_into_the_client() {
     }
     let (_, io, _) = da.counters();
     assert_eq!(io.memory_reads, 0, "the sender's device never read the client: {io:?}");
+    // ...and the receiver's device never wrote it: the data waited in the staging area and the
+    // client scattered it into its buffers when it polled (design D3).
+    let (_, io, _) = db.counters();
+    assert_eq!(io.memory_writes, 0, "the receiver's device never wrote the client: {io:?}");
     // A larger message, or one whose lkey this process does not know, is read by the device.
     a.qp.post_send(vec![SendWr::new(99, SendOp::Send, vec![a.mr.sge(0..4096)])]).unwrap();
     b.qp.post_recv(vec![RecvWr { wr_id: 99, sg_list: vec![b.mr.sge(0..4096)] }]).unwrap();
@@ -532,4 +536,26 @@ fn memory_window_type_2_bound_and_used_remotely() {
     let w = SendOp::Write { remote_addr: region.addr() + 4096 + 60, rkey: new_rkey };
     a.qp.post_send(vec![SendWr::new(3, w, vec![a.mr.sge(0..8)])]).unwrap();
     assert_eq!(one(&a.cq).status, WcStatus::RemAccessErr);
+}
+
+#[test]
+fn staged_receives_keep_the_error_semantics() {
+    let d = device("se", A, 47925, "");
+    let (a, b) = (side(&d, QpType::Rc), side(&d, QpType::Rc));
+    connect(&a, &b, Mtu::Mtu1024);
+    // Too small a buffer: the staged receive is as long as the posted SGEs, so the message
+    // does not fit and completes with IBV_WC_LOC_LEN_ERR.
+    b.qp.post_recv(vec![RecvWr { wr_id: 1, sg_list: vec![b.mr.sge(0..8)] }]).unwrap();
+    a.qp.post_send(vec![SendWr::new(2, SendOp::Send, vec![a.mr.sge(0..64)])]).unwrap();
+    let r = one(&b.cq);
+    assert_eq!((r.wr_id, r.status), (1, WcStatus::LocLenErr));
+    // A receive SGE with an lkey this process never registered is not staged: the engine sees it
+    // and reports a local protection error, as an HCA would.
+    let (a, b) = (side(&d, QpType::Rc), side(&d, QpType::Rc));
+    connect(&a, &b, Mtu::Mtu1024);
+    let bad = Sge { addr: b.mr.addr(), length: 64, lkey: b.mr.lkey() ^ 0x100 };
+    b.qp.post_recv(vec![RecvWr { wr_id: 3, sg_list: vec![bad] }]).unwrap();
+    a.qp.post_send(vec![SendWr::new(4, SendOp::Send, vec![a.mr.sge(0..64)])]).unwrap();
+    let r = one(&b.cq);
+    assert_eq!((r.wr_id, r.status), (3, WcStatus::LocProtErr));
 }

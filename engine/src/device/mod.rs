@@ -623,6 +623,15 @@ impl<M: Memory> Device<M> {
         c.entries.drain(..n).collect()
     }
 
+    /// Whether a local SGE lies in a memory region of `pd` that grants `access`: the check the
+    /// engine makes when it uses the SGE (a device that redirects a receive checks it first).
+    pub fn sge_ok(&self, pd: PdId, sge: &crate::wr::Sge, access: Access) -> bool {
+        self.mrs
+            .get(&(sge.lkey >> 8))
+            .filter(|m| m.lkey == sge.lkey)
+            .is_some_and(|m| m.pd == pd && m.contains(sge.addr, u64::from(sge.length)) && m.access.contains(access))
+    }
+
     /// What a completion channel needs to know about a CQ: completions added since it was
     /// created, how many of those a solicited-only request fires for, and how many it holds now.
     pub fn cq_counts(&self, cq: CqId) -> Option<CqCounts> {
