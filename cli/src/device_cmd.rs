@@ -209,6 +209,7 @@ pub(crate) fn stat(name: &str, json: bool) -> Result<ExitCode> {
         ("memory_faults", io.memory_faults),
         ("memory_reads", io.memory_reads),
         ("memory_writes", io.memory_writes),
+        ("memory_helper_ops", io.memory_helper_ops),
         ("clients", io.clients),
     ];
     if json {

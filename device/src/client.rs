@@ -81,15 +81,22 @@ impl Connection {
             unsafe { libc::prctl(libc::PR_SET_PTRACER, cred.pid() as libc::c_ulong, 0, 0, 0) };
         }
         static PROBE_WORD: u64 = proto::PROBE;
-        let hello = Request::Hello {
-            version: VERSION,
-            pid: std::process::id() as i32,
-            probe: std::ptr::addr_of!(PROBE_WORD) as u64,
-        };
+        // SOFTRDMA_MEMORY_HELPER=1 pretends the kernel refuses cross-process access (an
+        // unreadable probe), to exercise the fallback where it does not.
+        let forced = std::env::var_os("SOFTRDMA_MEMORY_HELPER").is_some_and(|v| v == "1");
+        let probe = if forced { 0 } else { std::ptr::addr_of!(PROBE_WORD) as u64 };
+        let hello = Request::Hello { version: VERSION, pid: std::process::id() as i32, probe };
         proto::send(&sock, &hello, &[])?;
         let (resp, mut fds) = proto::recv::<Response>(&sock)?;
         match resp {
-            Response::Hello { owner, info, release } if fds.len() == 3 => {
+            Response::Hello { owner, info, release, memory_helper } if fds.len() == 3 + usize::from(memory_helper) => {
+                if memory_helper {
+                    let helper = UnixStream::from(fds.remove(3));
+                    std::thread::Builder::new()
+                        .name("softrdma-memory".into())
+                        .spawn(move || crate::memory::serve_helper(helper))
+                        .map_err(|e| ClientError::Lost(ProtoError::Io(e)))?;
+                }
                 let (event_fd, arena_fd) = (fds.remove(0), fds.remove(0));
                 let doorbell = fds.remove(0);
                 Ok(Connection { sock: Mutex::new(sock), owner, info, event_fd, arena_fd, doorbell, release })

@@ -168,6 +168,13 @@ pub struct Attached {
     pub release: RingDesc,
 }
 
+impl Hca {
+    /// Reaches a client's memory through its helper (the kernel refused process_vm_readv).
+    pub fn use_memory_helper(&self, owner: u32, sock: std::os::unix::net::UnixStream) {
+        self.shared.lock().dev.memory().attach_helper(owner, sock);
+    }
+}
+
 struct Channel {
     fd: Arc<EventFd>,
     events: VecDeque<CqId>,
@@ -1205,6 +1212,7 @@ impl State {
             memory_faults: self.dev.memory().faults,
             memory_reads: self.dev.memory().reads,
             memory_writes: self.dev.memory().writes,
+            memory_helper_ops: self.dev.memory().helper_ops,
             // The asking client does not count itself.
             clients: self.clients.len().saturating_sub(1) as u64,
         }

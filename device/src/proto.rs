@@ -22,6 +22,35 @@ pub use crate::arena::RingDesc;
 /// The protocol version; `Hello` with another one is refused.
 pub const VERSION: u32 = 2;
 
+/// A request of the device to a client's memory helper (the fallback of design D3 where the
+/// kernel refuses cross-process access: the client serves its own memory on a socket pair).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum MemOp {
+    /// Read `len` bytes at `addr`.
+    Read {
+        /// Address.
+        addr: u64,
+        /// Bytes.
+        len: u32,
+    },
+    /// Write bytes at `addr`.
+    Write {
+        /// Address.
+        addr: u64,
+        /// Bytes.
+        data: Vec<u8>,
+    },
+}
+
+/// The helper's answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum MemReply {
+    /// Done (the bytes read, or nothing for a write).
+    Ok(Vec<u8>),
+    /// The address is not this process's.
+    Fault,
+}
+
 /// What a client's probe word holds.
 pub const PROBE: u64 = 0x7072_6f62_6553_5244;
 
@@ -305,6 +334,10 @@ pub enum Response {
         info: DeviceInfo,
         /// The ring on which the client gives staging space back (entries `(offset, bytes)`).
         release: RingDesc,
+        /// The device cannot reach this client's memory (the kernel refused process_vm_readv):
+        /// a fourth fd travels with the answer, a socket on which the client must serve
+        /// [`MemOp`]s from a thread of its own.
+        memory_helper: bool,
     },
     /// A PD.
     Pd(PdId),
@@ -380,6 +413,8 @@ pub struct IoStats {
     pub memory_reads: u64,
     /// Writes of client memory across processes (process_vm_writev).
     pub memory_writes: u64,
+    /// Of those reads and writes, the ones a client's memory helper served.
+    pub memory_helper_ops: u64,
     /// Attached clients (other than the one asking).
     pub clients: u64,
 }

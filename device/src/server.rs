@@ -71,19 +71,28 @@ pub fn serve_client(hca: &Hca, sock: UnixStream) {
     };
     let pid = cred.pid();
     // The device reaches one-sided RDMA targets and receive buffers in the client's memory with
-    // process_vm_readv/writev; if the kernel refuses (Yama ptrace_scope 2/3, a non-dumpable
-    // process, seccomp), say so now rather than fail every transfer later.
-    if !crate::memory::can_reach(pid, probe) {
-        tracing::warn!(pid, "refused a client whose memory the device cannot reach (process_vm_readv)");
-        let _ = proto::send(&sock, &Response::Err(VerbsError::Access), &[]);
-        return;
-    }
+    // process_vm_readv/writev; where the kernel refuses (Yama ptrace_scope 2/3, a non-dumpable
+    // process, seccomp), the client serves its memory itself from a helper thread on a socket
+    // pair (design D3's fallback; slower: a round trip per access).
+    let helper = !crate::memory::can_reach(pid, probe);
     let Ok(pidfd) = pidfd_open(pid) else { return };
     let Ok(a) = hca.attach(pid) else { return };
     let owner = a.owner;
-    let hello = Response::Hello { owner, info: hca.info().clone(), release: a.release };
-    let fds = [a.event_fd.as_raw_fd(), a.arena.as_raw_fd(), a.doorbell.as_raw_fd()];
+    let mut fds = vec![a.event_fd.as_raw_fd(), a.arena.as_raw_fd(), a.doorbell.as_raw_fd()];
+    let mut client_end = None;
+    if helper {
+        let Ok((mine, theirs)) = UnixStream::pair() else {
+            hca.detach(owner);
+            return;
+        };
+        tracing::info!(pid, "the kernel refuses cross-process access to this client: using its memory helper");
+        hca.use_memory_helper(owner, mine);
+        fds.push(theirs.as_raw_fd());
+        client_end = Some(theirs);
+    }
+    let hello = Response::Hello { owner, info: hca.info().clone(), release: a.release, memory_helper: helper };
     if proto::send(&sock, &hello, &fds).is_ok() {
+        drop(client_end);
         drop(a);
         serve_calls(hca, owner, &sock, &pidfd);
     }
@@ -151,12 +160,14 @@ mod tests {
         assert!(matches!(proto::recv::<Response>(&a), Err(proto::ProtoError::Closed)));
         static P: u64 = proto::PROBE;
         let probe = std::ptr::addr_of!(P) as u64;
-        // A probe address the device cannot read is refused (EACCES), attaching nothing.
+        // A probe address the device cannot read: the client gets a memory helper socket.
         let (a, b) = UnixStream::pair().unwrap();
         let h = hca.clone();
         let t = std::thread::spawn(move || serve_client(&h, b));
         proto::send(&a, &Request::Hello { version: VERSION, pid: 0, probe: 8 }, &[]).unwrap();
-        assert!(matches!(proto::recv::<Response>(&a).unwrap().0, Response::Err(VerbsError::Access)));
+        let (r, fds) = proto::recv::<Response>(&a).unwrap();
+        assert!(matches!(r, Response::Hello { memory_helper: true, .. }) && fds.len() == 4, "{r:?}");
+        drop(a);
         t.join().unwrap();
         // The right version with a readable probe is served.
         let (a, b) = UnixStream::pair().unwrap();
@@ -164,7 +175,7 @@ mod tests {
         let t = std::thread::spawn(move || serve_client(&h, b));
         proto::send(&a, &Request::Hello { version: VERSION, pid: 0, probe }, &[]).unwrap();
         let (r, fds) = proto::recv::<Response>(&a).unwrap();
-        assert!(matches!(r, Response::Hello { .. }) && fds.len() == 3, "{r:?}");
+        assert!(matches!(r, Response::Hello { memory_helper: false, .. }) && fds.len() == 3, "{r:?}");
         proto::send(&a, &Request::AllocPd, &[]).unwrap();
         assert!(matches!(proto::recv::<Response>(&a).unwrap().0, Response::Pd(_)));
         assert_eq!(hca.stats().1.clients, 1);

@@ -305,6 +305,21 @@ impl Context {
         Ok(Context { inner: Arc::new(Inner::new(backend, info, a.arena, a.doorbell, a.release)?) })
     }
 
+    /// A context on a device in this process whose memory the device reaches only through a
+    /// helper thread of this context (the fallback for processes the kernel guards against
+    /// cross-process access; here to exercise it).
+    pub fn embedded_with_memory_helper(hca: &Arc<Hca>) -> Result<Context> {
+        let ctx = Context::embedded(hca)?;
+        let Backend::Embedded { owner, .. } = &ctx.inner.backend else { return unexpected() };
+        let (mine, theirs) = std::os::unix::net::UnixStream::pair().map_err(|_| VerbsError::NoMem)?;
+        std::thread::Builder::new()
+            .name("softrdma-memory".into())
+            .spawn(move || crate::memory::serve_helper(theirs))
+            .map_err(|_| VerbsError::NoMem)?;
+        hca.use_memory_helper(*owner, mine);
+        Ok(ctx)
+    }
+
     /// The device.
     pub fn info(&self) -> &DeviceInfo {
         &self.inner.info

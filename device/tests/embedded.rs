@@ -559,3 +559,51 @@ fn staged_receives_keep_the_error_semantics() {
     let r = one(&b.cq);
     assert_eq!((r.wr_id, r.status), (3, WcStatus::LocProtErr));
 }
+
+#[test]
+fn a_client_the_kernel_guards_is_served_through_its_memory_helper() {
+    // Where the kernel refuses process_vm_readv/writev on a client, the device reaches the
+    // client's memory through a helper thread of the client (design D3's fallback).
+    let (da, db) = (device("ha", A, 47926, ""), device("hb", B, 47926, ""));
+    let side_h = |hca: &Arc<Hca>, t: QpType| {
+        let ctx = Context::embedded_with_memory_helper(hca).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64, None).unwrap();
+        let qp = pd.qp_builder(t, &cq).build().unwrap();
+        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+        let mr = pd.alloc_mr(1 << 17, access).unwrap();
+        Side { _ctx: ctx, _pd: pd, cq, qp, mr }
+    };
+    let (mut a, b) = (side_h(&da, QpType::Rc), side_h(&db, QpType::Rc));
+    connect(&a, &b, Mtu::Mtu4096);
+    // WRITE and READ of 8 KiB (larger than what is gathered or staged: the helper moves them),
+    // an atomic, and a SEND of 100 KiB (not staged: over 64 KiB).
+    let data = pattern(8192, 5);
+    a.mr.as_mut_slice()[..8192].copy_from_slice(&data);
+    let w = SendOp::Write { remote_addr: b.mr.addr() + 16384, rkey: b.mr.rkey() };
+    a.qp.post_send(vec![SendWr::new(1, w, vec![a.mr.sge(0..8192)])]).unwrap();
+    assert_eq!(one(&a.cq).status, WcStatus::Success);
+    assert_eq!(&b.mr.as_slice()[16384..24576], &data[..]);
+    let r = SendOp::Read { remote_addr: b.mr.addr() + 16384, rkey: b.mr.rkey() };
+    a.qp.post_send(vec![SendWr::new(2, r, vec![a.mr.sge(32768..40960)])]).unwrap();
+    assert_eq!(one(&a.cq).status, WcStatus::Success);
+    assert_eq!(&a.mr.as_slice()[32768..40960], &data[..]);
+    let fa = SendOp::FetchAdd { remote_addr: b.mr.addr(), rkey: b.mr.rkey(), add: 3 };
+    a.qp.post_send(vec![SendWr::new(3, fa, vec![a.mr.sge(0..8)])]).unwrap();
+    assert_eq!(one(&a.cq).status, WcStatus::Success);
+    assert_eq!(u64::from_ne_bytes(b.mr.as_slice()[..8].try_into().unwrap()), 3);
+    let big = pattern(100_000, 9);
+    a.mr.as_mut_slice()[..100_000].copy_from_slice(&big);
+    b.qp.post_recv(vec![RecvWr { wr_id: 4, sg_list: vec![b.mr.sge(0..100_000)] }]).unwrap();
+    a.qp.post_send(vec![SendWr::new(5, SendOp::Send, vec![a.mr.sge(0..100_000)])]).unwrap();
+    assert_eq!(one(&b.cq).byte_len, 100_000);
+    assert_eq!(&b.mr.as_slice()[..100_000], &big[..]);
+    let (sa, sb) = (da.stats().1, db.stats().1);
+    assert!(sa.memory_reads > 0 && sb.memory_writes > 0, "{sa:?} {sb:?}");
+    assert_eq!(
+        (sa.memory_helper_ops, sb.memory_helper_ops),
+        (sa.memory_reads + sa.memory_writes, sb.memory_reads + sb.memory_writes),
+        "every access went through the helpers"
+    );
+    assert_eq!((sa.memory_faults, sb.memory_faults), (0, 0));
+}
