@@ -262,3 +262,46 @@ fn demo_runs_rc_ud_and_xrc_between_two_daemons_and_checks_everything() {
         assert!(Path::new(c["path"].as_str().unwrap()).exists());
     }
 }
+
+#[test]
+fn concurrent_ups_of_one_device_start_one_daemon() {
+    let (_base, rt) = rtdir();
+    let rt = rt.as_path();
+    let kids: Vec<_> = (0..4)
+        .map(|_| cmd(rt).args(["up", "r1", "--addr", "127.0.0.1", "--port", "47934"]).output())
+        .map(|o| o.unwrap())
+        .collect();
+    // (Started one after another above would not race; start them together:)
+    let racing: Vec<_> = (0..4)
+        .map(|_| {
+            cmd(rt)
+                .args(["up", "r2", "--addr", "127.0.0.2", "--port", "47934"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outs: Vec<Output> = racing.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    let _g1 = Up(rt, "r1");
+    let _g2 = Up(rt, "r2");
+    for o in kids.iter().chain(&outs) {
+        assert!(o.status.success(), "{}", text(o));
+    }
+    // Every `up` reports the same daemon.
+    let pids: std::collections::BTreeSet<String> = outs
+        .iter()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split("pid ")
+                .nth(1)
+                .unwrap_or("")
+                .trim()
+                .trim_end_matches(')')
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(pids.len(), 1, "{pids:?}");
+    let o = run(rt, &["list", "--json"]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout).lines().count(), 2);
+}
