@@ -568,6 +568,44 @@ fn run(sh: &Shared) {
     }
 }
 
+/// A staged receive that the engine did not take (it stays in the ring, or is dropped): neither
+/// is its staging.
+fn unstage(staging: &mut Allocator, staged: &mut HashMap<u64, (usize, u32)>, token: u64) {
+    if let Some((off, len)) = staged.remove(&token) {
+        staging.free(off, len as usize);
+    }
+}
+
+/// Moves one ring's entries into the engine through `post`: a full engine queue stops it with the
+/// rest left in the ring (`backlog`), a refused entry is counted and dropped, an entry that does
+/// not decode stops it and marks the client `bad`. Returns how many entries were taken.
+fn drain<E: for<'de> serde::Deserialize<'de>>(
+    arena: &Arena,
+    ring: &RingDesc,
+    io: &mut IoCounters,
+    backlog: &mut bool,
+    bad: &mut bool,
+    mut post: impl FnMut(E) -> Result<(), VerbsError>,
+) -> usize {
+    arena.consume::<E>(ring, usize::MAX, |v| match v {
+        Some(e) => match post(e) {
+            Err(VerbsError::NoMem) => {
+                *backlog = true;
+                false
+            }
+            r => {
+                io.ring_rejected += u64::from(r.is_err());
+                true
+            }
+        },
+        None => {
+            io.ring_malformed += 1;
+            *bad = true;
+            false
+        }
+    })
+}
+
 /// A receive the client asked to stage gets one SGE over a fresh piece of the staging area
 /// instead of its own, once its own SGEs pass the engine's checks (otherwise the engine sees them
 /// as they are, and reports what is wrong as it would); the staging is remembered by token.
@@ -1277,85 +1315,22 @@ impl State {
             // area instead of its own, once its own SGEs pass the engine's checks (otherwise the
             // engine sees them as they are, and reports what is wrong as it would).
             for (q, r) in rq.iter() {
-                moved += arena.consume::<RecvEntry>(r, usize::MAX, |v| match v {
-                    Some(e) => {
-                        let token = e.wr.wr_id;
-                        let wr = redirect(dev, qp_pd.get(q).copied(), e, staging, staged, stage_mrs);
-                        let r = dev.post_recv(*q, wr);
-                        if r.is_err() {
-                            // Not taken (the entry stays in the ring, or is dropped): neither
-                            // is its staging.
-                            if let Some((off, len)) = staged.remove(&token) {
-                                staging.free(off, len as usize);
-                            }
-                        }
-                        match r {
-                            Err(VerbsError::NoMem) => {
-                                backlog = true;
-                                false
-                            }
-                            r => {
-                                io.ring_rejected += u64::from(r.is_err());
-                                true
-                            }
-                        }
-                    }
-                    None => {
-                        io.ring_malformed += 1;
-                        bad = true;
-                        false
-                    }
+                moved += drain(arena, r, io, &mut backlog, &mut bad, |e: RecvEntry| {
+                    let token = e.wr.wr_id;
+                    let wr = redirect(dev, qp_pd.get(q).copied(), e, staging, staged, stage_mrs);
+                    dev.post_recv(*q, wr).inspect_err(|_| unstage(staging, staged, token))
                 });
             }
             for (s, r) in srq_rings.iter() {
-                moved += arena.consume::<RecvEntry>(r, usize::MAX, |v| match v {
-                    Some(e) => {
-                        let token = e.wr.wr_id;
-                        let wr = redirect(dev, srq_pd.get(s).copied(), e, staging, staged, stage_mrs);
-                        let r = dev.post_srq_recv(*s, wr);
-                        if r.is_err() {
-                            // Not taken (the entry stays in the ring, or is dropped): neither
-                            // is its staging.
-                            if let Some((off, len)) = staged.remove(&token) {
-                                staging.free(off, len as usize);
-                            }
-                        }
-                        match r {
-                            Err(VerbsError::NoMem) => {
-                                backlog = true;
-                                false
-                            }
-                            r => {
-                                io.ring_rejected += u64::from(r.is_err());
-                                true
-                            }
-                        }
-                    }
-                    None => {
-                        io.ring_malformed += 1;
-                        bad = true;
-                        false
-                    }
+                moved += drain(arena, r, io, &mut backlog, &mut bad, |e: RecvEntry| {
+                    let token = e.wr.wr_id;
+                    let wr = redirect(dev, srq_pd.get(s).copied(), e, staging, staged, stage_mrs);
+                    dev.post_srq_recv(*s, wr).inspect_err(|_| unstage(staging, staged, token))
                 });
             }
             for (q, r) in sq.iter() {
-                moved += arena.consume::<SendEntry>(r, usize::MAX, |v| match v {
-                    Some(e) => match dev.post_send_inline(*q, e.wr, e.data) {
-                        Err(VerbsError::NoMem) => {
-                            backlog = true;
-                            false
-                        }
-                        r => {
-                            io.ring_rejected += u64::from(r.is_err());
-                            true
-                        }
-                    },
-                    None => {
-                        io.ring_malformed += 1;
-                        bad = true;
-                        false
-                    }
-                });
+                moved +=
+                    drain(arena, r, io, &mut backlog, &mut bad, |e: SendEntry| dev.post_send_inline(*q, e.wr, e.data));
             }
             c.backlog = backlog;
             if bad {

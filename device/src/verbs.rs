@@ -166,6 +166,54 @@ impl Inner {
         wc
     }
 
+    /// Posts a list onto a ring: each request is checked and encoded by `prepare` (its error
+    /// is the post's), a full ring is ENOMEM; on an error the requests before `index` were
+    /// posted, and `undo` takes back what `prepare` did for the one that was not. One doorbell
+    /// for the list.
+    fn post_list<W, E: serde::Serialize>(
+        &self,
+        ring: Option<RingDesc>,
+        wrs: Vec<W>,
+        mut prepare: impl FnMut(W) -> std::result::Result<E, VerbsError>,
+        mut undo: impl FnMut(&E),
+    ) -> Result<()> {
+        let mut r = Ok(());
+        let mut n = 0;
+        for (index, wr) in wrs.into_iter().enumerate() {
+            let err = match (ring, prepare(wr)) {
+                (None, _) => Some(VerbsError::Inval),
+                (_, Err(e)) => Some(e),
+                (Some(ring), Ok(e)) => {
+                    let err = match self.arena.produce(&ring, &e) {
+                        Ok(true) => None,
+                        Ok(false) => Some(VerbsError::NoMem),
+                        Err(_) => Some(VerbsError::Inval),
+                    };
+                    if err.is_some() {
+                        undo(&e);
+                    }
+                    err
+                }
+            };
+            if let Some(err) = err {
+                r = Err(Error::Post { err, index });
+                break;
+            }
+            n += 1;
+        }
+        if n > 0 {
+            self.ring_doorbell();
+        }
+        r
+    }
+
+    /// Forgets the staging of a receive that was not posted.
+    fn unstage(&self, e: &RecvEntry) {
+        if e.stage {
+            self.staged_lock().remove(&e.wr.wr_id);
+        }
+    }
+
     fn staged_lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, (u64, Vec<Sge>)>> {
         self.staged.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -929,58 +977,20 @@ impl QueuePair {
     /// `ibv_post_send` of a list, onto the send queue's ring in shared memory (no system call
     /// but the doorbell). On an error the requests before `index` were posted.
     pub fn post_send(&self, wrs: Vec<SendWr>) -> Result<()> {
-        let inner = &self.ctx.inner;
-        let Some(sq) = self.sq else { return Err(Error::Post { err: VerbsError::Inval, index: 0 }) };
-        let mut r = Ok(());
-        let mut n = 0;
-        for (index, wr) in wrs.into_iter().enumerate() {
-            let err = match self.check_send(&wr) {
-                Err(e) => Some(e),
-                Ok(data) => match inner.arena.produce(&sq, &SendEntry { wr, data }) {
-                    Ok(true) => None,
-                    Ok(false) => Some(VerbsError::NoMem),
-                    Err(_) => Some(VerbsError::Inval),
-                },
-            };
-            if let Some(err) = err {
-                r = Err(Error::Post { err, index });
-                break;
-            }
-            n += 1;
-        }
-        if n > 0 {
-            inner.ring_doorbell();
-        }
-        r
+        self.ctx.inner.post_list(self.sq, wrs, |wr| Ok(SendEntry { data: self.check_send(&wr)?, wr }), |_| {})
     }
 
     /// `ibv_post_recv` of a list, onto the receive queue's ring: EINVAL in RESET, for a QP
     /// without a receive queue of its own (SRQ, XRC) or too many SGEs; ENOMEM when full.
     pub fn post_recv(&self, wrs: Vec<RecvWr>) -> Result<()> {
         let inner = &self.ctx.inner;
-        let mut r = Ok(());
-        let mut n = 0;
-        for (index, wr) in wrs.into_iter().enumerate() {
-            let err = match self.rq {
-                None => Some(VerbsError::Inval),
-                Some(_) if self.cached_state() == QpState::Reset => Some(VerbsError::Inval),
-                Some(_) if wr.sg_list.len() > self.caps.max_recv_sge as usize => Some(VerbsError::Inval),
-                Some(rq) => match inner.arena.produce(&rq, &inner.recv_entry(self.pd, wr)) {
-                    Ok(true) => None,
-                    Ok(false) => Some(VerbsError::NoMem),
-                    Err(_) => Some(VerbsError::Inval),
-                },
-            };
-            if let Some(err) = err {
-                r = Err(Error::Post { err, index });
-                break;
+        let prepare = |wr: RecvWr| {
+            if self.cached_state() == QpState::Reset || wr.sg_list.len() > self.caps.max_recv_sge as usize {
+                return Err(VerbsError::Inval);
             }
-            n += 1;
-        }
-        if n > 0 {
-            inner.ring_doorbell();
-        }
-        r
+            Ok(inner.recv_entry(self.pd, wr))
+        };
+        inner.post_list(self.rq, wrs, prepare, |e| inner.unstage(e))
     }
 
     /// `ibv_attach_mcast` (UD).
@@ -1018,29 +1028,15 @@ impl SharedReceiveQueue {
     /// when the queue is full.
     pub fn post_recv(&self, wrs: Vec<RecvWr>) -> Result<()> {
         let inner = &self.ctx.inner;
-        let mut r = Ok(());
-        let mut n = 0;
-        for (index, wr) in wrs.into_iter().enumerate() {
-            let err = if wr.sg_list.len() > self.max_sge as usize {
-                Some(VerbsError::Inval)
-            } else {
-                match inner.arena.produce(&self.ring, &inner.recv_entry(self.pd, wr)) {
-                    Ok(true) => None,
-                    Ok(false) => Some(VerbsError::NoMem),
-                    Err(_) => Some(VerbsError::Inval),
-                }
-            };
-            if let Some(err) = err {
-                r = Err(Error::Post { err, index });
-                break;
+        let prepare = |wr: RecvWr| {
+            if wr.sg_list.len() > self.max_sge as usize {
+                return Err(VerbsError::Inval);
             }
-            n += 1;
-        }
-        if n > 0 {
-            inner.ring_doorbell();
-        }
-        r
+            Ok(inner.recv_entry(self.pd, wr))
+        };
+        inner.post_list(Some(self.ring), wrs, prepare, |e| inner.unstage(e))
     }
+
     /// `ibv_modify_srq` with IBV_SRQ_LIMIT.
     pub fn set_limit(&self, limit: u32) -> Result<()> {
         self.ctx.inner.call(Request::ModifySrq { srqn: self.srqn, limit })?;
