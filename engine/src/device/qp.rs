@@ -495,6 +495,25 @@ impl Qp {
         ctx.complete(cq, wc);
     }
 
+    /// The successful receive completion of the message whose last packet is `pkt`: its
+    /// immediate data, and the Solicited Event bit for completion channels (IBTA 11.4.2.2).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn complete_message<M: Memory>(
+        &self,
+        ctx: &mut Ctx<'_, M>,
+        pkt: &IbPacket<&[u8]>,
+        cq: Option<CqId>,
+        wr_id: u64,
+        opcode: crate::verbs::WcOpcode,
+        byte_len: u32,
+        inv: Option<u32>,
+    ) {
+        let imm = pkt.immdt().map(|i| i.imm());
+        ctx.se = pkt.bth().solicited();
+        self.complete_recv(ctx, cq, wr_id, WcStatus::Success, opcode, byte_len, imm, inv);
+        ctx.se = false;
+    }
+
     /// `ibv_post_send`.
     pub(crate) fn post_send<M: Memory>(
         &mut self,

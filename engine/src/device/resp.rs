@@ -191,10 +191,7 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
                 }
                 qp.msn = qp.msn.wrapping_add(1);
                 ctx.counters.rdma_recvs += 1;
-                let imm = pkt.immdt().map(|i| i.imm());
-                ctx.se = pkt.bth().solicited();
-                qp.complete_recv(ctx, m.cq, wr.wr_id, WcStatus::Success, WcOpcode::Recv, m.offset, imm, inv);
-                ctx.se = false;
+                qp.complete_message(ctx, pkt, m.cq, wr.wr_id, WcOpcode::Recv, m.offset, inv);
             } else {
                 m.recv = Some(wr);
                 qp.in_msg = Some(m);
@@ -257,19 +254,7 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
                 qp.msn = qp.msn.wrapping_add(1);
                 if needs_recv {
                     if let Some(wr) = take_recv_from(qp, ctx, srq) {
-                        let imm = pkt.immdt().map(|i| i.imm());
-                        ctx.se = pkt.bth().solicited();
-                        qp.complete_recv(
-                            ctx,
-                            cq,
-                            wr.wr_id,
-                            WcStatus::Success,
-                            WcOpcode::RecvRdmaWithImm,
-                            len,
-                            imm,
-                            None,
-                        );
-                        ctx.se = false;
+                        qp.complete_message(ctx, pkt, cq, wr.wr_id, WcOpcode::RecvRdmaWithImm, len, None);
                     }
                 }
             } else {

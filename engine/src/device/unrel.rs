@@ -137,10 +137,7 @@ pub(crate) fn handle_uc<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPa
             if info.position.ends() {
                 qp.msn = qp.msn.wrapping_add(1);
                 ctx.counters.rdma_recvs += 1;
-                let imm = pkt.immdt().map(|i| i.imm());
-                ctx.se = pkt.bth().solicited();
-                qp.complete_recv(ctx, cq, wr.wr_id, WcStatus::Success, WcOpcode::Recv, m.offset, imm, None);
-                ctx.se = false;
+                qp.complete_message(ctx, pkt, cq, wr.wr_id, WcOpcode::Recv, m.offset, None);
             } else {
                 m.recv = Some(wr);
                 qp.in_msg = Some(m);
@@ -166,22 +163,9 @@ pub(crate) fn handle_uc<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPa
             m.offset += data.len() as u32;
             if info.position.ends() {
                 qp.msn = qp.msn.wrapping_add(1);
-                if let Some(imm) = pkt.immdt().map(|i| i.imm()) {
+                if pkt.immdt().is_some() {
                     match take_recv(qp, ctx) {
-                        Some(wr) => {
-                            ctx.se = pkt.bth().solicited();
-                            qp.complete_recv(
-                                ctx,
-                                cq,
-                                wr.wr_id,
-                                WcStatus::Success,
-                                WcOpcode::RecvRdmaWithImm,
-                                len,
-                                Some(imm),
-                                None,
-                            );
-                            ctx.se = false;
-                        }
+                        Some(wr) => qp.complete_message(ctx, pkt, cq, wr.wr_id, WcOpcode::RecvRdmaWithImm, len, None),
                         None => ctx.counters.dropped_messages += 1,
                     }
                 }
