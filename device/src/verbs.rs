@@ -301,6 +301,20 @@ impl Inner {
     }
 }
 
+/// Runs an object's destroy request now and reports the device's answer (EBUSY for one still in
+/// use, as uverbs does); on an error the object stays as it was. On success its `Drop` does not
+/// run (it would ask again); `release` gives back what it holds in this process.
+fn destroy_now<T>(obj: T, ctx: &Context, req: Request, release: impl FnOnce(&mut T)) -> std::result::Result<(), (T, Error)> {
+    match ctx.inner.call(req) {
+        Ok(_) => {
+            let mut me = std::mem::ManuallyDrop::new(obj);
+            release(&mut me);
+            Ok(())
+        }
+        Err(e) => Err((obj, e)),
+    }
+}
+
 fn unexpected<T>() -> Result<T> {
     Err(Error::Device(ClientError::Unexpected))
 }
@@ -465,6 +479,13 @@ pub struct ProtectionDomain {
 }
 
 impl ProtectionDomain {
+    /// `ibv_dealloc_pd`, reporting EBUSY while objects use it.
+    pub fn destroy(self) -> std::result::Result<(), (Self, Error)> {
+        let (ctx, req) = (self.ctx.clone(), Request::DeallocPd(self.id));
+        // SAFETY: `me` is never used again; its context is dropped exactly once.
+        destroy_now(self, &ctx, req, |me| unsafe { std::ptr::drop_in_place(&mut me.ctx) })
+    }
+
     /// The context.
     pub fn context(&self) -> &Context {
         &self.ctx
@@ -613,6 +634,13 @@ pub struct MemoryWindow {
 }
 
 impl MemoryWindow {
+    /// `ibv_dealloc_mw`, reporting the device's answer.
+    pub fn destroy(self) -> std::result::Result<(), (Self, Error)> {
+        let (ctx, req) = (self.ctx.clone(), Request::DeallocMw(self.rkey));
+        // SAFETY: `me` is never used again; its context is dropped exactly once.
+        destroy_now(self, &ctx, req, |me| unsafe { std::ptr::drop_in_place(&mut me.ctx) })
+    }
+
     /// The R_Key it was allocated with.
     pub fn rkey(&self) -> u32 {
         self.rkey
@@ -637,6 +665,22 @@ pub struct RawMr {
 }
 
 impl RawMr {
+    /// `ibv_dereg_mr`, reporting the device's answer.
+    pub fn destroy(self) -> std::result::Result<(), (Self, Error)> {
+        let (ctx, req) = (self.ctx.clone(), Request::DeregMr(self.keys.lkey));
+        // Out of the registry first, so no post gathers from memory about to be given back.
+        let entry = ctx.inner.mrs_lock().remove(&self.keys.lkey);
+        match destroy_now(self, &ctx, req, |me| unsafe { std::ptr::drop_in_place(&mut me.ctx) }) {
+            Ok(()) => Ok(()),
+            Err((me, e)) => {
+                if let Some(entry) = entry {
+                    ctx.inner.mrs_lock().insert(me.keys.lkey, entry);
+                }
+                Err((me, e))
+            }
+        }
+    }
+
     /// Keys.
     pub fn keys(&self) -> MrKeys {
         self.keys
@@ -658,6 +702,16 @@ pub struct CompletionChannel {
 }
 
 impl CompletionChannel {
+    /// `ibv_destroy_comp_channel`, reporting EBUSY while CQs use it.
+    pub fn destroy(self) -> std::result::Result<(), (Self, Error)> {
+        let (ctx, req) = (self.ctx.clone(), Request::DestroyCompChannel(self.id));
+        // SAFETY: `me` is never used again; its fields are dropped exactly once.
+        destroy_now(self, &ctx, req, |me| unsafe {
+            std::ptr::drop_in_place(&mut me.ctx);
+            std::ptr::drop_in_place(&mut me.fd);
+        })
+    }
+
     /// `ibv_get_cq_event`: waits up to `timeout` for the next CQ event; returns the CQ's id.
     pub fn get_cq_event(&self, timeout: Option<Duration>) -> Result<Option<CqId>> {
         let deadline = timeout.map(|t| Instant::now() + t);
@@ -696,6 +750,13 @@ pub struct CompletionQueue {
 }
 
 impl CompletionQueue {
+    /// `ibv_destroy_cq`, reporting EBUSY while QPs or SRQs use it.
+    pub fn destroy(self) -> std::result::Result<(), (Self, Error)> {
+        let (ctx, req) = (self.ctx.clone(), Request::DestroyCq(self.id));
+        // SAFETY: `me` is never used again; its context is dropped exactly once.
+        destroy_now(self, &ctx, req, |me| unsafe { std::ptr::drop_in_place(&mut me.ctx) })
+    }
+
     /// Its id (what CQ events name).
     pub fn id(&self) -> CqId {
         self.id
@@ -857,6 +918,31 @@ pub struct QueuePair {
 }
 
 impl QueuePair {
+    /// `ibv_destroy_qp` (for an XRC target QP handle: closes the handle, destroying the QP with
+    /// its last one), reporting the device's answer.
+    pub fn destroy(self) -> std::result::Result<(), (Self, Error)> {
+        let req = match self.handle {
+            Some(handle) => Request::DestroyQpHandle { qpn: self.qpn, handle },
+            None => Request::DestroyQp(self.qpn),
+        };
+        let ctx = self.ctx.clone();
+        // SAFETY: `me` is never used again; its fields are dropped exactly once.
+        destroy_now(self, &ctx, req, |me| unsafe {
+            std::ptr::drop_in_place(&mut me.ctx);
+            std::ptr::drop_in_place(&mut me.state);
+        })
+    }
+
+    /// For an XRC target QP: this process's handle on it (what its async events name).
+    pub fn handle(&self) -> Option<u32> {
+        self.handle
+    }
+
+    /// The QP's transport service.
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+
     /// QP number.
     pub fn qpn(&self) -> u32 {
         self.qpn.value()
@@ -998,6 +1084,17 @@ impl QueuePair {
         self.ctx.inner.call(Request::AttachMcast { qpn: self.qpn, group })?;
         Ok(())
     }
+
+    /// `ibv_detach_mcast` (UD).
+    pub fn detach_mcast(&self, group: IpAddr) -> Result<()> {
+        self.ctx.inner.call(Request::DetachMcast { qpn: self.qpn, group })?;
+        Ok(())
+    }
+
+    /// The capacities it was created with.
+    pub fn caps(&self) -> QpCaps {
+        self.caps
+    }
 }
 
 impl Drop for QueuePair {
@@ -1020,6 +1117,13 @@ pub struct SharedReceiveQueue {
 }
 
 impl SharedReceiveQueue {
+    /// `ibv_destroy_srq`, reporting the device's answer.
+    pub fn destroy(self) -> std::result::Result<(), (Self, Error)> {
+        let (ctx, req) = (self.ctx.clone(), Request::DestroySrq(self.srqn));
+        // SAFETY: `me` is never used again; its context is dropped exactly once.
+        destroy_now(self, &ctx, req, |me| unsafe { std::ptr::drop_in_place(&mut me.ctx) })
+    }
+
     /// `ibv_get_srq_num`: the number XRC senders name.
     pub fn srq_num(&self) -> u32 {
         self.srqn
@@ -1064,6 +1168,13 @@ pub struct XrcDomain {
 }
 
 impl XrcDomain {
+    /// `ibv_close_xrcd`, reporting EBUSY while objects of this process use it.
+    pub fn destroy(self) -> std::result::Result<(), (Self, Error)> {
+        let (ctx, req) = (self.ctx.clone(), Request::CloseXrcd(self.id));
+        // SAFETY: `me` is never used again; its context is dropped exactly once.
+        destroy_now(self, &ctx, req, |me| unsafe { std::ptr::drop_in_place(&mut me.ctx) })
+    }
+
     /// `ibv_create_srq_ex` of type XRC in this domain.
     pub fn create_srq(&self, pd: &ProtectionDomain, cq: &CompletionQueue, attr: SrqAttr) -> Result<SharedReceiveQueue> {
         match self.ctx.inner.call(Request::CreateXrcSrq { xrcd: self.id, pd: pd.id, cq: cq.id, attr })? {

@@ -1,0 +1,393 @@
+//! Completion channels and completion queues, including the extended CQ (`ibv_cq_ex`:
+//! start_poll / next_poll / end_poll and the `ibv_wc_read_*` accessors).
+
+use std::cell::UnsafeCell;
+use std::collections::VecDeque;
+use std::ffi::{c_int, c_void};
+use std::os::fd::{AsFd, AsRawFd};
+use std::time::Duration;
+
+use softrdma_device::verbs::{CompletionChannel, CompletionQueue, WcOpcode, WorkCompletion};
+
+use crate::context::{ctx_of, lock, nonblocking, Ctx};
+use crate::ffi;
+use crate::{errno_call, into_c, minus1_call, nonnull, ptr_call, Errno, EINVAL};
+
+/// A completion channel: its fd is readable while CQ events wait.
+#[repr(C)]
+pub(crate) struct Channel {
+    pub(crate) ch: ffi::ibv_comp_channel,
+    pub(crate) inner: Option<CompletionChannel>,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut ffi::ibv_context) -> *mut ffi::ibv_comp_channel {
+    ptr_call(|| {
+        let ctx = ctx_of(context)?;
+        let inner = ctx.dev.create_comp_channel()?;
+        let ch = ffi::ibv_comp_channel { context, fd: inner.as_fd().as_raw_fd(), refcnt: 0 };
+        Ok(into_c(Channel { ch, inner: Some(inner) }) as *mut ffi::ibv_comp_channel)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ffi::ibv_comp_channel) -> c_int {
+    errno_call(|| {
+        let c = nonnull(channel)?;
+        if c.refcnt > 0 {
+            return Err(Errno(libc::EBUSY));
+        }
+        crate::mem::destroy_obj(channel as *mut Channel, |c| &mut c.inner, |i| i.destroy())
+    })
+}
+
+/// Extended-poll state: the completions read from the ring and the one being looked at.
+#[derive(Default)]
+struct PollState {
+    pending: VecDeque<WorkCompletion>,
+    cur: Option<WorkCompletion>,
+}
+
+/// A completion queue. Its C structure is always an `ibv_cq_ex` (whose start is `ibv_cq`).
+#[repr(C)]
+pub(crate) struct Cq {
+    pub(crate) ex: ffi::ibv_cq_ex,
+    pub(crate) ctx: *const Ctx,
+    pub(crate) inner: Option<CompletionQueue>,
+    /// Which `ibv_wc_read_*` the program asked for (create_cq_ex wc_flags).
+    wc_flags: u64,
+    poll: UnsafeCell<PollState>,
+}
+
+pub(crate) fn cq_of<'a>(p: *mut ffi::ibv_cq) -> Result<&'a Cq, Errno> {
+    // SAFETY: every ibv_cq this library hands out is the first field of a Cq.
+    let cq = unsafe { (p as *mut Cq).as_ref() }.ok_or(EINVAL)?;
+    cq.inner.as_ref().ok_or(EINVAL)?;
+    Ok(cq)
+}
+
+impl Cq {
+    pub(crate) fn inner(&self) -> &CompletionQueue {
+        self.inner.as_ref().expect("checked by cq_of")
+    }
+}
+
+unsafe fn create(
+    context: *mut ffi::ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ffi::ibv_comp_channel,
+    comp_vector: c_int,
+    wc_flags: u64,
+) -> Result<*mut Cq, Errno> {
+    let ctx = ctx_of(context)?;
+    if cqe < 1 || cqe as u32 > ctx.info.limits.max_cqe || comp_vector < 0 || comp_vector >= 1 {
+        return Err(EINVAL);
+    }
+    let ch = match (channel as *mut Channel).as_mut() {
+        Some(c) => Some(c.inner.as_ref().ok_or(EINVAL)?),
+        None => None,
+    };
+    let inner = ctx.dev.create_cq(cqe as u32, ch)?;
+    if let Some(c) = channel.as_mut() {
+        c.refcnt += 1;
+    }
+    let mut ex = ffi::ibv_cq_ex { context, channel, cq_context, handle: inner.id().0, cqe, ..Default::default() };
+    fill_ex(&mut ex);
+    let cq = into_c(Cq { ex, ctx, inner: Some(inner), wc_flags, poll: Default::default() });
+    lock(&ctx.cqs).insert((*cq).inner().id().0, cq as usize);
+    Ok(cq)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_cq(
+    context: *mut ffi::ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ffi::ibv_comp_channel,
+    comp_vector: c_int,
+) -> *mut ffi::ibv_cq {
+    ptr_call(|| Ok(create(context, cqe, cq_context, channel, comp_vector, 0)? as *mut ffi::ibv_cq))
+}
+
+/// The completion fields `ibv_wc_read_*` can give here.
+const WC_FLAGS_SUPPORTED: u64 = (ffi::IBV_WC_EX_WITH_BYTE_LEN
+    | ffi::IBV_WC_EX_WITH_IMM
+    | ffi::IBV_WC_EX_WITH_QP_NUM
+    | ffi::IBV_WC_EX_WITH_SRC_QP
+    | ffi::IBV_WC_EX_WITH_SLID
+    | ffi::IBV_WC_EX_WITH_SL
+    | ffi::IBV_WC_EX_WITH_DLID_PATH_BITS) as u64;
+
+unsafe extern "C" fn create_cq_ex(context: *mut ffi::ibv_context, attr: *mut ffi::ibv_cq_init_attr_ex) -> *mut ffi::ibv_cq_ex {
+    ptr_call(|| {
+        let a = nonnull(attr)?;
+        if a.comp_mask & !(ffi::IBV_CQ_INIT_ATTR_MASK_FLAGS | ffi::IBV_CQ_INIT_ATTR_MASK_PD) != 0 {
+            return Err(EINVAL);
+        }
+        if a.comp_mask & ffi::IBV_CQ_INIT_ATTR_MASK_PD != 0 && !a.parent_domain.is_null() {
+            // Parent domains are not modelled.
+            return Err(Errno(libc::EOPNOTSUPP));
+        }
+        if a.wc_flags & !WC_FLAGS_SUPPORTED != 0 {
+            // Timestamps, CVLAN, flow tags, tag matching: no such hardware here.
+            return Err(Errno(libc::EOPNOTSUPP));
+        }
+        if a.comp_mask & ffi::IBV_CQ_INIT_ATTR_MASK_FLAGS != 0
+            && a.flags & !(ffi::IBV_CREATE_CQ_ATTR_SINGLE_THREADED | ffi::IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN) != 0
+        {
+            return Err(Errno(libc::EOPNOTSUPP));
+        }
+        let cq = create(context, a.cqe as c_int, a.cq_context, a.channel, a.comp_vector as c_int, a.wc_flags)?;
+        Ok(cq as *mut ffi::ibv_cq_ex)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ffi::ibv_cq) -> c_int {
+    errno_call(|| {
+        let c = cq_of(cq)?;
+        let (ctx, id, channel) = (&*c.ctx, c.inner().id().0, c.ex.channel);
+        crate::mem::destroy_obj(cq as *mut Cq, |c| &mut c.inner, |i| i.destroy())?;
+        lock(&ctx.cqs).remove(&id);
+        if let Some(ch) = channel.as_mut() {
+            ch.refcnt -= 1;
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ffi::ibv_cq, cqe: c_int) -> c_int {
+    errno_call(|| {
+        let c = cq_of(cq)?;
+        let ctx = &*c.ctx;
+        if cqe < 1 || cqe as u32 > ctx.info.limits.max_cqe {
+            return Err(EINVAL);
+        }
+        // The ring was sized at creation; resizing it in place is not built yet.
+        Err(Errno(libc::EOPNOTSUPP))
+    })
+}
+
+/// An `ibv_wc` from a softrdma completion.
+pub(crate) fn to_wc(w: &WorkCompletion) -> ffi::ibv_wc {
+    let mut flags = 0;
+    let mut un = ffi::ibv_wc__bindgen_ty_1 { imm_data: 0 };
+    if let Some(imm) = w.imm {
+        flags |= ffi::IBV_WC_WITH_IMM;
+        un.imm_data = imm.to_be();
+    } else if let Some(rkey) = w.invalidated_rkey {
+        flags |= ffi::IBV_WC_WITH_INV;
+        un.invalidated_rkey = rkey;
+    }
+    if w.grh {
+        flags |= ffi::IBV_WC_GRH;
+    }
+    ffi::ibv_wc {
+        wr_id: w.wr_id,
+        status: w.status as u32,
+        opcode: w.opcode as u32,
+        vendor_err: 0,
+        byte_len: w.byte_len,
+        __bindgen_anon_1: un,
+        qp_num: w.qp_num.value(),
+        src_qp: w.src_qp.value(),
+        wc_flags: flags,
+        pkey_index: 0,
+        slid: 0,
+        sl: 0,
+        dlid_path_bits: 0,
+    }
+}
+
+unsafe extern "C" fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::ibv_wc) -> c_int {
+    minus1_call(|| {
+        let c = cq_of(cq)?;
+        if n < 0 || (n > 0 && wc.is_null()) {
+            return Err(EINVAL);
+        }
+        let st = &mut *c.poll.get();
+        let mut k = 0usize;
+        // Completions an extended poll read but did not hand out come first.
+        while k < n as usize {
+            let Some(w) = st.pending.pop_front() else { break };
+            *wc.add(k) = to_wc(&w);
+            k += 1;
+        }
+        if k < n as usize {
+            for w in c.inner().poll((n as usize - k) as u32)? {
+                *wc.add(k) = to_wc(&w);
+                k += 1;
+            }
+        }
+        Ok(k as c_int)
+    })
+}
+
+unsafe extern "C" fn req_notify_cq(cq: *mut ffi::ibv_cq, solicited_only: c_int) -> c_int {
+    errno_call(|| {
+        let c = cq_of(cq)?;
+        if c.ex.channel.is_null() {
+            return Err(EINVAL);
+        }
+        c.inner().req_notify(solicited_only != 0)?;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_cq_event(
+    channel: *mut ffi::ibv_comp_channel,
+    cq: *mut *mut ffi::ibv_cq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    minus1_call(|| {
+        let ch = (channel as *mut Channel).as_ref().ok_or(EINVAL)?;
+        let inner = ch.inner.as_ref().ok_or(EINVAL)?;
+        let ctx = ctx_of(ch.ch.context)?;
+        let wait = if nonblocking(ch.ch.fd) { Some(Duration::ZERO) } else { None };
+        loop {
+            let Some(id) = inner.get_cq_event(wait)? else { return Err(Errno(libc::EAGAIN)) };
+            // An event for a CQ the program has destroyed since is dropped.
+            let Some(p) = lock(&ctx.cqs).get(&id.0).copied() else { continue };
+            let c = &*(p as *const Cq);
+            if let Some(out) = cq.as_mut() {
+                *out = p as *mut ffi::ibv_cq;
+            }
+            if let Some(out) = cq_context.as_mut() {
+                *out = c.ex.cq_context;
+            }
+            return Ok(0);
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ffi::ibv_cq, n: u32) {
+    if let Some(c) = cq.as_mut() {
+        c.comp_events_completed = c.comp_events_completed.wrapping_add(n);
+    }
+}
+
+pub(crate) fn fill_ops(v: &mut ffi::verbs_context) {
+    v.context.ops.poll_cq = Some(poll_cq);
+    v.context.ops.req_notify_cq = Some(req_notify_cq);
+    v.create_cq_ex = Some(create_cq_ex);
+}
+
+// The extended CQ: start_poll reads the first completion (ENOENT when none), next_poll the next,
+// end_poll ends the batch; the accessors read the current one.
+
+unsafe fn ex_cq<'a>(p: *mut ffi::ibv_cq_ex) -> &'a Cq {
+    &*(p as *const Cq)
+}
+
+unsafe fn advance(cq: *mut ffi::ibv_cq_ex) -> c_int {
+    let c = ex_cq(cq);
+    let st = &mut *c.poll.get();
+    if st.pending.is_empty() {
+        match c.inner().poll(16) {
+            Ok(ws) => st.pending.extend(ws),
+            Err(e) => return crate::errno_of(&e),
+        }
+    }
+    match st.pending.pop_front() {
+        Some(w) => {
+            (*cq).status = w.status as u32;
+            (*cq).wr_id = w.wr_id;
+            st.cur = Some(w);
+            0
+        }
+        None => {
+            st.cur = None;
+            libc::ENOENT
+        }
+    }
+}
+
+unsafe extern "C" fn start_poll(cq: *mut ffi::ibv_cq_ex, attr: *mut ffi::ibv_poll_cq_attr) -> c_int {
+    if let Some(a) = attr.as_ref() {
+        if a.comp_mask != 0 {
+            return libc::EINVAL;
+        }
+    }
+    advance(cq)
+}
+
+unsafe extern "C" fn next_poll(cq: *mut ffi::ibv_cq_ex) -> c_int {
+    advance(cq)
+}
+
+unsafe extern "C" fn end_poll(cq: *mut ffi::ibv_cq_ex) {
+    (*ex_cq(cq).poll.get()).cur = None;
+}
+
+unsafe fn cur(cq: *mut ffi::ibv_cq_ex) -> ffi::ibv_wc {
+    match &(*ex_cq(cq).poll.get()).cur {
+        Some(w) => to_wc(w),
+        None => ffi::ibv_wc::default(),
+    }
+}
+
+unsafe extern "C" fn read_opcode(cq: *mut ffi::ibv_cq_ex) -> ffi::ibv_wc_opcode {
+    cur(cq).opcode
+}
+unsafe extern "C" fn read_vendor_err(cq: *mut ffi::ibv_cq_ex) -> u32 {
+    cur(cq).vendor_err
+}
+unsafe extern "C" fn read_byte_len(cq: *mut ffi::ibv_cq_ex) -> u32 {
+    cur(cq).byte_len
+}
+unsafe extern "C" fn read_imm_data(cq: *mut ffi::ibv_cq_ex) -> u32 {
+    let w = cur(cq);
+    w.__bindgen_anon_1.imm_data
+}
+unsafe extern "C" fn read_qp_num(cq: *mut ffi::ibv_cq_ex) -> u32 {
+    cur(cq).qp_num
+}
+unsafe extern "C" fn read_src_qp(cq: *mut ffi::ibv_cq_ex) -> u32 {
+    cur(cq).src_qp
+}
+unsafe extern "C" fn read_wc_flags(cq: *mut ffi::ibv_cq_ex) -> u32 {
+    cur(cq).wc_flags
+}
+unsafe extern "C" fn read_slid(cq: *mut ffi::ibv_cq_ex) -> u32 {
+    u32::from(cur(cq).slid)
+}
+unsafe extern "C" fn read_sl(cq: *mut ffi::ibv_cq_ex) -> u8 {
+    cur(cq).sl
+}
+unsafe extern "C" fn read_dlid_path_bits(cq: *mut ffi::ibv_cq_ex) -> u8 {
+    cur(cq).dlid_path_bits
+}
+
+fn fill_ex(ex: &mut ffi::ibv_cq_ex) {
+    ex.start_poll = Some(start_poll);
+    ex.next_poll = Some(next_poll);
+    ex.end_poll = Some(end_poll);
+    ex.read_opcode = Some(read_opcode);
+    ex.read_vendor_err = Some(read_vendor_err);
+    ex.read_byte_len = Some(read_byte_len);
+    ex.read_imm_data = Some(read_imm_data);
+    ex.read_qp_num = Some(read_qp_num);
+    ex.read_src_qp = Some(read_src_qp);
+    ex.read_wc_flags = Some(read_wc_flags);
+    ex.read_slid = Some(read_slid);
+    ex.read_sl = Some(read_sl);
+    ex.read_dlid_path_bits = Some(read_dlid_path_bits);
+}
+
+/// Whether a completion is a receive (for tests of the conversion).
+#[allow(dead_code)]
+pub(crate) fn is_recv(w: &WorkCompletion) -> bool {
+    matches!(w.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
+}
+
+// Keep the field read: the flags say which accessors the program may call; all are served.
+impl Cq {
+    #[allow(dead_code)]
+    pub(crate) fn wc_flags(&self) -> u64 {
+        self.wc_flags
+    }
+}

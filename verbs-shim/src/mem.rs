@@ -1,0 +1,432 @@
+//! Protection domains, memory regions, memory windows, address handles and XRC domains.
+
+use std::ffi::{c_int, c_void};
+use std::fs::File;
+use std::mem::ManuallyDrop;
+use std::net::IpAddr;
+use std::os::fd::FromRawFd;
+
+use softrdma_device::verbs::{Access, MemoryWindow, ProtectionDomain, RawMr, SendOp, SendWr, XrcDomain};
+
+use crate::context::{ctx_of, Ctx};
+use crate::ffi;
+use crate::{errno_call, into_c, nonnull, ptr_call, Errno, EINVAL};
+
+/// A protection domain.
+#[repr(C)]
+pub(crate) struct Pd {
+    pub(crate) pd: ffi::ibv_pd,
+    pub(crate) inner: Option<ProtectionDomain>,
+}
+
+pub(crate) fn pd_of<'a>(p: *mut ffi::ibv_pd) -> Result<&'a mut Pd, Errno> {
+    // SAFETY: every ibv_pd this library hands out is the first field of a Pd.
+    let pd = unsafe { (p as *mut Pd).as_mut() }.ok_or(EINVAL)?;
+    if pd.inner.is_none() {
+        return Err(EINVAL);
+    }
+    Ok(pd)
+}
+
+impl Pd {
+    pub(crate) fn inner(&self) -> &ProtectionDomain {
+        self.inner.as_ref().expect("checked by pd_of")
+    }
+}
+
+/// Destroys the softrdma object behind a C object: on success the C object is freed; on an
+/// error (EBUSY...) it stays as it was.
+pub(crate) unsafe fn destroy_obj<C, T>(
+    obj: *mut C,
+    slot: impl FnOnce(&mut C) -> &mut Option<T>,
+    destroy: impl FnOnce(T) -> Result<(), (T, softrdma_device::verbs::Error)>,
+) -> Result<(), Errno> {
+    let c = obj.as_mut().ok_or(EINVAL)?;
+    let s = slot(c);
+    let inner = s.take().ok_or(EINVAL)?;
+    match destroy(inner) {
+        Ok(()) => {
+            drop(Box::from_raw(obj));
+            Ok(())
+        }
+        Err((inner, e)) => {
+            *s = Some(inner);
+            Err(e.into())
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ffi::ibv_context) -> *mut ffi::ibv_pd {
+    ptr_call(|| {
+        let ctx = ctx_of(context)?;
+        let inner = ctx.dev.alloc_pd()?;
+        let pd = ffi::ibv_pd { context, handle: 0 };
+        Ok(into_c(Pd { pd, inner: Some(inner) }) as *mut ffi::ibv_pd)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ffi::ibv_pd) -> c_int {
+    errno_call(|| destroy_obj(pd as *mut Pd, |p| &mut p.inner, |i| i.destroy()))
+}
+
+/// A memory region of the program's memory.
+#[repr(C)]
+pub(crate) struct Mr {
+    pub(crate) mr: ffi::ibv_mr,
+    pub(crate) inner: Option<RawMr>,
+    /// The access flags it was registered with (ibv_rereg_mr keeps them unless told otherwise).
+    pub(crate) access: c_int,
+}
+
+/// The access flags a region may have: the IBTA ones; IBV_ACCESS_OPTIONAL_RANGE bits are hints
+/// a device may ignore (rdma-core masks them when unsupported); on-demand paging is not modelled.
+fn mr_access(access: c_int) -> Result<Access, Errno> {
+    let a = access as u32;
+    if a & ffi::IBV_ACCESS_ON_DEMAND != 0 {
+        return Err(Errno(libc::EOPNOTSUPP));
+    }
+    let known = ffi::IBV_ACCESS_LOCAL_WRITE
+        | ffi::IBV_ACCESS_REMOTE_WRITE
+        | ffi::IBV_ACCESS_REMOTE_READ
+        | ffi::IBV_ACCESS_REMOTE_ATOMIC
+        | ffi::IBV_ACCESS_MW_BIND
+        | ffi::IBV_ACCESS_ZERO_BASED
+        | ffi::IBV_ACCESS_HUGETLB
+        | ffi::IB_UVERBS_ACCESS_OPTIONAL_RANGE;
+    if a & !known != 0 {
+        return Err(EINVAL);
+    }
+    // IBTA 10.6.3.1 (and the kernel's ib_check_mr_access): remote write or atomic access needs
+    // local write.
+    if a & (ffi::IBV_ACCESS_REMOTE_WRITE | ffi::IBV_ACCESS_REMOTE_ATOMIC) != 0 && a & ffi::IBV_ACCESS_LOCAL_WRITE == 0 {
+        return Err(EINVAL);
+    }
+    Ok(Access(a & 0x3f))
+}
+
+unsafe fn reg(pd: *mut ffi::ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: c_int) -> Result<*mut Mr, Errno> {
+    let p = pd_of(pd)?;
+    let acc = mr_access(access)?;
+    if iova != addr as u64 {
+        // The device's regions are addressed by virtual address; an IOVA other than the
+        // address is not modelled.
+        return Err(Errno(libc::EOPNOTSUPP));
+    }
+    if addr.is_null() && len > 0 {
+        return Err(Errno(libc::EFAULT));
+    }
+    let raw = p.inner().reg_mr_raw(addr as u64, len as u64, acc)?;
+    let k = raw.keys();
+    let mr = ffi::ibv_mr { context: p.pd.context, pd, addr, length: len, handle: 0, lkey: k.lkey, rkey: k.rkey };
+    Ok(into_c(Mr { mr, inner: Some(raw), access }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr(pd: *mut ffi::ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> *mut ffi::ibv_mr {
+    ptr_call(|| Ok(reg(pd, addr, len, addr as u64, access)? as *mut ffi::ibv_mr))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova(
+    pd: *mut ffi::ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut ffi::ibv_mr {
+    ptr_call(|| Ok(reg(pd, addr, len, iova, access)? as *mut ffi::ibv_mr))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova2(
+    pd: *mut ffi::ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: u32,
+) -> *mut ffi::ibv_mr {
+    ptr_call(|| Ok(reg(pd, addr, len, iova, access as c_int)? as *mut ffi::ibv_mr))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
+    _pd: *mut ffi::ibv_pd,
+    _offset: u64,
+    _len: usize,
+    _iova: u64,
+    _fd: c_int,
+    _access: c_int,
+) -> *mut ffi::ibv_mr {
+    ptr_call(|| Err(Errno(libc::EOPNOTSUPP)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ffi::ibv_mr) -> c_int {
+    errno_call(|| destroy_obj(mr as *mut Mr, |m| &mut m.inner, |i| i.destroy()))
+}
+
+/// `ibv_rereg_mr`: registers the new translation, PD or access first, then gives up the old
+/// registration; the keys change (as the verbs allow). Returns 0 or an `ibv_rereg_mr_err_code`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_rereg_mr(
+    mr: *mut ffi::ibv_mr,
+    flags: c_int,
+    pd: *mut ffi::ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    access: c_int,
+) -> c_int {
+    let r = crate::guarded(|| {
+        let m = (mr as *mut Mr).as_mut().ok_or(EINVAL)?;
+        let f = flags as u32;
+        if f == 0 || f & !ffi::IBV_REREG_MR_FLAGS_SUPPORTED != 0 {
+            return Err(EINVAL);
+        }
+        let new_pd = if f & ffi::IBV_REREG_MR_CHANGE_PD != 0 { pd } else { m.mr.pd };
+        let (new_addr, new_len) =
+            if f & ffi::IBV_REREG_MR_CHANGE_TRANSLATION != 0 { (addr, len) } else { (m.mr.addr, m.mr.length) };
+        let new_access = if f & ffi::IBV_REREG_MR_CHANGE_ACCESS != 0 { access } else { m.access };
+        let fresh = reg(new_pd, new_addr, new_len, new_addr as u64, new_access)?;
+        let fresh = Box::from_raw(fresh);
+        let old = m.inner.take();
+        let Mr { mr: c, inner, access } = *fresh;
+        m.inner = inner;
+        m.access = access;
+        m.mr = ffi::ibv_mr { handle: m.mr.handle, ..c };
+        if let Some(old) = old {
+            let _ = old.destroy();
+        }
+        Ok(())
+    });
+    match r {
+        Ok(()) => 0,
+        Err(Errno(e)) => {
+            crate::set_errno(e);
+            ffi::IBV_REREG_MR_ERR_INPUT
+        }
+    }
+}
+
+/// A memory window.
+#[repr(C)]
+pub(crate) struct Mw {
+    pub(crate) mw: ffi::ibv_mw,
+    pub(crate) inner: Option<MemoryWindow>,
+}
+
+unsafe extern "C" fn alloc_mw(pd: *mut ffi::ibv_pd, ty: ffi::ibv_mw_type) -> *mut ffi::ibv_mw {
+    ptr_call(|| {
+        let p = pd_of(pd)?;
+        let t = match ty {
+            ffi::IBV_MW_TYPE_1 => 1,
+            ffi::IBV_MW_TYPE_2 => 2,
+            _ => return Err(EINVAL),
+        };
+        let inner = p.inner().alloc_mw(t)?;
+        let mw = ffi::ibv_mw { context: p.pd.context, pd, rkey: inner.rkey(), handle: 0, type_: ty };
+        Ok(into_c(Mw { mw, inner: Some(inner) }) as *mut ffi::ibv_mw)
+    })
+}
+
+unsafe extern "C" fn dealloc_mw(mw: *mut ffi::ibv_mw) -> c_int {
+    errno_call(|| destroy_obj(mw as *mut Mw, |m| &mut m.inner, |i| i.destroy()))
+}
+
+/// The bind operation of a `ibv_mw_bind_info` for window `mw` (its next R_Key).
+pub(crate) unsafe fn bind_op(mw: *mut ffi::ibv_mw, rkey: u32, info: &ffi::ibv_mw_bind_info) -> Result<SendOp, Errno> {
+    let mw = mw.as_ref().ok_or(EINVAL)?;
+    let mr = info.mr.as_ref();
+    let access = Access(info.mw_access_flags & 0x3f);
+    Ok(SendOp::BindMw {
+        mw_rkey: mw.rkey,
+        new_rkey: rkey,
+        mr_lkey: mr.map(|m| m.lkey).unwrap_or(0),
+        addr: info.addr,
+        length: info.length,
+        access,
+    })
+}
+
+/// `ibv_bind_mw` (type 1): a bind work request on the QP; the window's R_Key becomes the next one.
+unsafe extern "C" fn bind_mw(qp: *mut ffi::ibv_qp, mw: *mut ffi::ibv_mw, bind: *mut ffi::ibv_mw_bind) -> c_int {
+    errno_call(|| {
+        let b = nonnull(bind)?;
+        let w = nonnull(mw)?;
+        let new_rkey = MemoryWindow::inc_rkey(w.rkey);
+        let op = bind_op(mw, new_rkey, &b.bind_info)?;
+        let mut wr = SendWr::new(b.wr_id, op, Vec::new());
+        wr.signaled = b.send_flags & ffi::IBV_SEND_SIGNALED != 0;
+        wr.fence = b.send_flags & ffi::IBV_SEND_FENCE != 0;
+        crate::qp::post_one(qp, wr)?;
+        w.rkey = new_rkey;
+        Ok(())
+    })
+}
+
+pub(crate) fn fill_ops(v: &mut ffi::verbs_context) {
+    v.context.ops.alloc_mw = Some(alloc_mw);
+    v.context.ops.dealloc_mw = Some(dealloc_mw);
+    v.context.ops.bind_mw = Some(bind_mw);
+    v.open_xrcd = Some(open_xrcd);
+    v.close_xrcd = Some(close_xrcd);
+}
+
+/// An address handle: where UD datagrams go.
+#[repr(C)]
+pub(crate) struct Ah {
+    pub(crate) ah: ffi::ibv_ah,
+    pub(crate) dest: IpAddr,
+}
+
+/// The IP address of a RoCEv2 GID (IPv4-mapped GIDs are IPv4 addresses).
+pub(crate) fn gid_ip(raw: [u8; 16]) -> IpAddr {
+    let v6 = std::net::Ipv6Addr::from(raw);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    }
+}
+
+/// The destination of an address vector. RoCE needs the GRH (the GID is the IP address): the
+/// kernel refuses an AV without it (EINVAL), and so do we.
+pub(crate) fn av_dest(a: &ffi::ibv_ah_attr) -> Result<IpAddr, Errno> {
+    if a.is_global == 0 || a.port_num > 1 {
+        return Err(EINVAL);
+    }
+    // SAFETY: the GID is 16 plain bytes in either view of the union.
+    Ok(gid_ip(unsafe { a.grh.dgid.raw }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah(pd: *mut ffi::ibv_pd, attr: *mut ffi::ibv_ah_attr) -> *mut ffi::ibv_ah {
+    ptr_call(|| {
+        let p = pd_of(pd)?;
+        let dest = av_dest(nonnull(attr)?)?;
+        Ok(into_c(Ah { ah: ffi::ibv_ah { context: p.pd.context, pd, handle: 0 }, dest }) as *mut ffi::ibv_ah)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ffi::ibv_ah) -> c_int {
+    errno_call(|| {
+        if ah.is_null() {
+            return Err(EINVAL);
+        }
+        drop(Box::from_raw(ah as *mut Ah));
+        Ok(())
+    })
+}
+
+/// The sender of a UD receive, from the 40-byte GRH slot at the start of its buffer: for RoCEv2
+/// over IPv4 the slot holds the IPv4 header in bytes 20-39 (source address at 32), otherwise a
+/// GRH whose SGID is at bytes 8-23.
+fn grh_source(grh: &[u8; 40]) -> ([u8; 16], u8, u32, u8) {
+    if grh[20] >> 4 == 4 {
+        let v4 = std::net::Ipv4Addr::new(grh[32], grh[33], grh[34], grh[35]);
+        (v4.to_ipv6_mapped().octets(), grh[28], 0, grh[21])
+    } else {
+        let mut g = [0u8; 16];
+        g.copy_from_slice(&grh[8..24]);
+        let vtf = u32::from_be_bytes([grh[0], grh[1], grh[2], grh[3]]);
+        (g, grh[7], vtf & 0xfffff, ((vtf >> 20) & 0xff) as u8)
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_init_ah_from_wc(
+    context: *mut ffi::ibv_context,
+    port: u8,
+    wc: *mut ffi::ibv_wc,
+    grh: *mut ffi::ibv_grh,
+    attr: *mut ffi::ibv_ah_attr,
+) -> c_int {
+    crate::minus1_call(|| {
+        ctx_of(context)?;
+        let wc = nonnull(wc)?;
+        let out = nonnull(attr)?;
+        if wc.wc_flags & ffi::IBV_WC_GRH == 0 || grh.is_null() {
+            // RoCE addresses need the GRH.
+            return Err(EINVAL);
+        }
+        let bytes = &*(grh as *const [u8; 40]);
+        let (sgid, hop, flow, tclass) = grh_source(bytes);
+        *out = ffi::ibv_ah_attr::default();
+        out.is_global = 1;
+        out.port_num = port;
+        out.grh.dgid.raw = sgid;
+        out.grh.flow_label = flow;
+        out.grh.hop_limit = hop.max(1);
+        out.grh.traffic_class = tclass;
+        out.grh.sgid_index = 0;
+        out.dlid = wc.slid;
+        out.sl = wc.sl;
+        Ok(0)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah_from_wc(
+    pd: *mut ffi::ibv_pd,
+    wc: *mut ffi::ibv_wc,
+    grh: *mut ffi::ibv_grh,
+    port: u8,
+) -> *mut ffi::ibv_ah {
+    ptr_call(|| {
+        let p = pd_of(pd)?;
+        let mut attr = ffi::ibv_ah_attr::default();
+        if ibv_init_ah_from_wc(p.pd.context, port, wc, grh, &mut attr) != 0 {
+            return Err(Errno(crate::last_errno()));
+        }
+        let ah = ibv_create_ah(pd, &mut attr);
+        if ah.is_null() {
+            return Err(Errno(crate::last_errno()));
+        }
+        Ok(ah)
+    })
+}
+
+/// An XRC domain.
+#[repr(C)]
+pub(crate) struct Xrcd {
+    pub(crate) xrcd: ffi::ibv_xrcd,
+    pub(crate) inner: Option<XrcDomain>,
+}
+
+pub(crate) fn xrcd_of<'a>(p: *mut ffi::ibv_xrcd) -> Result<&'a Xrcd, Errno> {
+    // SAFETY: every ibv_xrcd this library hands out is the first field of an Xrcd.
+    let x = unsafe { (p as *mut Xrcd).as_ref() }.ok_or(EINVAL)?;
+    x.inner.as_ref().ok_or(EINVAL)?;
+    Ok(x)
+}
+
+/// `ibv_open_xrcd`: the domain of the file `fd` names (shared with every process that opens the
+/// same file) or, with fd -1, a private one. The device keeps its own reference to the file.
+unsafe extern "C" fn open_xrcd(context: *mut ffi::ibv_context, attr: *mut ffi::ibv_xrcd_init_attr) -> *mut ffi::ibv_xrcd {
+    ptr_call(|| {
+        let ctx: &Ctx = ctx_of(context)?;
+        let a = nonnull(attr)?;
+        let need = ffi::IBV_XRCD_INIT_ATTR_FD | ffi::IBV_XRCD_INIT_ATTR_OFLAGS;
+        if a.comp_mask & need != need || a.comp_mask & !(ffi::IBV_XRCD_INIT_ATTR_RESERVED - 1) != 0 {
+            return Err(EINVAL);
+        }
+        let create = a.oflags & libc::O_CREAT != 0;
+        let exclusive = a.oflags & libc::O_EXCL != 0;
+        let inner = if a.fd == -1 {
+            ctx.dev.open_xrcd(None, create, exclusive)?
+        } else {
+            if a.fd < 0 {
+                return Err(Errno(libc::EBADF));
+            }
+            // Borrowed: the program keeps its descriptor.
+            let f = ManuallyDrop::new(File::from_raw_fd(a.fd));
+            ctx.dev.open_xrcd(Some(&f), create, exclusive)?
+        };
+        Ok(into_c(Xrcd { xrcd: ffi::ibv_xrcd { context }, inner: Some(inner) }) as *mut ffi::ibv_xrcd)
+    })
+}
+
+unsafe extern "C" fn close_xrcd(xrcd: *mut ffi::ibv_xrcd) -> c_int {
+    errno_call(|| destroy_obj(xrcd as *mut Xrcd, |x| &mut x.inner, |i| i.destroy()))
+}

@@ -1,0 +1,886 @@
+//! Queue pairs (including `ibv_qp_ex` and its `ibv_wr_*` builder), shared receive queues, XRC
+//! target QPs (`ibv_open_qp`), posting, modify and query, multicast.
+
+use std::cell::UnsafeCell;
+use std::ffi::{c_int, c_void};
+
+use softrdma_device::verbs::{
+    Access, AttrMask, Mtu, QpAttr, QpCaps, QpState, QpType, QueuePair, RecvWr, SendOp, SendWr, SharedReceiveQueue,
+    Sge, SrqAttr, UdDest,
+};
+
+use crate::context::{ctx_of, lock, Ctx};
+use crate::cq::cq_of;
+use crate::ffi;
+use crate::mem::{av_dest, destroy_obj, gid_ip, pd_of, xrcd_of, Ah};
+use crate::{errno_call, into_c, nonnull, ptr_call, Errno, EINVAL};
+
+/// What `ibv_qp_init_attr` said, for `ibv_query_qp`.
+#[derive(Clone, Copy)]
+struct InitInfo {
+    cap: ffi::ibv_qp_cap,
+    sq_sig_all: c_int,
+}
+
+/// The `ibv_wr_*` work requests between `ibv_wr_start` and `ibv_wr_complete`, and inline data
+/// copied when it was given (the program may reuse its buffer at once).
+#[derive(Default)]
+struct Build {
+    wrs: Vec<SendWr>,
+    inline: Vec<Box<[u8]>>,
+    err: Option<c_int>,
+}
+
+/// A queue pair. Its C structure is always an `ibv_qp_ex` (whose start is `ibv_qp`).
+#[repr(C)]
+pub(crate) struct Qp {
+    pub(crate) ex: ffi::ibv_qp_ex,
+    ctx: *const Ctx,
+    pub(crate) inner: Option<QueuePair>,
+    init: InitInfo,
+    /// Created with send_ops_flags: `ibv_qp_to_qp_ex` gives the extended QP.
+    extended: bool,
+    build: UnsafeCell<Build>,
+}
+
+pub(crate) fn qp_of<'a>(p: *mut ffi::ibv_qp) -> Result<&'a Qp, Errno> {
+    // SAFETY: every ibv_qp this library hands out is the first field of a Qp.
+    let qp = unsafe { (p as *mut Qp).as_ref() }.ok_or(EINVAL)?;
+    qp.inner.as_ref().ok_or(EINVAL)?;
+    Ok(qp)
+}
+
+impl Qp {
+    fn inner(&self) -> &QueuePair {
+        self.inner.as_ref().expect("checked by qp_of")
+    }
+}
+
+/// A shared receive queue.
+#[repr(C)]
+pub(crate) struct Srq {
+    pub(crate) srq: ffi::ibv_srq,
+    ctx: *const Ctx,
+    pub(crate) inner: Option<SharedReceiveQueue>,
+}
+
+pub(crate) fn srq_of<'a>(p: *mut ffi::ibv_srq) -> Result<&'a Srq, Errno> {
+    // SAFETY: every ibv_srq this library hands out is the first field of a Srq.
+    let srq = unsafe { (p as *mut Srq).as_ref() }.ok_or(EINVAL)?;
+    srq.inner.as_ref().ok_or(EINVAL)?;
+    Ok(srq)
+}
+
+impl Srq {
+    fn inner(&self) -> &SharedReceiveQueue {
+        self.inner.as_ref().expect("checked by srq_of")
+    }
+}
+
+fn caps_of(c: &ffi::ibv_qp_cap, ctx: &Ctx) -> Result<QpCaps, Errno> {
+    let l = ctx.info.limits;
+    // rxe_qp_chk_cap: each capacity within the device's.
+    if c.max_send_wr > l.max_qp_wr
+        || c.max_recv_wr > l.max_qp_wr
+        || c.max_send_sge > l.max_sge
+        || c.max_recv_sge > l.max_sge
+        || c.max_inline_data > l.max_inline
+    {
+        return Err(EINVAL);
+    }
+    Ok(QpCaps {
+        max_send_wr: c.max_send_wr,
+        max_recv_wr: c.max_recv_wr,
+        max_send_sge: c.max_send_sge,
+        max_recv_sge: c.max_recv_sge,
+        max_inline_data: c.max_inline_data,
+    })
+}
+
+struct Create<'a> {
+    context: *mut ffi::ibv_context,
+    qp_context: *mut c_void,
+    pd: *mut ffi::ibv_pd,
+    send_cq: *mut ffi::ibv_cq,
+    recv_cq: *mut ffi::ibv_cq,
+    srq: *mut ffi::ibv_srq,
+    cap: &'a mut ffi::ibv_qp_cap,
+    qp_type: ffi::ibv_qp_type,
+    sq_sig_all: c_int,
+    xrcd: *mut ffi::ibv_xrcd,
+    extended: bool,
+}
+
+unsafe fn create(a: Create<'_>) -> Result<*mut Qp, Errno> {
+    let ctx = ctx_of(a.context)?;
+    let ty = QpType::from_ibv(a.qp_type).ok_or(Errno(libc::EOPNOTSUPP))?;
+    let inner = if ty == QpType::XrcTgt {
+        xrcd_of(a.xrcd)?.inner.as_ref().ok_or(EINVAL)?.create_tgt_qp()?
+    } else {
+        let pd = pd_of(a.pd)?;
+        let send_cq = cq_of(a.send_cq)?;
+        let caps = caps_of(a.cap, ctx)?;
+        let mut b = pd.inner().qp_builder(ty, send_cq.inner()).caps(caps).sig_all(a.sq_sig_all != 0);
+        if ty != QpType::XrcIni {
+            // rxe_qp_chk_init: every QP but an XRC initiator needs a receive CQ.
+            b = b.recv_cq(cq_of(a.recv_cq)?.inner());
+        }
+        if !a.srq.is_null() {
+            if ty == QpType::XrcIni {
+                return Err(EINVAL);
+            }
+            b = b.srq(srq_of(a.srq)?.inner());
+        }
+        b.build()?
+    };
+    let (pd, send_cq, recv_cq, srq) = if ty == QpType::XrcTgt {
+        (std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut())
+    } else if ty == QpType::XrcIni {
+        (a.pd, a.send_cq, std::ptr::null_mut(), std::ptr::null_mut())
+    } else {
+        (a.pd, a.send_cq, a.recv_cq, a.srq)
+    };
+    let base = ffi::ibv_qp {
+        context: a.context,
+        qp_context: a.qp_context,
+        pd,
+        send_cq,
+        recv_cq,
+        srq,
+        handle: inner.handle().unwrap_or(0),
+        qp_num: inner.qpn(),
+        state: ffi::IBV_QPS_RESET,
+        qp_type: a.qp_type,
+        ..Default::default()
+    };
+    let mut ex = ffi::ibv_qp_ex { qp_base: base, ..Default::default() };
+    fill_ex(&mut ex);
+    let (qpn, handle) = (inner.qpn(), inner.handle());
+    let qp = into_c(Qp {
+        ex,
+        ctx,
+        inner: Some(inner),
+        init: InitInfo { cap: *a.cap, sq_sig_all: a.sq_sig_all },
+        extended: a.extended,
+        build: Default::default(),
+    });
+    match handle {
+        Some(h) => lock(&ctx.tgt_handles).insert(h, qp as usize),
+        None => lock(&ctx.qps).insert(qpn, qp as usize),
+    };
+    Ok(qp)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_qp(pd: *mut ffi::ibv_pd, attr: *mut ffi::ibv_qp_init_attr) -> *mut ffi::ibv_qp {
+    ptr_call(|| {
+        let p = pd_of(pd)?;
+        let a = nonnull(attr)?;
+        if matches!(a.qp_type, ffi::IBV_QPT_XRC_RECV | ffi::IBV_QPT_XRC_SEND) {
+            // XRC QPs are made with ibv_create_qp_ex (they need a domain or have no receive side).
+            return Err(EINVAL);
+        }
+        let qp = create(Create {
+            context: p.pd.context,
+            qp_context: a.qp_context,
+            pd,
+            send_cq: a.send_cq,
+            recv_cq: a.recv_cq,
+            srq: a.srq,
+            cap: &mut a.cap,
+            qp_type: a.qp_type,
+            sq_sig_all: a.sq_sig_all,
+            xrcd: std::ptr::null_mut(),
+            extended: false,
+        })?;
+        Ok(qp as *mut ffi::ibv_qp)
+    })
+}
+
+/// The `ibv_wr_*` operations this device can post.
+const SEND_OPS_SUPPORTED: u64 = (ffi::IBV_QP_EX_WITH_RDMA_WRITE
+    | ffi::IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+    | ffi::IBV_QP_EX_WITH_SEND
+    | ffi::IBV_QP_EX_WITH_SEND_WITH_IMM
+    | ffi::IBV_QP_EX_WITH_RDMA_READ
+    | ffi::IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
+    | ffi::IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
+    | ffi::IBV_QP_EX_WITH_LOCAL_INV
+    | ffi::IBV_QP_EX_WITH_BIND_MW
+    | ffi::IBV_QP_EX_WITH_SEND_WITH_INV) as u64;
+
+unsafe extern "C" fn create_qp_ex(context: *mut ffi::ibv_context, attr: *mut ffi::ibv_qp_init_attr_ex) -> *mut ffi::ibv_qp {
+    ptr_call(|| {
+        let a = nonnull(attr)?;
+        let m = a.comp_mask;
+        let known = ffi::IBV_QP_INIT_ATTR_PD
+            | ffi::IBV_QP_INIT_ATTR_XRCD
+            | ffi::IBV_QP_INIT_ATTR_CREATE_FLAGS
+            | ffi::IBV_QP_INIT_ATTR_MAX_TSO_HEADER
+            | ffi::IBV_QP_INIT_ATTR_IND_TABLE
+            | ffi::IBV_QP_INIT_ATTR_RX_HASH
+            | ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        if m & !known != 0 {
+            return Err(EINVAL);
+        }
+        let unsupported = ffi::IBV_QP_INIT_ATTR_MAX_TSO_HEADER | ffi::IBV_QP_INIT_ATTR_IND_TABLE | ffi::IBV_QP_INIT_ATTR_RX_HASH;
+        if m & unsupported != 0 || (m & ffi::IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0) {
+            return Err(Errno(libc::EOPNOTSUPP));
+        }
+        let extended = m & ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
+        if extended && a.send_ops_flags & !SEND_OPS_SUPPORTED != 0 {
+            return Err(Errno(libc::EOPNOTSUPP));
+        }
+        let xrcd = if m & ffi::IBV_QP_INIT_ATTR_XRCD != 0 { a.xrcd } else { std::ptr::null_mut() };
+        let pd = if m & ffi::IBV_QP_INIT_ATTR_PD != 0 { a.pd } else { std::ptr::null_mut() };
+        if a.qp_type == ffi::IBV_QPT_XRC_RECV && xrcd.is_null() {
+            return Err(EINVAL);
+        }
+        if a.qp_type != ffi::IBV_QPT_XRC_RECV && pd.is_null() {
+            return Err(EINVAL);
+        }
+        let qp = create(Create {
+            context,
+            qp_context: a.qp_context,
+            pd,
+            send_cq: a.send_cq,
+            recv_cq: a.recv_cq,
+            srq: a.srq,
+            cap: &mut a.cap,
+            qp_type: a.qp_type,
+            sq_sig_all: a.sq_sig_all,
+            xrcd,
+            extended,
+        })?;
+        Ok(qp as *mut ffi::ibv_qp)
+    })
+}
+
+unsafe extern "C" fn open_qp(context: *mut ffi::ibv_context, attr: *mut ffi::ibv_qp_open_attr) -> *mut ffi::ibv_qp {
+    ptr_call(|| {
+        let ctx = ctx_of(context)?;
+        let a = nonnull(attr)?;
+        let need = ffi::IBV_QP_OPEN_ATTR_NUM | ffi::IBV_QP_OPEN_ATTR_XRCD | ffi::IBV_QP_OPEN_ATTR_TYPE;
+        if a.comp_mask & need != need || a.comp_mask & !(ffi::IBV_QP_OPEN_ATTR_RESERVED - 1) != 0 {
+            return Err(EINVAL);
+        }
+        if a.qp_type != ffi::IBV_QPT_XRC_RECV {
+            return Err(EINVAL);
+        }
+        let inner = xrcd_of(a.xrcd)?.inner.as_ref().ok_or(EINVAL)?.open_qp(a.qp_num)?;
+        let qp_context = if a.comp_mask & ffi::IBV_QP_OPEN_ATTR_CONTEXT != 0 { a.qp_context } else { std::ptr::null_mut() };
+        let (st, _) = inner.query().unwrap_or((QpState::Reset, QpAttr::default()));
+        let base = ffi::ibv_qp {
+            context,
+            qp_context,
+            handle: inner.handle().unwrap_or(0),
+            qp_num: inner.qpn(),
+            state: st.to_ibv(),
+            qp_type: ffi::IBV_QPT_XRC_RECV,
+            ..Default::default()
+        };
+        let mut ex = ffi::ibv_qp_ex { qp_base: base, ..Default::default() };
+        fill_ex(&mut ex);
+        let h = inner.handle().unwrap_or(0);
+        let qp = into_c(Qp {
+            ex,
+            ctx,
+            inner: Some(inner),
+            init: InitInfo { cap: Default::default(), sq_sig_all: 0 },
+            extended: false,
+            build: Default::default(),
+        });
+        lock(&ctx.tgt_handles).insert(h, qp as usize);
+        Ok(qp as *mut ffi::ibv_qp)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ffi::ibv_qp) -> c_int {
+    errno_call(|| {
+        let q = qp_of(qp)?;
+        let (ctx, qpn, handle) = (&*q.ctx, q.inner().qpn(), q.inner().handle());
+        destroy_obj(qp as *mut Qp, |q| &mut q.inner, |i| i.destroy())?;
+        match handle {
+            Some(h) => lock(&ctx.tgt_handles).remove(&h),
+            None => lock(&ctx.qps).remove(&qpn),
+        };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ffi::ibv_qp) -> *mut ffi::ibv_qp_ex {
+    match qp_of(qp) {
+        Ok(q) if q.extended => qp as *mut ffi::ibv_qp_ex,
+        _ => std::ptr::null_mut(),
+    }
+}
+
+fn qp_attr_of(a: &ffi::ibv_qp_attr, mask: AttrMask) -> Result<QpAttr, Errno> {
+    let state = |v: u32| QpState::from_ibv(v).ok_or(EINVAL);
+    let mut out = QpAttr::default();
+    if mask.contains(AttrMask::STATE) {
+        out.qp_state = state(a.qp_state)?;
+    }
+    if mask.contains(AttrMask::CUR_STATE) {
+        out.cur_qp_state = state(a.cur_qp_state)?;
+    }
+    if mask.contains(AttrMask::PATH_MTU) {
+        out.path_mtu = Mtu::from_ibv(a.path_mtu).ok_or(EINVAL)?;
+    }
+    if mask.contains(AttrMask::AV) {
+        out.dest = av_dest(&a.ah_attr)?;
+    }
+    out.qkey = a.qkey;
+    out.rq_psn = a.rq_psn;
+    out.sq_psn = a.sq_psn;
+    out.dest_qp_num = a.dest_qp_num;
+    out.qp_access_flags = Access(a.qp_access_flags & 0xf);
+    out.pkey_index = a.pkey_index;
+    out.port_num = a.port_num;
+    out.timeout = a.timeout;
+    out.retry_cnt = a.retry_cnt;
+    out.rnr_retry = a.rnr_retry;
+    out.min_rnr_timer = a.min_rnr_timer;
+    out.max_rd_atomic = a.max_rd_atomic;
+    out.max_dest_rd_atomic = a.max_dest_rd_atomic;
+    Ok(out)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ffi::ibv_qp, attr: *mut ffi::ibv_qp_attr, mask: c_int) -> c_int {
+    errno_call(|| {
+        let q = qp_of(qp)?;
+        let a = nonnull(attr)?;
+        // Every ibv_qp_attr_mask bit (IBV_QP_STATE ... IBV_QP_DEST_QPN, IBV_QP_RATE_LIMIT).
+        let known = (1u32 << 21) - 1 | AttrMask::RATE_LIMIT.0;
+        if mask as u32 & !known != 0 {
+            return Err(EINVAL);
+        }
+        let mask = AttrMask(mask as u32);
+        if mask.intersects(AttrMask::ALT_PATH | AttrMask::PATH_MIG_STATE) {
+            // Automatic path migration needs a second path; there is one port and one path.
+            return Err(Errno(libc::EOPNOTSUPP));
+        }
+        let qa = qp_attr_of(a, mask)?;
+        q.inner().modify(&qa, mask)?;
+        if mask.contains(AttrMask::STATE) {
+            (*qp).state = a.qp_state;
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp(
+    qp: *mut ffi::ibv_qp,
+    attr: *mut ffi::ibv_qp_attr,
+    _mask: c_int,
+    init: *mut ffi::ibv_qp_init_attr,
+) -> c_int {
+    errno_call(|| {
+        let q = qp_of(qp)?;
+        let out = nonnull(attr)?;
+        let (st, a) = q.inner().query()?;
+        (*qp).state = st.to_ibv();
+        *out = ffi::ibv_qp_attr::default();
+        out.qp_state = st.to_ibv();
+        out.cur_qp_state = st.to_ibv();
+        out.path_mtu = a.path_mtu as u32;
+        out.path_mig_state = ffi::IBV_MIG_MIGRATED;
+        out.qkey = a.qkey;
+        out.rq_psn = a.rq_psn;
+        out.sq_psn = a.sq_psn;
+        out.dest_qp_num = a.dest_qp_num;
+        out.qp_access_flags = a.qp_access_flags.0;
+        out.cap = q.init.cap;
+        out.ah_attr.is_global = 1;
+        out.ah_attr.port_num = 1;
+        out.ah_attr.grh.dgid.raw = softrdma_device::proto::gid_of(a.dest);
+        out.ah_attr.grh.hop_limit = 1;
+        out.pkey_index = a.pkey_index;
+        out.max_rd_atomic = a.max_rd_atomic;
+        out.max_dest_rd_atomic = a.max_dest_rd_atomic;
+        out.min_rnr_timer = a.min_rnr_timer;
+        out.port_num = 1;
+        out.timeout = a.timeout;
+        out.retry_cnt = a.retry_cnt;
+        out.rnr_retry = a.rnr_retry;
+        if let Some(i) = init.as_mut() {
+            let b = &(*qp);
+            *i = ffi::ibv_qp_init_attr {
+                qp_context: b.qp_context,
+                send_cq: b.send_cq,
+                recv_cq: b.recv_cq,
+                srq: b.srq,
+                cap: q.init.cap,
+                qp_type: b.qp_type,
+                sq_sig_all: q.init.sq_sig_all,
+            };
+        }
+        Ok(())
+    })
+}
+
+/// `ibv_query_qp_data_in_order`: data lands in order (the device copies each packet's payload
+/// in PSN order), so every operation is in order.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp_data_in_order(qp: *mut ffi::ibv_qp, _op: u32, flags: u32) -> c_int {
+    if qp_of(qp).is_err() || flags != 0 {
+        return 0;
+    }
+    1
+}
+
+unsafe fn sges(list: *mut ffi::ibv_sge, n: c_int) -> Result<Vec<Sge>, Errno> {
+    if n < 0 || (n > 0 && list.is_null()) {
+        return Err(EINVAL);
+    }
+    Ok((0..n as usize)
+        .map(|i| {
+            let s = &*list.add(i);
+            Sge { addr: s.addr, length: s.length, lkey: s.lkey }
+        })
+        .collect())
+}
+
+/// A softrdma send work request from an `ibv_send_wr`.
+unsafe fn send_wr(w: &ffi::ibv_send_wr) -> Result<SendWr, Errno> {
+    let imm = u32::from_be(w.__bindgen_anon_1.imm_data);
+    let rdma = w.wr.rdma;
+    let at = w.wr.atomic;
+    let op = match w.opcode {
+        ffi::IBV_WR_SEND => SendOp::Send,
+        ffi::IBV_WR_SEND_WITH_IMM => SendOp::SendWithImm { imm },
+        ffi::IBV_WR_SEND_WITH_INV => SendOp::SendWithInv { rkey: w.__bindgen_anon_1.invalidate_rkey },
+        ffi::IBV_WR_RDMA_WRITE => SendOp::Write { remote_addr: rdma.remote_addr, rkey: rdma.rkey },
+        ffi::IBV_WR_RDMA_WRITE_WITH_IMM => SendOp::WriteWithImm { remote_addr: rdma.remote_addr, rkey: rdma.rkey, imm },
+        ffi::IBV_WR_RDMA_READ => SendOp::Read { remote_addr: rdma.remote_addr, rkey: rdma.rkey },
+        ffi::IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::CompareSwap {
+            remote_addr: at.remote_addr,
+            rkey: at.rkey,
+            compare: at.compare_add,
+            swap: at.swap,
+        },
+        ffi::IBV_WR_ATOMIC_FETCH_AND_ADD => {
+            SendOp::FetchAdd { remote_addr: at.remote_addr, rkey: at.rkey, add: at.compare_add }
+        }
+        ffi::IBV_WR_LOCAL_INV => SendOp::LocalInv { rkey: w.__bindgen_anon_1.invalidate_rkey },
+        ffi::IBV_WR_BIND_MW => {
+            let b = w.__bindgen_anon_2.bind_mw;
+            crate::mem::bind_op(b.mw, b.rkey, &b.bind_info)?
+        }
+        _ => return Err(EINVAL),
+    };
+    let mut wr = SendWr::new(w.wr_id, op, sges(w.sg_list, w.num_sge)?);
+    let f = w.send_flags;
+    wr.signaled = f & ffi::IBV_SEND_SIGNALED != 0;
+    wr.fence = f & ffi::IBV_SEND_FENCE != 0;
+    wr.solicited = f & ffi::IBV_SEND_SOLICITED != 0;
+    wr.inline = f & ffi::IBV_SEND_INLINE != 0;
+    wr.remote_srqn = w.qp_type.xrc.remote_srqn;
+    let ud = w.wr.ud;
+    if let Some(ah) = (ud.ah as *const Ah).as_ref() {
+        wr.ud = Some(UdDest { dest: ah.dest, remote_qpn: ud.remote_qpn, remote_qkey: ud.remote_qkey });
+    }
+    Ok(wr)
+}
+
+/// Posts a list: the valid prefix goes to the queue; the first request that is not posted is
+/// `bad`, and its error is the post's.
+fn post<W, T>(items: Vec<(W, *mut T)>, conv_err: Option<(c_int, *mut T)>, bad: *mut *mut T, run: impl FnOnce(Vec<W>) -> Result<(), softrdma_device::verbs::Error>) -> c_int {
+    let ptrs: Vec<*mut T> = items.iter().map(|(_, p)| *p).collect();
+    let wrs = items.into_iter().map(|(w, _)| w).collect();
+    let (err, at) = match run(wrs) {
+        Ok(()) => match conv_err {
+            None => return 0,
+            Some((e, p)) => (e, p),
+        },
+        Err(softrdma_device::verbs::Error::Post { err, index }) => (err.errno(), ptrs[index]),
+        Err(e) => (crate::errno_of(&e), ptrs.first().copied().unwrap_or(std::ptr::null_mut())),
+    };
+    // SAFETY: `bad` is the caller's out-pointer (or NULL).
+    if let Some(b) = unsafe { bad.as_mut() } {
+        *b = at;
+    }
+    err
+}
+
+unsafe extern "C" fn post_send(qp: *mut ffi::ibv_qp, wr: *mut ffi::ibv_send_wr, bad: *mut *mut ffi::ibv_send_wr) -> c_int {
+    let r = crate::guarded(|| {
+        let q = qp_of(qp)?;
+        let mut items = Vec::new();
+        let mut conv_err = None;
+        let mut p = wr;
+        while let Some(w) = p.as_ref() {
+            match send_wr(w) {
+                Ok(s) => items.push((s, p)),
+                Err(Errno(e)) => {
+                    conv_err = Some((e, p));
+                    break;
+                }
+            }
+            p = w.next;
+        }
+        Ok(post(items, conv_err, bad, |wrs| q.inner().post_send(wrs)))
+    });
+    r.unwrap_or_else(|Errno(e)| {
+        if let Some(b) = bad.as_mut() {
+            *b = wr;
+        }
+        e
+    })
+}
+
+unsafe fn recv_list(wr: *mut ffi::ibv_recv_wr) -> (Vec<(RecvWr, *mut ffi::ibv_recv_wr)>, Option<(c_int, *mut ffi::ibv_recv_wr)>) {
+    let mut items = Vec::new();
+    let mut p = wr;
+    while let Some(w) = p.as_ref() {
+        match sges(w.sg_list, w.num_sge) {
+            Ok(sg_list) => items.push((RecvWr { wr_id: w.wr_id, sg_list }, p)),
+            Err(Errno(e)) => return (items, Some((e, p))),
+        }
+        p = w.next;
+    }
+    (items, None)
+}
+
+unsafe extern "C" fn post_recv(qp: *mut ffi::ibv_qp, wr: *mut ffi::ibv_recv_wr, bad: *mut *mut ffi::ibv_recv_wr) -> c_int {
+    let r = crate::guarded(|| {
+        let q = qp_of(qp)?;
+        if !(*qp).srq.is_null() {
+            // A QP attached to an SRQ has no receive queue of its own.
+            if let Some(b) = bad.as_mut() {
+                *b = wr;
+            }
+            return Ok(libc::EINVAL);
+        }
+        let (items, conv_err) = recv_list(wr);
+        Ok(post(items, conv_err, bad, |wrs| q.inner().post_recv(wrs)))
+    });
+    r.unwrap_or_else(|Errno(e)| e)
+}
+
+unsafe extern "C" fn post_srq_recv(srq: *mut ffi::ibv_srq, wr: *mut ffi::ibv_recv_wr, bad: *mut *mut ffi::ibv_recv_wr) -> c_int {
+    let r = crate::guarded(|| {
+        let s = srq_of(srq)?;
+        let (items, conv_err) = recv_list(wr);
+        Ok(post(items, conv_err, bad, |wrs| s.inner().post_recv(wrs)))
+    });
+    r.unwrap_or_else(|Errno(e)| e)
+}
+
+/// Posts one send work request (ibv_bind_mw).
+pub(crate) fn post_one(qp: *mut ffi::ibv_qp, wr: SendWr) -> Result<(), Errno> {
+    qp_of(qp)?.inner().post_send(vec![wr])?;
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_attach_mcast(qp: *mut ffi::ibv_qp, gid: *const ffi::ibv_gid, _lid: u16) -> c_int {
+    errno_call(|| {
+        let q = qp_of(qp)?;
+        let g = gid.as_ref().ok_or(EINVAL)?;
+        q.inner().attach_mcast(gid_ip(g.raw))?;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_detach_mcast(qp: *mut ffi::ibv_qp, gid: *const ffi::ibv_gid, _lid: u16) -> c_int {
+    errno_call(|| {
+        let q = qp_of(qp)?;
+        let g = gid.as_ref().ok_or(EINVAL)?;
+        q.inner().detach_mcast(gid_ip(g.raw))?;
+        Ok(())
+    })
+}
+
+// Shared receive queues.
+
+fn srq_attr(a: &ffi::ibv_srq_attr, ctx: &Ctx) -> Result<SrqAttr, Errno> {
+    let l = ctx.info.limits;
+    if a.max_wr == 0 || a.max_wr > l.max_qp_wr || a.max_sge > l.max_sge || a.srq_limit > a.max_wr {
+        return Err(EINVAL);
+    }
+    Ok(SrqAttr { max_wr: a.max_wr, max_sge: a.max_sge, srq_limit: a.srq_limit })
+}
+
+unsafe fn new_srq(
+    context: *mut ffi::ibv_context,
+    pd: *mut ffi::ibv_pd,
+    srq_context: *mut c_void,
+    inner: SharedReceiveQueue,
+) -> *mut Srq {
+    let Ok(ctx) = ctx_of(context) else { unreachable!("checked by the caller") };
+    let srq = ffi::ibv_srq { context, srq_context, pd, handle: inner.srq_num(), ..Default::default() };
+    let n = inner.srq_num();
+    let s = into_c(Srq { srq, ctx, inner: Some(inner) });
+    lock(&ctx.srqs).insert(n, s as usize);
+    s
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_srq(pd: *mut ffi::ibv_pd, attr: *mut ffi::ibv_srq_init_attr) -> *mut ffi::ibv_srq {
+    ptr_call(|| {
+        let p = pd_of(pd)?;
+        let a = nonnull(attr)?;
+        let ctx = ctx_of(p.pd.context)?;
+        let inner = p.inner().create_srq(srq_attr(&a.attr, ctx)?)?;
+        Ok(new_srq(p.pd.context, pd, a.srq_context, inner) as *mut ffi::ibv_srq)
+    })
+}
+
+unsafe extern "C" fn create_srq_ex(context: *mut ffi::ibv_context, attr: *mut ffi::ibv_srq_init_attr_ex) -> *mut ffi::ibv_srq {
+    ptr_call(|| {
+        let ctx = ctx_of(context)?;
+        let a = nonnull(attr)?;
+        let m = a.comp_mask;
+        if m & !(ffi::IBV_SRQ_INIT_ATTR_RESERVED - 1) != 0 {
+            return Err(EINVAL);
+        }
+        let ty = if m & ffi::IBV_SRQ_INIT_ATTR_TYPE != 0 { a.srq_type } else { ffi::IBV_SRQT_BASIC };
+        if m & ffi::IBV_SRQ_INIT_ATTR_PD == 0 {
+            return Err(EINVAL);
+        }
+        let p = pd_of(a.pd)?;
+        let sa = srq_attr(&a.attr, ctx)?;
+        let inner = match ty {
+            ffi::IBV_SRQT_BASIC => p.inner().create_srq(sa)?,
+            ffi::IBV_SRQT_XRC => {
+                let need = ffi::IBV_SRQ_INIT_ATTR_XRCD | ffi::IBV_SRQ_INIT_ATTR_CQ;
+                if m & need != need {
+                    return Err(EINVAL);
+                }
+                let x = xrcd_of(a.xrcd)?;
+                let cq = cq_of(a.cq)?;
+                x.inner.as_ref().ok_or(EINVAL)?.create_srq(p.inner(), cq.inner(), sa)?
+            }
+            // Tag matching is hardware offload this device does not have.
+            ffi::IBV_SRQT_TM => return Err(Errno(libc::EOPNOTSUPP)),
+            _ => return Err(EINVAL),
+        };
+        Ok(new_srq(context, a.pd, a.srq_context, inner) as *mut ffi::ibv_srq)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ffi::ibv_srq) -> c_int {
+    errno_call(|| {
+        let s = srq_of(srq)?;
+        let (ctx, n) = (&*s.ctx, s.inner().srq_num());
+        destroy_obj(srq as *mut Srq, |s| &mut s.inner, |i| i.destroy())?;
+        lock(&ctx.srqs).remove(&n);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_srq(srq: *mut ffi::ibv_srq, attr: *mut ffi::ibv_srq_attr, mask: c_int) -> c_int {
+    errno_call(|| {
+        let s = srq_of(srq)?;
+        let a = nonnull(attr)?;
+        let mask = mask as u32;
+        if mask & !(ffi::IBV_SRQ_MAX_WR | ffi::IBV_SRQ_LIMIT) != 0 {
+            return Err(EINVAL);
+        }
+        if mask & ffi::IBV_SRQ_MAX_WR != 0 {
+            // The ring was sized at creation; resizing an SRQ is not built yet.
+            return Err(Errno(libc::EOPNOTSUPP));
+        }
+        if mask & ffi::IBV_SRQ_LIMIT != 0 {
+            let (cur, _) = s.inner().query()?;
+            if a.srq_limit > cur.max_wr {
+                return Err(EINVAL);
+            }
+            s.inner().set_limit(a.srq_limit)?;
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_srq(srq: *mut ffi::ibv_srq, attr: *mut ffi::ibv_srq_attr) -> c_int {
+    errno_call(|| {
+        let s = srq_of(srq)?;
+        let out = nonnull(attr)?;
+        let (a, _) = s.inner().query()?;
+        *out = ffi::ibv_srq_attr { max_wr: a.max_wr, max_sge: a.max_sge, srq_limit: a.srq_limit };
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn get_srq_num(srq: *mut ffi::ibv_srq, num: *mut u32) -> c_int {
+    errno_call(|| {
+        let s = srq_of(srq)?;
+        *nonnull(num)? = s.inner().srq_num();
+        Ok(())
+    })
+}
+
+pub(crate) fn fill_ops(v: &mut ffi::verbs_context) {
+    v.context.ops.post_send = Some(post_send);
+    v.context.ops.post_recv = Some(post_recv);
+    v.context.ops.post_srq_recv = Some(post_srq_recv);
+    v.create_qp_ex = Some(create_qp_ex);
+    v.open_qp = Some(open_qp);
+    v.create_srq_ex = Some(create_srq_ex);
+    v.get_srq_num = Some(get_srq_num);
+}
+
+// The extended QP's work-request builder (ibv_wr_start ... ibv_wr_complete).
+
+unsafe fn bld<'a>(qp: *mut ffi::ibv_qp_ex) -> &'a mut Build {
+    &mut *(*(qp as *const Qp)).build.get()
+}
+
+unsafe fn push(qp: *mut ffi::ibv_qp_ex, op: SendOp) {
+    let f = (*qp).wr_flags;
+    let mut wr = SendWr::new((*qp).wr_id, op, Vec::new());
+    wr.signaled = f & ffi::IBV_SEND_SIGNALED != 0;
+    wr.fence = f & ffi::IBV_SEND_FENCE != 0;
+    wr.solicited = f & ffi::IBV_SEND_SOLICITED != 0;
+    bld(qp).wrs.push(wr);
+}
+
+unsafe fn last<'a>(qp: *mut ffi::ibv_qp_ex) -> Option<&'a mut SendWr> {
+    let b = bld(qp);
+    if b.wrs.is_empty() && b.err.is_none() {
+        b.err = Some(libc::EINVAL);
+    }
+    b.wrs.last_mut()
+}
+
+unsafe extern "C" fn wr_start(qp: *mut ffi::ibv_qp_ex) {
+    *bld(qp) = Build::default();
+}
+unsafe extern "C" fn wr_abort(qp: *mut ffi::ibv_qp_ex) {
+    *bld(qp) = Build::default();
+}
+unsafe extern "C" fn wr_complete(qp: *mut ffi::ibv_qp_ex) -> c_int {
+    let b = std::mem::take(bld(qp));
+    if let Some(e) = b.err {
+        return e;
+    }
+    let r = crate::guarded(|| {
+        let q = qp_of(qp as *mut ffi::ibv_qp)?;
+        q.inner().post_send(b.wrs)?;
+        Ok(())
+    });
+    drop(b.inline);
+    match r {
+        Ok(()) => 0,
+        Err(Errno(e)) => e,
+    }
+}
+unsafe extern "C" fn wr_send(qp: *mut ffi::ibv_qp_ex) {
+    push(qp, SendOp::Send);
+}
+unsafe extern "C" fn wr_send_imm(qp: *mut ffi::ibv_qp_ex, imm: u32) {
+    push(qp, SendOp::SendWithImm { imm: u32::from_be(imm) });
+}
+unsafe extern "C" fn wr_send_inv(qp: *mut ffi::ibv_qp_ex, rkey: u32) {
+    push(qp, SendOp::SendWithInv { rkey });
+}
+unsafe extern "C" fn wr_rdma_write(qp: *mut ffi::ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    push(qp, SendOp::Write { remote_addr, rkey });
+}
+unsafe extern "C" fn wr_rdma_write_imm(qp: *mut ffi::ibv_qp_ex, rkey: u32, remote_addr: u64, imm: u32) {
+    push(qp, SendOp::WriteWithImm { remote_addr, rkey, imm: u32::from_be(imm) });
+}
+unsafe extern "C" fn wr_rdma_read(qp: *mut ffi::ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    push(qp, SendOp::Read { remote_addr, rkey });
+}
+unsafe extern "C" fn wr_atomic_cmp_swp(qp: *mut ffi::ibv_qp_ex, rkey: u32, remote_addr: u64, compare: u64, swap: u64) {
+    push(qp, SendOp::CompareSwap { remote_addr, rkey, compare, swap });
+}
+unsafe extern "C" fn wr_atomic_fetch_add(qp: *mut ffi::ibv_qp_ex, rkey: u32, remote_addr: u64, add: u64) {
+    push(qp, SendOp::FetchAdd { remote_addr, rkey, add });
+}
+unsafe extern "C" fn wr_local_inv(qp: *mut ffi::ibv_qp_ex, rkey: u32) {
+    push(qp, SendOp::LocalInv { rkey });
+}
+unsafe extern "C" fn wr_bind_mw(qp: *mut ffi::ibv_qp_ex, mw: *mut ffi::ibv_mw, rkey: u32, info: *const ffi::ibv_mw_bind_info) {
+    match info.as_ref().map(|i| crate::mem::bind_op(mw, rkey, i)) {
+        Some(Ok(op)) => push(qp, op),
+        _ => bld(qp).err = Some(libc::EINVAL),
+    }
+}
+unsafe extern "C" fn wr_set_sge(qp: *mut ffi::ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
+    if let Some(w) = last(qp) {
+        w.sg_list = vec![Sge { addr, length, lkey }];
+    }
+}
+unsafe extern "C" fn wr_set_sge_list(qp: *mut ffi::ibv_qp_ex, n: usize, list: *const ffi::ibv_sge) {
+    let s = sges(list as *mut ffi::ibv_sge, n as c_int);
+    match (last(qp), s) {
+        (Some(w), Ok(s)) => w.sg_list = s,
+        _ => bld(qp).err = Some(libc::EINVAL),
+    }
+}
+unsafe fn set_inline(qp: *mut ffi::ibv_qp_ex, bufs: &[(*const u8, usize)]) {
+    let mut data = Vec::new();
+    for &(p, n) in bufs {
+        if n > 0 {
+            if p.is_null() {
+                bld(qp).err = Some(libc::EINVAL);
+                return;
+            }
+            data.extend_from_slice(std::slice::from_raw_parts(p, n));
+        }
+    }
+    let data = data.into_boxed_slice();
+    let sge = Sge { addr: data.as_ptr() as u64, length: data.len() as u32, lkey: 0 };
+    if let Some(w) = last(qp) {
+        w.inline = true;
+        w.sg_list = vec![sge];
+        bld(qp).inline.push(data);
+    }
+}
+unsafe extern "C" fn wr_set_inline_data(qp: *mut ffi::ibv_qp_ex, addr: *mut c_void, length: usize) {
+    set_inline(qp, &[(addr as *const u8, length)]);
+}
+unsafe extern "C" fn wr_set_inline_data_list(qp: *mut ffi::ibv_qp_ex, n: usize, list: *const ffi::ibv_data_buf) {
+    if n > 0 && list.is_null() {
+        bld(qp).err = Some(libc::EINVAL);
+        return;
+    }
+    let bufs: Vec<(*const u8, usize)> =
+        (0..n).map(|i| ((*list.add(i)).addr as *const u8, (*list.add(i)).length)).collect();
+    set_inline(qp, &bufs);
+}
+unsafe extern "C" fn wr_set_ud_addr(qp: *mut ffi::ibv_qp_ex, ah: *mut ffi::ibv_ah, remote_qpn: u32, remote_qkey: u32) {
+    let dest = (ah as *const Ah).as_ref().map(|a| a.dest);
+    match (last(qp), dest) {
+        (Some(w), Some(dest)) => w.ud = Some(UdDest { dest, remote_qpn, remote_qkey }),
+        _ => bld(qp).err = Some(libc::EINVAL),
+    }
+}
+unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ffi::ibv_qp_ex, srqn: u32) {
+    if let Some(w) = last(qp) {
+        w.remote_srqn = srqn;
+    }
+}
+
+fn fill_ex(ex: &mut ffi::ibv_qp_ex) {
+    ex.wr_start = Some(wr_start);
+    ex.wr_complete = Some(wr_complete);
+    ex.wr_abort = Some(wr_abort);
+    ex.wr_send = Some(wr_send);
+    ex.wr_send_imm = Some(wr_send_imm);
+    ex.wr_send_inv = Some(wr_send_inv);
+    ex.wr_rdma_write = Some(wr_rdma_write);
+    ex.wr_rdma_write_imm = Some(wr_rdma_write_imm);
+    ex.wr_rdma_read = Some(wr_rdma_read);
+    ex.wr_atomic_cmp_swp = Some(wr_atomic_cmp_swp);
+    ex.wr_atomic_fetch_add = Some(wr_atomic_fetch_add);
+    ex.wr_local_inv = Some(wr_local_inv);
+    ex.wr_bind_mw = Some(wr_bind_mw);
+    ex.wr_set_sge = Some(wr_set_sge);
+    ex.wr_set_sge_list = Some(wr_set_sge_list);
+    ex.wr_set_inline_data = Some(wr_set_inline_data);
+    ex.wr_set_inline_data_list = Some(wr_set_inline_data_list);
+    ex.wr_set_ud_addr = Some(wr_set_ud_addr);
+    ex.wr_set_xrc_srqn = Some(wr_set_xrc_srqn);
+}
