@@ -84,6 +84,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ffi::ibv_device) -> *mut f
         c.device = device;
         c.cmd_fd = -1;
         c.async_fd = dev.event_fd().as_raw_fd();
+        crate::cq::clear_nonblock(c.async_fd);
         c.num_comp_vectors = 1;
         c.abi_compat = usize::MAX as *mut libc::c_void; // __VERBS_ABI_IS_EXTENDED
         c.ops._compat_query_device = Some(ibv_query_device);
@@ -456,7 +457,10 @@ fn event_element(ctx: &Ctx, e: &ClientEvent) -> Option<(ffi::ibv_event_type, ffi
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_get_async_event(context: *mut ffi::ibv_context, event: *mut ffi::ibv_async_event) -> c_int {
+pub unsafe extern "C" fn ibv_get_async_event(
+    context: *mut ffi::ibv_context,
+    event: *mut ffi::ibv_async_event,
+) -> c_int {
     minus1_call(|| {
         let ctx = ctx_of(context)?;
         let out = nonnull(event)?;

@@ -25,6 +25,9 @@ pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut ffi::ibv_context)
     ptr_call(|| {
         let ctx = ctx_of(context)?;
         let inner = ctx.dev.create_comp_channel()?;
+        // Blocking unless the program makes it non-blocking (ibv_get_cq_event then returns
+        // EAGAIN instead of waiting, as with a uverbs event file).
+        clear_nonblock(inner.as_fd().as_raw_fd());
         let ch = ffi::ibv_comp_channel { context, fd: inner.as_fd().as_raw_fd(), refcnt: 0 };
         Ok(into_c(Channel { ch, inner: Some(inner) }) as *mut ffi::ibv_comp_channel)
     })
@@ -39,6 +42,17 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ffi::ibv_comp_ch
         }
         crate::mem::destroy_obj(channel as *mut Channel, |c| &mut c.inner, |i| i.destroy())
     })
+}
+
+/// Clears O_NONBLOCK on an event fd the device made, so the flag says what the program wants.
+pub(crate) fn clear_nonblock(fd: c_int) {
+    // SAFETY: fcntl on a descriptor this library owns.
+    unsafe {
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        if fl >= 0 && fl & libc::O_NONBLOCK != 0 {
+            libc::fcntl(fd, libc::F_SETFL, fl & !libc::O_NONBLOCK);
+        }
+    }
 }
 
 /// Extended-poll state: the completions read from the ring and the one being looked at.
@@ -119,7 +133,10 @@ const WC_FLAGS_SUPPORTED: u64 = (ffi::IBV_WC_EX_WITH_BYTE_LEN
     | ffi::IBV_WC_EX_WITH_SL
     | ffi::IBV_WC_EX_WITH_DLID_PATH_BITS) as u64;
 
-unsafe extern "C" fn create_cq_ex(context: *mut ffi::ibv_context, attr: *mut ffi::ibv_cq_init_attr_ex) -> *mut ffi::ibv_cq_ex {
+unsafe extern "C" fn create_cq_ex(
+    context: *mut ffi::ibv_context,
+    attr: *mut ffi::ibv_cq_init_attr_ex,
+) -> *mut ffi::ibv_cq_ex {
     ptr_call(|| {
         let a = nonnull(attr)?;
         if a.comp_mask & !(ffi::IBV_CQ_INIT_ATTR_MASK_FLAGS | ffi::IBV_CQ_INIT_ATTR_MASK_PD) != 0 {

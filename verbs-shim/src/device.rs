@@ -41,11 +41,8 @@ fn copy_cstr(dst: &mut [c_char], s: &str) {
 }
 
 fn make_dev(index: usize, name: &str, info: DeviceInfo) -> &'static Dev {
-    let mut dev = ffi::ibv_device {
-        node_type: ffi::IBV_NODE_CA,
-        transport_type: ffi::IBV_TRANSPORT_IB,
-        ..Default::default()
-    };
+    let mut dev =
+        ffi::ibv_device { node_type: ffi::IBV_NODE_CA, transport_type: ffi::IBV_TRANSPORT_IB, ..Default::default() };
     copy_cstr(&mut dev.name, name);
     copy_cstr(&mut dev.dev_name, &format!("uverbs{index}"));
     copy_cstr(&mut dev.dev_path, &format!("/sys/class/infiniband_verbs/uverbs{index}"));

@@ -124,7 +124,12 @@ unsafe fn reg(pd: *mut ffi::ibv_pd, addr: *mut c_void, len: usize, iova: u64, ac
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_reg_mr(pd: *mut ffi::ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> *mut ffi::ibv_mr {
+pub unsafe extern "C" fn ibv_reg_mr(
+    pd: *mut ffi::ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    access: c_int,
+) -> *mut ffi::ibv_mr {
     ptr_call(|| Ok(reg(pd, addr, len, addr as u64, access)? as *mut ffi::ibv_mr))
 }
 
@@ -403,7 +408,10 @@ pub(crate) fn xrcd_of<'a>(p: *mut ffi::ibv_xrcd) -> Result<&'a Xrcd, Errno> {
 
 /// `ibv_open_xrcd`: the domain of the file `fd` names (shared with every process that opens the
 /// same file) or, with fd -1, a private one. The device keeps its own reference to the file.
-unsafe extern "C" fn open_xrcd(context: *mut ffi::ibv_context, attr: *mut ffi::ibv_xrcd_init_attr) -> *mut ffi::ibv_xrcd {
+unsafe extern "C" fn open_xrcd(
+    context: *mut ffi::ibv_context,
+    attr: *mut ffi::ibv_xrcd_init_attr,
+) -> *mut ffi::ibv_xrcd {
     ptr_call(|| {
         let ctx: &Ctx = ctx_of(context)?;
         let a = nonnull(attr)?;

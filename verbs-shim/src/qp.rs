@@ -5,8 +5,8 @@ use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
 
 use softrdma_device::verbs::{
-    Access, AttrMask, Mtu, QpAttr, QpCaps, QpState, QpType, QueuePair, RecvWr, SendOp, SendWr, SharedReceiveQueue,
-    Sge, SrqAttr, UdDest,
+    Access, AttrMask, Mtu, QpAttr, QpCaps, QpState, QpType, QueuePair, RecvWr, SendOp, SendWr, Sge, SharedReceiveQueue,
+    SrqAttr, UdDest,
 };
 
 use crate::context::{ctx_of, lock, Ctx};
@@ -176,8 +176,9 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ffi::ibv_pd, attr: *mut ffi::ibv
     ptr_call(|| {
         let p = pd_of(pd)?;
         let a = nonnull(attr)?;
-        if matches!(a.qp_type, ffi::IBV_QPT_XRC_RECV | ffi::IBV_QPT_XRC_SEND) {
-            // XRC QPs are made with ibv_create_qp_ex (they need a domain or have no receive side).
+        if a.qp_type == ffi::IBV_QPT_XRC_RECV {
+            // A target QP belongs to an XRC domain: ibv_create_qp_ex with IBV_QP_INIT_ATTR_XRCD.
+            // (ibv_create_qp_ex with only IBV_QP_INIT_ATTR_PD comes here, so XRC_SEND does.)
             return Err(EINVAL);
         }
         let qp = create(Create {
@@ -209,7 +210,10 @@ const SEND_OPS_SUPPORTED: u64 = (ffi::IBV_QP_EX_WITH_RDMA_WRITE
     | ffi::IBV_QP_EX_WITH_BIND_MW
     | ffi::IBV_QP_EX_WITH_SEND_WITH_INV) as u64;
 
-unsafe extern "C" fn create_qp_ex(context: *mut ffi::ibv_context, attr: *mut ffi::ibv_qp_init_attr_ex) -> *mut ffi::ibv_qp {
+unsafe extern "C" fn create_qp_ex(
+    context: *mut ffi::ibv_context,
+    attr: *mut ffi::ibv_qp_init_attr_ex,
+) -> *mut ffi::ibv_qp {
     ptr_call(|| {
         let a = nonnull(attr)?;
         let m = a.comp_mask;
@@ -223,7 +227,8 @@ unsafe extern "C" fn create_qp_ex(context: *mut ffi::ibv_context, attr: *mut ffi
         if m & !known != 0 {
             return Err(EINVAL);
         }
-        let unsupported = ffi::IBV_QP_INIT_ATTR_MAX_TSO_HEADER | ffi::IBV_QP_INIT_ATTR_IND_TABLE | ffi::IBV_QP_INIT_ATTR_RX_HASH;
+        let unsupported =
+            ffi::IBV_QP_INIT_ATTR_MAX_TSO_HEADER | ffi::IBV_QP_INIT_ATTR_IND_TABLE | ffi::IBV_QP_INIT_ATTR_RX_HASH;
         if m & unsupported != 0 || (m & ffi::IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0) {
             return Err(Errno(libc::EOPNOTSUPP));
         }
@@ -268,7 +273,8 @@ unsafe extern "C" fn open_qp(context: *mut ffi::ibv_context, attr: *mut ffi::ibv
             return Err(EINVAL);
         }
         let inner = xrcd_of(a.xrcd)?.inner.as_ref().ok_or(EINVAL)?.open_qp(a.qp_num)?;
-        let qp_context = if a.comp_mask & ffi::IBV_QP_OPEN_ATTR_CONTEXT != 0 { a.qp_context } else { std::ptr::null_mut() };
+        let qp_context =
+            if a.comp_mask & ffi::IBV_QP_OPEN_ATTR_CONTEXT != 0 { a.qp_context } else { std::ptr::null_mut() };
         let (st, _) = inner.query().unwrap_or((QpState::Reset, QpAttr::default()));
         let base = ffi::ibv_qp {
             context,
@@ -457,12 +463,9 @@ unsafe fn send_wr(w: &ffi::ibv_send_wr) -> Result<SendWr, Errno> {
         ffi::IBV_WR_RDMA_WRITE => SendOp::Write { remote_addr: rdma.remote_addr, rkey: rdma.rkey },
         ffi::IBV_WR_RDMA_WRITE_WITH_IMM => SendOp::WriteWithImm { remote_addr: rdma.remote_addr, rkey: rdma.rkey, imm },
         ffi::IBV_WR_RDMA_READ => SendOp::Read { remote_addr: rdma.remote_addr, rkey: rdma.rkey },
-        ffi::IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::CompareSwap {
-            remote_addr: at.remote_addr,
-            rkey: at.rkey,
-            compare: at.compare_add,
-            swap: at.swap,
-        },
+        ffi::IBV_WR_ATOMIC_CMP_AND_SWP => {
+            SendOp::CompareSwap { remote_addr: at.remote_addr, rkey: at.rkey, compare: at.compare_add, swap: at.swap }
+        }
         ffi::IBV_WR_ATOMIC_FETCH_AND_ADD => {
             SendOp::FetchAdd { remote_addr: at.remote_addr, rkey: at.rkey, add: at.compare_add }
         }
@@ -489,7 +492,12 @@ unsafe fn send_wr(w: &ffi::ibv_send_wr) -> Result<SendWr, Errno> {
 
 /// Posts a list: the valid prefix goes to the queue; the first request that is not posted is
 /// `bad`, and its error is the post's.
-fn post<W, T>(items: Vec<(W, *mut T)>, conv_err: Option<(c_int, *mut T)>, bad: *mut *mut T, run: impl FnOnce(Vec<W>) -> Result<(), softrdma_device::verbs::Error>) -> c_int {
+fn post<W, T>(
+    items: Vec<(W, *mut T)>,
+    conv_err: Option<(c_int, *mut T)>,
+    bad: *mut *mut T,
+    run: impl FnOnce(Vec<W>) -> Result<(), softrdma_device::verbs::Error>,
+) -> c_int {
     let ptrs: Vec<*mut T> = items.iter().map(|(_, p)| *p).collect();
     let wrs = items.into_iter().map(|(w, _)| w).collect();
     let (err, at) = match run(wrs) {
@@ -507,7 +515,11 @@ fn post<W, T>(items: Vec<(W, *mut T)>, conv_err: Option<(c_int, *mut T)>, bad: *
     err
 }
 
-unsafe extern "C" fn post_send(qp: *mut ffi::ibv_qp, wr: *mut ffi::ibv_send_wr, bad: *mut *mut ffi::ibv_send_wr) -> c_int {
+unsafe extern "C" fn post_send(
+    qp: *mut ffi::ibv_qp,
+    wr: *mut ffi::ibv_send_wr,
+    bad: *mut *mut ffi::ibv_send_wr,
+) -> c_int {
     let r = crate::guarded(|| {
         let q = qp_of(qp)?;
         let mut items = Vec::new();
@@ -533,7 +545,9 @@ unsafe extern "C" fn post_send(qp: *mut ffi::ibv_qp, wr: *mut ffi::ibv_send_wr, 
     })
 }
 
-unsafe fn recv_list(wr: *mut ffi::ibv_recv_wr) -> (Vec<(RecvWr, *mut ffi::ibv_recv_wr)>, Option<(c_int, *mut ffi::ibv_recv_wr)>) {
+unsafe fn recv_list(
+    wr: *mut ffi::ibv_recv_wr,
+) -> (Vec<(RecvWr, *mut ffi::ibv_recv_wr)>, Option<(c_int, *mut ffi::ibv_recv_wr)>) {
     let mut items = Vec::new();
     let mut p = wr;
     while let Some(w) = p.as_ref() {
@@ -546,7 +560,11 @@ unsafe fn recv_list(wr: *mut ffi::ibv_recv_wr) -> (Vec<(RecvWr, *mut ffi::ibv_re
     (items, None)
 }
 
-unsafe extern "C" fn post_recv(qp: *mut ffi::ibv_qp, wr: *mut ffi::ibv_recv_wr, bad: *mut *mut ffi::ibv_recv_wr) -> c_int {
+unsafe extern "C" fn post_recv(
+    qp: *mut ffi::ibv_qp,
+    wr: *mut ffi::ibv_recv_wr,
+    bad: *mut *mut ffi::ibv_recv_wr,
+) -> c_int {
     let r = crate::guarded(|| {
         let q = qp_of(qp)?;
         if !(*qp).srq.is_null() {
@@ -562,7 +580,11 @@ unsafe extern "C" fn post_recv(qp: *mut ffi::ibv_qp, wr: *mut ffi::ibv_recv_wr, 
     r.unwrap_or_else(|Errno(e)| e)
 }
 
-unsafe extern "C" fn post_srq_recv(srq: *mut ffi::ibv_srq, wr: *mut ffi::ibv_recv_wr, bad: *mut *mut ffi::ibv_recv_wr) -> c_int {
+unsafe extern "C" fn post_srq_recv(
+    srq: *mut ffi::ibv_srq,
+    wr: *mut ffi::ibv_recv_wr,
+    bad: *mut *mut ffi::ibv_recv_wr,
+) -> c_int {
     let r = crate::guarded(|| {
         let s = srq_of(srq)?;
         let (items, conv_err) = recv_list(wr);
@@ -632,7 +654,10 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ffi::ibv_pd, attr: *mut ffi::ib
     })
 }
 
-unsafe extern "C" fn create_srq_ex(context: *mut ffi::ibv_context, attr: *mut ffi::ibv_srq_init_attr_ex) -> *mut ffi::ibv_srq {
+unsafe extern "C" fn create_srq_ex(
+    context: *mut ffi::ibv_context,
+    attr: *mut ffi::ibv_srq_init_attr_ex,
+) -> *mut ffi::ibv_srq {
     ptr_call(|| {
         let ctx = ctx_of(context)?;
         let a = nonnull(attr)?;
@@ -801,7 +826,12 @@ unsafe extern "C" fn wr_atomic_fetch_add(qp: *mut ffi::ibv_qp_ex, rkey: u32, rem
 unsafe extern "C" fn wr_local_inv(qp: *mut ffi::ibv_qp_ex, rkey: u32) {
     push(qp, SendOp::LocalInv { rkey });
 }
-unsafe extern "C" fn wr_bind_mw(qp: *mut ffi::ibv_qp_ex, mw: *mut ffi::ibv_mw, rkey: u32, info: *const ffi::ibv_mw_bind_info) {
+unsafe extern "C" fn wr_bind_mw(
+    qp: *mut ffi::ibv_qp_ex,
+    mw: *mut ffi::ibv_mw,
+    rkey: u32,
+    info: *const ffi::ibv_mw_bind_info,
+) {
     match info.as_ref().map(|i| crate::mem::bind_op(mw, rkey, i)) {
         Some(Ok(op)) => push(qp, op),
         _ => bld(qp).err = Some(libc::EINVAL),

@@ -108,7 +108,14 @@ enosys_int!(
 
 enosys_ptr!(rdma_create_event_channel, rdma_get_devices);
 
-noop_void!(rdma_destroy_event_channel, rdma_destroy_qp, rdma_destroy_ep, rdma_destroy_srq, rdma_free_devices, rdma_freeaddrinfo);
+noop_void!(
+    rdma_destroy_event_channel,
+    rdma_destroy_qp,
+    rdma_destroy_ep,
+    rdma_destroy_srq,
+    rdma_free_devices,
+    rdma_freeaddrinfo
+);
 
 /// `rdma_destroy_id`: no id was ever made; ENOSYS.
 #[no_mangle]

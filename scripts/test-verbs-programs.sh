@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Runs unchanged rdma-core programs (Debian ibverbs-utils) on softrdma through the verbs shim:
+# ibv_devices, ibv_devinfo, and the ping-pong tests as two processes (server and client), on one
+# device (srdma0) and across two (srdma0 on 127.0.0.1, srdma1 on 127.0.0.2). Each must exit 0
+# and print its own bandwidth lines. One line per run, then "N passed, M failed".
+# Usage: scripts/test-verbs-programs.sh [--quick]      (needs scripts/build-shim.sh first)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+target="${CARGO_TARGET_DIR:-target}"
+shim="$(realpath "$target/release/shim")"
+bin="$(realpath "$target/release/softrdma")"
+[ -f "$shim/libibverbs.so.1" ] || { echo "no shim in $shim: run scripts/build-shim.sh" >&2; exit 2; }
+command -v ibv_rc_pingpong >/dev/null || { echo "ibv_rc_pingpong missing: run scripts/install-deps.sh" >&2; exit 2; }
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+
+# A private runtime directory: these devices are ours alone, and go away with it.
+rt="$(mktemp -d)"
+chmod 700 "$rt"
+export SOFTRDMA_RUNTIME_DIR="$rt" SOFTRDMA_BIN="$bin" SOFTRDMA_NO_AUTOSTART=1
+export LD_LIBRARY_PATH="$shim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+logs="$rt/logs"
+mkdir -p "$logs"
+cleanup() {
+  jobs -p | xargs -r kill 2>/dev/null
+  "$bin" down srdma0 >/dev/null 2>&1
+  "$bin" down srdma1 >/dev/null 2>&1
+  rm -rf "$rt"
+}
+trap cleanup EXIT
+# Addresses: srdma0 on 127.0.0.1 and srdma1 on 127.0.0.2 unless told otherwise.
+addr0="${SOFTRDMA_TEST_ADDR0:-127.0.0.1}"
+addr1="${SOFTRDMA_TEST_ADDR1:-127.0.0.2}"
+"$bin" up srdma0 --addr "$addr0" >/dev/null || exit 2
+"$bin" up srdma1 --addr "$addr1" >/dev/null || exit 2
+
+passed=0
+failed=0
+port=$((20000 + RANDOM % 20000))
+result() { # name status detail
+  if [ "$2" = ok ]; then
+    passed=$((passed + 1))
+    printf 'ok    %s\n' "$1"
+  else
+    failed=$((failed + 1))
+    printf 'FAIL  %s: %s\n' "$1" "$3"
+  fi
+}
+
+single() { # name expect-regex cmd...
+  local name="$1" want="$2"
+  shift 2
+  local log="$logs/$(echo "$name" | tr ' /' '__').log"
+  if timeout 60 "$@" >"$log" 2>&1 && grep -qE "$want" "$log"; then
+    result "$name" ok
+  else
+    result "$name" fail "$(tail -n 3 "$log" | tr '\n' ' ')"
+  fi
+}
+
+# pair NAME SERVER_DEV CLIENT_DEV PROGRAM ARGS...: server and client as two processes; both must
+# exit 0 and print the program's "bytes in ... seconds" and "iters in ... seconds" lines.
+pair() {
+  local name="$1" sdev="$2" cdev="$3" prog="$4"
+  shift 4
+  port=$((port + 1))
+  local slog="$logs/${name// /_}.server.log" clog="$logs/${name// /_}.client.log"
+  timeout 120 "$prog" -d "$sdev" -g 0 -p "$port" "$@" >"$slog" 2>&1 &
+  local spid=$!
+  # The client retries until the server listens (the programs exit at once when refused).
+  local crc=1
+  for _ in $(seq 50); do
+    sleep 0.1
+    timeout 120 "$prog" -d "$cdev" -g 0 -p "$port" "$@" "$addr0" >"$clog" 2>&1
+    crc=$?
+    grep -q "Couldn't connect" "$clog" || break
+  done
+  wait "$spid"
+  local src=$?
+  local lines
+  lines=$(grep -cE "bytes in .* seconds|iters in .* seconds" "$slog" "$clog" | awk -F: '{s+=$2} END {print s}')
+  if [ "$src" = 0 ] && [ "$crc" = 0 ] && [ "$lines" -ge 2 ]; then
+    result "$name ($(grep -hE 'Mbit/sec' "$clog" | head -1 | sed 's/.*= //'))" ok
+  else
+    result "$name" fail "server rc=$src client rc=$crc; $(tail -q -n 2 "$slog" "$clog" | tr '\n' ' ')"
+  fi
+}
+
+# xsrq NAME SERVER_DEV CLIENT_DEV CLIENTS: ibv_xsrq_pingpong's server serves -c CLIENTS client
+# processes (all at once) through one XRC SRQ per client; every process must print "success".
+xsrq() {
+  local name="$1" sdev="$2" cdev="$3" n="$4"
+  port=$((port + 1))
+  local base="$logs/${name// /_}"
+  timeout 120 ibv_xsrq_pingpong -d "$sdev" -g 0 -p "$port" -c "$n" -n 20 >"$base.server.log" 2>&1 &
+  local spid=$! pids=() i
+  sleep 0.3
+  for i in $(seq "$n"); do
+    timeout 120 ibv_xsrq_pingpong -d "$cdev" -g 0 -p "$port" -n 20 "$addr0" >"$base.client$i.log" 2>&1 &
+    pids+=($!)
+  done
+  local bad=0
+  wait "$spid" || bad=1
+  for i in "${pids[@]}"; do wait "$i" || bad=1; done
+  local ok
+  ok=$(grep -l '^success' "$base".*.log | wc -l)
+  if [ $bad = 0 ] && [ "$ok" = $((n + 1)) ]; then
+    result "$name" ok
+  else
+    result "$name" fail "$ok of $((n + 1)) processes succeeded; $(tail -q -n 1 "$base".*.log | tr '\n' ' ')"
+  fi
+}
+
+single "ibv_devices" "srdma0.*[0-9a-f]{16}" ibv_devices
+single "ibv_devinfo" "hca_id:.*srdma1" ibv_devinfo
+single "ibv_devinfo -v" "GID\[ *0\]:.*::ffff:${addr0//./\\.}, RoCE v2" ibv_devinfo -v -d srdma0
+
+n=200
+sizes="64 4096 65536"
+[ $quick = 1 ] && { n=50; sizes="4096 65536"; }
+for where in "srdma0 srdma0" "srdma0 srdma1"; do
+  set -- $where
+  s=$1 c=$2
+  tag="$s->$c"
+  for sz in $sizes; do
+    pair "ibv_rc_pingpong -s $sz $tag" "$s" "$c" ibv_rc_pingpong -s "$sz" -n "$n"
+  done
+  pair "ibv_rc_pingpong -e $tag" "$s" "$c" ibv_rc_pingpong -e -n "$n"
+  pair "ibv_uc_pingpong $tag" "$s" "$c" ibv_uc_pingpong -n "$n"
+  pair "ibv_ud_pingpong $tag" "$s" "$c" ibv_ud_pingpong -n "$n"
+  pair "ibv_srq_pingpong -q 4 $tag" "$s" "$c" ibv_srq_pingpong -q 4 -n "$n"
+  xsrq "ibv_xsrq_pingpong -c 4 $tag" "$s" "$c" 4
+done
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]

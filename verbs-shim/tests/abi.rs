@@ -1,0 +1,206 @@
+//! The C ABI, end to end: compiles `tests/abi/abi_check.c` with `cc` against rdma-core's
+//! installed headers and runs it on the shim (libibverbs.so.1 found through LD_LIBRARY_PATH), so
+//! the structure layouts and the static inline paths of verbs.h (verbs_context ops, ctx->ops,
+//! ibv_cq_ex and ibv_qp_ex function pointers) are exercised exactly as a C program uses them.
+//!
+//! Needs the built shim: `scripts/build-shim.sh` (or $SOFTRDMA_SHIM_DIR naming another build).
+//! The device runs in a private runtime dir and is stopped at the end. When UDP 127.0.0.1:4791 is
+//! free, the program's own `ibv_get_device_list` starts srdma0 (the shim's auto-start); when
+//! something else holds that port (rxe, another softrdma device), the test starts srdma0 itself
+//! on 127.0.0.1 with a free UDP port, as the auto-started one could not bind.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+const DEVICE: &str = "srdma0";
+const RUN_TIMEOUT: Duration = Duration::from_secs(150);
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("verbs-shim sits in the workspace").to_owned()
+}
+
+/// The cargo target dir, as scripts/build-shim.sh sees it ($CARGO_TARGET_DIR, else target/).
+fn target_dir() -> PathBuf {
+    let root = workspace_root();
+    match std::env::var_os("CARGO_TARGET_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => root.join(d),
+        None => root.join("target"),
+    }
+}
+
+/// The shim directory: $SOFTRDMA_SHIM_DIR, else <target>/release/shim.
+fn shim_dir() -> PathBuf {
+    match std::env::var_os("SOFTRDMA_SHIM_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d),
+        None => target_dir().join("release").join("shim"),
+    }
+}
+
+/// The `softrdma` executable: $SOFTRDMA_BIN, else beside the shim directory (where the shim
+/// itself looks), else <target>/release/softrdma.
+fn softrdma_bin(shim: &Path) -> PathBuf {
+    if let Some(p) = std::env::var_os("SOFTRDMA_BIN").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    let beside = shim.join("..").join("softrdma");
+    if beside.is_file() {
+        return beside;
+    }
+    target_dir().join("release").join("softrdma")
+}
+
+fn newest_mtime(dir: &Path) -> Option<SystemTime> {
+    let mut newest = None;
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let m = e.metadata().ok()?;
+        let t = if m.is_dir() { newest_mtime(&e.path()) } else { m.modified().ok() };
+        newest = newest.max(t);
+    }
+    newest
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// Stops the device when the test ends, pass or fail (`softrdma down` with the test's env).
+struct Down<'a> {
+    exe: &'a Path,
+    runtime: &'a Path,
+}
+
+impl Drop for Down<'_> {
+    fn drop(&mut self) {
+        let o = Command::new(self.exe).args(["down", DEVICE]).env("SOFTRDMA_RUNTIME_DIR", self.runtime).output();
+        match o {
+            Ok(o) => eprintln!("softrdma down {DEVICE}: {}", text(&o).trim()),
+            Err(e) => eprintln!("softrdma down {DEVICE}: cannot run {}: {e}", self.exe.display()),
+        }
+    }
+}
+
+/// Runs `cmd`, killing it after `timeout`; returns its output and whether it timed out.
+fn run_with_timeout(mut cmd: Command, timeout: Duration) -> (Output, bool) {
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("start abi_check");
+    let mut out = child.stdout.take().expect("piped");
+    let mut err = child.stderr.take().expect("piped");
+    let t_out = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let deadline = Instant::now() + timeout;
+    let mut timed_out = false;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait abi_check") {
+            break s;
+        }
+        if Instant::now() > deadline {
+            timed_out = true;
+            let _ = child.kill();
+            break child.wait().expect("wait abi_check");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stdout = t_out.join().unwrap_or_default();
+    let stderr = t_err.join().unwrap_or_default();
+    (Output { status, stdout, stderr }, timed_out)
+}
+
+#[test]
+fn abi_check_c_program_on_the_shim() {
+    let shim = shim_dir();
+    let lib = shim.join("libibverbs.so.1");
+    assert!(
+        lib.is_file(),
+        "the verbs shim is not built: {} is missing. Run scripts/build-shim.sh first \
+         (or set SOFTRDMA_SHIM_DIR to the directory holding libibverbs.so.1)",
+        lib.display()
+    );
+    let exe = softrdma_bin(&shim);
+    assert!(
+        exe.is_file(),
+        "{} is missing: scripts/build-shim.sh builds it with the shim (or set SOFTRDMA_BIN)",
+        exe.display()
+    );
+    let src_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    if let (Some(src), Ok(built)) = (newest_mtime(&src_dir), lib.metadata().and_then(|m| m.modified())) {
+        if src > built {
+            eprintln!(
+                "warning: {} is older than verbs-shim/src; this tests the old build (run scripts/build-shim.sh)",
+                lib.display()
+            );
+        }
+    }
+
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/abi/abi_check.c");
+    let work = tempfile::Builder::new().prefix("softrdma-abi-").tempdir().expect("temp dir");
+    let bin = work.path().join("abi_check");
+    let cc = std::env::var_os("CC").filter(|c| !c.is_empty()).unwrap_or_else(|| "cc".into());
+    let o = Command::new(&cc)
+        .args(["-O1", "-Wall", "-Werror"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&bin)
+        .arg(format!("-L{}", shim.display()))
+        .arg("-libverbs")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", cc.to_string_lossy()));
+    assert!(o.status.success(), "compiling {} failed:\n{}", src.display(), text(&o));
+
+    // A private runtime dir (mode 0700: tempdir makes it so), and a scratch dir for the XRC files.
+    let runtime = work.path().join("rt");
+    std::fs::create_dir(&runtime).expect("runtime dir");
+    std::fs::set_permissions(&runtime, std::os::unix::fs::PermissionsExt::from_mode(0o700)).expect("chmod");
+    let scratch = work.path().join("tmp");
+    std::fs::create_dir(&scratch).expect("scratch dir");
+    let _down = Down { exe: &exe, runtime: &runtime };
+
+    let default_port_free = std::net::UdpSocket::bind("127.0.0.1:4791").is_ok();
+    let how = if default_port_free {
+        format!("{DEVICE} auto-started by the shim on 127.0.0.1:4791")
+    } else {
+        let port = std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr()).expect("free UDP port").port();
+        let o = Command::new(&exe)
+            .args(["up", DEVICE, "--addr", "127.0.0.1", "--port", &port.to_string()])
+            .env("SOFTRDMA_RUNTIME_DIR", &runtime)
+            .output()
+            .expect("run softrdma up");
+        assert!(o.status.success(), "softrdma up {DEVICE} --port {port} failed:\n{}", text(&o));
+        format!("UDP 127.0.0.1:4791 is taken: {DEVICE} started by the test on 127.0.0.1:{port}")
+    };
+
+    let mut cmd = Command::new(&bin);
+    cmd.env("LD_LIBRARY_PATH", &shim)
+        .env("SOFTRDMA_RUNTIME_DIR", &runtime)
+        .env("SOFTRDMA_BIN", &exe)
+        .env("TMPDIR", &scratch)
+        .env_remove("SOFTRDMA_NO_AUTOSTART");
+    let (out, timed_out) = run_with_timeout(cmd, RUN_TIMEOUT);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let report = || {
+        let log = std::fs::read_to_string(runtime.join(format!("{DEVICE}.log"))).unwrap_or_default();
+        let fails: Vec<&str> = stdout.lines().filter(|l| l.starts_with("FAIL")).collect();
+        format!(
+            "abi_check ({how}) {}:\n--- failures ---\n{}\n--- stdout ---\n{stdout}--- stderr ---\n{stderr}--- {DEVICE}.log ---\n{log}",
+            if timed_out { format!("timed out after {RUN_TIMEOUT:?}") } else { format!("exited with {}", out.status) },
+            fails.join("\n"),
+        )
+    };
+    println!("{}", report());
+    assert!(!timed_out && out.status.success(), "{}", report());
+    assert!(
+        stdout.lines().any(|l| l.starts_with("# ") && l.ends_with(" 0 failed")),
+        "abi_check exited 0 without its summary line:\n{}",
+        report()
+    );
+}
