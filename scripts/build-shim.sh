@@ -22,10 +22,10 @@ link() { # soname map: pulls in exactly the map's symbols (and what they need) f
   local extra=()
   # ibv_query_gid_type's aliases (c/symver.c) are referenced by no one: pull them in by name.
   [ "$2" = ibverbs.map ] && extra=(-Wl,-u,softrdma_query_gid_type_34 -Wl,-u,softrdma_query_gid_type_25)
-  cc -shared -o "$out/$1.tmp" -Wl,-soname,"$1" -Wl,--version-script=verbs-shim/maps/"$2" \
+  cc -shared -o "$out/$1.tmp.$$" -Wl,-soname,"$1" -Wl,--version-script=verbs-shim/maps/"$2" \
     -Wl,--gc-sections -Wl,-z,now -Wl,-z,relro "${undef[@]}" "${extra[@]}" \
     "$lib" -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc
-  mv "$out/$1.tmp" "$out/$1"
+  mv "$out/$1.tmp.$$" "$out/$1"
 }
 link libibverbs.so.1 ibverbs.map
 link librdmacm.so.1 rdmacm.map

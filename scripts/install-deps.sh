@@ -2,11 +2,18 @@
 # Installs what the test suite needs on a Debian 12 machine, and nothing that is already there:
 # - tshark: the independent decoder the wire tests cross-check against (Debian package);
 # - python3: runs the shared ICRC oracle (present on the CI image; installed if missing);
-# - cargo-fuzz: builds and runs the fuzz targets (a cargo tool, built from crates.io).
+# - cargo-fuzz: builds and runs the fuzz targets (a cargo tool, built from crates.io);
+# - libibverbs-dev: rdma-core's headers, the ABI the verbs shim implements (bindgen reads them,
+#   with libclang-dev), and cc links the shim;
+# - ibverbs-utils, python3-pyverbs: the unchanged rdma-core programs and test suite run on it.
 set -euo pipefail
 need=()
 command -v tshark >/dev/null 2>&1 || need+=(tshark)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
+command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
+for pkg in libibverbs-dev libclang-dev ibverbs-utils python3-pyverbs; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
+done
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo="sudo"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what it needs, then builds once and runs every test.
 #   unit, property and conformance tests (golden packets, real captures, tshark, ICRC oracle),
-#   command-line tests, lint, and a short run of each fuzz target.
+#   command-line tests, lint, the verbs shim (its ABI test, unchanged rdma-core programs, the
+#   pyverbs suite) and a short run of each fuzz target.
 # Environment: FUZZ_SECONDS (default 30) per fuzz target; 0 builds the targets without running.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,8 +22,14 @@ cargo build --workspace --all-targets --locked
 step "clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "verbs shim (release: the real-program tests below and the demo share this build)"
+bash scripts/build-shim.sh
+
 step "tests"
 cargo test --workspace --locked
+
+step "unchanged rdma-core programs on the shim"
+bash scripts/test-verbs-programs.sh
 
 step "fuzz targets"
 fuzz_seconds=${FUZZ_SECONDS:-30}

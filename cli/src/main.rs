@@ -15,11 +15,14 @@
 //! - `softrdma sim ...`: an RC workload between two engine devices on the simulated lossy wire,
 //!   checked against what was posted.
 //!
-//! Not built yet (later issues): `exec`, `capture`, `bench`, `pcap replay`; clap rejects them as
-//! unknown subcommands.
+//! - `softrdma exec -- PROG ARGS...`: an unchanged verbs program on softrdma, through the shim.
+//!
+//! Not built yet (later issues): `capture`, `bench`, `pcap replay`; clap rejects them as unknown
+//! subcommands.
 
 mod demo;
 mod device_cmd;
+mod exec_cmd;
 mod pcap_cmd;
 mod sample;
 mod sim;
@@ -51,6 +54,13 @@ enum Command {
         name: String,
         #[command(flatten)]
         args: device_cmd::DeviceArgs,
+    },
+    /// Run an unchanged verbs program on softrdma: the verbs shim first on LD_LIBRARY_PATH, and
+    /// the default device (srdma0 on 127.0.0.1) started unless a device runs.
+    Exec {
+        /// The program and its arguments (after `--`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        program: Vec<String>,
     },
     /// Start a device in the background (unless it runs) and wait until it answers.
     Up {
@@ -140,6 +150,7 @@ fn main() -> ExitCode {
         Command::DemoWorker(a) => demo::worker(&a),
         Command::Daemon { name, args } => device_cmd::daemon(&name, &args),
         Command::Up { name, args } => device_cmd::up(&name, &args),
+        Command::Exec { program } => exec_cmd::run(&program),
         Command::Down { name } => device_cmd::down(&name),
         Command::List { json } => device_cmd::list(json),
         Command::Stat { name, json } => device_cmd::stat(&name, json),

@@ -80,13 +80,15 @@ fn softrdma_exe() -> PathBuf {
     PathBuf::from("softrdma")
 }
 
-/// Starts the default device (srdma0 on 127.0.0.1) unless $SOFTRDMA_NO_AUTOSTART is set.
+/// Starts the default device (srdma0 on 127.0.0.1, or $SOFTRDMA_DEFAULT_ADDR) unless
+/// $SOFTRDMA_NO_AUTOSTART is set.
 fn start_default() {
     if std::env::var_os("SOFTRDMA_NO_AUTOSTART").is_some() {
         return;
     }
     let exe = softrdma_exe();
-    let args = vec!["--addr".to_owned(), DEFAULT_ADDR.to_owned()];
+    let addr = std::env::var("SOFTRDMA_DEFAULT_ADDR").unwrap_or_else(|_| DEFAULT_ADDR.to_owned());
+    let args = vec!["--addr".to_owned(), addr];
     if let Err(e) = softrdma_device::daemon::up(&exe, DEFAULT_DEVICE, &args) {
         eprintln!("softrdma: no device is running and starting {DEFAULT_DEVICE} with {} failed: {e}", exe.display());
     }

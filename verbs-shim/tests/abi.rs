@@ -196,8 +196,8 @@ fn abi_check_c_program_on_the_shim() {
             fails.join("\n"),
         )
     };
-    println!("{}", report());
     assert!(!timed_out && out.status.success(), "{}", report());
+    println!("{}", report());
     assert!(
         stdout.lines().any(|l| l.starts_with("# ") && l.ends_with(" 0 failed")),
         "abi_check exited 0 without its summary line:\n{}",

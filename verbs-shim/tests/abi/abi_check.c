@@ -509,14 +509,30 @@ static int section_device(struct env *e)
 	ibv_query_port(e->ctx, 1, &e->port);
 
 	{
+		/* The exported (non-macro) ibv_query_port, the old ABI's entry (programs built before
+		 * the macro, bindings, and the inline's fallback). struct _compat_ibv_port_attr is
+		 * opaque in verbs.h; rdma-core 44 defines it in libibverbs/verbs.c as ibv_port_attr
+		 * without port_cap_flags2: 48 bytes, and fills exactly that much. */
+		const size_t compat_len = 48; /* rdma-core 44: sizeof(struct _compat_ibv_port_attr) */
 		struct ibv_port_attr compat;
+		uint8_t tail[sizeof(compat)];
 
-		memset(&compat, 0, sizeof(compat));
-		/* The exported (non-macro) ibv_query_port, the old ABI's entry. */
+		check(offsetof(struct ibv_port_attr, port_cap_flags2) == compat_len,
+		      "layout _compat_ibv_port_attr is ibv_port_attr up to port_cap_flags2",
+		      "offsetof(port_cap_flags2) = %zu, rdma-core 44 compat size %zu",
+		      offsetof(struct ibv_port_attr, port_cap_flags2), compat_len);
+		memset(&compat, 0xa5, sizeof(compat));
 		rc = (ibv_query_port)(e->ctx, 1, (struct _compat_ibv_port_attr *)&compat);
-		check(rc == 0 && compat.state == e->port.state && compat.active_mtu == e->port.active_mtu,
-		      "ibv_query_port exported (compat struct)", "rc %d state %d active_mtu %d", rc, compat.state,
-		      compat.active_mtu);
+		check(rc == 0 && compat.state == e->port.state && compat.active_mtu == e->port.active_mtu &&
+			      compat.max_mtu == e->port.max_mtu && compat.link_layer == e->port.link_layer &&
+			      compat.gid_tbl_len == e->port.gid_tbl_len,
+		      "ibv_query_port exported (compat struct) fills the port attributes",
+		      "rc %d state %d active_mtu %d max_mtu %d link_layer %u gid_tbl_len %d (0xa5 fill: not written)", rc,
+		      compat.state, compat.active_mtu, compat.max_mtu, compat.link_layer, compat.gid_tbl_len);
+		memset(tail, 0xa5, sizeof(tail));
+		check(memcmp((uint8_t *)&compat + compat_len, tail, sizeof(compat) - compat_len) == 0,
+		      "ibv_query_port exported writes no more than the 48-byte compat struct",
+		      "bytes %zu..%zu were overwritten", compat_len, sizeof(compat));
 		struct ibv_port_attr bad;
 		rc = ibv_query_port(e->ctx, 2, &bad);
 		check(rc != 0, "ibv_query_port port 2 fails", "rc %d", rc);

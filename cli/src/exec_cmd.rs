@@ -1,0 +1,50 @@
+//! `softrdma exec -- PROG ARGS...`: runs an unchanged verbs program on softrdma. The verbs shim
+//! (libibverbs.so.1, librdmacm.so.1, stub libmlx5.so.1 and libefa.so.1) goes first on
+//! LD_LIBRARY_PATH, and the default device starts unless a device already runs.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use anyhow::{bail, Context, Result};
+use softrdma_device::{daemon, runtime};
+
+/// The default device, as the shim starts it when it finds none ($SOFTRDMA_DEFAULT_ADDR chooses
+/// another address).
+const DEFAULT_DEVICE: &str = "srdma0";
+const DEFAULT_ADDR: &str = "127.0.0.1";
+
+/// Where the shim is: $SOFTRDMA_SHIM_DIR, else `shim/` beside this executable (what
+/// scripts/build-shim.sh makes in the cargo target directory).
+pub(crate) fn shim_dir(exe: &Path) -> Result<PathBuf> {
+    let dir = match std::env::var_os("SOFTRDMA_SHIM_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d),
+        None => exe.parent().context("the executable has no directory")?.join("shim"),
+    };
+    if !dir.join("libibverbs.so.1").is_file() {
+        bail!(
+            "the verbs shim is not built: {} has no libibverbs.so.1 (run scripts/build-shim.sh, or set SOFTRDMA_SHIM_DIR)",
+            dir.display()
+        );
+    }
+    Ok(dir)
+}
+
+pub(crate) fn run(program: &[String]) -> Result<ExitCode> {
+    let Some((prog, args)) = program.split_first() else { bail!("usage: softrdma exec -- PROGRAM [ARGS...]") };
+    let exe = std::env::current_exe().context("finding the softrdma executable")?;
+    let shim = shim_dir(&exe)?;
+    let dir = runtime::runtime_dir()?;
+    if runtime::list_devices(&dir).is_empty() {
+        let addr = std::env::var("SOFTRDMA_DEFAULT_ADDR").unwrap_or_else(|_| DEFAULT_ADDR.to_owned());
+        let args = vec!["--addr".to_owned(), addr];
+        daemon::up(&exe, DEFAULT_DEVICE, &args)?;
+    }
+    let mut path = shim.into_os_string();
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|p| !p.is_empty()) {
+        path.push(":");
+        path.push(old);
+    }
+    let err = Command::new(prog).args(args).env("LD_LIBRARY_PATH", path).env("SOFTRDMA_BIN", &exe).exec();
+    bail!("cannot run {prog}: {err}")
+}

@@ -1,0 +1,263 @@
+#!/usr/bin/env bash
+# Runs rdma-core's pyverbs test suite (Debian's python3-pyverbs) against the verbs shim and prints
+# a per-module markdown table of passed/failed/errors/skipped, then every failing or erroring test
+# with the last line of its traceback, then the skips grouped by reason.
+#
+# Usage: scripts/pyverbs.sh [--log DIR] [--report-only] [--timeout SECONDS] [MODULE...]
+#   MODULE        a test module of the suite, e.g. test_qp (default: the verbs modules below)
+#   --log DIR     also keep each module's raw unittest output as DIR/MODULE.log
+#   --report-only exit 0 whatever the results (for producing the README table while work goes on)
+#   --timeout S   per-module limit in seconds (default 300); a module that hits it counts as failed
+# Exit status: 0 when no test failed or errored (or with --report-only), 1 otherwise, 2 on misuse.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+default_modules=(test_device test_pd test_mr test_cq test_cq_events test_cqex test_qp test_qpex
+  test_atomic test_addr test_shared_pd)
+
+usage() { sed -n '6,11s/^# \{0,1\}//p' "$0"; }
+
+log_dir=""
+report_only=0
+timeout_s=300
+modules=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --log) [ $# -ge 2 ] || { usage >&2; exit 2; }; log_dir=$2; shift 2 ;;
+    --log=*) log_dir=${1#--log=}; shift ;;
+    --report-only) report_only=1; shift ;;
+    --timeout) [ $# -ge 2 ] || { usage >&2; exit 2; }; timeout_s=$2; shift 2 ;;
+    --timeout=*) timeout_s=${1#--timeout=}; shift ;;
+    -h | --help) usage; exit 0 ;;
+    -*) echo "pyverbs.sh: unknown option $1" >&2; usage >&2; exit 2 ;;
+    *) m=$(basename "$1"); modules+=("${m%.py}"); shift ;; # accept test_qp, test_qp.py, tests/test_qp.py
+  esac
+done
+[ ${#modules[@]} -gt 0 ] || modules=("${default_modules[@]}")
+case "$timeout_s" in '' | *[!0-9]*) echo "pyverbs.sh: --timeout takes whole seconds" >&2; exit 2 ;; esac
+
+# The suite and its bindings come from Debian (as install-deps.sh does for its packages).
+if ! dpkg -s python3-pyverbs >/dev/null 2>&1; then
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  echo "pyverbs.sh: installing python3-pyverbs" >&2
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends python3-pyverbs >/dev/null
+fi
+# Debian's interpreter explicitly: pyverbs is built for it, and another python3 may be first on PATH.
+py=/usr/bin/python3
+
+# The tests ship as documentation (Debian puts them under /usr/share/doc/rdma-core/tests, some
+# gzipped); ask dpkg where rather than guessing.
+src=$(dpkg -L python3-pyverbs | grep '/tests/run_tests\.py$' | head -n 1 || true)
+[ -n "$src" ] || { echo "pyverbs.sh: python3-pyverbs ships no tests/run_tests.py" >&2; exit 1; }
+src=$(dirname "$src")
+
+# Build (a no-op when nothing changed) so the run always tests the current sources.
+shim=$(bash scripts/build-shim.sh | tail -n 1)
+shim=$(cd "$shim" && pwd)
+softrdma="$shim/../softrdma"
+
+# Everything this run creates lives in two private directories, removed on exit; every device we
+# start is stopped on exit, also when interrupted.
+work=$(mktemp -d)
+SOFTRDMA_RUNTIME_DIR=$(mktemp -d)
+chmod 0700 "$SOFTRDMA_RUNTIME_DIR"
+export SOFTRDMA_RUNTIME_DIR
+# A device that dies mid-run must show up as failures, not be silently replaced by the shim's
+# autostart (which would also start one outside our control).
+export SOFTRDMA_NO_AUTOSTART=1
+started=()
+runner="" # the module run under way, if any
+cleanup() {
+  local d
+  [ -z "$runner" ] || { kill "$runner" 2>/dev/null || true; wait "$runner" 2>/dev/null || true; }
+  for d in ${started[@]+"${started[@]}"}; do "$softrdma" down "$d" >/dev/null 2>&1 || true; done
+  rm -rf "$work" "$SOFTRDMA_RUNTIME_DIR"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# srdma0 on 127.0.0.1; the suite needs no second device (server and client of each traffic test
+# are two QPs on the same device). UDP 4791 may be held by a device of another runtime directory
+# (e.g. one the shim autostarted for another program): then use another port, which only changes
+# where this device sends and listens (every QP here talks to the same device).
+dev=srdma0
+udp_port=""
+for p in 4791 14791 24791 34791; do
+  if out=$("$softrdma" up "$dev" --addr 127.0.0.1 --port "$p" 2>&1); then
+    udp_port=$p
+    started+=("$dev")
+    break
+  fi
+  case "$out" in *"address already in use"*) continue ;; esac
+  echo "pyverbs.sh: $out" >&2
+  exit 1
+done
+[ -n "$udp_port" ] || { echo "pyverbs.sh: no free UDP port on 127.0.0.1 for $dev" >&2; exit 1; }
+
+# The suite, unpacked. Only the helpers and the modules asked for (plus the test modules they
+# import, e.g. test_shared_pd uses test_qpex) go into the run directory: the package's __init__.py
+# imports every test_*.py beside it, so one module that cannot be imported (CUDA, a vendor library)
+# would otherwise take every module down with it.
+mkdir "$work/all" "$work/tests"
+cp -r "$src/." "$work/all/"
+find "$work/all" -name '*.gz' -exec gunzip -f {} +
+find "$work/all" -maxdepth 1 -type f ! -name 'test_*.py' -exec cp {} "$work/tests/" \;
+want=("${modules[@]}")
+while [ ${#want[@]} -gt 0 ]; do
+  m=${want[0]}
+  want=("${want[@]:1}")
+  [ -f "$work/all/$m.py" ] && [ ! -f "$work/tests/$m.py" ] || continue
+  cp "$work/all/$m.py" "$work/tests/"
+  for dep in $(grep -o 'tests\.test_[A-Za-z0-9_]*' "$work/all/$m.py" | sed 's/^tests\.//' | sort -u); do
+    want+=("$dep")
+  done
+done
+
+if [ -n "$log_dir" ]; then
+  mkdir -p "$log_dir"
+  log_dir=$(cd "$log_dir" && pwd)
+else
+  log_dir="$work/logs"
+  mkdir "$log_dir"
+fi
+
+# One run_tests.py per module, each under a timeout so that a hang cannot stall CI. `timeout`
+# signals its whole process group, so the suite's forked helper processes go too.
+results=()
+for m in "${modules[@]}"; do
+  log="$log_dir/$m.log"
+  if [ ! -f "$work/tests/$m.py" ]; then
+    echo "pyverbs.sh: no module $m in $src" >"$log"
+    results+=("$m:missing:$log")
+    continue
+  fi
+  echo "pyverbs.sh: $m" >&2
+  rc=0
+  # In the background so that an interrupt reaches cleanup, which then stops it (runner).
+  (cd "$work/tests" && LD_LIBRARY_PATH="$shim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    exec timeout -k 10 "$timeout_s" "$py" run_tests.py --dev "$dev" --port 1 --gid 0 -v "$m") \
+    >"$log" 2>&1 &
+  runner=$!
+  wait "$runner" || rc=$?
+  runner=""
+  results+=("$m:$rc:$log")
+done
+
+# The report, from unittest's verbose output: its summary lines give the counts; the FAIL/ERROR
+# blocks give each failure's last traceback line; the "... skipped 'why'" lines give skip reasons.
+# A module without a summary (import error, crash, timeout) is counted from the tests it finished,
+# plus one error (or, for a timeout, one failure) for the run itself.
+rc=0
+"$py" - "$timeout_s" "$udp_port" "${results[@]}" <<'EOF' || rc=$?
+import re, sys
+from collections import defaultdict
+
+timeout_s, udp_port, runs = sys.argv[1], sys.argv[2], sys.argv[3:]
+header = re.compile(r'^(\w+) \(([\w.]+)\)')
+status = re.compile(r"(?:^|\.\.\. )(ok|FAIL|ERROR|skipped (['\"])(.*)\2|expected failure|unexpected success)$")
+exc_line = re.compile(r'^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b')
+
+def one_line(l):
+    # Readable in a list: control bytes escaped, long runs of one character (buffers in data
+    # validation messages) shortened to "c×1024", the whole cut at 200 characters.
+    l = ''.join(c if c.isprintable() else f'\\x{ord(c):02x}' for c in l.strip())
+    l = re.sub(r'(\\x[0-9a-f]{2}|.)\1{7,}', lambda m: f'{m.group(1)}×{len(m.group(0)) // len(m.group(1))}', l)
+    return l if len(l) <= 200 else l[:199] + '…'
+
+def last_exception(lines):
+    lines = [l.rstrip() for l in lines if l.strip()]
+    for l in reversed(lines):
+        if exc_line.match(l):
+            return one_line(l)
+    return one_line(lines[-1]) if lines else '(no output)'
+
+rows, problems, skips = [], [], defaultdict(list)
+for run in runs:
+    mod, rc, path = run.split(':', 2)
+    text = open(path, errors='replace').read().split('\n')
+    # Output after the summary (pyverbs' objects complaining at interpreter exit) is not a result.
+    end = next((i for i, l in enumerate(text) if re.match(r'^(OK|FAILED)( \(.*\))?$', l)), None)
+    body = text[:end + 1] if end is not None else text
+    counts = defaultdict(int)
+    current = None
+    for l in body:
+        h = header.match(l)
+        if h:
+            current = h.group(2)
+        s = status.search(l)
+        if s and current:
+            word = s.group(1).split(' ')[0]
+            key = {'ok': 'passed', 'FAIL': 'failed', 'ERROR': 'errors', 'skipped': 'skipped',
+                   'expected': 'passed', 'unexpected': 'failed'}[word]
+            counts[key] += 1
+            if key == 'skipped':
+                skips[s.group(3)].append(current)
+            current = None
+    # FAIL:/ERROR: blocks: header, dashes, traceback, up to the next rule.
+    i = 0
+    while i < len(body):
+        b = re.match(r'^(FAIL|ERROR): (.*)$', body[i])
+        if b and i > 0 and body[i - 1].startswith('====='):
+            k = i + 1 # past the test's docstring, if unittest printed one
+            while k < len(body) and not body[k].startswith('-----'):
+                k += 1
+            j = k + 1
+            while j < len(body) and not re.match(r'^(=====|-----)', body[j]):
+                j += 1
+            name = b.group(2)
+            inner = re.search(r'\(([\w.]+)\)', name)
+            problems.append((b.group(1), inner.group(1) if inner and ' ' in name else name,
+                             last_exception(body[k + 1:j])))
+            i = j
+        else:
+            i += 1
+    summary = next((l for l in body if re.match(r'^Ran \d+ tests? in ', l)), None)
+    if rc == 'missing':
+        counts = defaultdict(int, errors=1)
+        problems.append(('ERROR', mod, 'no such module in python3-pyverbs'))
+    elif end is not None and summary:
+        ran = int(summary.split()[1])
+        tail = body[end]
+        get = lambda k: int((re.search(k + r'=(\d+)', tail) or [0, 0])[1])
+        failed = get('failures') + get('unexpected successes')
+        counts = {'failed': failed, 'errors': get('errors'), 'skipped': get('skipped')}
+        counts['passed'] = max(0, ran - failed - counts['errors'] - counts['skipped'])
+        if rc not in ('0', '1'):
+            counts['errors'] += 1
+            problems.append(('ERROR', mod, f'run_tests.py exited with status {rc} after its summary'))
+    elif rc in ('124', '137'):
+        counts['failed'] += 1
+        problems.append(('TIMEOUT', mod, f'no summary within {timeout_s} s; last test started: '
+                         f'{current or "none"}'))
+    else:
+        counts['errors'] += 1
+        problems.append(('ERROR', mod, f'run_tests.py exited with status {rc} without a summary: '
+                         + last_exception(body)))
+    rows.append((mod, counts))
+
+cols = ('passed', 'failed', 'errors', 'skipped')
+total = {c: sum(r[1].get(c, 0) for r in rows) for c in cols}
+print('| module | passed | failed | errors | skipped |')
+print('| --- | ---: | ---: | ---: | ---: |')
+for mod, c in rows:
+    print(f'| {mod} | ' + ' | '.join(str(c.get(k, 0)) for k in cols) + ' |')
+print('| **total** | ' + ' | '.join(f'**{total[k]}**' for k in cols) + ' |')
+if udp_port != '4791':
+    print(f'\n(UDP 4791 on 127.0.0.1 was taken: srdma0 ran on UDP {udp_port}.)')
+if problems:
+    print('\nFailures and errors:\n')
+    for kind, name, why in problems:
+        print(f'- {kind} `{name}`: {why}')
+if skips:
+    print('\nSkips by reason:\n')
+    for why, ids in sorted(skips.items(), key=lambda kv: -len(kv[1])):
+        mods = sorted({i.split('.')[1] if i.startswith('tests.') else i for i in ids})
+        print(f'- {len(ids)} × {why} ({", ".join(mods)})')
+sys.exit(1 if total['failed'] or total['errors'] else 0)
+EOF
+if [ "$report_only" = 1 ]; then exit 0; fi
+exit "$rc"
