@@ -12,7 +12,7 @@ if [ "${1:-}" = "--debug" ]; then
   flag=
 fi
 target="${CARGO_TARGET_DIR:-target}"
-cargo build $flag -p softrdma-verbs-shim -p softrdma --quiet
+cargo build $flag --locked -p softrdma-verbs-shim -p softrdma --quiet
 lib="$target/$profile/libsoftrdma_verbs_shim.a"
 out="$target/$profile/shim"
 mkdir -p "$out"

@@ -304,7 +304,12 @@ impl Inner {
 /// Runs an object's destroy request now and reports the device's answer (EBUSY for one still in
 /// use, as uverbs does); on an error the object stays as it was. On success its `Drop` does not
 /// run (it would ask again); `release` gives back what it holds in this process.
-fn destroy_now<T>(obj: T, ctx: &Context, req: Request, release: impl FnOnce(&mut T)) -> std::result::Result<(), (T, Error)> {
+fn destroy_now<T>(
+    obj: T,
+    ctx: &Context,
+    req: Request,
+    release: impl FnOnce(&mut T),
+) -> std::result::Result<(), (T, Error)> {
     match ctx.inner.call(req) {
         Ok(_) => {
             let mut me = std::mem::ManuallyDrop::new(obj);

@@ -261,7 +261,10 @@ pub unsafe extern "C" fn ibv_query_port(
     port: u8,
     attr: *mut ffi::_compat_ibv_port_attr,
 ) -> c_int {
-    query_port_ex(context, port, attr as *mut ffi::ibv_port_attr, std::mem::size_of::<ffi::_compat_ibv_port_attr>())
+    // rdma-core keeps that structure private (the header only declares it): it is ibv_port_attr
+    // without port_cap_flags2 and what follows, 48 bytes.
+    const COMPAT_PORT_ATTR_LEN: usize = std::mem::offset_of!(ffi::ibv_port_attr, port_cap_flags2);
+    query_port_ex(context, port, attr as *mut ffi::ibv_port_attr, COMPAT_PORT_ATTR_LEN)
 }
 
 fn check_gid(ctx: &Ctx, port: u32, index: u32) -> Result<(), Errno> {
