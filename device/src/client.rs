@@ -43,6 +43,8 @@ pub enum ClientError {
 /// A connection to a device.
 pub struct Connection {
     sock: Mutex<UnixStream>,
+    /// The same socket, to watch for the device going away while waiting for events.
+    watch: OwnedFd,
     /// The owner id the device gave this client.
     pub owner: u32,
     /// The device.
@@ -99,11 +101,18 @@ impl Connection {
                 }
                 let (event_fd, arena_fd) = (fds.remove(0), fds.remove(0));
                 let doorbell = fds.remove(0);
-                Ok(Connection { sock: Mutex::new(sock), owner, info, event_fd, arena_fd, doorbell, release })
+                let watch = OwnedFd::from(sock.try_clone().map_err(|e| ClientError::Lost(ProtoError::Io(e)))?);
+                Ok(Connection { sock: Mutex::new(sock), watch, owner, info, event_fd, arena_fd, doorbell, release })
             }
             Response::Err(e) => Err(ClientError::Refused(e)),
             _ => Err(ClientError::Unexpected),
         }
+    }
+
+    /// The connection's socket, to poll for POLLHUP (the device went away).
+    pub fn hangup_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.watch.as_fd()
     }
 
     /// One call: the request (and fds), the answer (and fds).

@@ -252,6 +252,14 @@ impl Inner {
         }
     }
 
+    /// The device connection, to notice the device going away while waiting (daemons only).
+    fn hangup_fd(&self) -> Option<BorrowedFd<'_>> {
+        match &self.backend {
+            Backend::Daemon(c) => Some(c.hangup_fd()),
+            Backend::Embedded { .. } => None,
+        }
+    }
+
     fn call(&self, req: Request) -> Result<Response> {
         Ok(self.call_fds(req, None)?.0)
     }
@@ -324,13 +332,22 @@ fn unexpected<T>() -> Result<T> {
     Err(Error::Device(ClientError::Unexpected))
 }
 
-fn wait_readable(fd: BorrowedFd<'_>, timeout: Option<Duration>) -> bool {
-    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+/// Waits until `fd` is readable, or the device connection (`hangup`) closes, or `timeout`.
+fn wait_readable(fd: BorrowedFd<'_>, hangup: Option<BorrowedFd<'_>>, timeout: Option<Duration>) -> bool {
+    let mut fds = vec![PollFd::new(fd, PollFlags::POLLIN)];
+    if let Some(h) = hangup {
+        fds.push(PollFd::new(h, PollFlags::empty())); // POLLHUP is always reported
+    }
     let t = match timeout {
         None => PollTimeout::NONE,
         Some(d) => PollTimeout::try_from(d.as_millis().min(i32::MAX as u128) as i32).unwrap_or(PollTimeout::MAX),
     };
     matches!(nix::poll::poll(&mut fds, t), Ok(n) if n > 0)
+}
+
+/// Whether `fd` is readable right now (an eventfd drained only then never blocks).
+fn readable_now(fd: BorrowedFd<'_>) -> bool {
+    wait_readable(fd, None, Some(Duration::ZERO))
 }
 
 fn drain_eventfd(fd: BorrowedFd<'_>) {
@@ -446,7 +463,7 @@ impl Context {
                 return Ok(None);
             }
             let fd = self.event_fd();
-            if wait_readable(fd, left) {
+            if wait_readable(fd, self.inner.hangup_fd(), left) && readable_now(fd) {
                 drain_eventfd(fd);
             }
         }
@@ -728,7 +745,7 @@ impl CompletionChannel {
             if left == Some(Duration::ZERO) {
                 return Ok(None);
             }
-            if wait_readable(self.fd.as_fd(), left) {
+            if wait_readable(self.fd.as_fd(), self.ctx.inner.hangup_fd(), left) && readable_now(self.fd.as_fd()) {
                 drain_eventfd(self.fd.as_fd());
             }
         }

@@ -238,6 +238,11 @@ unsafe extern "C" fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::ibv_w
                 k += 1;
             }
         }
+        if k == 0 {
+            // Programs spin on an empty CQ (a NIC needs no CPU to make progress; this device
+            // does): give the CPU away so the device thread runs when cores are few.
+            std::thread::yield_now();
+        }
         Ok(k as c_int)
     })
 }
