@@ -4,18 +4,19 @@
 # with the last line of its traceback, then the skips grouped by reason.
 #
 # Usage: scripts/pyverbs.sh [--log DIR] [--report-only] [--timeout SECONDS] [MODULE...]
-#   MODULE        a test module of the suite, e.g. test_qp (default: the verbs modules below)
+#   MODULE        a test module of the suite, e.g. test_qp (default: test_device test_pd test_mr
+#                 test_cq test_cq_events test_cqex test_qp test_qpex test_atomic test_addr
+#                 test_shared_pd, the core verbs; the suite has more, e.g. test_odp, test_rdmacm)
 #   --log DIR     also keep each module's raw unittest output as DIR/MODULE.log
 #   --report-only exit 0 whatever the results (for producing the README table while work goes on)
 #   --timeout S   per-module limit in seconds (default 300); a module that hits it counts as failed
 # Exit status: 0 when no test failed or errored (or with --report-only), 1 otherwise, 2 on misuse.
 set -euo pipefail
-cd "$(dirname "$0")/.."
 
 default_modules=(test_device test_pd test_mr test_cq test_cq_events test_cqex test_qp test_qpex
   test_atomic test_addr test_shared_pd)
 
-usage() { sed -n '6,11s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '6,13s/^# \{0,1\}//p' "$0"; }
 
 log_dir=""
 report_only=0
@@ -35,6 +36,9 @@ while [ $# -gt 0 ]; do
 done
 [ ${#modules[@]} -gt 0 ] || modules=("${default_modules[@]}")
 case "$timeout_s" in '' | *[!0-9]*) echo "pyverbs.sh: --timeout takes whole seconds" >&2; exit 2 ;; esac
+# --log is relative to where we were called from, not to the repository.
+case "$log_dir" in '' | /*) ;; *) log_dir="$PWD/$log_dir" ;; esac
+cd "$(dirname "$0")/.."
 
 # The suite and its bindings come from Debian (as install-deps.sh does for its packages).
 if ! dpkg -s python3-pyverbs >/dev/null 2>&1; then
@@ -68,12 +72,30 @@ export SOFTRDMA_RUNTIME_DIR
 # A device that dies mid-run must show up as failures, not be silently replaced by the shim's
 # autostart (which would also start one outside our control).
 export SOFTRDMA_NO_AUTOSTART=1
-started=()
-runner="" # the module run under way, if any
+daemons=() # name:pid of each device we started
+runner=""  # the module run under way, if any
+# shellcheck disable=SC2317 # (is_daemon and cleanup run from the EXIT trap)
+is_daemon() { # PID NAME: that pid is still our device's daemon (not a reused pid)
+  tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline" | grep -q -- "daemon --name $2 "
+}
+# shellcheck disable=SC2317
 cleanup() {
-  local d
+  local d pid
   [ -z "$runner" ] || { kill "$runner" 2>/dev/null || true; wait "$runner" 2>/dev/null || true; }
-  for d in ${started[@]+"${started[@]}"}; do "$softrdma" down "$d" >/dev/null 2>&1 || true; done
+  for d in ${daemons[@]+"${daemons[@]}"}; do
+    pid=${d#*:}
+    # `softrdma down` talks to the device and waits forever for one that is stuck (or stopped),
+    # so it gets a limit, and then the daemon's pid gets the signals.
+    timeout 15 "$softrdma" down "${d%%:*}" >/dev/null 2>&1 || true
+    [ -n "$pid" ] || continue # (never signal pid 0: that is our own process group)
+    for _ in 1 2 3 4 5 6 7 8 9 10; do is_daemon "$pid" "${d%%:*}" || break; sleep 0.2; done
+    if is_daemon "$pid" "${d%%:*}"; then
+      kill -TERM "$pid" 2>/dev/null || true
+      kill -CONT "$pid" 2>/dev/null || true
+      sleep 1
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+  done
   rm -rf "$work" "$SOFTRDMA_RUNTIME_DIR"
 }
 trap cleanup EXIT
@@ -89,7 +111,8 @@ udp_port=""
 for p in 4791 14791 24791 34791; do
   if out=$("$softrdma" up "$dev" --addr 127.0.0.1 --port "$p" 2>&1); then
     udp_port=$p
-    started+=("$dev")
+    pid=$(printf '%s\n' "$out" | sed -n 's/.*(pid \([0-9][0-9]*\)).*/\1/p')
+    daemons+=("$dev:$pid") # from "srdma0 up on 127.0.0.1 (pid N)"; empty if that ever changes
     break
   fi
   case "$out" in *"address already in use"*) continue ;; esac
@@ -110,16 +133,15 @@ want=("${modules[@]}")
 while [ ${#want[@]} -gt 0 ]; do
   m=${want[0]}
   want=("${want[@]:1}")
-  [ -f "$work/all/$m.py" ] && [ ! -f "$work/tests/$m.py" ] || continue
+  if [ ! -f "$work/all/$m.py" ] || [ -f "$work/tests/$m.py" ]; then continue; fi
   cp "$work/all/$m.py" "$work/tests/"
-  for dep in $(grep -o 'tests\.test_[A-Za-z0-9_]*' "$work/all/$m.py" | sed 's/^tests\.//' | sort -u); do
+  while read -r dep; do
     want+=("$dep")
-  done
+  done < <(grep -o 'tests\.test_[A-Za-z0-9_]*' "$work/all/$m.py" | sed 's/^tests\.//' | sort -u || true)
 done
 
 if [ -n "$log_dir" ]; then
   mkdir -p "$log_dir"
-  log_dir=$(cd "$log_dir" && pwd)
 else
   log_dir="$work/logs"
   mkdir "$log_dir"
@@ -163,8 +185,10 @@ exc_line = re.compile(r'^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)
 
 def one_line(l):
     # Readable in a list: control bytes escaped, long runs of one character (buffers in data
-    # validation messages) shortened to "c×1024", the whole cut at 200 characters.
-    l = ''.join(c if c.isprintable() else f'\\x{ord(c):02x}' for c in l.strip())
+    # validation messages) shortened to "c×1024", site-packages paths shortened, the whole cut
+    # at 200 characters.
+    l = re.sub(r'/usr/lib/python3[^ ]*/dist-packages/', '', l.strip())
+    l = ''.join(c if c.isprintable() else f'\\x{ord(c):02x}' for c in l)
     l = re.sub(r'(\\x[0-9a-f]{2}|.)\1{7,}', lambda m: f'{m.group(1)}×{len(m.group(0)) // len(m.group(1))}', l)
     return l if len(l) <= 200 else l[:199] + '…'
 
@@ -184,6 +208,8 @@ for run in runs:
     body = text[:end + 1] if end is not None else text
     counts = defaultdict(int)
     current = None
+    bad = [] # (test id, FAIL|ERROR) from the verbose lines
+    reported = len(problems)
     for l in body:
         h = header.match(l)
         if h:
@@ -196,6 +222,8 @@ for run in runs:
             counts[key] += 1
             if key == 'skipped':
                 skips[s.group(3)].append(current)
+            if key in ('failed', 'errors'):
+                bad.append((current, 'FAIL' if key == 'failed' else 'ERROR'))
             current = None
     # FAIL:/ERROR: blocks: header, dashes, traceback, up to the next rule.
     i = 0
@@ -215,6 +243,11 @@ for run in runs:
             i = j
         else:
             i += 1
+    # A run cut short prints no FAIL/ERROR blocks: list what its verbose lines said failed.
+    named = {p[1] for p in problems[reported:]}
+    for tid, kind in bad:
+        if tid not in named:
+            problems.append((kind, tid, '(no traceback: the run did not finish)'))
     summary = next((l for l in body if re.match(r'^Ran \d+ tests? in ', l)), None)
     if rc == 'missing':
         counts = defaultdict(int, errors=1)
@@ -226,7 +259,10 @@ for run in runs:
         failed = get('failures') + get('unexpected successes')
         counts = {'failed': failed, 'errors': get('errors'), 'skipped': get('skipped')}
         counts['passed'] = max(0, ran - failed - counts['errors'] - counts['skipped'])
-        if rc not in ('0', '1'):
+        if rc in ('124', '137'):
+            counts['failed'] += 1
+            problems.append(('TIMEOUT', mod, f'ran its tests but did not exit within {timeout_s} s'))
+        elif rc not in ('0', '1'):
             counts['errors'] += 1
             problems.append(('ERROR', mod, f'run_tests.py exited with status {rc} after its summary'))
     elif rc in ('124', '137'):

@@ -136,7 +136,10 @@ impl Inner {
         let Some((wr_id, sges)) = self.staged_lock().remove(&wc.wr_id) else { return wc };
         wc.wr_id = wr_id;
         if let Some((off, len)) = e.stage {
-            let n = (wc.byte_len.min(len)) as usize;
+            // Only a SEND's data lands in the receive buffers: an RDMA WRITE with immediate
+            // consumes the receive but its data went to the WRITE's target (which may be this
+            // very buffer), so nothing is scattered.
+            let n = if wc.opcode == WcOpcode::Recv { wc.byte_len.min(len) as usize } else { 0 };
             let mut data = vec![0u8; n];
             if n > 0 && self.arena.stage_read(off as usize, &mut data) {
                 let mrs = self.mrs_lock();

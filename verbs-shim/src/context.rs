@@ -82,7 +82,9 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ffi::ibv_device) -> *mut f
         vctx.query_device_ex = Some(query_device_ex);
         let c = &mut vctx.context;
         c.device = device;
-        c.cmd_fd = -1;
+        // A real descriptor, as the uverbs file is (programs dup or poll it); it carries no
+        // commands here (the device connection does), so it is /dev/null, closed with the context.
+        c.cmd_fd = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
         c.async_fd = dev.event_fd().as_raw_fd();
         crate::cq::clear_nonblock(c.async_fd);
         c.num_comp_vectors = 1;
@@ -107,6 +109,9 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ffi::ibv_device) -> *mut f
 pub unsafe extern "C" fn ibv_close_device(context: *mut ffi::ibv_context) -> c_int {
     errno_call(|| {
         let ctx = ctx_of(context)? as *const Ctx as *mut Ctx;
+        if (*ctx).vctx.context.cmd_fd >= 0 {
+            libc::close((*ctx).vctx.context.cmd_fd);
+        }
         // The connection closes with it; the device destroys what the program left, as uverbs
         // does when a context's file is closed.
         drop(Box::from_raw(ctx));

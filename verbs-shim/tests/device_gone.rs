@@ -1,0 +1,160 @@
+//! The device going away, seen from a C verbs program on the shim: `tests/abi/device_gone.c`
+//! gets IBV_EVENT_DEVICE_FATAL and then every call fails cleanly (no crash, no hang).
+//!
+//! Needs the built shim (`scripts/build-shim.sh`, or $SOFTRDMA_SHIM_DIR). The test starts srdma0
+//! on 127.0.0.1 with a free UDP port in a private runtime dir, runs the program until it is
+//! ready, stops the device (`softrdma down`), then lets the program go on.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const DEVICE: &str = "srdma0";
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+fn target_dir() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("verbs-shim sits in the workspace");
+    match std::env::var_os("CARGO_TARGET_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => root.join(d),
+        None => root.join("target"),
+    }
+}
+
+/// $SOFTRDMA_SHIM_DIR, else <target>/release/shim.
+fn shim_dir() -> PathBuf {
+    match std::env::var_os("SOFTRDMA_SHIM_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d),
+        None => target_dir().join("release").join("shim"),
+    }
+}
+
+/// $SOFTRDMA_BIN, else beside the shim directory, else <target>/release/softrdma.
+fn softrdma_bin(shim: &Path) -> PathBuf {
+    if let Some(p) = std::env::var_os("SOFTRDMA_BIN").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    let beside = shim.join("..").join("softrdma");
+    if beside.is_file() {
+        return beside;
+    }
+    target_dir().join("release").join("softrdma")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn down(exe: &Path, runtime: &Path) -> Output {
+    Command::new(exe).args(["down", DEVICE]).env("SOFTRDMA_RUNTIME_DIR", runtime).output().expect("run softrdma down")
+}
+
+/// Stops the device when the test ends, pass or fail.
+struct Down<'a>(&'a Path, &'a Path);
+
+impl Drop for Down<'_> {
+    fn drop(&mut self) {
+        let _ = down(self.0, self.1);
+    }
+}
+
+#[test]
+fn device_gone_gives_device_fatal_and_clean_failures() {
+    let shim = shim_dir();
+    assert!(shim.join("libibverbs.so.1").is_file(), "the shim is not built: run scripts/build-shim.sh first");
+    let exe = softrdma_bin(&shim);
+    assert!(exe.is_file(), "{} is missing: scripts/build-shim.sh builds it", exe.display());
+
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/abi/device_gone.c");
+    let work = tempfile::Builder::new().prefix("softrdma-gone-").tempdir().expect("temp dir");
+    let bin = work.path().join("device_gone");
+    let cc = std::env::var_os("CC").filter(|c| !c.is_empty()).unwrap_or_else(|| "cc".into());
+    let o = Command::new(&cc)
+        .args(["-O1", "-Wall", "-Werror"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&bin)
+        .arg(format!("-L{}", shim.display()))
+        .arg("-libverbs")
+        .output()
+        .expect("run cc");
+    assert!(o.status.success(), "compiling {} failed:\n{}", src.display(), text(&o));
+
+    let runtime = work.path().join("rt");
+    std::fs::create_dir(&runtime).expect("runtime dir");
+    std::fs::set_permissions(&runtime, std::os::unix::fs::PermissionsExt::from_mode(0o700)).expect("chmod");
+    let _down = Down(&exe, &runtime);
+    let port = std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr()).expect("free UDP port").port();
+    let o = Command::new(&exe)
+        .args(["up", DEVICE, "--addr", "127.0.0.1", "--port", &port.to_string()])
+        .env("SOFTRDMA_RUNTIME_DIR", &runtime)
+        .output()
+        .expect("run softrdma up");
+    assert!(o.status.success(), "softrdma up {DEVICE} --port {port} failed:\n{}", text(&o));
+
+    let mut child = Command::new(&bin)
+        .env("LD_LIBRARY_PATH", &shim)
+        .env("SOFTRDMA_RUNTIME_DIR", &runtime)
+        .env("SOFTRDMA_BIN", &exe)
+        .env("SOFTRDMA_NO_AUTOSTART", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start device_gone");
+    let (tx, rx) = mpsc::channel();
+    let out = BufReader::new(child.stdout.take().expect("piped"));
+    let t_out = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in out.lines().map_while(Result::ok) {
+            let _ = tx.send(line.clone());
+            all += &line;
+            all.push('\n');
+        }
+        all
+    });
+    let mut err = child.stderr.take().expect("piped");
+    let t_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+
+    let deadline = Instant::now() + TIMEOUT;
+    let ready = loop {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(l) if l == "ready" => break true,
+            Ok(_) => {}
+            Err(_) => break false,
+        }
+    };
+    let mut downed = String::new();
+    if ready {
+        let o = down(&exe, &runtime);
+        downed = format!("softrdma down: {} {}", o.status, text(&o).trim());
+        let _ = child.stdin.take().expect("piped").write_all(b"\n");
+    }
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait device_gone") {
+            break Some(s);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (stdout, stderr) = (t_out.join().unwrap_or_default(), t_err.join().unwrap_or_default());
+    let report = format!(
+        "device_gone: {} ({downed})\n--- stdout ---\n{stdout}--- stderr ---\n{stderr}",
+        match status {
+            Some(s) => format!("exited with {s}"),
+            None => format!("killed after {TIMEOUT:?}"),
+        }
+    );
+    assert!(ready, "the program never printed `ready`:\n{report}");
+    assert!(status.is_some_and(|s| s.success()), "{report}");
+    println!("{report}");
+}
