@@ -69,6 +69,10 @@ struct Inner {
     next_token: std::sync::atomic::AtomicU64,
     /// The ring on which staging space goes back to the device.
     release: RingDesc,
+    /// Receives posted to each QP's own receive queue and not yet completed: posting beyond
+    /// max_recv_wr is ENOMEM, as on hardware (the ring and the device's queue together hold
+    /// more, so the limit is kept here).
+    rq_outstanding: std::sync::Mutex<std::collections::HashMap<u32, u32>>,
 }
 
 /// Receives up to this size have their data staged by the device in the shared arena and
@@ -99,6 +103,7 @@ impl Inner {
             staged: Default::default(),
             next_token: std::sync::atomic::AtomicU64::new(1),
             release,
+            rq_outstanding: Default::default(),
         })
     }
 
@@ -132,6 +137,9 @@ impl Inner {
         let mut wc = e.wc;
         if !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
             return wc;
+        }
+        if let Some(n) = self.rq_lock().get_mut(&wc.qp_num.value()) {
+            *n = n.saturating_sub(1);
         }
         let Some((wr_id, sges)) = self.staged_lock().remove(&wc.wr_id) else { return wc };
         wc.wr_id = wr_id;
@@ -215,6 +223,10 @@ impl Inner {
         if e.stage {
             self.staged_lock().remove(&e.wr.wr_id);
         }
+    }
+
+    fn rq_lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u32, u32>> {
+        self.rq_outstanding.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn staged_lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, (u64, Vec<Sge>)>> {
@@ -953,6 +965,7 @@ impl QueuePair {
         let ctx = self.ctx.clone();
         // SAFETY: `me` is never used again; its fields are dropped exactly once.
         destroy_now(self, &ctx, req, |me| unsafe {
+            me.ctx.inner.rq_lock().remove(&me.qpn.value());
             std::ptr::drop_in_place(&mut me.ctx);
             std::ptr::drop_in_place(&mut me.state);
         })
@@ -1095,13 +1108,27 @@ impl QueuePair {
     /// without a receive queue of its own (SRQ, XRC) or too many SGEs; ENOMEM when full.
     pub fn post_recv(&self, wrs: Vec<RecvWr>) -> Result<()> {
         let inner = &self.ctx.inner;
+        let qpn = self.qpn.value();
         let prepare = |wr: RecvWr| {
             if self.cached_state() == QpState::Reset || wr.sg_list.len() > self.caps.max_recv_sge as usize {
                 return Err(VerbsError::Inval);
             }
+            let mut out = inner.rq_lock();
+            let n = out.entry(qpn).or_insert(0);
+            if *n >= self.caps.max_recv_wr {
+                return Err(VerbsError::NoMem);
+            }
+            *n += 1;
+            drop(out);
             Ok(inner.recv_entry(self.pd, wr))
         };
-        inner.post_list(self.rq, wrs, prepare, |e| inner.unstage(e))
+        let undo = |e: &RecvEntry| {
+            inner.unstage(e);
+            if let Some(n) = inner.rq_lock().get_mut(&qpn) {
+                *n = n.saturating_sub(1);
+            }
+        };
+        inner.post_list(self.rq, wrs, prepare, undo)
     }
 
     /// `ibv_attach_mcast` (UD).
@@ -1124,6 +1151,7 @@ impl QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
+        self.ctx.inner.rq_lock().remove(&self.qpn.value());
         let req = match self.handle {
             Some(handle) => Request::DestroyQpHandle { qpn: self.qpn, handle },
             None => Request::DestroyQp(self.qpn),
