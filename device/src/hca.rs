@@ -139,7 +139,7 @@ struct Client {
     /// the device's staging memory region in each of its PDs.
     staging: Allocator,
     release: RingDesc,
-    staged: HashMap<u64, (usize, u32)>,
+    staged: HashMap<u64, Staged>,
     stage_mrs: HashMap<PdId, u32>,
     /// The PD of each QP and SRQ (to check SGEs before staging).
     qp_pd: HashMap<Qpn, PdId>,
@@ -568,11 +568,45 @@ fn run(sh: &Shared) {
     }
 }
 
+/// A receive whose data the device places in the client's staging area: where, and the SGEs
+/// the client posted (checked when it was staged).
+struct Staged {
+    off: usize,
+    len: u32,
+    sges: Vec<softrdma_engine::wr::Sge>,
+}
+
 /// A staged receive that the engine did not take (it stays in the ring, or is dropped): neither
 /// is its staging.
-fn unstage(staging: &mut Allocator, staged: &mut HashMap<u64, (usize, u32)>, token: u64) {
-    if let Some((off, len)) = staged.remove(&token) {
-        staging.free(off, len as usize);
+fn unstage(staging: &mut Allocator, staged: &mut HashMap<u64, Staged>, token: u64) {
+    if let Some(st) = staged.remove(&token) {
+        staging.free(st.off, st.len as usize);
+    }
+}
+
+/// Before a region changes or goes (dereg, rereg), the queued receives staged over SGEs that use
+/// it get their own SGEs back, so that when data arrives the engine checks those as the verbs
+/// say it must (LOC_PROT_ERR and a NAK if the region no longer fits), instead of the staging.
+fn unstage_lkey(dev: &mut Device<ProcessMemory>, c: &mut Client, lkey: u32) {
+    let Client { objects, staging, staged, .. } = c;
+    let mut fix = |q: &mut std::collections::VecDeque<RecvWr>| {
+        for wr in q.iter_mut() {
+            if staged.get(&wr.wr_id).is_some_and(|st| st.sges.iter().any(|s| s.lkey == lkey)) {
+                let st = staged.remove(&wr.wr_id).expect("present");
+                staging.free(st.off, st.len as usize);
+                wr.sg_list = st.sges;
+            }
+        }
+    };
+    for q in &objects.qps {
+        if let Some(rq) = dev.queued_recvs_mut(*q) {
+            fix(rq);
+        }
+    }
+    for s in &objects.srqs {
+        if let Some(rq) = dev.queued_srq_recvs_mut(*s) {
+            fix(rq);
+        }
     }
 }
 
@@ -614,7 +648,7 @@ fn redirect(
     pd: Option<PdId>,
     e: RecvEntry,
     staging: &mut Allocator,
-    staged: &mut HashMap<u64, (usize, u32)>,
+    staged: &mut HashMap<u64, Staged>,
     stage_mrs: &HashMap<PdId, u32>,
 ) -> RecvWr {
     let RecvEntry { mut wr, stage } = e;
@@ -623,7 +657,7 @@ fn redirect(
     let ok = len <= u64::from(u32::MAX) && wr.sg_list.iter().all(|s| dev.sge_ok(pd, s, Access::LOCAL_WRITE));
     let (Some(&lkey), true) = (stage_mrs.get(&pd), ok) else { return wr };
     let Some(off) = staging.alloc(len as usize) else { return wr };
-    staged.insert(wr.wr_id, (off, len as u32));
+    staged.insert(wr.wr_id, Staged { off, len: len as u32, sges: wr.sg_list.clone() });
     let addr = STAGE_VA + (off - STAGING_OFF) as u64;
     wr.sg_list = vec![softrdma_engine::wr::Sge { addr, length: len as u32, lkey }];
     wr
@@ -957,8 +991,32 @@ impl State {
             }
             Request::DeregMr(lkey) => {
                 mine!(mrs, lkey);
+                if let Some(c) = self.clients.get_mut(&o) {
+                    unstage_lkey(&mut self.dev, c, lkey);
+                }
                 self.dev.dereg_mr(lkey)?;
                 self.objs(o).mrs.remove(&lkey);
+                ok(R::Ok)
+            }
+            Request::ReregMr { lkey, pd, range, access } => {
+                mine!(mrs, lkey);
+                if let Some(p) = pd {
+                    mine!(pds, p);
+                }
+                if let Some((addr, len)) = range {
+                    let acc = access.unwrap_or(Access::LOCAL_WRITE);
+                    let write = acc.intersects(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
+                    if len == 0 {
+                        return Err(VerbsError::Inval);
+                    }
+                    if !range_mapped(self.pid_of(o), addr, len, write) {
+                        return Err(VerbsError::Fault);
+                    }
+                }
+                if let Some(c) = self.clients.get_mut(&o) {
+                    unstage_lkey(&mut self.dev, c, lkey);
+                }
+                self.dev.rereg_mr(lkey, pd, range, access)?;
                 ok(R::Ok)
             }
             Request::AllocMw { pd, mw_type } => {
@@ -1361,7 +1419,7 @@ impl State {
                     // A staged receive's completion says where its data is.
                     let recv = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
                     let stage = if recv { c.staged.remove(&wc.wr_id) } else { None };
-                    let e = CqEntry { wc, stage: stage.map(|(off, len)| (off as u64, len)) };
+                    let e = CqEntry { wc, stage: stage.map(|st| (st.off as u64, st.len)) };
                     let _ = c.arena.produce(r, &e);
                 }
             }

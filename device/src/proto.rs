@@ -20,7 +20,7 @@ use softrdma_engine::wr::{RecvWr, SendWr, WorkCompletion};
 pub use crate::arena::RingDesc;
 
 /// The protocol version; `Hello` with another one is refused.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 
 /// A request of the device to a client's memory helper (the fallback of design D3 where the
 /// kernel refuses cross-process access: the client serves its own memory on a socket pair).
@@ -90,6 +90,17 @@ pub enum Request {
     },
     /// `ibv_dereg_mr`.
     DeregMr(u32),
+    /// `ibv_rereg_mr`: a new PD, range or access for a region, keeping its keys.
+    ReregMr {
+        /// The region's L_Key.
+        lkey: u32,
+        /// New protection domain.
+        pd: Option<PdId>,
+        /// New start address and length.
+        range: Option<(u64, u64)>,
+        /// New access flags.
+        access: Option<Access>,
+    },
     /// `ibv_alloc_mw` (type 1 or 2); bound with a BIND_MW work request.
     AllocMw {
         /// Protection domain.

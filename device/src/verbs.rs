@@ -73,6 +73,10 @@ struct Inner {
     /// max_recv_wr is ENOMEM, as on hardware (the ring and the device's queue together hold
     /// more, so the limit is kept here).
     rq_outstanding: std::sync::Mutex<std::collections::HashMap<u32, u32>>,
+    /// Completion rings by CQ, and completions taken off them early (when a QP was reset or
+    /// destroyed, its completions are removed and the others wait here, in order).
+    cq_rings: std::sync::Mutex<std::collections::HashMap<CqId, RingDesc>>,
+    pending: std::sync::Mutex<std::collections::HashMap<CqId, std::collections::VecDeque<CqEntry>>>,
 }
 
 /// Receives up to this size have their data staged by the device in the shared arena and
@@ -104,6 +108,8 @@ impl Inner {
             next_token: std::sync::atomic::AtomicU64::new(1),
             release,
             rq_outstanding: Default::default(),
+            cq_rings: Default::default(),
+            pending: Default::default(),
         })
     }
 
@@ -168,13 +174,45 @@ impl Inner {
                 }
                 fence(Ordering::Release);
             }
-            // Give the staging back; wait for room if the device is behind.
-            while !matches!(self.arena.produce(&self.release, &(off, len)), Ok(true)) {
-                self.ring_doorbell();
-                std::thread::yield_now();
-            }
+            self.give_back(off, len);
         }
         wc
+    }
+
+    /// Gives staging space back to the device; waits for room if the device is behind.
+    fn give_back(&self, off: u64, len: u32) {
+        while !matches!(self.arena.produce(&self.release, &(off, len)), Ok(true)) {
+            self.ring_doorbell();
+            std::thread::yield_now();
+        }
+    }
+
+    /// Removes QP `qpn`'s completions from CQs `cqs` (after the QP was reset or destroyed, as
+    /// the verbs require: the next poll must not see them); the others keep their order.
+    fn purge(&self, qpn: u32, cqs: &[CqId]) {
+        let rings = self.cq_rings.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        for cq in cqs {
+            let Some(ring) = rings.get(cq) else { continue };
+            let q = pending.entry(*cq).or_default();
+            self.arena.consume::<CqEntry>(ring, usize::MAX, |e| {
+                q.extend(e);
+                true
+            });
+            let mut keep = std::collections::VecDeque::with_capacity(q.len());
+            for e in q.drain(..) {
+                if e.wc.qp_num.value() != qpn {
+                    keep.push_back(e);
+                    continue;
+                }
+                // A dropped staged receive still gives its staging back.
+                self.staged_lock().remove(&e.wc.wr_id);
+                if let Some((off, len)) = e.stage {
+                    self.give_back(off, len);
+                }
+            }
+            *q = keep;
+        }
     }
 
     /// Posts a list onto a ring: each request is checked and encoded by `prepare` (its error
@@ -450,7 +488,10 @@ impl Context {
     /// `ibv_create_cq` with at least `cqe` entries, optionally on a completion channel.
     pub fn create_cq(&self, cqe: u32, channel: Option<&CompletionChannel>) -> Result<CompletionQueue> {
         match self.inner.call(Request::CreateCq { cqe, channel: channel.map(|c| c.id) })? {
-            Response::Cq { cq, ring } => Ok(CompletionQueue { ctx: self.clone(), id: cq, ring }),
+            Response::Cq { cq, ring } => {
+                self.inner.cq_rings.lock().unwrap_or_else(|e| e.into_inner()).insert(cq, ring);
+                Ok(CompletionQueue { ctx: self.clone(), id: cq, ring })
+            }
             _ => unexpected(),
         }
     }
@@ -702,6 +743,35 @@ pub struct RawMr {
 }
 
 impl RawMr {
+    /// `ibv_rereg_mr`: a new PD, range or access, keeping the keys. The new range must stay
+    /// allocated while the registration lives (as for `reg_mr_raw`).
+    ///
+    /// # Safety
+    /// With a new range, `[addr, addr+len)` must stay allocated while the registration lives.
+    pub unsafe fn rereg(
+        &mut self,
+        pd: Option<&ProtectionDomain>,
+        range: Option<(u64, u64)>,
+        access: Option<Access>,
+    ) -> Result<()> {
+        let lkey = self.keys.lkey;
+        let req = Request::ReregMr { lkey, pd: pd.map(|p| p.id), range, access };
+        // Out of the registry while it changes: no post gathers from it meanwhile.
+        let old = self.ctx.inner.mrs_lock().remove(&lkey);
+        let r = self.ctx.inner.call(req);
+        if let Some((p, a, l, acc)) = old {
+            let entry = match r {
+                Ok(_) => {
+                    let (a, l) = range.unwrap_or((a, l));
+                    (pd.map(|p| p.id).unwrap_or(p), a, l, access.unwrap_or(acc))
+                }
+                Err(_) => (p, a, l, acc),
+            };
+            self.ctx.inner.mrs_lock().insert(lkey, entry);
+        }
+        r.map(|_| ())
+    }
+
     /// `ibv_dereg_mr`, reporting the device's answer.
     pub fn destroy(self) -> std::result::Result<(), (Self, Error)> {
         let (ctx, req) = (self.ctx.clone(), Request::DeregMr(self.keys.lkey));
@@ -791,7 +861,10 @@ impl CompletionQueue {
     pub fn destroy(self) -> std::result::Result<(), (Self, Error)> {
         let (ctx, req) = (self.ctx.clone(), Request::DestroyCq(self.id));
         // SAFETY: `me` is never used again; its context is dropped exactly once.
-        destroy_now(self, &ctx, req, |me| unsafe { std::ptr::drop_in_place(&mut me.ctx) })
+        destroy_now(self, &ctx, req, |me| unsafe {
+            me.forget_ring();
+            std::ptr::drop_in_place(&mut me.ctx)
+        })
     }
 
     /// Its id (what CQ events name).
@@ -803,10 +876,22 @@ impl CompletionQueue {
     /// (no system call).
     pub fn poll(&self, max: u32) -> Result<Vec<WorkCompletion>> {
         let mut entries = Vec::new();
-        self.ctx.inner.arena.consume::<CqEntry>(&self.ring, max as usize, |e| {
-            entries.extend(e);
-            true
-        });
+        {
+            let mut pending = self.ctx.inner.pending.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(q) = pending.get_mut(&self.id) {
+                while entries.len() < max as usize {
+                    let Some(e) = q.pop_front() else { break };
+                    entries.push(e);
+                }
+            }
+        }
+        let left = max as usize - entries.len();
+        if left > 0 {
+            self.ctx.inner.arena.consume::<CqEntry>(&self.ring, left, |e| {
+                entries.extend(e);
+                true
+            });
+        }
         Ok(entries.into_iter().map(|e| self.ctx.inner.complete(e)).collect())
     }
 
@@ -840,8 +925,16 @@ impl CompletionQueue {
     }
 }
 
+impl CompletionQueue {
+    fn forget_ring(&self) {
+        self.ctx.inner.cq_rings.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
+        self.ctx.inner.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
+    }
+}
+
 impl Drop for CompletionQueue {
     fn drop(&mut self) {
+        self.forget_ring();
         self.ctx.inner.release(Request::DestroyCq(self.id));
     }
 }
@@ -885,6 +978,7 @@ impl<'a> QueuePairBuilder<'a> {
                 rq,
                 caps: self.init.caps,
                 pd: self.init.pd,
+                cqs: [Some(self.init.send_cq), Some(self.init.recv_cq)],
                 state: std::sync::Mutex::new(QpState::Reset),
             }),
             _ => unexpected(),
@@ -949,6 +1043,8 @@ pub struct QueuePair {
     rq: Option<RingDesc>,
     caps: QpCaps,
     pd: PdId,
+    /// Its send and receive CQs (purged of its completions when it is reset or destroyed).
+    cqs: [Option<CqId>; 2],
     /// The state as this process last set or saw it (posting checks it, as libibverbs
     /// providers check their own copy).
     state: std::sync::Mutex<QpState>,
@@ -957,6 +1053,8 @@ pub struct QueuePair {
 impl QueuePair {
     /// `ibv_destroy_qp` (for an XRC target QP handle: closes the handle, destroying the QP with
     /// its last one), reporting the device's answer.
+    // The error gives the QP back (it still exists): large, and rare.
+    #[allow(clippy::result_large_err)]
     pub fn destroy(self) -> std::result::Result<(), (Self, Error)> {
         let req = match self.handle {
             Some(handle) => Request::DestroyQpHandle { qpn: self.qpn, handle },
@@ -965,10 +1063,16 @@ impl QueuePair {
         let ctx = self.ctx.clone();
         // SAFETY: `me` is never used again; its fields are dropped exactly once.
         destroy_now(self, &ctx, req, |me| unsafe {
-            me.ctx.inner.rq_lock().remove(&me.qpn.value());
+            me.purge_completions();
             std::ptr::drop_in_place(&mut me.ctx);
             std::ptr::drop_in_place(&mut me.state);
         })
+    }
+
+    fn purge_completions(&self) {
+        let cqs: Vec<CqId> = self.cqs.iter().flatten().copied().collect();
+        self.ctx.inner.purge(self.qpn.value(), &cqs);
+        self.ctx.inner.rq_lock().remove(&self.qpn.value());
     }
 
     /// For an XRC target QP: this process's handle on it (what its async events name).
@@ -996,6 +1100,9 @@ impl QueuePair {
         self.ctx.inner.call(Request::ModifyQp { qpn: self.qpn, attr: *attr, mask })?;
         if mask.contains(AttrMask::STATE) {
             *self.state.lock().unwrap_or_else(|e| e.into_inner()) = attr.qp_state;
+            if attr.qp_state == QpState::Reset {
+                self.purge_completions();
+            }
         }
         Ok(())
     }
@@ -1151,12 +1258,12 @@ impl QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        self.ctx.inner.rq_lock().remove(&self.qpn.value());
         let req = match self.handle {
             Some(handle) => Request::DestroyQpHandle { qpn: self.qpn, handle },
             None => Request::DestroyQp(self.qpn),
         };
         self.ctx.inner.release(req);
+        self.purge_completions();
     }
 }
 
@@ -1250,6 +1357,7 @@ impl XrcDomain {
                 rq: None,
                 caps: QpCaps::default(),
                 pd: PdId(0),
+                cqs: [None, None],
                 state: std::sync::Mutex::new(QpState::Reset),
             }),
             _ => unexpected(),
@@ -1268,6 +1376,7 @@ impl XrcDomain {
                 rq: None,
                 caps: QpCaps::default(),
                 pd: PdId(0),
+                cqs: [None, None],
                 state: std::sync::Mutex::new(QpState::Reset),
             }),
             _ => unexpected(),

@@ -95,7 +95,7 @@ unsafe fn create(
     wc_flags: u64,
 ) -> Result<*mut Cq, Errno> {
     let ctx = ctx_of(context)?;
-    if cqe < 1 || cqe as u32 > ctx.info.limits.max_cqe || comp_vector < 0 || comp_vector >= 1 {
+    if cqe < 1 || cqe as u32 > ctx.info.limits.max_cqe || !(0..1).contains(&comp_vector) {
         return Err(EINVAL);
     }
     let ch = match (channel as *mut Channel).as_mut() {

@@ -124,6 +124,11 @@ pub(crate) fn into_c<T>(v: T) -> *mut T {
     Box::into_raw(Box::new(v))
 }
 
+/// The calling thread's errno.
+pub(crate) fn last_errno() -> c_int {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,9 +142,4 @@ mod tests {
         assert_eq!(minus1_call(|| Err(Errno(libc::EAGAIN))), -1);
         assert_eq!(minus1_call(|| Ok(7)), 7);
     }
-}
-
-/// The calling thread's errno.
-pub(crate) fn last_errno() -> c_int {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }

@@ -172,8 +172,9 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ffi::ibv_mr) -> c_int {
     errno_call(|| destroy_obj(mr as *mut Mr, |m| &mut m.inner, |i| i.destroy()))
 }
 
-/// `ibv_rereg_mr`: registers the new translation, PD or access first, then gives up the old
-/// registration; the keys change (as the verbs allow). Returns 0 or an `ibv_rereg_mr_err_code`.
+/// `ibv_rereg_mr`: a new translation, PD or access for the region, in place: its keys stay (as
+/// on rxe and hardware), so a peer holding the R_Key keeps using it. Returns 0 or an
+/// `ibv_rereg_mr_err_code` with errno set.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_rereg_mr(
     mr: *mut ffi::ibv_mr,
@@ -189,19 +190,27 @@ pub unsafe extern "C" fn ibv_rereg_mr(
         if f == 0 || f & !ffi::IBV_REREG_MR_FLAGS_SUPPORTED != 0 {
             return Err(EINVAL);
         }
-        let new_pd = if f & ffi::IBV_REREG_MR_CHANGE_PD != 0 { pd } else { m.mr.pd };
-        let (new_addr, new_len) =
-            if f & ffi::IBV_REREG_MR_CHANGE_TRANSLATION != 0 { (addr, len) } else { (m.mr.addr, m.mr.length) };
-        let new_access = if f & ffi::IBV_REREG_MR_CHANGE_ACCESS != 0 { access } else { m.access };
-        let fresh = reg(new_pd, new_addr, new_len, new_addr as u64, new_access)?;
-        let fresh = Box::from_raw(fresh);
-        let old = m.inner.take();
-        let Mr { mr: c, inner, access } = *fresh;
-        m.inner = inner;
-        m.access = access;
-        m.mr = ffi::ibv_mr { handle: m.mr.handle, ..c };
-        if let Some(old) = old {
-            let _ = old.destroy();
+        let new_pd = if f & ffi::IBV_REREG_MR_CHANGE_PD != 0 { Some(pd_of(pd)?) } else { None };
+        let range = if f & ffi::IBV_REREG_MR_CHANGE_TRANSLATION != 0 {
+            if addr.is_null() || len == 0 {
+                return Err(EINVAL);
+            }
+            Some((addr as u64, len as u64))
+        } else {
+            None
+        };
+        let acc = if f & ffi::IBV_REREG_MR_CHANGE_ACCESS != 0 { Some(mr_access(access)?) } else { None };
+        let inner = m.inner.as_mut().ok_or(EINVAL)?;
+        inner.rereg(new_pd.as_ref().map(|p| p.inner()), range, acc)?;
+        if let Some((a, l)) = range {
+            m.mr.addr = a as *mut c_void;
+            m.mr.length = l as usize;
+        }
+        if new_pd.is_some() {
+            m.mr.pd = pd;
+        }
+        if acc.is_some() {
+            m.access = access;
         }
         Ok(())
     });

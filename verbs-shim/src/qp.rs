@@ -303,6 +303,8 @@ unsafe extern "C" fn open_qp(context: *mut ffi::ibv_context, attr: *mut ffi::ibv
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ffi::ibv_qp) -> c_int {
+    // The error of QueuePair::destroy gives the QP back: large, and rare.
+    #[allow(clippy::result_large_err)]
     errno_call(|| {
         let q = qp_of(qp)?;
         let (ctx, qpn, handle) = (&*q.ctx, q.inner().qpn(), q.inner().handle());
@@ -360,7 +362,7 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ffi::ibv_qp, attr: *mut ffi::ibv
         let q = qp_of(qp)?;
         let a = nonnull(attr)?;
         // Every ibv_qp_attr_mask bit (IBV_QP_STATE ... IBV_QP_DEST_QPN, IBV_QP_RATE_LIMIT).
-        let known = (1u32 << 21) - 1 | AttrMask::RATE_LIMIT.0;
+        let known = ((1u32 << 21) - 1) | AttrMask::RATE_LIMIT.0;
         if mask as u32 & !known != 0 {
             return Err(EINVAL);
         }
@@ -545,9 +547,11 @@ unsafe extern "C" fn post_send(
     })
 }
 
-unsafe fn recv_list(
-    wr: *mut ffi::ibv_recv_wr,
-) -> (Vec<(RecvWr, *mut ffi::ibv_recv_wr)>, Option<(c_int, *mut ffi::ibv_recv_wr)>) {
+/// Receive requests with the C request each came from, and the first one that could not be read
+/// (its errno).
+type RecvList = (Vec<(RecvWr, *mut ffi::ibv_recv_wr)>, Option<(c_int, *mut ffi::ibv_recv_wr)>);
+
+unsafe fn recv_list(wr: *mut ffi::ibv_recv_wr) -> RecvList {
     let mut items = Vec::new();
     let mut p = wr;
     while let Some(w) = p.as_ref() {

@@ -160,6 +160,6 @@ pub extern "C" fn rdma_event_str(event: c_int) -> *const c_char {
     ];
     match usize::try_from(event).ok().and_then(|i| NAMES.get(i)) {
         Some(n) => n.as_ptr() as *const c_char,
-        None => "UNKNOWN EVENT\0".as_ptr() as *const c_char,
+        None => c"UNKNOWN EVENT".as_ptr(),
     }
 }

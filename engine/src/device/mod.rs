@@ -580,6 +580,52 @@ impl<M: Memory> Device<M> {
         Ok(MrKeys { lkey, rkey })
     }
 
+    /// `ibv_rereg_mr`: changes a region's PD, range or access in place, keeping its keys (as
+    /// rxe and hardware do for these changes); `None` keeps what it was.
+    pub fn rereg_mr(
+        &mut self,
+        lkey: u32,
+        pd: Option<PdId>,
+        range: Option<(u64, u64)>,
+        access: Option<Access>,
+    ) -> Result<(), VerbsError> {
+        if let Some(p) = pd {
+            if !self.pds.contains_key(&p) {
+                return Err(VerbsError::Inval);
+            }
+        }
+        let m = match self.mrs.get_mut(&(lkey >> 8)) {
+            Some(m) if m.lkey == lkey => m,
+            _ => return Err(VerbsError::Inval),
+        };
+        let acc = access.unwrap_or(m.access);
+        if acc.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC) && !acc.contains(Access::LOCAL_WRITE) {
+            return Err(VerbsError::Inval);
+        }
+        if let Some((addr, len)) = range {
+            if addr.checked_add(len).is_none() {
+                return Err(VerbsError::Inval);
+            }
+            m.addr = addr;
+            m.len = len;
+        }
+        if let Some(p) = pd {
+            m.pd = p;
+        }
+        m.access = acc;
+        Ok(())
+    }
+
+    /// The receive WQEs queued on a QP's own receive queue (the device rewrites staged ones).
+    pub fn queued_recvs_mut(&mut self, qpn: Qpn) -> Option<&mut VecDeque<RecvWr>> {
+        self.qps.get_mut(&qpn).map(|q| &mut q.rq)
+    }
+
+    /// The receive WQEs queued on an SRQ.
+    pub fn queued_srq_recvs_mut(&mut self, srqn: u32) -> Option<&mut VecDeque<RecvWr>> {
+        self.srqs.get_mut(&srqn).map(|s| &mut s.queue)
+    }
+
     /// Deregisters a memory region.
     pub fn dereg_mr(&mut self, lkey: u32) -> Result<(), VerbsError> {
         match self.mrs.get(&(lkey >> 8)) {
