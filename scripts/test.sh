@@ -31,6 +31,9 @@ cargo test --workspace --locked
 step "unchanged rdma-core programs on the shim"
 bash scripts/test-verbs-programs.sh
 
+step "rdma-core's pyverbs test suite on the shim"
+bash scripts/pyverbs.sh
+
 step "fuzz targets"
 fuzz_seconds=${FUZZ_SECONDS:-30}
 corpus=$(mktemp -d)
