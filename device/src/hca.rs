@@ -1064,6 +1064,38 @@ impl State {
                 self.cqs.insert(cq, CqWatch { channel, armed: false, solicited_only: false, seen: 0 });
                 ok(R::Cq { cq, ring })
             }
+            Request::ResizeCq { cq, cqe, unpolled } => {
+                mine!(cqs, cq);
+                let c = self.clients.get_mut(&o).expect("checked");
+                let old = *c.cq_rings.get(&cq).ok_or(VerbsError::Inval)?;
+                // What sits in the old ring moves to the new one (the client holds the CQ while
+                // it waits for this answer, so nobody consumes the old ring meanwhile).
+                let mut moved: Vec<CqEntry> = Vec::new();
+                c.arena.consume::<CqEntry>(&old, usize::MAX, |e| {
+                    moved.extend(e);
+                    true
+                });
+                let undo = |c: &mut Client, moved: &[CqEntry]| {
+                    for e in moved {
+                        let _ = c.arena.produce(&old, e);
+                    }
+                };
+                if let Err(e) = self.dev.resize_cq(cq, cqe, moved.len() + unpolled as usize) {
+                    undo(c, &moved);
+                    return Err(e);
+                }
+                let Some(ring) = c.alloc.ring(cqe, CQE_SLOT) else {
+                    undo(c, &moved);
+                    return Err(VerbsError::NoMem);
+                };
+                c.arena.reset(&ring);
+                for e in &moved {
+                    let _ = c.arena.produce(&ring, e);
+                }
+                c.alloc.release(&old);
+                c.cq_rings.insert(cq, ring);
+                ok(R::Cq { cq, ring })
+            }
             Request::DestroyCq(cq) => {
                 mine!(cqs, cq);
                 self.dev.destroy_cq(cq)?;

@@ -123,6 +123,16 @@ pub enum Request {
     },
     /// `ibv_destroy_cq`.
     DestroyCq(CqId),
+    /// `ibv_resize_cq`: the CQ gets a new ring of `cqe` entries (answered with `Response::Cq`);
+    /// the client has taken `unpolled` completions off the old one that it has not handed out.
+    ResizeCq {
+        /// The CQ.
+        cq: CqId,
+        /// New size.
+        cqe: u32,
+        /// Completions the client holds, taken off the ring but not yet polled.
+        unpolled: u32,
+    },
     /// `ibv_req_notify_cq`.
     ReqNotifyCq {
         /// The CQ.

@@ -75,7 +75,7 @@ struct Inner {
     rq_outstanding: std::sync::Mutex<std::collections::HashMap<u32, u32>>,
     /// Completion rings by CQ, and completions taken off them early (when a QP was reset or
     /// destroyed, its completions are removed and the others wait here, in order).
-    cq_rings: std::sync::Mutex<std::collections::HashMap<CqId, RingDesc>>,
+    cq_rings: std::sync::Mutex<std::collections::HashMap<CqId, Arc<std::sync::Mutex<RingDesc>>>>,
     pending: std::sync::Mutex<std::collections::HashMap<CqId, std::collections::VecDeque<CqEntry>>>,
 }
 
@@ -191,11 +191,13 @@ impl Inner {
     /// the verbs require: the next poll must not see them); the others keep their order.
     fn purge(&self, qpn: u32, cqs: &[CqId]) {
         let rings = self.cq_rings.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         for cq in cqs {
             let Some(ring) = rings.get(cq) else { continue };
+            // The ring first, then the pending list: the order poll and resize take them in.
+            let ring = ring.lock().unwrap_or_else(|e| e.into_inner());
+            let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
             let q = pending.entry(*cq).or_default();
-            self.arena.consume::<CqEntry>(ring, usize::MAX, |e| {
+            self.arena.consume::<CqEntry>(&ring, usize::MAX, |e| {
                 q.extend(e);
                 true
             });
@@ -489,7 +491,8 @@ impl Context {
     pub fn create_cq(&self, cqe: u32, channel: Option<&CompletionChannel>) -> Result<CompletionQueue> {
         match self.inner.call(Request::CreateCq { cqe, channel: channel.map(|c| c.id) })? {
             Response::Cq { cq, ring } => {
-                self.inner.cq_rings.lock().unwrap_or_else(|e| e.into_inner()).insert(cq, ring);
+                let ring = Arc::new(std::sync::Mutex::new(ring));
+                self.inner.cq_rings.lock().unwrap_or_else(|e| e.into_inner()).insert(cq, ring.clone());
                 Ok(CompletionQueue { ctx: self.clone(), id: cq, ring })
             }
             _ => unexpected(),
@@ -853,7 +856,8 @@ impl Drop for CompletionChannel {
 pub struct CompletionQueue {
     ctx: Context,
     id: CqId,
-    ring: RingDesc,
+    /// Its completion ring (a resize gives it a new one; polls hold this while they read).
+    ring: Arc<std::sync::Mutex<RingDesc>>,
 }
 
 impl CompletionQueue {
@@ -876,6 +880,7 @@ impl CompletionQueue {
     /// (no system call).
     pub fn poll(&self, max: u32) -> Result<Vec<WorkCompletion>> {
         let mut entries = Vec::new();
+        let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
         {
             let mut pending = self.ctx.inner.pending.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(q) = pending.get_mut(&self.id) {
@@ -887,11 +892,12 @@ impl CompletionQueue {
         }
         let left = max as usize - entries.len();
         if left > 0 {
-            self.ctx.inner.arena.consume::<CqEntry>(&self.ring, left, |e| {
+            self.ctx.inner.arena.consume::<CqEntry>(&ring, left, |e| {
                 entries.extend(e);
                 true
             });
         }
+        drop(ring);
         Ok(entries.into_iter().map(|e| self.ctx.inner.complete(e)).collect())
     }
 
@@ -916,6 +922,29 @@ impl CompletionQueue {
             out.extend(got);
         }
         Ok(out)
+    }
+
+    /// `ibv_resize_cq`: room for `cqe` completions from now on; EINVAL for fewer than it holds.
+    pub fn resize(&self, cqe: u32) -> Result<()> {
+        let inner = &self.ctx.inner;
+        let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        // What is in the ring now moves with the CQ; the device moves what it adds meanwhile.
+        let unpolled = {
+            let mut pending = inner.pending.lock().unwrap_or_else(|e| e.into_inner());
+            let q = pending.entry(self.id).or_default();
+            inner.arena.consume::<CqEntry>(&ring, usize::MAX, |e| {
+                q.extend(e);
+                true
+            });
+            q.len() as u32
+        };
+        match inner.call(Request::ResizeCq { cq: self.id, cqe, unpolled })? {
+            Response::Cq { ring: new, .. } => {
+                *ring = new;
+                Ok(())
+            }
+            _ => unexpected(),
+        }
     }
 
     /// `ibv_req_notify_cq`.

@@ -182,8 +182,9 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ffi::ibv_cq, cqe: c_int) -> c_in
         if cqe < 1 || cqe as u32 > ctx.info.limits.max_cqe {
             return Err(EINVAL);
         }
-        // The ring was sized at creation; resizing it in place is not built yet.
-        Err(Errno(libc::EOPNOTSUPP))
+        c.inner().resize(cqe as u32)?;
+        (*cq).cqe = cqe;
+        Ok(())
     })
 }
 

@@ -650,6 +650,18 @@ impl<M: Memory> Device<M> {
         Ok(id)
     }
 
+    /// `ibv_resize_cq`: the CQ holds `cqe` entries from now on; EINVAL beyond the device limit or
+    /// below what it holds now plus `elsewhere` (completions already handed on but not yet polled).
+    pub fn resize_cq(&mut self, cq: CqId, cqe: u32, elsewhere: usize) -> Result<(), VerbsError> {
+        let max = self.config.limits.max_cqe;
+        let c = self.cqs.get_mut(&cq).ok_or(VerbsError::Inval)?;
+        if cqe == 0 || cqe > max || c.entries.len() + elsewhere > cqe as usize {
+            return Err(VerbsError::Inval);
+        }
+        c.capacity = cqe as usize;
+        Ok(())
+    }
+
     /// Destroys a CQ; EBUSY while a QP uses it.
     pub fn destroy_cq(&mut self, cq: CqId) -> Result<(), VerbsError> {
         if !self.cqs.contains_key(&cq) {
