@@ -23,8 +23,8 @@ logs="$rt/logs"
 mkdir -p "$logs"
 cleanup() {
   jobs -p | xargs -r kill 2>/dev/null
-  "$bin" down srdma0 >/dev/null 2>&1
-  "$bin" down srdma1 >/dev/null 2>&1
+  timeout 15 "$bin" down srdma0 >/dev/null 2>&1
+  timeout 15 "$bin" down srdma1 >/dev/null 2>&1
   rm -rf "$rt"
 }
 trap cleanup EXIT

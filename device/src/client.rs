@@ -40,6 +40,9 @@ pub enum ClientError {
     Unexpected,
 }
 
+/// How long a call waits for the device's answer before the connection counts as lost.
+pub const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// A connection to a device.
 pub struct Connection {
     sock: Mutex<UnixStream>,
@@ -75,6 +78,10 @@ impl Connection {
             dir: dir.display().to_string(),
             source,
         })?;
+        // A device that stops answering (stopped, wedged) fails the call instead of hanging the
+        // program: no request takes the device anywhere near this long.
+        let _ = sock.set_read_timeout(Some(CALL_TIMEOUT));
+        let _ = sock.set_write_timeout(Some(CALL_TIMEOUT));
         // Yama ptrace_scope 1 lets only a declared tracer use process_vm_readv/writev on us
         // (design D3): declare the device, whose pid is the socket peer's. Without Yama this
         // fails harmlessly.
@@ -118,7 +125,12 @@ impl Connection {
     /// One call: the request (and fds), the answer (and fds).
     pub fn call(&self, req: &Request, fds: &[RawFd]) -> Result<(Response, Vec<OwnedFd>), ClientError> {
         let sock = self.sock.lock().unwrap_or_else(|e| e.into_inner());
-        proto::send(&sock, req, fds)?;
-        Ok(proto::recv::<Response>(&sock)?)
+        let r = proto::send(&sock, req, fds).and_then(|()| proto::recv::<Response>(&sock));
+        if r.is_err() {
+            // A call that failed half-way (timeout, closed) leaves the stream out of step: no
+            // later call may read its late answer. The connection is over.
+            let _ = sock.shutdown(std::net::Shutdown::Both);
+        }
+        Ok(r?)
     }
 }

@@ -216,7 +216,7 @@ pub(crate) fn port_attr(info: &DeviceInfo) -> ffi::ibv_port_attr {
         state: ffi::IBV_PORT_ACTIVE,
         max_mtu: ffi::IBV_MTU_4096,
         active_mtu: info.active_mtu as u32,
-        gid_tbl_len: 1,
+        gid_tbl_len: GID_TABLE_LEN as c_int,
         port_cap_flags: ffi::IBV_PORT_CM_SUP | ffi::IBV_PORT_REINIT_SUP | ffi::IBV_PORT_VENDOR_CLASS_SUP,
         max_msg_sz: info.limits.max_msg_size,
         bad_pkey_cntr: 0,
@@ -272,12 +272,17 @@ pub unsafe extern "C" fn ibv_query_port(
     query_port_ex(context, port, attr as *mut ffi::ibv_port_attr, COMPAT_PORT_ATTR_LEN)
 }
 
-fn check_gid(ctx: &Ctx, port: u32, index: u32) -> Result<(), Errno> {
-    if port != 1 || index != 0 {
-        let _ = ctx;
+/// The port's GID table: index 0 is the device's address (its RoCEv2 GID); the other entries
+/// are empty, as a port's unused entries are (all-zero through ibv_query_gid, ENODATA through
+/// ibv_query_gid_ex); beyond the table is EINVAL.
+const GID_TABLE_LEN: u32 = 16;
+
+/// The GID at `index`: Some for index 0, None for an empty entry; EINVAL outside the table.
+fn gid_at(ctx: &Ctx, port: u32, index: u32) -> Result<Option<[u8; 16]>, Errno> {
+    if port != 1 || index >= GID_TABLE_LEN {
         return Err(EINVAL);
     }
-    Ok(())
+    Ok((index == 0).then_some(ctx.info.gid))
 }
 
 #[no_mangle]
@@ -289,8 +294,10 @@ pub unsafe extern "C" fn ibv_query_gid(
 ) -> c_int {
     minus1_call(|| {
         let ctx = ctx_of(context)?;
-        check_gid(ctx, u32::from(port), index as u32)?;
-        nonnull(gid)?.raw = ctx.info.gid;
+        if index < 0 {
+            return Err(EINVAL);
+        }
+        nonnull(gid)?.raw = gid_at(ctx, u32::from(port), index as u32)?.unwrap_or([0; 16]);
         Ok(0)
     })
 }
@@ -354,10 +361,7 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
         if flags != 0 || entry.is_null() || entry_size < std::mem::size_of::<ffi::ibv_gid_entry>() {
             return Err(EINVAL);
         }
-        if port != 1 {
-            return Err(EINVAL);
-        }
-        if index != 0 {
+        if gid_at(ctx, port, index)?.is_none() {
             return Err(Errno(libc::ENODATA));
         }
         *entry = gid_entry(ctx);
@@ -402,7 +406,8 @@ pub unsafe extern "C" fn softrdma_query_gid_type(
 ) -> c_int {
     minus1_call(|| {
         let ctx = ctx_of(context)?;
-        check_gid(ctx, u32::from(port), index)?;
+        // An empty entry has no type (its sysfs file is unreadable): EINVAL.
+        gid_at(ctx, u32::from(port), index)?.ok_or(EINVAL)?;
         *nonnull(ty)? = 1;
         Ok(0)
     })
