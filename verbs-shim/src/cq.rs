@@ -308,7 +308,14 @@ unsafe fn ex_cq<'a>(p: *mut ffi::ibv_cq_ex) -> &'a Cq {
 }
 
 unsafe fn advance(cq: *mut ffi::ibv_cq_ex) -> c_int {
-    let c = ex_cq(cq);
+    match crate::guarded(|| Ok(advance_inner(cq))) {
+        Ok(r) => r,
+        Err(Errno(e)) => e,
+    }
+}
+
+unsafe fn advance_inner(cq: *mut ffi::ibv_cq_ex) -> c_int {
+    let Ok(c) = cq_of(cq as *mut ffi::ibv_cq) else { return libc::EINVAL };
     let st = &mut *c.poll.get();
     if st.pending.is_empty() {
         match c.inner().poll(16) {
