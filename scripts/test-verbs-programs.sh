@@ -139,6 +139,9 @@ else
 fi
 
 single "ibv_devices" "srdma0.*[0-9a-f]{16}" ibv_devices
+# `softrdma exec` puts the shim on the library path itself (none set here).
+single "softrdma exec -- ibv_devinfo -l" "srdma0.*srdma1|srdma1.*srdma0" env -u LD_LIBRARY_PATH bash -c \
+  "\"$bin\" exec -- ibv_devinfo -l | tr '\n' ' '"
 single "ibv_devinfo" "hca_id:.*srdma1" ibv_devinfo
 single "ibv_devinfo -v" "GID\[ *0\]:.*::ffff:${addr0//./\\.}, RoCE v2" ibv_devinfo -v -d srdma0
 
