@@ -10,46 +10,14 @@
 //! on 127.0.0.1 with a free UDP port, as the auto-started one could not bind.
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-const DEVICE: &str = "srdma0";
+mod common;
+use common::{shim_dir, softrdma_bin, text, Down, DEVICE};
+
 const RUN_TIMEOUT: Duration = Duration::from_secs(150);
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("verbs-shim sits in the workspace").to_owned()
-}
-
-/// The cargo target dir, as scripts/build-shim.sh sees it ($CARGO_TARGET_DIR, else target/).
-fn target_dir() -> PathBuf {
-    let root = workspace_root();
-    match std::env::var_os("CARGO_TARGET_DIR").filter(|d| !d.is_empty()) {
-        Some(d) => root.join(d),
-        None => root.join("target"),
-    }
-}
-
-/// The shim directory: $SOFTRDMA_SHIM_DIR, else <target>/release/shim.
-fn shim_dir() -> PathBuf {
-    match std::env::var_os("SOFTRDMA_SHIM_DIR").filter(|d| !d.is_empty()) {
-        Some(d) => PathBuf::from(d),
-        None => target_dir().join("release").join("shim"),
-    }
-}
-
-/// The `softrdma` executable: $SOFTRDMA_BIN, else beside the shim directory (where the shim
-/// itself looks), else <target>/release/softrdma.
-fn softrdma_bin(shim: &Path) -> PathBuf {
-    if let Some(p) = std::env::var_os("SOFTRDMA_BIN").filter(|p| !p.is_empty()) {
-        return PathBuf::from(p);
-    }
-    let beside = shim.join("..").join("softrdma");
-    if beside.is_file() {
-        return beside;
-    }
-    target_dir().join("release").join("softrdma")
-}
 
 fn newest_mtime(dir: &Path) -> Option<SystemTime> {
     let mut newest = None;
@@ -59,26 +27,6 @@ fn newest_mtime(dir: &Path) -> Option<SystemTime> {
         newest = newest.max(t);
     }
     newest
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
-
-/// Stops the device when the test ends, pass or fail (`softrdma down` with the test's env).
-struct Down<'a> {
-    exe: &'a Path,
-    runtime: &'a Path,
-}
-
-impl Drop for Down<'_> {
-    fn drop(&mut self) {
-        let o = Command::new(self.exe).args(["down", DEVICE]).env("SOFTRDMA_RUNTIME_DIR", self.runtime).output();
-        match o {
-            Ok(o) => eprintln!("softrdma down {DEVICE}: {}", text(&o).trim()),
-            Err(e) => eprintln!("softrdma down {DEVICE}: cannot run {}: {e}", self.exe.display()),
-        }
-    }
 }
 
 /// Runs `cmd`, killing it after `timeout`; returns its output and whether it timed out.

@@ -6,58 +6,15 @@
 //! ready, stops the device (`softrdma down`), then lets the program go on.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-const DEVICE: &str = "srdma0";
+mod common;
+use common::{down, shim_dir, softrdma_bin, text, Down, DEVICE};
+
 const TIMEOUT: Duration = Duration::from_secs(60);
-
-fn target_dir() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("verbs-shim sits in the workspace");
-    match std::env::var_os("CARGO_TARGET_DIR").filter(|d| !d.is_empty()) {
-        Some(d) => root.join(d),
-        None => root.join("target"),
-    }
-}
-
-/// $SOFTRDMA_SHIM_DIR, else <target>/release/shim.
-fn shim_dir() -> PathBuf {
-    match std::env::var_os("SOFTRDMA_SHIM_DIR").filter(|d| !d.is_empty()) {
-        Some(d) => PathBuf::from(d),
-        None => target_dir().join("release").join("shim"),
-    }
-}
-
-/// $SOFTRDMA_BIN, else beside the shim directory, else <target>/release/softrdma.
-fn softrdma_bin(shim: &Path) -> PathBuf {
-    if let Some(p) = std::env::var_os("SOFTRDMA_BIN").filter(|p| !p.is_empty()) {
-        return PathBuf::from(p);
-    }
-    let beside = shim.join("..").join("softrdma");
-    if beside.is_file() {
-        return beside;
-    }
-    target_dir().join("release").join("softrdma")
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
-
-fn down(exe: &Path, runtime: &Path) -> Output {
-    Command::new(exe).args(["down", DEVICE]).env("SOFTRDMA_RUNTIME_DIR", runtime).output().expect("run softrdma down")
-}
-
-/// Stops the device when the test ends, pass or fail.
-struct Down<'a>(&'a Path, &'a Path);
-
-impl Drop for Down<'_> {
-    fn drop(&mut self) {
-        let _ = down(self.0, self.1);
-    }
-}
 
 #[test]
 fn device_gone_gives_device_fatal_and_clean_failures() {
@@ -84,7 +41,7 @@ fn device_gone_gives_device_fatal_and_clean_failures() {
     let runtime = work.path().join("rt");
     std::fs::create_dir(&runtime).expect("runtime dir");
     std::fs::set_permissions(&runtime, std::os::unix::fs::PermissionsExt::from_mode(0o700)).expect("chmod");
-    let _down = Down(&exe, &runtime);
+    let _down = Down { exe: &exe, runtime: &runtime };
     let port = std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr()).expect("free UDP port").port();
     let o = Command::new(&exe)
         .args(["up", DEVICE, "--addr", "127.0.0.1", "--port", &port.to_string()])
@@ -131,7 +88,7 @@ fn device_gone_gives_device_fatal_and_clean_failures() {
     };
     let mut downed = String::new();
     if ready {
-        let o = down(&exe, &runtime);
+        let o = down(&exe, &runtime).expect("run softrdma down");
         downed = format!("softrdma down: {} {}", o.status, text(&o).trim());
         let _ = child.stdin.take().expect("piped").write_all(b"\n");
     }

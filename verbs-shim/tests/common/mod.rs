@@ -1,0 +1,65 @@
+//! What the tests that run C programs on the built shim share: where the shim and `softrdma`
+//! are, and stopping the device a test started.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The device the tests use.
+pub const DEVICE: &str = "srdma0";
+
+/// The cargo target dir, as scripts/build-shim.sh sees it ($CARGO_TARGET_DIR, else target/).
+pub fn target_dir() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("verbs-shim sits in the workspace");
+    match std::env::var_os("CARGO_TARGET_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => root.join(d),
+        None => root.join("target"),
+    }
+}
+
+/// The shim directory: $SOFTRDMA_SHIM_DIR, else <target>/release/shim.
+pub fn shim_dir() -> PathBuf {
+    match std::env::var_os("SOFTRDMA_SHIM_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d),
+        None => target_dir().join("release").join("shim"),
+    }
+}
+
+/// The `softrdma` executable: $SOFTRDMA_BIN, else beside the shim directory (where the shim
+/// itself looks), else <target>/release/softrdma.
+pub fn softrdma_bin(shim: &Path) -> PathBuf {
+    if let Some(p) = std::env::var_os("SOFTRDMA_BIN").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    let beside = shim.join("..").join("softrdma");
+    if beside.is_file() {
+        return beside;
+    }
+    target_dir().join("release").join("softrdma")
+}
+
+/// A process's stdout and stderr as text.
+pub fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// `softrdma down DEVICE` in runtime dir `runtime`.
+pub fn down(exe: &Path, runtime: &Path) -> std::io::Result<Output> {
+    Command::new(exe).args(["down", DEVICE]).env("SOFTRDMA_RUNTIME_DIR", runtime).output()
+}
+
+/// Stops the device when the test ends, pass or fail.
+pub struct Down<'a> {
+    pub exe: &'a Path,
+    pub runtime: &'a Path,
+}
+
+impl Drop for Down<'_> {
+    fn drop(&mut self) {
+        match down(self.exe, self.runtime) {
+            Ok(o) => eprintln!("softrdma down {DEVICE}: {}", text(&o).trim()),
+            Err(e) => eprintln!("softrdma down {DEVICE}: cannot run {}: {e}", self.exe.display()),
+        }
+    }
+}
