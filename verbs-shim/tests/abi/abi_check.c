@@ -31,31 +31,12 @@
 #include <arpa/inet.h>
 #include <infiniband/verbs.h>
 
+#include "check.h"
+
 #define DEVICE_NAME "srdma0"
 #define POLL_TIMEOUT_MS 10000
 
-static int n_checks;
-static int n_failures;
 
-/* Records one check: prints "ok name" or "FAIL name: detail"; returns cond. */
-__attribute__((format(printf, 3, 4))) static int check(int cond, const char *name, const char *fmt, ...)
-{
-	n_checks++;
-	if (cond) {
-		printf("ok %s\n", name);
-	} else {
-		va_list ap;
-
-		n_failures++;
-		printf("FAIL %s: ", name);
-		va_start(ap, fmt);
-		vprintf(fmt, ap);
-		va_end(ap);
-		printf("\n");
-	}
-	fflush(stdout);
-	return cond;
-}
 
 static void on_alarm(int sig)
 {

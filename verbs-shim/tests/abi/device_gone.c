@@ -23,28 +23,12 @@
 #include <unistd.h>
 #include <infiniband/verbs.h>
 
+#include "check.h"
+
 #define DEVICE_NAME "srdma0"
 
-static int n_failures;
 static const char *volatile stage = "setup";
 
-__attribute__((format(printf, 3, 4))) static int check(int cond, const char *name, const char *fmt, ...)
-{
-	if (cond) {
-		printf("ok %s\n", name);
-	} else {
-		va_list ap;
-
-		n_failures++;
-		printf("FAIL %s: ", name);
-		va_start(ap, fmt);
-		vprintf(fmt, ap);
-		va_end(ap);
-		printf("\n");
-	}
-	fflush(stdout);
-	return cond;
-}
 
 static void on_alarm(int sig)
 {
