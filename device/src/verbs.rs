@@ -77,6 +77,10 @@ struct Inner {
     /// destroyed, its completions are removed and the others wait here, in order).
     cq_rings: std::sync::Mutex<std::collections::HashMap<CqId, Arc<std::sync::Mutex<RingDesc>>>>,
     pending: std::sync::Mutex<std::collections::HashMap<CqId, std::collections::VecDeque<CqEntry>>>,
+    /// The rings are single-producer: threads of this process that post to the same queue (or
+    /// give staging back) take turns, as libibverbs' providers lock a QP's send queue. Striped
+    /// by ring.
+    producers: [std::sync::Mutex<()>; 64],
 }
 
 /// Receives up to this size have their data staged by the device in the shared arena and
@@ -110,6 +114,7 @@ impl Inner {
             rq_outstanding: Default::default(),
             cq_rings: Default::default(),
             pending: Default::default(),
+            producers: std::array::from_fn(|_| std::sync::Mutex::new(())),
         })
     }
 
@@ -181,6 +186,7 @@ impl Inner {
 
     /// Gives staging space back to the device; waits for room if the device is behind.
     fn give_back(&self, off: u64, len: u32) {
+        let _turn = self.producer(&self.release);
         while !matches!(self.arena.produce(&self.release, &(off, len)), Ok(true)) {
             self.ring_doorbell();
             std::thread::yield_now();
@@ -230,6 +236,7 @@ impl Inner {
     ) -> Result<()> {
         let mut r = Ok(());
         let mut n = 0;
+        let turn = ring.map(|r| self.producer(&r));
         for (index, wr) in wrs.into_iter().enumerate() {
             let err = match (ring, prepare(wr)) {
                 (None, _) => Some(VerbsError::Inval),
@@ -252,10 +259,17 @@ impl Inner {
             }
             n += 1;
         }
+        drop(turn);
         if n > 0 {
             self.ring_doorbell();
         }
         r
+    }
+
+    /// This process's turn to produce on `ring`.
+    fn producer(&self, ring: &RingDesc) -> std::sync::MutexGuard<'_, ()> {
+        let i = (ring.off / 64) as usize % self.producers.len();
+        self.producers[i].lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Forgets the staging of a receive that was not posted.
