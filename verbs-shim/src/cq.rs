@@ -1,7 +1,6 @@
 //! Completion channels and completion queues, including the extended CQ (`ibv_cq_ex`:
 //! start_poll / next_poll / end_poll and the `ibv_wc_read_*` accessors).
 
-use std::cell::UnsafeCell;
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_void};
 use std::os::fd::{AsFd, AsRawFd};
@@ -70,7 +69,8 @@ pub(crate) struct Cq {
     pub(crate) inner: Option<CompletionQueue>,
     /// Which `ibv_wc_read_*` the program asked for (create_cq_ex wc_flags).
     wc_flags: u64,
-    poll: UnsafeCell<PollState>,
+    /// Locked by each poll: threads may poll one CQ at once, as libibverbs allows.
+    poll: std::sync::Mutex<PollState>,
 }
 
 pub(crate) fn cq_of<'a>(p: *mut ffi::ibv_cq) -> Result<&'a Cq, Errno> {
@@ -225,7 +225,7 @@ unsafe extern "C" fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::ibv_w
         if n < 0 || (n > 0 && wc.is_null()) {
             return Err(EINVAL);
         }
-        let st = &mut *c.poll.get();
+        let mut st = lock(&c.poll);
         let mut k = 0usize;
         // Completions an extended poll read but did not hand out come first.
         while k < n as usize {
@@ -316,7 +316,7 @@ unsafe fn advance(cq: *mut ffi::ibv_cq_ex) -> c_int {
 
 unsafe fn advance_inner(cq: *mut ffi::ibv_cq_ex) -> c_int {
     let Ok(c) = cq_of(cq as *mut ffi::ibv_cq) else { return libc::EINVAL };
-    let st = &mut *c.poll.get();
+    let mut st = lock(&c.poll);
     if st.pending.is_empty() {
         match c.inner().poll(16) {
             Ok(ws) => st.pending.extend(ws),
@@ -351,11 +351,11 @@ unsafe extern "C" fn next_poll(cq: *mut ffi::ibv_cq_ex) -> c_int {
 }
 
 unsafe extern "C" fn end_poll(cq: *mut ffi::ibv_cq_ex) {
-    (*ex_cq(cq).poll.get()).cur = None;
+    lock(&ex_cq(cq).poll).cur = None;
 }
 
 unsafe fn cur(cq: *mut ffi::ibv_cq_ex) -> ffi::ibv_wc {
-    match &(*ex_cq(cq).poll.get()).cur {
+    match &lock(&ex_cq(cq).poll).cur {
         Some(w) => to_wc(w),
         None => ffi::ibv_wc::default(),
     }
