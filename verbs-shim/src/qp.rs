@@ -1,7 +1,6 @@
 //! Queue pairs (including `ibv_qp_ex` and its `ibv_wr_*` builder), shared receive queues, XRC
 //! target QPs (`ibv_open_qp`), posting, modify and query, multicast.
 
-use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
 
 use softrdma_device::verbs::{
@@ -40,7 +39,7 @@ pub(crate) struct Qp {
     init: InitInfo,
     /// Created with send_ops_flags: `ibv_qp_to_qp_ex` gives the extended QP.
     extended: bool,
-    build: UnsafeCell<Build>,
+    build: std::sync::Mutex<Build>,
 }
 
 pub(crate) fn qp_of<'a>(p: *mut ffi::ibv_qp) -> Result<&'a Qp, Errno> {
@@ -760,8 +759,24 @@ pub(crate) fn fill_ops(v: &mut ffi::verbs_context) {
 
 // The extended QP's work-request builder (ibv_wr_start ... ibv_wr_complete).
 
-unsafe fn bld<'a>(qp: *mut ffi::ibv_qp_ex) -> &'a mut Build {
-    &mut *(*(qp as *const Qp)).build.get()
+/// Runs `f` on the QP's batch under its lock (threads may call these at once; each call is then
+/// whole, though interleaving two threads' batches on one QP is the program's error).
+unsafe fn with<R>(qp: *mut ffi::ibv_qp_ex, f: impl FnOnce(&mut Build) -> R) -> R {
+    let q = &*(qp as *const Qp);
+    let mut b = lock(&q.build);
+    f(&mut b)
+}
+
+/// Applies `f` to the batch's last work request; with none, the batch fails with EINVAL.
+unsafe fn on_last(qp: *mut ffi::ibv_qp_ex, f: impl FnOnce(&mut SendWr)) {
+    with(qp, |b| match b.wrs.last_mut() {
+        Some(w) => f(w),
+        None => fail(b),
+    })
+}
+
+fn fail(b: &mut Build) {
+    b.err.get_or_insert(libc::EINVAL);
 }
 
 unsafe fn push(qp: *mut ffi::ibv_qp_ex, op: SendOp) {
@@ -770,25 +785,17 @@ unsafe fn push(qp: *mut ffi::ibv_qp_ex, op: SendOp) {
     wr.signaled = f & ffi::IBV_SEND_SIGNALED != 0;
     wr.fence = f & ffi::IBV_SEND_FENCE != 0;
     wr.solicited = f & ffi::IBV_SEND_SOLICITED != 0;
-    bld(qp).wrs.push(wr);
-}
-
-unsafe fn last<'a>(qp: *mut ffi::ibv_qp_ex) -> Option<&'a mut SendWr> {
-    let b = bld(qp);
-    if b.wrs.is_empty() && b.err.is_none() {
-        b.err = Some(libc::EINVAL);
-    }
-    b.wrs.last_mut()
+    with(qp, |b| b.wrs.push(wr));
 }
 
 unsafe extern "C" fn wr_start(qp: *mut ffi::ibv_qp_ex) {
-    *bld(qp) = Build::default();
+    with(qp, |b| *b = Build::default());
 }
 unsafe extern "C" fn wr_abort(qp: *mut ffi::ibv_qp_ex) {
-    *bld(qp) = Build::default();
+    with(qp, |b| *b = Build::default());
 }
 unsafe extern "C" fn wr_complete(qp: *mut ffi::ibv_qp_ex) -> c_int {
-    let b = std::mem::take(bld(qp));
+    let b = with(qp, std::mem::take);
     if let Some(e) = b.err {
         return e;
     }
@@ -797,6 +804,7 @@ unsafe extern "C" fn wr_complete(qp: *mut ffi::ibv_qp_ex) -> c_int {
         q.inner().post_send(b.wrs)?;
         Ok(())
     });
+    // The inline data was copied at post; its buffers may go now.
     drop(b.inline);
     match r {
         Ok(()) => 0,
@@ -838,63 +846,59 @@ unsafe extern "C" fn wr_bind_mw(
 ) {
     match info.as_ref().map(|i| crate::mem::bind_op(mw, rkey, i)) {
         Some(Ok(op)) => push(qp, op),
-        _ => bld(qp).err = Some(libc::EINVAL),
+        _ => with(qp, fail),
     }
 }
 unsafe extern "C" fn wr_set_sge(qp: *mut ffi::ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
-    if let Some(w) = last(qp) {
-        w.sg_list = vec![Sge { addr, length, lkey }];
-    }
+    on_last(qp, |w| w.sg_list = vec![Sge { addr, length, lkey }]);
 }
 unsafe extern "C" fn wr_set_sge_list(qp: *mut ffi::ibv_qp_ex, n: usize, list: *const ffi::ibv_sge) {
-    let s = sges(list as *mut ffi::ibv_sge, n as c_int);
-    match (last(qp), s) {
-        (Some(w), Ok(s)) => w.sg_list = s,
-        _ => bld(qp).err = Some(libc::EINVAL),
+    match sges(list as *mut ffi::ibv_sge, n as c_int) {
+        Ok(s) => on_last(qp, |w| w.sg_list = s),
+        Err(_) => with(qp, fail),
     }
 }
+/// Inline data is copied now: the program may reuse its buffers as soon as the call returns.
 unsafe fn set_inline(qp: *mut ffi::ibv_qp_ex, bufs: &[(*const u8, usize)]) {
     let mut data = Vec::new();
     for &(p, n) in bufs {
         if n > 0 {
             if p.is_null() {
-                bld(qp).err = Some(libc::EINVAL);
-                return;
+                return with(qp, fail);
             }
             data.extend_from_slice(std::slice::from_raw_parts(p, n));
         }
     }
     let data = data.into_boxed_slice();
     let sge = Sge { addr: data.as_ptr() as u64, length: data.len() as u32, lkey: 0 };
-    if let Some(w) = last(qp) {
-        w.inline = true;
-        w.sg_list = vec![sge];
-        bld(qp).inline.push(data);
-    }
+    with(qp, |b| match b.wrs.last_mut() {
+        Some(w) => {
+            w.inline = true;
+            w.sg_list = vec![sge];
+            b.inline.push(data);
+        }
+        None => fail(b),
+    });
 }
 unsafe extern "C" fn wr_set_inline_data(qp: *mut ffi::ibv_qp_ex, addr: *mut c_void, length: usize) {
     set_inline(qp, &[(addr as *const u8, length)]);
 }
 unsafe extern "C" fn wr_set_inline_data_list(qp: *mut ffi::ibv_qp_ex, n: usize, list: *const ffi::ibv_data_buf) {
     if n > 0 && list.is_null() {
-        bld(qp).err = Some(libc::EINVAL);
-        return;
+        return with(qp, fail);
     }
     let bufs: Vec<(*const u8, usize)> =
         (0..n).map(|i| ((*list.add(i)).addr as *const u8, (*list.add(i)).length)).collect();
     set_inline(qp, &bufs);
 }
 unsafe extern "C" fn wr_set_ud_addr(qp: *mut ffi::ibv_qp_ex, ah: *mut ffi::ibv_ah, remote_qpn: u32, remote_qkey: u32) {
-    let dest = (ah as *const Ah).as_ref().map(|a| a.dest);
-    match (last(qp), dest) {
-        (Some(w), Some(dest)) => w.ud = Some(UdDest { dest, remote_qpn, remote_qkey }),
-        _ => bld(qp).err = Some(libc::EINVAL),
+    match (ah as *const Ah).as_ref().map(|a| a.dest) {
+        Some(dest) => on_last(qp, |w| w.ud = Some(UdDest { dest, remote_qpn, remote_qkey })),
+        None => with(qp, fail),
     }
 }
 unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ffi::ibv_qp_ex, srqn: u32) {
-    if let Some(w) = last(qp) {
-        w.remote_srqn = srqn;
-    }
+    on_last(qp, |w| w.remote_srqn = srqn);
 }
 
 fn fill_ex(ex: &mut ffi::ibv_qp_ex) {
