@@ -130,6 +130,11 @@ cp -r "$src/." "$work/all/"
 find "$work/all" -name '*.gz' -exec gunzip -f {} +
 find "$work/all" -maxdepth 1 -type f ! -name 'test_*.py' -exec cp {} "$work/tests/" \;
 want=("${modules[@]}")
+# The helpers come along whole, so the test modules they import must too (efa_base.py needs
+# test_efa_srd, for instance, or the package cannot be imported at all).
+while read -r dep; do
+  want+=("$dep")
+done < <(grep -ho 'tests\.test_[A-Za-z0-9_]*' "$work/tests/"*.py | sed 's/^tests\.//' | sort -u || true)
 while [ ${#want[@]} -gt 0 ]; do
   m=${want[0]}
   want=("${want[@]:1}")
