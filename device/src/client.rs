@@ -30,7 +30,7 @@ pub enum ClientError {
     #[error(transparent)]
     Runtime(#[from] runtime::RuntimeError),
     /// The device refused the client (another uid, another protocol version).
-    #[error("the device refused this client: {0}")]
+    #[error("the device refused this client: {0} ({why})", why = refusal_reason(.0))]
     Refused(VerbsError),
     /// The connection broke (the device went away: IBV_EVENT_DEVICE_FATAL).
     #[error("device connection lost: {0}")]
@@ -38,6 +38,16 @@ pub enum ClientError {
     /// The device answered something that does not fit the call.
     #[error("unexpected answer from the device")]
     Unexpected,
+}
+
+fn refusal_reason(e: &VerbsError) -> &'static str {
+    match e {
+        VerbsError::NotSupp => {
+            "it speaks another protocol version: the device and this program come from different builds"
+        }
+        VerbsError::Access => "it belongs to another user",
+        _ => "see the device's log",
+    }
 }
 
 /// How long a call waits for the device's answer before the connection counts as lost.

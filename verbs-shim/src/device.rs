@@ -112,7 +112,14 @@ pub(crate) fn discover() -> Result<Vec<&'static Dev>, Errno> {
             out.push(*d);
             continue;
         }
-        let Ok(conn) = Connection::connect_in(&dir, &name) else { continue };
+        let conn = match Connection::connect_in(&dir, &name) {
+            Ok(c) => c,
+            Err(e) => {
+                // Say why a running device is left out (another build's protocol, another user).
+                eprintln!("softrdma: device {name} is not usable: {e}");
+                continue;
+            }
+        };
         let d = make_dev(known.len(), &name, conn.info.clone());
         known.push(d);
         out.push(d);
