@@ -422,3 +422,48 @@ impl Cq {
         self.wc_flags
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use softrdma_device::verbs::{Qpn, WcStatus};
+
+    fn wc(opcode: WcOpcode) -> WorkCompletion {
+        WorkCompletion {
+            wr_id: 7,
+            status: WcStatus::Success,
+            opcode,
+            byte_len: 100,
+            imm: None,
+            invalidated_rkey: None,
+            qp_num: Qpn::new(0x12),
+            src_qp: Qpn::new(0x34),
+            grh: false,
+            src: None,
+        }
+    }
+
+    #[test]
+    fn completions_convert_as_ibv_wc() {
+        let mut w = wc(WcOpcode::RecvRdmaWithImm);
+        w.imm = Some(0x0102_0304);
+        w.grh = true;
+        let c = to_wc(&w);
+        assert_eq!(
+            (c.wr_id, c.opcode, c.byte_len, c.qp_num, c.src_qp),
+            (7, ffi::IBV_WC_RECV_RDMA_WITH_IMM, 100, 0x12, 0x34)
+        );
+        assert_eq!(c.wc_flags, ffi::IBV_WC_WITH_IMM | ffi::IBV_WC_GRH);
+        // imm_data is in network order in memory: the wire bytes 01 02 03 04.
+        assert_eq!(unsafe { c.__bindgen_anon_1.imm_data }.to_ne_bytes(), [1, 2, 3, 4]);
+        let mut w = wc(WcOpcode::Recv);
+        w.invalidated_rkey = Some(0xabcd);
+        let c = to_wc(&w);
+        assert_eq!(c.wc_flags, ffi::IBV_WC_WITH_INV);
+        assert_eq!(unsafe { c.__bindgen_anon_1.invalidated_rkey }, 0xabcd);
+        let mut w = wc(WcOpcode::RdmaRead);
+        w.status = WcStatus::RemAccessErr;
+        let c = to_wc(&w);
+        assert_eq!((c.status, c.opcode, c.wc_flags), (ffi::IBV_WC_REM_ACCESS_ERR, ffi::IBV_WC_RDMA_READ, 0));
+    }
+}

@@ -68,6 +68,7 @@ impl From<VerbsError> for Errno {
 }
 
 /// An errno as an error type, so `?` works inside the exported functions.
+#[derive(Debug)]
 pub(crate) struct Errno(pub(crate) c_int);
 
 pub(crate) const EINVAL: Errno = Errno(libc::EINVAL);

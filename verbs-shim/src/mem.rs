@@ -447,3 +447,53 @@ unsafe extern "C" fn open_xrcd(
 unsafe extern "C" fn close_xrcd(xrcd: *mut ffi::ibv_xrcd) -> c_int {
     errno_call(|| destroy_obj(xrcd as *mut Xrcd, |x| &mut x.inner, |i| i.destroy()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gids_map_to_addresses() {
+        let v4: std::net::Ipv4Addr = "10.1.2.3".parse().unwrap();
+        assert_eq!(gid_ip(v4.to_ipv6_mapped().octets()), IpAddr::V4(v4));
+        let v6: std::net::Ipv6Addr = "fe80::1".parse().unwrap();
+        assert_eq!(gid_ip(v6.octets()), IpAddr::V6(v6));
+    }
+
+    #[test]
+    fn the_grh_slot_gives_the_sender() {
+        // RoCEv2 over IPv4: the IPv4 header sits in bytes 20-39, source address at 32.
+        let mut slot = [0u8; 40];
+        slot[20] = 0x45;
+        slot[21] = 0x08; // TOS
+        slot[28] = 63; // TTL
+        slot[32..36].copy_from_slice(&[192, 168, 7, 9]);
+        let (gid, hop, _, tclass) = grh_source(&slot);
+        assert_eq!(gid_ip(gid), IpAddr::V4("192.168.7.9".parse().unwrap()));
+        assert_eq!((hop, tclass), (63, 0x08));
+        // A GRH (IPv6 / RoCEv1): the SGID at bytes 8-23.
+        let mut grh = [0u8; 40];
+        grh[0] = 0x60;
+        grh[7] = 5;
+        let src: std::net::Ipv6Addr = "2001:db8::7".parse().unwrap();
+        grh[8..24].copy_from_slice(&src.octets());
+        let (gid, hop, _, _) = grh_source(&grh);
+        assert_eq!((gid_ip(gid), hop), (IpAddr::V6(src), 5));
+    }
+
+    #[test]
+    fn mr_access_follows_the_kernel_rules() {
+        let lw = ffi::IBV_ACCESS_LOCAL_WRITE as c_int;
+        let rw = ffi::IBV_ACCESS_REMOTE_WRITE as c_int;
+        let ra = ffi::IBV_ACCESS_REMOTE_ATOMIC as c_int;
+        assert!(mr_access(lw | rw).is_ok());
+        // Remote write or atomic without local write: EINVAL.
+        assert_eq!(mr_access(rw).err().map(|e| e.0), Some(libc::EINVAL));
+        assert_eq!(mr_access(ra).err().map(|e| e.0), Some(libc::EINVAL));
+        // On-demand paging is not modelled; an unknown bit is invalid; relaxed ordering is a hint.
+        assert_eq!(mr_access(ffi::IBV_ACCESS_ON_DEMAND as c_int).err().map(|e| e.0), Some(libc::EOPNOTSUPP));
+        assert_eq!(mr_access(1 << 30).err().map(|e| e.0), Some(libc::EINVAL));
+        let relaxed = ffi::IBV_ACCESS_RELAXED_ORDERING as c_int;
+        assert_eq!(mr_access(lw | relaxed).unwrap(), Access::LOCAL_WRITE);
+    }
+}
