@@ -6,7 +6,7 @@ use std::ffi::{c_int, c_void};
 use std::os::fd::{AsFd, AsRawFd};
 use std::time::Duration;
 
-use softrdma_device::verbs::{CompletionChannel, CompletionQueue, WcOpcode, WorkCompletion};
+use softrdma_device::verbs::{CompletionChannel, CompletionQueue, WorkCompletion};
 
 use crate::context::{ctx_of, lock, nonblocking, Ctx};
 use crate::ffi;
@@ -67,8 +67,6 @@ pub(crate) struct Cq {
     pub(crate) ex: ffi::ibv_cq_ex,
     pub(crate) ctx: *const Ctx,
     pub(crate) inner: Option<CompletionQueue>,
-    /// Which `ibv_wc_read_*` the program asked for (create_cq_ex wc_flags).
-    wc_flags: u64,
     /// Locked by each poll: threads may poll one CQ at once, as libibverbs allows.
     poll: std::sync::Mutex<PollState>,
 }
@@ -92,7 +90,6 @@ unsafe fn create(
     cq_context: *mut c_void,
     channel: *mut ffi::ibv_comp_channel,
     comp_vector: c_int,
-    wc_flags: u64,
 ) -> Result<*mut Cq, Errno> {
     let ctx = ctx_of(context)?;
     if cqe < 1 || cqe as u32 > ctx.info.limits.max_cqe || !(0..1).contains(&comp_vector) {
@@ -108,7 +105,7 @@ unsafe fn create(
     }
     let mut ex = ffi::ibv_cq_ex { context, channel, cq_context, handle: inner.id().0, cqe, ..Default::default() };
     fill_ex(&mut ex);
-    let cq = into_c(Cq { ex, ctx, inner: Some(inner), wc_flags, poll: Default::default() });
+    let cq = into_c(Cq { ex, ctx, inner: Some(inner), poll: Default::default() });
     lock(&ctx.cqs).insert((*cq).inner().id().0, cq as usize);
     Ok(cq)
 }
@@ -121,7 +118,7 @@ pub unsafe extern "C" fn ibv_create_cq(
     channel: *mut ffi::ibv_comp_channel,
     comp_vector: c_int,
 ) -> *mut ffi::ibv_cq {
-    ptr_call(|| Ok(create(context, cqe, cq_context, channel, comp_vector, 0)? as *mut ffi::ibv_cq))
+    ptr_call(|| Ok(create(context, cqe, cq_context, channel, comp_vector)? as *mut ffi::ibv_cq))
 }
 
 /// The completion fields `ibv_wc_read_*` can give here.
@@ -155,7 +152,7 @@ unsafe extern "C" fn create_cq_ex(
         {
             return Err(Errno(libc::EOPNOTSUPP));
         }
-        let cq = create(context, a.cqe as c_int, a.cq_context, a.channel, a.comp_vector as c_int, a.wc_flags)?;
+        let cq = create(context, a.cqe as c_int, a.cq_context, a.channel, a.comp_vector as c_int)?;
         Ok(cq as *mut ffi::ibv_cq_ex)
     })
 }
@@ -409,24 +406,10 @@ fn fill_ex(ex: &mut ffi::ibv_cq_ex) {
     ex.read_dlid_path_bits = Some(read_dlid_path_bits);
 }
 
-/// Whether a completion is a receive (for tests of the conversion).
-#[allow(dead_code)]
-pub(crate) fn is_recv(w: &WorkCompletion) -> bool {
-    matches!(w.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
-}
-
-// Keep the field read: the flags say which accessors the program may call; all are served.
-impl Cq {
-    #[allow(dead_code)]
-    pub(crate) fn wc_flags(&self) -> u64 {
-        self.wc_flags
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use softrdma_device::verbs::{Qpn, WcStatus};
+    use softrdma_device::verbs::{Qpn, WcOpcode, WcStatus};
 
     fn wc(opcode: WcOpcode) -> WorkCompletion {
         WorkCompletion {
