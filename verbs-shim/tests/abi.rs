@@ -15,7 +15,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 mod common;
-use common::{shim_dir, softrdma_bin, text, Down, DEVICE};
+use common::{compile_c, shim_dir, softrdma_bin, text, Down, DEVICE};
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(150);
 
@@ -89,20 +89,8 @@ fn abi_check_c_program_on_the_shim() {
         }
     }
 
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/abi/abi_check.c");
     let work = tempfile::Builder::new().prefix("softrdma-abi-").tempdir().expect("temp dir");
-    let bin = work.path().join("abi_check");
-    let cc = std::env::var_os("CC").filter(|c| !c.is_empty()).unwrap_or_else(|| "cc".into());
-    let o = Command::new(&cc)
-        .args(["-O1", "-Wall", "-Werror"])
-        .arg(&src)
-        .arg("-o")
-        .arg(&bin)
-        .arg(format!("-L{}", shim.display()))
-        .arg("-libverbs")
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", cc.to_string_lossy()));
-    assert!(o.status.success(), "compiling {} failed:\n{}", src.display(), text(&o));
+    let bin = compile_c(&shim, "abi_check", work.path());
 
     // A private runtime dir (mode 0700: tempdir makes it so), and a scratch dir for the XRC files.
     let runtime = work.path().join("rt");

@@ -6,13 +6,12 @@
 //! ready, stops the device (`softrdma down`), then lets the program go on.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{down, shim_dir, softrdma_bin, text, Down, DEVICE};
+use common::{compile_c, down, shim_dir, softrdma_bin, text, Down, DEVICE};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -23,20 +22,8 @@ fn device_gone_gives_device_fatal_and_clean_failures() {
     let exe = softrdma_bin(&shim);
     assert!(exe.is_file(), "{} is missing: scripts/build-shim.sh builds it", exe.display());
 
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/abi/device_gone.c");
     let work = tempfile::Builder::new().prefix("softrdma-gone-").tempdir().expect("temp dir");
-    let bin = work.path().join("device_gone");
-    let cc = std::env::var_os("CC").filter(|c| !c.is_empty()).unwrap_or_else(|| "cc".into());
-    let o = Command::new(&cc)
-        .args(["-O1", "-Wall", "-Werror"])
-        .arg(&src)
-        .arg("-o")
-        .arg(&bin)
-        .arg(format!("-L{}", shim.display()))
-        .arg("-libverbs")
-        .output()
-        .expect("run cc");
-    assert!(o.status.success(), "compiling {} failed:\n{}", src.display(), text(&o));
+    let bin = compile_c(&shim, "device_gone", work.path());
 
     let runtime = work.path().join("rt");
     std::fs::create_dir(&runtime).expect("runtime dir");

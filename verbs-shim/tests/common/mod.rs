@@ -63,3 +63,22 @@ impl Drop for Down<'_> {
         }
     }
 }
+
+/// Compiles the C test program `tests/abi/NAME.c` against rdma-core's installed headers, linked
+/// with -libverbs (the shim answers at run time), into `dir`; returns the executable.
+pub fn compile_c(shim: &Path, name: &str, dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/abi").join(format!("{name}.c"));
+    let bin = dir.join(name);
+    let cc = std::env::var_os("CC").filter(|c| !c.is_empty()).unwrap_or_else(|| "cc".into());
+    let o = Command::new(&cc)
+        .args(["-O1", "-Wall", "-Werror"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&bin)
+        .arg(format!("-L{}", shim.display()))
+        .arg("-libverbs")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", cc.to_string_lossy()));
+    assert!(o.status.success(), "compiling {} failed:\n{}", src.display(), text(&o));
+    bin
+}
