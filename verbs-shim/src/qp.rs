@@ -452,8 +452,10 @@ unsafe fn sges(list: *mut ffi::ibv_sge, n: c_int) -> Result<Vec<Sge>, Errno> {
         .collect())
 }
 
-/// A softrdma send work request from an `ibv_send_wr`.
-unsafe fn send_wr(w: &ffi::ibv_send_wr) -> Result<SendWr, Errno> {
+/// A softrdma send work request from an `ibv_send_wr` posted to a QP of type `ty`. `wr.ud` shares
+/// its union with `wr.rdma` and `wr.atomic`, and `qp_type.xrc` means something only on an XRC
+/// initiator, so each is read only for the QP type that defines it.
+unsafe fn send_wr(w: &ffi::ibv_send_wr, ty: ffi::ibv_qp_type) -> Result<SendWr, Errno> {
     let imm = u32::from_be(w.__bindgen_anon_1.imm_data);
     let rdma = w.wr.rdma;
     let at = w.wr.atomic;
@@ -483,9 +485,12 @@ unsafe fn send_wr(w: &ffi::ibv_send_wr) -> Result<SendWr, Errno> {
     wr.fence = f & ffi::IBV_SEND_FENCE != 0;
     wr.solicited = f & ffi::IBV_SEND_SOLICITED != 0;
     wr.inline = f & ffi::IBV_SEND_INLINE != 0;
-    wr.remote_srqn = w.qp_type.xrc.remote_srqn;
-    let ud = w.wr.ud;
-    if let Some(ah) = (ud.ah as *const Ah).as_ref() {
+    if ty == ffi::IBV_QPT_XRC_SEND {
+        wr.remote_srqn = w.qp_type.xrc.remote_srqn;
+    }
+    if ty == ffi::IBV_QPT_UD {
+        let ud = w.wr.ud;
+        let ah = (ud.ah as *const Ah).as_ref().ok_or(EINVAL)?;
         wr.ud = Some(UdDest { dest: ah.dest, remote_qpn: ud.remote_qpn, remote_qkey: ud.remote_qkey });
     }
     Ok(wr)
@@ -527,7 +532,7 @@ unsafe extern "C" fn post_send(
         let mut conv_err = None;
         let mut p = wr;
         while let Some(w) = p.as_ref() {
-            match send_wr(w) {
+            match send_wr(w, (*qp).qp_type) {
                 Ok(s) => items.push((s, p)),
                 Err(Errno(e)) => {
                     conv_err = Some((e, p));
