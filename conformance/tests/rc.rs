@@ -1059,3 +1059,34 @@ fn duplicate_reads_received_together_are_each_answered() {
     assert_eq!(p.b.counters().duplicate_request, 3);
     assert_eq!(p.a.poll_timeout(), None, "nothing left outstanding");
 }
+
+#[test]
+fn requester_keeps_at_most_128_psns_unacknowledged() {
+    // rxe's RXE_MAX_UNACKED_PSNS (IBTA leaves the bound to the implementation): a 1 MiB WRITE
+    // (1024 packets at MTU 1024) whose ACKs are lost goes out 128 packets at a time, the last
+    // of them asking for an ACK, and no further until an ACK arrives.
+    let (mut p, a, b) = setup(RcOptions { timeout: 20, ..RcOptions::default() });
+    let len = 1 << 20;
+    let msg = pattern(len, 9);
+    p.fill(A, BASE, &msg);
+    let acks_lost = std::rc::Rc::new(std::cell::Cell::new(true));
+    let lost = acks_lost.clone();
+    p.set_filter(move |s| if s.from == B && lost.get() { Fate::Drop } else { Fate::Deliver });
+    let target = BASE + 0x20_0000;
+    send(&mut p, &a, 1, SendOp::Write { remote_addr: target, rkey: b.mr.rkey }, BASE, len as u32);
+    for _ in 0..600 {
+        if !p.step() {
+            break;
+        }
+    }
+    let first = Psn::new(100);
+    let sent_a: Vec<_> = p.log.iter().filter(|s| s.from == A).collect();
+    let highest = sent_a.iter().map(|s| s.psn.distance(first)).max().unwrap();
+    assert_eq!(highest, 127, "exactly the window went out, and nothing beyond it");
+    assert!(sent_a.iter().any(|s| s.psn == first + 127 && s.ack_req), "the window's last packet asks for an ACK");
+    assert!(p.a.counters().retransmitted_pkts > 0, "the ACK timer resent the window");
+    acks_lost.set(false);
+    p.drive(STEPS);
+    assert_eq!(p.poll(A, a.cq)[0].status, WcStatus::Success);
+    assert_eq!(p.read(B, target, len), msg);
+}

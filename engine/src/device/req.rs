@@ -15,6 +15,12 @@ use crate::wr::{SendOp, Sge};
 /// rxe's RXE_MAX_PKT_PER_ACK: ask for an ACK at least every this many packets.
 const MAX_PKT_PER_ACK: u32 = 64;
 
+/// The requester keeps at most this many PSNs unacknowledged (rxe's RXE_MAX_UNACKED_PSNS). IBTA
+/// leaves the limit to the implementation (9.7.7.2.1: credits limit only SENDs). Without it, a
+/// queue of large WRITEs is blasted at once, overflows the receiver's socket buffer, and go-back-N
+/// resends all of it again, until the retry count runs out.
+pub(crate) const MAX_UNACKED_PSNS: i32 = 128;
+
 /// Writes one transport packet: headers from `ib`, the payload through `fill`, pad, ICRC.
 pub(crate) fn emit<M: Memory>(
     ctx: &mut Ctx<'_, M>,
@@ -156,6 +162,14 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
     if idx >= qp.sq.len() {
         return None;
     }
+    let window = qp.qp_type != QpType::Uc;
+    if window {
+        let next = if qp.sq[idx].started { qp.sq[idx].first_psn + qp.req_pkt } else { qp.next_psn };
+        if next.distance(qp.comp_psn) >= MAX_UNACKED_PSNS {
+            // An ACK that moves comp_psn makes the QP ready again.
+            return None;
+        }
+    }
     if !qp.sq[idx].started {
         // SQD: messages already started finish; no new one starts (IBTA 10.3.1.5).
         if qp.state == QpState::Sqd || !may_start(qp, idx) {
@@ -197,7 +211,10 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
         _ => super::packet_payload(w.len, mtu, pkt) as usize,
     };
     qp.noack_pkts += 1;
-    let ack_req = !unacked && (last || qp.noack_pkts >= MAX_PKT_PER_ACK);
+    // Also ask for an ACK with the last packet the window lets out, or the requester would wait
+    // for the ACK timer.
+    let ack_req =
+        !unacked && (last || qp.noack_pkts >= MAX_PKT_PER_ACK || psn.distance(qp.comp_psn) + 1 >= MAX_UNACKED_PSNS);
     if ack_req {
         qp.noack_pkts = 0;
     }
