@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Runs unchanged rdma-core programs (Debian ibverbs-utils) on softrdma through the verbs shim:
-# ibv_devices, ibv_devinfo, and the ping-pong tests as two processes (server and client), on one
-# device (srdma0) and across two (srdma0 on 127.0.0.1, srdma1 on 127.0.0.2). Each must exit 0
-# and print its own bandwidth lines. One line per run, then "N passed, M failed".
+# Runs unchanged rdma-core programs (Debian ibverbs-utils) and perftest on softrdma through the
+# verbs shim: ibv_devices, ibv_devinfo, the ping-pong tests and the eight perftest programs as two
+# processes (server and client), on one device (srdma0) and across two (srdma0 on 127.0.0.1,
+# srdma1 on 127.0.0.2). Each must exit 0 and print its own result lines. One line per run, then
+# "N passed, M failed".
 # Usage: scripts/test-verbs-programs.sh [--quick]      (needs scripts/build-shim.sh first)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -161,5 +162,57 @@ for where in "srdma0 srdma0" "srdma0 srdma1"; do
   pair "ibv_srq_pingpong -q 4 $tag" "$s" "$c" ibv_srq_pingpong -q 4 -n "$n"
   xsrq "ibv_xsrq_pingpong -c 4 $tag" "$s" "$c" 4
 done
+# perf NAME SERVER_DEV CLIENT_DEV PROGRAM ARGS...: a perftest program as server and client; both
+# must exit 0 and the client must print its result table: the "#bytes" header and a row of
+# numbers under it for each size.
+perf() {
+  local name="$1" sdev="$2" cdev="$3" prog="$4"
+  shift 4
+  port=$((port + 1))
+  local slog="$logs/${name// /_}.server.log" clog="$logs/${name// /_}.client.log"
+  timeout 300 "$prog" -d "$sdev" -p "$port" "$@" >"$slog" 2>&1 &
+  local spid=$!
+  local crc=1
+  for _ in $(seq 50); do
+    sleep 0.1
+    timeout 300 "$prog" -d "$cdev" -p "$port" "$@" "$addr0" >"$clog" 2>&1
+    crc=$?
+    grep -q "Couldn't connect" "$clog" || break
+  done
+  wait "$spid"
+  local src=$?
+  local rows
+  rows=$(awk '/#bytes/ {t=1; next} t && /^ *[0-9]+ +[0-9]+ +[0-9.]+ +[0-9.]+/ {n++} END {print n+0}' "$clog")
+  if [ "$src" = 0 ] && [ "$crc" = 0 ] && [ "$rows" -ge "${want_rows:-1}" ]; then
+    result "$name ($rows result rows)" ok
+  else
+    result "$name" fail "server rc=$src client rc=$crc, $rows result rows; $(tail -q -n 2 "$slog" "$clog" | tr '\n' ' ')"
+  fi
+}
+
+# perftest: each program with its defaults but few iterations, every size (-a; atomics have one
+# size, perftest refuses -a for them), four QPs (-q 4; perftest allows it for bandwidth tests
+# only) and ib_send_bw on an SRQ. -R (rdma_cm) waits for rdma_cm.
+iters=20
+[ $quick = 1 ] && iters=5
+for where in "srdma0 srdma0" "srdma0 srdma1"; do
+  set -- $where
+  s=$1 c=$2
+  tag="$s->$c"
+  for prog in ib_send_bw ib_write_bw ib_read_bw ib_atomic_bw ib_send_lat ib_write_lat ib_read_lat ib_atomic_lat; do
+    perf "$prog -n $iters $tag" "$s" "$c" "$prog" -n "$iters"
+    case $prog in
+      *atomic*) ;;
+      # -a: 23 sizes, 2 B to 8 MiB.
+      *) want_rows=23 perf "$prog -a -n 5 $tag" "$s" "$c" "$prog" -a -n 5 ;;
+    esac
+    case $prog in
+      *_bw) perf "$prog -q 4 -n $iters $tag" "$s" "$c" "$prog" -q 4 -n "$iters" ;;
+    esac
+  done
+  perf "ib_send_bw --use-srq -n $iters $tag" "$s" "$c" ib_send_bw --use-srq -n "$iters"
+  perf "ib_send_bw --use-srq -q 4 -n $iters $tag" "$s" "$c" ib_send_bw --use-srq -q 4 -n "$iters"
+done
+
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]
