@@ -17,9 +17,14 @@
 //!
 //! - `softrdma exec -- PROG ARGS...`: an unchanged verbs program on softrdma, through the shim.
 //!
-//! Not built yet (later issues): `capture`, `bench`, `pcap replay`; clap rejects them as unknown
+//! - `softrdma bench [--quick]`: perftest through the shim against the physical limits
+//!   (udpbench) and the peers (UCX tcp, libfabric tcp), one table, written to BENCHMARKS.md.
+//!
+//! Not built yet (later issues): `capture`, `pcap replay`; clap rejects them as unknown
 //! subcommands.
 
+mod bench;
+mod bench_scale;
 mod demo;
 mod device_cmd;
 mod exec_cmd;
@@ -89,6 +94,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Measure softrdma with unchanged perftest against the physical limits (udpbench) and the
+    /// peers (UCX over tcp, libfabric tcp) in one run; print one table and write it to
+    /// BENCHMARKS.md.
+    Bench(bench::BenchArgs),
     /// Run a workload between two engine devices on the simulated lossy wire; print one JSON
     /// object; exit 1 when an invariant broke (something lost, duplicated, reordered, corrupted).
     Sim(sim::SimArgs),
@@ -155,6 +164,7 @@ fn main() -> ExitCode {
         Command::List { json } => device_cmd::list(json),
         Command::Stat { name, json } => device_cmd::stat(&name, json),
         Command::Sim(args) => sim::run(&args),
+        Command::Bench(args) => bench::run_bench(&args),
         Command::Pcap { command } => match command {
             PcapCommand::Sample { out, json } => sample::run(out, json),
             PcapCommand::Decode { file, json } => pcap_cmd::decode(&file, json),

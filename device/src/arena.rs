@@ -25,11 +25,14 @@ use nix::sys::memfd::{memfd_create, MFdFlags};
 use nix::sys::mman::{madvise, mmap, munmap, MapFlags, MmapAdvise, ProtFlags};
 use serde::{Deserialize, Serialize};
 
-/// Bytes of one client's arena (virtual: pages are allocated as rings are touched).
-pub const ARENA_LEN: usize = 64 << 20;
-/// The rings live in the first half; the second half is the receive staging area, where the
-/// device puts received SEND data for the client to scatter into its buffers when it polls.
-pub const STAGING_OFF: usize = 32 << 20;
+/// Bytes of one client's arena (virtual: memfd pages are allocated only as they are touched, so
+/// an idle QP costs the pages its rings' headers and first slots touch, not its ring space).
+pub const ARENA_LEN: usize = STAGING_OFF + (32 << 20);
+/// The rings live in the first GiB: room for 30,000 QPs of 16 send and 16 receive slots, or
+/// 4,000 of perftest's default depths (128 send, 512 receive) in one process. After them comes
+/// the receive staging area (32 MiB), where the device puts received SEND data for the client
+/// to scatter into its buffers when it polls.
+pub const STAGING_OFF: usize = 1 << 30;
 /// Bytes of the staging area.
 pub const STAGING_LEN: usize = ARENA_LEN - STAGING_OFF;
 

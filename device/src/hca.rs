@@ -515,23 +515,25 @@ impl Shared {
 
 /// The device thread.
 fn run(sh: &Shared) {
-    // Adaptive polling (design D4): after ring activity the device keeps looking at the rings
+    // Adaptive polling (design D4): after ring or wire activity the device keeps looking at the rings
     // for a short while with the clients' doorbells suppressed, then clears the flag, fences,
     // looks once more (a post that saw the flag set is found here) and sleeps.
     let mut spin_until: Option<std::time::Instant> = None;
+    // Datagrams arrived in the last round: an answer (or the next request) tends to follow.
+    let mut received = false;
     loop {
         if sh.stop.load(Ordering::SeqCst) {
             return;
         }
-        let (timeout, udp_fd) = {
+        let (timeout, udp_fd, spinning_now) = {
             let mut st = sh.lock();
-            let before = st.io.ring_wqes;
+            let before = st.io.ring_wqes + st.io.udp_rcvd;
             st.pump();
-            if st.io.ring_wqes != before {
+            if st.io.ring_wqes + st.io.udp_rcvd != before || received {
                 if spin_until.is_none() {
                     st.set_polling(true);
                 }
-                spin_until = Some(std::time::Instant::now() + SPIN);
+                spin_until = Some(std::time::Instant::now() + spin_time());
             }
             let spinning = spin_until.is_some_and(|t| std::time::Instant::now() < t);
             if !spinning && spin_until.take().is_some() {
@@ -542,18 +544,25 @@ fn run(sh: &Shared) {
             let now = st.now();
             let next = [st.dev.poll_timeout(), st.delayed.peek().map(|d| d.0.at)].into_iter().flatten().min();
             let t = if spinning { Some(0) } else { next.map(|t| t.saturating_since(now).as_nanos()) };
-            (t, st.udp.as_raw_fd())
+            (t, st.udp.as_raw_fd(), spinning)
         };
         let ts = timeout.map(|ns| nix::sys::time::TimeSpec::from_duration(std::time::Duration::from_nanos(ns)));
         // SAFETY-free: the fd stays open as long as `sh` (the state owns the socket).
         let udp_b = unsafe_borrow(udp_fd);
         let mut fds = [PollFd::new(udp_b, PollFlags::POLLIN), PollFd::new(sh.wake.as_fd(), PollFlags::POLLIN)];
         let _ = nix::poll::ppoll(&mut fds, ts, None);
+        if spinning_now && spin_yields() {
+            // While spinning, let the other runnable threads (the clients' pollers, the peer
+            // device) have the CPU between two looks: on a machine with fewer cores than busy
+            // threads, a spin that does not yield delays the very work it waits for.
+            std::thread::yield_now();
+        }
         let wake = fds[1].revents().is_some_and(|r| r.contains(PollFlags::POLLIN));
         let readable = fds[0].revents().is_some_and(|r| r.contains(PollFlags::POLLIN));
         if wake {
             let _ = sh.wake.read();
         }
+        received = false;
         if readable {
             // Batch by batch, releasing the lock in between so clients' calls get in.
             for _ in 0..64 {
@@ -563,6 +572,7 @@ fn run(sh: &Shared) {
                 if n == 0 {
                     break;
                 }
+                received = true;
             }
         }
     }
@@ -663,8 +673,23 @@ fn redirect(
     wr
 }
 
-/// How long the device keeps polling the rings after the last work it found on them.
-const SPIN: std::time::Duration = std::time::Duration::from_micros(50);
+/// How long the device keeps polling the rings and the socket after the last work it found:
+/// 1 ms, or $SOFTRDMA_SPIN_US (a tuning knob, read once; BENCHMARKS.md compares settings).
+fn spin_time() -> std::time::Duration {
+    static S: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+    *S.get_or_init(|| {
+        std::time::Duration::from_micros(
+            std::env::var("SOFTRDMA_SPIN_US").ok().and_then(|v| v.parse().ok()).unwrap_or(1000),
+        )
+    })
+}
+
+/// Whether the device yields the CPU between two looks while it spins: yes, unless
+/// $SOFTRDMA_SPIN_YIELD=0 (a tuning knob, read once).
+fn spin_yields() -> bool {
+    static S: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *S.get_or_init(|| std::env::var("SOFTRDMA_SPIN_YIELD").map_or(true, |v| v != "0"))
+}
 
 /// One line per packet at TRACE level (`SOFTRDMA_LOG=trace`): direction, opcode, PSN, AckReq.
 fn trace_packet(dir: &str, p: &[u8]) {

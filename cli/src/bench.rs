@@ -1,0 +1,773 @@
+//! `softrdma bench [--quick]`: the whole comparison of the benchmark issue, in one run on one
+//! machine, printed as one table and written to BENCHMARKS.md.
+//!
+//! - softrdma: unchanged perftest (ib_write_bw, ib_read_bw, ib_send_bw at 64 B and 64 KiB;
+//!   ib_send_lat and ib_write_lat at 2 B) through the verbs shim, across two devices (daemons on
+//!   two loopback addresses) and within one device; then 10,000 connected RC QPs on one device
+//!   (time and memory) and an XRC fan-in (N initiators to M SRQs on N QPs);
+//! - the physical limits: ../shared/tools/udpbench (plain UDP, GSO+GRO, busy-poll ping-pong,
+//!   memcpy, process_vm_readv/writev);
+//! - the peers a user would pick instead: UCX over tcp (ucx_perftest tag_bw, ucp_put_bw,
+//!   tag_lat) and libfabric's tcp provider (fi_pingpong);
+//! - the ratios of the issue's targets.
+//!
+//! Everything runs one program at a time (the machine has two cores; a measurement must not
+//! compete with another). Every process it starts is stopped before it returns, on error too.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Read as _;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use crate::bench_scale;
+
+#[derive(clap::Args)]
+pub(crate) struct BenchArgs {
+    /// Fewer iterations and 1,000 instead of 10,000 QPs: a minute or two instead of several.
+    #[arg(long)]
+    quick: bool,
+    /// Address of the first device (srdma0; server side of every softrdma run).
+    #[arg(long, default_value = "127.0.0.1")]
+    addr0: IpAddr,
+    /// Address of the second device (srdma1; client side of the runs across devices).
+    #[arg(long, default_value = "127.0.0.2")]
+    addr1: IpAddr,
+    /// The udpbench binary. Default: built from `shared/tools/udpbench`, looked for above the
+    /// current directory and above this executable.
+    #[arg(long)]
+    udpbench: Option<PathBuf>,
+    /// The Markdown file the table goes into (between the "softrdma bench" markers, replacing the
+    /// previous table; appended when the markers are absent).
+    #[arg(long, default_value = "BENCHMARKS.md")]
+    write: PathBuf,
+    /// Print the table only.
+    #[arg(long)]
+    no_write: bool,
+    /// Do not install missing Debian packages; say what is missing instead.
+    #[arg(long)]
+    no_install: bool,
+    /// RC QPs of the scale run (default 10,000; 1,000 with --quick).
+    #[arg(long)]
+    qps: Option<usize>,
+}
+
+/// The Debian packages the comparison needs, by the program that tells whether one is there.
+const PACKAGES: [(&str, &str); 3] =
+    [("ib_write_bw", "perftest"), ("ucx_perftest", "ucx-utils"), ("fi_pingpong", "libfabric-bin")];
+
+const BEGIN: &str = "<!-- softrdma bench: begin (this section is written by `softrdma bench`) -->";
+const END: &str = "<!-- softrdma bench: end -->";
+
+/// Children that must not outlive the run.
+#[derive(Default)]
+struct Procs {
+    children: Vec<Child>,
+}
+
+impl Procs {
+    fn spawn(&mut self, cmd: &mut Command) -> Result<usize> {
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {cmd:?}"))?;
+        self.children.push(child);
+        Ok(self.children.len() - 1)
+    }
+
+    /// Waits up to `limit` for child `i`, then kills it. Its status (None when killed) and output.
+    fn finish(&mut self, i: usize, limit: Duration) -> (Option<i32>, String) {
+        let deadline = Instant::now() + limit;
+        let child = &mut self.children[i];
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(s)) => break s.code(),
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break None;
+                }
+            }
+        };
+        let mut out = String::new();
+        if let Some(mut o) = child.stdout.take() {
+            let _ = o.read_to_string(&mut out);
+        }
+        if let Some(mut e) = child.stderr.take() {
+            let _ = e.read_to_string(&mut out);
+        }
+        (status, out)
+    }
+}
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            if let Ok(None) = c.try_wait() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+/// Runs a command to its end (killed after `limit`); its status and output (stdout then stderr).
+fn run(cmd: &mut Command, limit: Duration) -> Result<(Option<i32>, String)> {
+    let mut p = Procs::default();
+    let i = p.spawn(cmd)?;
+    Ok(p.finish(i, limit))
+}
+
+/// The two devices of the run, in a private runtime directory; stopped and removed on drop.
+struct Devices {
+    exe: PathBuf,
+    dir: PathBuf,
+    pids: Vec<i32>,
+}
+
+impl Devices {
+    fn start(exe: &Path, addrs: [IpAddr; 2]) -> Result<Devices> {
+        let dir = std::env::temp_dir().join(format!("softrdma-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+        // Every program of the run (perftest through the shim, this process's own clients)
+        // finds these devices and no other, and none starts a default device.
+        std::env::set_var("SOFTRDMA_RUNTIME_DIR", &dir);
+        std::env::set_var("SOFTRDMA_NO_AUTOSTART", "1");
+        let mut d = Devices { exe: exe.to_owned(), dir, pids: Vec::new() };
+        for (i, a) in addrs.iter().enumerate() {
+            let info = softrdma_device::daemon::up(exe, &format!("srdma{i}"), &["--addr".into(), a.to_string()])
+                .with_context(|| format!("starting srdma{i} on {a} (another address: --addr{i})"))?;
+            d.pids.push(info.pid);
+        }
+        Ok(d)
+    }
+}
+
+impl Drop for Devices {
+    fn drop(&mut self) {
+        for i in 0..self.pids.len() {
+            let _ = run(Command::new(&self.exe).args(["down", &format!("srdma{i}")]), Duration::from_secs(15));
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One perftest result row.
+#[derive(Clone, Copy, Debug, Default)]
+struct Perf {
+    /// Bandwidth tests: average MiB/s and million messages/s.
+    mib_s: f64,
+    mpps: f64,
+    /// Latency tests (perftest's one-way figures): typical (median) and 99th percentile, us.
+    lat_p50: f64,
+    lat_p99: f64,
+}
+
+/// Parses the row under perftest's "#bytes" header.
+fn parse_perftest(out: &str, lat: bool) -> Option<Perf> {
+    let mut rows = out.lines().skip_while(|l| !l.contains("#bytes")).skip(1);
+    let row = rows.find(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))?;
+    let f: Vec<f64> = row.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+    if lat {
+        // bytes iters t_min t_max t_typical t_avg t_stdev p99 p99.9
+        (f.len() >= 8).then(|| Perf { lat_p50: f[4], lat_p99: f[7], ..Perf::default() })
+    } else {
+        // bytes iters peak avg msgrate
+        (f.len() >= 5).then(|| Perf { mib_s: f[3], mpps: f[4], ..Perf::default() })
+    }
+}
+
+/// `KEY=VALUE` fields of udpbench's RESULT line.
+fn parse_udpbench(out: &str) -> Option<BTreeMap<String, f64>> {
+    let line = out.lines().find(|l| l.starts_with("RESULT "))?;
+    Some(
+        line.split_whitespace()
+            .filter_map(|kv| kv.split_once('='))
+            .filter_map(|(k, v)| v.parse().ok().map(|v| (k.to_owned(), v)))
+            .collect(),
+    )
+}
+
+/// ucx_perftest's final row (-f): iterations, p50, avg, overall (us), MiB/s avg, overall, msg/s
+/// avg, overall.
+fn parse_ucx(out: &str) -> Option<Vec<f64>> {
+    out.lines()
+        .rev()
+        .map(|l| l.split_whitespace().filter_map(|x| x.parse::<f64>().ok()).collect::<Vec<_>>())
+        .find(|f| f.len() == 8 && !out.is_empty())
+}
+
+/// fi_pingpong's result row: bytes, #sent, #ack, total, time, MB/s (10^6), us/xfer (one way),
+/// Mxfers/s.
+fn parse_fi(out: &str) -> Option<(f64, f64)> {
+    let row = out.lines().skip_while(|l| !l.starts_with("bytes")).nth(1)?;
+    let f: Vec<&str> = row.split_whitespace().collect();
+    Some((f.get(5)?.parse().ok()?, f.get(6)?.parse().ok()?))
+}
+
+fn which(prog: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()))
+}
+
+/// Installs the missing packages with apt-get when allowed and possible; else says exactly what
+/// is missing.
+fn ensure_packages(no_install: bool) -> Result<()> {
+    let missing: Vec<&str> = PACKAGES.iter().filter(|(p, _)| !which(p)).map(|(_, pkg)| *pkg).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let root = nix_is_root();
+    if no_install || !root || !which("apt-get") {
+        bail!(
+            "missing Debian packages: {} (install them: apt-get install {}){}",
+            missing.join(", "),
+            missing.join(" "),
+            if no_install { "" } else { "; not root or no apt-get, so softrdma bench cannot install them itself" }
+        );
+    }
+    eprintln!("softrdma bench: installing {}", missing.join(" "));
+    let install = |pkgs: &[&str]| {
+        Command::new("apt-get")
+            .args(["install", "-y", "-q"])
+            .args(pkgs)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+    };
+    if !install(&missing).is_ok_and(|s| s.success()) {
+        let _ = Command::new("apt-get").args(["update", "-q"]).status();
+        if !install(&missing).is_ok_and(|s| s.success()) {
+            bail!("apt-get install {} failed", missing.join(" "));
+        }
+    }
+    Ok(())
+}
+
+fn nix_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(1) == Some("0")))
+        .unwrap_or(false)
+}
+
+/// The udpbench binary: given, or built from the first `shared/tools/udpbench` found above the
+/// current directory or this executable.
+fn udpbench(given: Option<&Path>, exe: &Path) -> Result<PathBuf> {
+    if let Some(p) = given {
+        if !p.is_file() {
+            bail!("--udpbench {}: no such file", p.display());
+        }
+        return Ok(p.to_owned());
+    }
+    let cwd = std::env::current_dir()?;
+    let src = cwd
+        .ancestors()
+        .chain(exe.ancestors())
+        .map(|d| d.join("shared/tools/udpbench"))
+        .find(|d| d.join("Cargo.toml").is_file())
+        .ok_or_else(|| {
+            anyhow!("udpbench not found: no shared/tools/udpbench above {} (give --udpbench PATH)", cwd.display())
+        })?;
+    let target =
+        exe.parent().and_then(Path::parent).map(|t| t.join("udpbench")).unwrap_or_else(|| cwd.join("target/udpbench"));
+    eprintln!("softrdma bench: building udpbench from {}", src.display());
+    let st = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+        .args(["build", "--release", "-q", "--manifest-path"])
+        .arg(src.join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target)
+        .status()
+        .context("running cargo to build udpbench")?;
+    if !st.success() {
+        bail!("building udpbench from {} failed", src.display());
+    }
+    Ok(target.join("release/udpbench"))
+}
+
+/// What the table is made of: (group, what, value as text), plus the numbers the ratios use.
+#[derive(Default)]
+struct Table {
+    rows: Vec<(String, String, String)>,
+    v: BTreeMap<String, f64>,
+}
+
+impl Table {
+    fn row(&mut self, group: &str, what: impl Into<String>, value: impl Into<String>) {
+        let (what, value) = (what.into(), value.into());
+        eprintln!("  {group} | {what} | {value}");
+        self.rows.push((group.to_owned(), what, value));
+    }
+    fn get(&self, k: &str) -> Option<f64> {
+        self.v.get(k).copied()
+    }
+}
+
+fn gbit(mib_s: f64) -> f64 {
+    mib_s * 1048576.0 * 8.0 / 1e9
+}
+
+struct Runner<'a> {
+    shim: &'a Path,
+    addr0: IpAddr,
+    port: u16,
+    quick: bool,
+}
+
+impl Runner<'_> {
+    fn next_port(&mut self) -> u16 {
+        self.port += 1;
+        self.port
+    }
+
+    /// An unchanged perftest program as server (srdma0) and client (`cdev`), through the shim.
+    fn perftest(&mut self, prog: &str, cdev: &str, size: u32, iters: u32) -> Result<Perf> {
+        let port = self.next_port().to_string();
+        let args = ["-s", &size.to_string(), "-n", &iters.to_string(), "-p", &port];
+        let mut procs = Procs::default();
+        let cmd = |dev: &str| {
+            let mut c = Command::new(prog);
+            c.args(["-d", dev]).args(args).env("LD_LIBRARY_PATH", self.shim);
+            c
+        };
+        let server = procs.spawn(&mut cmd("srdma0"))?;
+        let mut client = (None, String::new());
+        for _ in 0..50 {
+            std::thread::sleep(Duration::from_millis(100));
+            client = run(cmd(cdev).arg(self.addr0.to_string()), Duration::from_secs(300))?;
+            if !client.1.contains("Couldn't connect") {
+                break;
+            }
+        }
+        let (sst, sout) = procs.finish(server, Duration::from_secs(30));
+        let lat = prog.ends_with("_lat");
+        match (client.0, sst, parse_perftest(&client.1, lat)) {
+            (Some(0), Some(0), Some(p)) => Ok(p),
+            _ => bail!(
+                "{prog} -s {size} (client on {cdev}): client status {:?}, server status {sst:?}\nclient: {}\nserver: {}",
+                client.0,
+                tail(&client.1),
+                tail(&sout)
+            ),
+        }
+    }
+
+    /// ucx_perftest over tcp on loopback: server and client.
+    fn ucx(&mut self, test: &str, size: u32, iters: u32) -> Result<Vec<f64>> {
+        let port = self.next_port().to_string();
+        let mut procs = Procs::default();
+        let env = [("UCX_TLS", "tcp"), ("UCX_NET_DEVICES", "lo")];
+        let server = procs.spawn(Command::new("ucx_perftest").args(["-p", &port]).envs(env))?;
+        let mut client = (None, String::new());
+        for _ in 0..50 {
+            std::thread::sleep(Duration::from_millis(100));
+            client = run(
+                Command::new("ucx_perftest")
+                    .args([
+                        "127.0.0.1",
+                        "-p",
+                        &port,
+                        "-t",
+                        test,
+                        "-s",
+                        &size.to_string(),
+                        "-n",
+                        &iters.to_string(),
+                        "-f",
+                    ])
+                    .envs(env),
+                Duration::from_secs(120),
+            )?;
+            if client.0 == Some(0) {
+                break;
+            }
+        }
+        let _ = procs.finish(server, Duration::from_secs(10));
+        match (client.0, parse_ucx(&client.1)) {
+            (Some(0), Some(v)) => Ok(v),
+            _ => bail!("ucx_perftest -t {test} -s {size}: status {:?}: {}", client.0, tail(&client.1)),
+        }
+    }
+
+    /// fi_pingpong on libfabric's tcp provider (reliable datagram endpoints): MB/s and one-way us.
+    fn fi(&mut self, size: u32, iters: u32) -> Result<(f64, f64)> {
+        let port = self.next_port().to_string();
+        let mut procs = Procs::default();
+        let args = ["-p", "tcp", "-e", "rdm", "-B", &port, "-S", &size.to_string(), "-I", &iters.to_string()];
+        let server = procs.spawn(Command::new("fi_pingpong").args(args))?;
+        let mut client = (None, String::new());
+        for _ in 0..50 {
+            std::thread::sleep(Duration::from_millis(100));
+            let cargs = ["-p", "tcp", "-e", "rdm", "-P", &port, "-S", &size.to_string(), "-I", &iters.to_string()];
+            client = run(Command::new("fi_pingpong").args(cargs).arg("127.0.0.1"), Duration::from_secs(120))?;
+            if client.0 == Some(0) {
+                break;
+            }
+        }
+        let _ = procs.finish(server, Duration::from_secs(10));
+        match (client.0, parse_fi(&client.1)) {
+            (Some(0), Some(v)) => Ok(v),
+            _ => bail!("fi_pingpong -S {size}: status {:?}: {}", client.0, tail(&client.1)),
+        }
+    }
+
+    fn iters(&self, full: u32) -> u32 {
+        if self.quick {
+            (full / 10).max(100)
+        } else {
+            full
+        }
+    }
+}
+
+fn tail(s: &str) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(4)..].join(" / ")
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines().next().map(|l| l.split_whitespace().nth(1).unwrap_or("0").parse::<f64>().unwrap_or(0.0))
+        })
+        .unwrap_or(0.0);
+    let os = std::fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("PRETTY_NAME=").map(|v| v.trim_matches('"').to_owned())))
+        .unwrap_or_default();
+    format!("{cpus} CPUs ({cpu}), {:.0} GiB, {os}, kernel {}", mem / 1048576.0, kernel.trim())
+}
+
+fn now_utc() -> String {
+    Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
+pub(crate) fn run_bench(a: &BenchArgs) -> Result<ExitCode> {
+    let exe = std::env::current_exe().context("finding the softrdma executable")?;
+    let shim = crate::exec_cmd::shim_dir(&exe)?;
+    ensure_packages(a.no_install)?;
+    let ub = udpbench(a.udpbench.as_deref(), &exe)?;
+    let qps = a.qps.unwrap_or(if a.quick { 1000 } else { 10_000 });
+    let started = Instant::now();
+    let mut t = Table::default();
+    let mut r =
+        Runner { shim: &shim, addr0: a.addr0, port: 20000 + (std::process::id() % 20000) as u16, quick: a.quick };
+
+    // The physical limits.
+    eprintln!("softrdma bench: physical limits (udpbench)");
+    let secs = if a.quick { "1" } else { "3" };
+    let ubr = |args: &[&str]| -> Result<BTreeMap<String, f64>> {
+        let (st, out) = run(Command::new(&ub).args(args), Duration::from_secs(120))?;
+        match (st, parse_udpbench(&out)) {
+            (Some(0), Some(m)) => Ok(m),
+            _ => bail!("udpbench {}: status {st:?}: {}", args.join(" "), tail(&out)),
+        }
+    };
+    let plain = ubr(&["tput", "plain", "4156", secs])?;
+    let gso = ubr(&["tput", "gsogro", "4156", secs])?;
+    let gso64 = ubr(&["tput", "gsogro", "64", secs])?;
+    let lat = ubr(&["lat", "busy", if a.quick { "5000" } else { "50000" }])?;
+    let mem = ubr(&["memcpy", "65536", "512"])?;
+    let xp = ubr(&["xproc", "64", "65536"])?;
+    let g = |m: &BTreeMap<String, f64>, k: &str| m.get(k).copied().unwrap_or(f64::NAN);
+    t.v.insert("udp_gsogro_gbps".into(), g(&gso, "rx_gbps"));
+    t.v.insert("udp_busy_oneway_us".into(), g(&lat, "oneway_p50_ns") / 1000.0);
+    t.v.insert("memcpy_cold_gbs".into(), g(&mem, "cold_GBps_median"));
+    t.row(
+        "limit",
+        "UDP plain, 4156 B datagrams",
+        format!("{:.2} Gbit/s, {:.0} k/s", g(&plain, "rx_gbps"), g(&plain, "rx_pps") / 1e3),
+    );
+    t.row(
+        "limit",
+        "UDP GSO+GRO, 4156 B",
+        format!("{:.2} Gbit/s, {:.0} k/s", g(&gso, "rx_gbps"), g(&gso, "rx_pps") / 1e3),
+    );
+    t.row("limit", "UDP GSO+GRO, 64 B", format!("{:.2} M datagrams/s", g(&gso64, "rx_pps") / 1e6));
+    t.row(
+        "limit",
+        "UDP busy-poll ping-pong 64 B",
+        format!(
+            "one-way p50 {:.2} us (RTT p50 {:.2}, p99 {:.2})",
+            g(&lat, "oneway_p50_ns") / 1e3,
+            g(&lat, "rtt_p50_ns") / 1e3,
+            g(&lat, "rtt_p99_ns") / 1e3
+        ),
+    );
+    t.row(
+        "limit",
+        "memcpy 64 KiB chunks, one thread",
+        format!("cold {:.2} GB/s, hot {:.2} GB/s", g(&mem, "cold_GBps_median"), g(&mem, "hot_GBps_median")),
+    );
+    t.row(
+        "limit",
+        "process_vm_readv / writev 64 KiB, cold",
+        format!(
+            "{:.2} / {:.2} GB/s; a 64 B read {:.2} us",
+            g(&xp, "readv_cold_GBps"),
+            g(&xp, "writev_cold_GBps"),
+            g(&xp, "readv_64B_ns_per_call") / 1e3
+        ),
+    );
+
+    // The peers.
+    eprintln!("softrdma bench: UCX over tcp and libfabric tcp");
+    let u = r.ucx("tag_bw", 64, r.iters(200_000))?;
+    t.v.insert("ucx_tag_bw_64_mps".into(), u[6] / 1e6);
+    t.row("UCX tcp", "ucx_perftest tag_bw 64 B", format!("{:.3} M msg/s", u[6] / 1e6));
+    let u = r.ucx("tag_bw", 65536, r.iters(20_000))?;
+    t.row("UCX tcp", "ucx_perftest tag_bw 64 KiB", format!("{:.2} Gbit/s", gbit(u[4])));
+    let u = r.ucx("ucp_put_bw", 65536, r.iters(20_000))?;
+    t.v.insert("ucx_put_bw_gbps".into(), gbit(u[4]));
+    t.row("UCX tcp", "ucx_perftest ucp_put_bw 64 KiB", format!("{:.2} Gbit/s", gbit(u[4])));
+    let u = r.ucx("tag_lat", 2, r.iters(50_000))?;
+    t.v.insert("ucx_tag_lat_us".into(), u[1]);
+    t.row("UCX tcp", "ucx_perftest tag_lat 2 B", format!("one-way p50 {:.2} us", u[1]));
+    let (_, us) = r.fi(2, r.iters(20_000))?;
+    t.v.insert("fi_lat_us".into(), us);
+    t.row("libfabric tcp", "fi_pingpong -e rdm 2 B", format!("one-way {us:.2} us"));
+    let (mbs, _) = r.fi(65536, r.iters(10_000))?;
+    t.v.insert("fi_bw_gbps".into(), mbs * 8.0 / 1e3);
+    t.row(
+        "libfabric tcp",
+        "fi_pingpong -e rdm 64 KiB",
+        format!("{:.2} Gbit/s (ping-pong, one message in flight)", mbs * 8.0 / 1e3),
+    );
+
+    // softrdma.
+    let devs = Devices::start(&exe, [a.addr0, a.addr1])?;
+    for (cdev, tag) in [("srdma1", "across"), ("srdma0", "within")] {
+        eprintln!("softrdma bench: perftest {tag} devices");
+        let group = format!("softrdma {tag}");
+        for prog in ["ib_write_bw", "ib_read_bw", "ib_send_bw"] {
+            for (size, iters) in [(64u32, 20_000u32), (65536, 5000)] {
+                let p = r.perftest(prog, cdev, size, r.iters(iters))?;
+                t.v.insert(format!("{prog}_{size}_{tag}_gbps"), gbit(p.mib_s));
+                t.v.insert(format!("{prog}_{size}_{tag}_mpps"), p.mpps);
+                t.row(
+                    &group,
+                    format!("{prog} -s {size}"),
+                    format!("{:.2} Gbit/s, {:.3} M msg/s", gbit(p.mib_s), p.mpps),
+                );
+            }
+        }
+        for prog in ["ib_send_lat", "ib_write_lat"] {
+            let p = r.perftest(prog, cdev, 2, r.iters(20_000))?;
+            t.v.insert(format!("{prog}_2_{tag}_us"), p.lat_p50);
+            t.row(&group, format!("{prog} -s 2"), format!("one-way p50 {:.2} us, p99 {:.2} us", p.lat_p50, p.lat_p99));
+        }
+    }
+
+    eprintln!("softrdma bench: {qps} RC QPs on one device; XRC fan-in");
+    let s = bench_scale::rc_scale("srdma0", qps)?;
+    match &s.error {
+        None => t.row(
+            "softrdma scale",
+            format!("{} RC QPs connected on one device", s.created),
+            format!(
+                "create {:.2} s, connect {:.2} s, destroy {:.2} s; {:.1} KiB per idle QP (device {:.1} + client {:.1})",
+                s.create_secs,
+                s.connect_secs,
+                s.destroy_secs,
+                s.bytes_per_qp as f64 / 1024.0,
+                s.daemon_bytes_per_qp as f64 / 1024.0,
+                s.client_bytes_per_qp as f64 / 1024.0
+            ),
+        ),
+        Some(e) => t.row(
+            "softrdma scale",
+            format!("RC QPs on one device (asked {qps})"),
+            format!("stopped at {}: {e}", s.created),
+        ),
+    }
+    let x = bench_scale::xrc_fanin("srdma0", "srdma1", 8, 4)?;
+    t.row(
+        "softrdma scale",
+        format!("XRC: {} initiators to {} SRQs", x.n, x.m),
+        format!(
+            "{} send QPs + {} target QPs, {} messages delivered; RC needs {} QPs on each side",
+            x.initiator_qps, x.target_qps, x.messages, x.rc_qps_per_side
+        ),
+    );
+    drop(devs);
+
+    // The ratios of the issue's targets.
+    let ratio = |t: &mut Table, what: &str, ours: &str, theirs: &str, target: &str, ok: fn(f64) -> bool| {
+        let v = match (t.get(ours), t.get(theirs)) {
+            (Some(o), Some(x)) if x > 0.0 => o / x,
+            _ => f64::NAN,
+        };
+        let verdict = if target == "-" {
+            "no target".to_owned()
+        } else {
+            format!("target {target}: {}", if ok(v) { "met" } else { "missed" })
+        };
+        t.row("ratio", what, format!("{v:.3} ({verdict})"));
+    };
+    ratio(
+        &mut t,
+        "ib_write_bw 64 KiB across / UCX tcp put bw",
+        "ib_write_bw_65536_across_gbps",
+        "ucx_put_bw_gbps",
+        ">= 2",
+        |v| v >= 2.0,
+    );
+    ratio(
+        &mut t,
+        "ib_write_bw 64 KiB across / UDP GSO+GRO",
+        "ib_write_bw_65536_across_gbps",
+        "udp_gsogro_gbps",
+        ">= 0.5",
+        |v| v >= 0.5,
+    );
+    t.v.insert("memcpy_cold_gbps".into(), t.get("memcpy_cold_gbs").unwrap_or(f64::NAN) * 8.0);
+    ratio(
+        &mut t,
+        "ib_write_bw 64 KiB within / cold memcpy",
+        "ib_write_bw_65536_within_gbps",
+        "memcpy_cold_gbps",
+        ">= 0.5",
+        |v| v >= 0.5,
+    );
+    ratio(
+        &mut t,
+        "ib_send_bw 64 B across msg rate / UCX tcp tag_bw",
+        "ib_send_bw_64_across_mpps",
+        "ucx_tag_bw_64_mps",
+        ">= 4",
+        |v| v >= 4.0,
+    );
+    ratio(
+        &mut t,
+        "ib_send_lat 2 B across / busy-poll UDP one-way",
+        "ib_send_lat_2_across_us",
+        "udp_busy_oneway_us",
+        "<= 1.5",
+        |v| v <= 1.5,
+    );
+    ratio(
+        &mut t,
+        "ib_send_lat 2 B across / UCX tcp tag_lat",
+        "ib_send_lat_2_across_us",
+        "ucx_tag_lat_us",
+        "< 1",
+        |v| v < 1.0,
+    );
+    ratio(
+        &mut t,
+        "ib_send_lat 2 B across / libfabric tcp fi_pingpong",
+        "ib_send_lat_2_across_us",
+        "fi_lat_us",
+        "-",
+        |v| v < 1.0,
+    );
+    let bytes_ok = |v: f64| v <= 16.0 * 1024.0;
+    if s.error.is_none() {
+        let v = s.bytes_per_qp as f64;
+        t.row(
+            "ratio",
+            "bytes per idle RC QP / 16 KiB",
+            format!("{:.3} (target <= 1: {})", v / 16384.0, if bytes_ok(v) { "met" } else { "missed" }),
+        );
+    }
+
+    let mut md = String::new();
+    let _ =
+        writeln!(md, "Run: `softrdma bench{}` on {}, {}.", if a.quick { " --quick" } else { "" }, now_utc(), machine());
+    let _ = writeln!(
+        md,
+        "softrdma devices: srdma0 on {}, srdma1 on {}; \"across\" = server on srdma0, client on srdma1; \"within\" = both on srdma0. \
+         perftest figures: average bandwidth (Gbit/s = 10^9 bit/s), message rate, and its one-way latency (typical = median, 99th percentile). \
+         Whole run: {:.0} s.\n",
+        a.addr0,
+        a.addr1,
+        started.elapsed().as_secs_f64()
+    );
+    let _ = writeln!(md, "| group | what | result |\n|---|---|---|");
+    for (g, w, v) in &t.rows {
+        let _ = writeln!(md, "| {g} | {w} | {v} |");
+    }
+    println!("{md}");
+    if !a.no_write {
+        write_section(&a.write, &md)?;
+        eprintln!("softrdma bench: table written to {}", a.write.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Puts `md` between the markers of `file` (replacing what was there), or appends it with them.
+fn write_section(file: &Path, md: &str) -> Result<()> {
+    let old = std::fs::read_to_string(file).unwrap_or_default();
+    let block = format!("{BEGIN}\n{md}{END}\n");
+    let new = match (old.find(BEGIN), old.find(END)) {
+        (Some(b), Some(e)) if e > b => format!("{}{block}{}", &old[..b], old[e + END.len()..].trim_start_matches('\n')),
+        _ => format!(
+            "{old}{}## `softrdma bench`\n\n{block}",
+            if old.ends_with('\n') || old.is_empty() { "" } else { "\n" }
+        ),
+    };
+    std::fs::write(file, new).with_context(|| format!("writing {}", file.display()))
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    #[test]
+    fn perftest_rows_parse() {
+        let bw = " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n 65536      1000             364.47             333.75 \t\t   0.005340\n";
+        let p = parse_perftest(bw, false).unwrap();
+        assert_eq!((p.mib_s, p.mpps), (333.75, 0.005340));
+        let lat = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] \n 2       1000          57.54          652.79       90.63    \t       87.82       \t21.76  \t\t137.46  \t\t652.79 \n";
+        let p = parse_perftest(lat, true).unwrap();
+        assert_eq!((p.lat_p50, p.lat_p99), (90.63, 137.46));
+        assert!(parse_perftest("Couldn't connect to 127.0.0.1:18515\n", false).is_none());
+    }
+
+    #[test]
+    fn peer_rows_parse() {
+        let u = "|     Test     | # iterations | 50.0%ile | average | overall |  average |  overall |  average  |  overall  |\n+----+\n                      100000      4.222     4.620     4.620       13.21      13.21      216472      216472\n";
+        assert_eq!(parse_ucx(u).unwrap()[6], 216472.0);
+        let f = "bytes   #sent   #ack     total       time     MB/sec    usec/xfer   Mxfers/sec\n2       10k     =10k     39k         0.13s      0.31       6.52       0.15\n";
+        assert_eq!(parse_fi(f), Some((0.31, 6.52)));
+        let r = parse_udpbench("x\nRESULT lat mode=busy rtt_p50_ns=5629 oneway_p50_ns=2814\n").unwrap();
+        assert_eq!(r["oneway_p50_ns"], 2814.0);
+    }
+
+    #[test]
+    fn the_section_is_replaced_not_repeated() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("B.md");
+        std::fs::write(&f, "# Benchmarks\n\nkept\n").unwrap();
+        write_section(&f, "first\n").unwrap();
+        write_section(&f, "second\n").unwrap();
+        let s = std::fs::read_to_string(&f).unwrap();
+        assert!(s.starts_with("# Benchmarks\n\nkept\n"));
+        assert_eq!(s.matches(BEGIN).count(), 1);
+        assert!(s.contains("second\n") && !s.contains("first\n"));
+    }
+}
