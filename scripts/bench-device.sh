@@ -20,8 +20,8 @@ $udpbench lat busy 20000
 $udpbench xproc 64 4096
 echo "== softrdma demo, no loss, 2000 operations per workload"
 target/release/softrdma demo --loss 0 --ops 2000 | sed -n '/^workload/,/^total/p'
-echo "== the same with --gso"
-target/release/softrdma demo --loss 0 --ops 2000 --gso | sed -n '/^workload/,/^total/p'
+echo "== the same with --no-gso"
+target/release/softrdma demo --loss 0 --ops 2000 --no-gso | sed -n '/^workload/,/^total/p'
 echo "== RC ping-pong on the Rust API (two in-process devices over UDP)"
 target/release/examples/rc_pingpong --size 2 --iters 5000 --port 47990
 target/release/examples/rc_pingpong --size 4096 --iters 5000 --port 47990

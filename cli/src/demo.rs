@@ -41,9 +41,9 @@ pub(crate) struct DemoArgs {
     /// that already own 4791 on those addresses).
     #[arg(long, default_value_t = 4791)]
     port: u16,
-    /// Batch the devices' sends with UDP GSO.
+    /// One UDP send per packet instead of the devices' default UDP GSO batching.
     #[arg(long)]
-    gso: bool,
+    no_gso: bool,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -547,8 +547,8 @@ pub(crate) fn run(a: &DemoArgs) -> Result<ExitCode> {
                 .iter()
                 .map(|s| s.to_string())
                 .collect();
-        if a.gso {
-            args.push("--gso".into());
+        if a.no_gso {
+            args.push("--no-gso".into());
         }
         daemon::up(&exe, name, &args)?;
         devices.names.push(name.to_owned());

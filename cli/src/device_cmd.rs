@@ -46,10 +46,11 @@ pub(crate) struct DeviceArgs {
     /// Seed of the device's random choices.
     #[arg(long)]
     pub(crate) seed: Option<u64>,
-    /// Batch packets into UDP GSO sends (up to 64 segments; segment k's ICRC is computed for
-    /// IPv4 ID k, as Linux numbers them). Off by default: slower on loopback (BENCHMARKS.md).
+    /// Send one packet per UDP send instead of batching consecutive packets into UDP GSO sends
+    /// (up to 64 segments; segment k's ICRC is computed for IPv4 ID k, as Linux numbers them).
+    /// GSO is the default: 1.4x the WRITE bandwidth on loopback (BENCHMARKS.md).
     #[arg(long)]
-    pub(crate) gso: bool,
+    pub(crate) no_gso: bool,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy)]
@@ -89,7 +90,7 @@ impl DeviceArgs {
             XrcArg::LastClose => XrcPolicy::DestroyOnLastClose,
         };
         c.seed = self.seed;
-        c.gso = self.gso;
+        c.gso = !self.no_gso;
         Ok(c)
     }
 
@@ -111,8 +112,8 @@ impl DeviceArgs {
         if let Some(s) = self.seed {
             a.extend(["--seed".into(), s.to_string()]);
         }
-        if self.gso {
-            a.push("--gso".into());
+        if self.no_gso {
+            a.push("--no-gso".into());
         }
         a
     }

@@ -39,7 +39,21 @@ pub struct ProcessMemory {
     pub writes: u64,
     /// Accesses served by clients' memory helpers.
     pub helper_ops: u64,
+    /// Writes accepted but not yet made (see [`ProcessMemory::flush`]): owner, remote address,
+    /// and the data's place in `pending_data`.
+    pending: Vec<(Owner, u64, std::ops::Range<usize>)>,
+    pending_data: Vec<u8>,
+    /// Bytes read ahead (see [`Memory::read_ahead`]): whose, from where, and how many are valid.
+    ahead: Option<(Owner, u64)>,
+    ahead_data: Vec<u8>,
 }
+
+/// The most a read ahead fetches in one call.
+const READ_AHEAD: usize = 256 << 10;
+
+/// At most this many bytes or writes wait for a flush; one more flushes first.
+const PENDING_BYTES: usize = 1 << 20;
+const PENDING_WRITES: usize = 1024;
 
 impl ProcessMemory {
     /// Maps an owner to its process.
@@ -79,8 +93,72 @@ impl ProcessMemory {
         self.pids.get(&owner).copied()
     }
 
+    /// Makes every pending write, in the order they were accepted: one process_vm_writev per run
+    /// of consecutive writes to one owner (up to 1024 iovecs), instead of one call per packet.
+    ///
+    /// The device calls it before anything can observe the data: before it sends the ACKs and
+    /// READ responses and writes the completions that follow the packets, and before any read or
+    /// atomic (which may touch the same bytes). Every write was checked against the MR table when
+    /// it was accepted; one that fails here (the client unmapped a registered buffer, or exited)
+    /// is counted in `faults` and lost, as a DMA into a buffer its owner gave up would be.
+    pub fn flush(&mut self) {
+        let pending = std::mem::take(&mut self.pending);
+        let mut i = 0;
+        while i < pending.len() {
+            let owner = pending[i].0;
+            let mut j = i;
+            while j < pending.len() && pending[j].0 == owner && j - i < 1024 {
+                j += 1;
+            }
+            let run = &pending[i..j];
+            let want: usize = run.iter().map(|(_, _, r)| r.len()).sum();
+            let done = match self.pids.get(&owner) {
+                Some(&pid) => {
+                    self.writes += 1;
+                    let local: Vec<IoSlice<'_>> =
+                        run.iter().map(|(_, _, r)| IoSlice::new(&self.pending_data[r.clone()])).collect();
+                    let remote: Vec<RemoteIoVec> =
+                        run.iter().map(|(_, a, r)| RemoteIoVec { base: *a as usize, len: r.len() }).collect();
+                    process_vm_writev(Pid::from_raw(pid), &local, &remote).is_ok_and(|n| n == want)
+                }
+                None => false,
+            };
+            if !done {
+                // Find the writes that fail one by one (the kernel stops at the first bad one).
+                for (o, a, r) in run {
+                    let ok = match self.pids.get(o) {
+                        Some(&pid) => {
+                            self.writes += 1;
+                            let data = &self.pending_data[r.clone()];
+                            let remote = [RemoteIoVec { base: *a as usize, len: r.len() }];
+                            process_vm_writev(Pid::from_raw(pid), &[IoSlice::new(data)], &remote)
+                                .is_ok_and(|n| n == r.len())
+                        }
+                        None => false,
+                    };
+                    if !ok {
+                        self.faults += 1;
+                    }
+                }
+            }
+            i = j;
+        }
+        self.pending_data.clear();
+        self.pending = pending;
+        self.pending.clear();
+    }
+
+    /// Drops what was read ahead. The device calls it when it takes new work requests from the
+    /// rings (a buffer's owner may have changed it since its last request completed) and on every
+    /// verbs call (MRs may have changed).
+    pub fn forget_read_ahead(&mut self) {
+        self.ahead = None;
+    }
+
     /// Forgets an owner.
     pub fn detach(&mut self, owner: Owner) {
+        self.ahead = None;
+        self.flush();
         self.pids.remove(&owner);
         self.arenas.remove(&owner);
         self.helpers.remove(&owner);
@@ -98,6 +176,43 @@ impl ProcessMemory {
 }
 
 impl Memory for ProcessMemory {
+    fn read_ahead(&mut self, owner: Owner, addr: u64, buf: &mut [u8], avail: u64) -> Result<(), MemoryError> {
+        let len = buf.len();
+        let inside = |base: u64, have: usize| {
+            addr.checked_sub(base).is_some_and(|o| o.checked_add(len as u64).is_some_and(|e| e <= have as u64))
+        };
+        if let Some((o, base)) = self.ahead {
+            if o == owner && inside(base, self.ahead_data.len()) {
+                let at = (addr - base) as usize;
+                buf.copy_from_slice(&self.ahead_data[at..at + len]);
+                return Ok(());
+            }
+        }
+        let want = (avail.min(READ_AHEAD as u64) as usize).max(len);
+        if want <= len || self.helpers.contains_key(&owner) || ProcessMemory::staging(addr, len).is_some() {
+            return self.read(owner, addr, buf);
+        }
+        self.flush();
+        let pid = self.pid(owner, addr, len)?;
+        self.reads += 1;
+        self.ahead = None;
+        let mut data = std::mem::take(&mut self.ahead_data);
+        data.resize(want, 0);
+        let remote = [RemoteIoVec { base: addr as usize, len: want }];
+        // The kernel stops at the first page it cannot read: what came before is good.
+        let got = process_vm_readv(pid, &mut [IoSliceMut::new(&mut data)], &remote).unwrap_or(0);
+        if got < len {
+            self.ahead_data = data;
+            self.faults += 1;
+            return Err(MemoryError { addr, len });
+        }
+        data.truncate(got);
+        buf.copy_from_slice(&data[..len]);
+        self.ahead_data = data;
+        self.ahead = Some((owner, addr));
+        Ok(())
+    }
+
     fn read(&mut self, owner: Owner, addr: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
         let len = buf.len();
         if len == 0 {
@@ -116,6 +231,8 @@ impl Memory for ProcessMemory {
                 }
             };
         }
+        // A read may cover bytes a pending write changes.
+        self.flush();
         let pid = self.pid(owner, addr, len)?;
         self.reads += 1;
         let remote = [RemoteIoVec { base: addr as usize, len }];
@@ -133,6 +250,8 @@ impl Memory for ProcessMemory {
         if len == 0 {
             return Ok(());
         }
+        // What was read ahead may be what this changes.
+        self.ahead = None;
         if let Some(off) = ProcessMemory::staging(addr, len) {
             return match self.arenas.get(&owner) {
                 Some(a) if a.stage_write(off, data) => Ok(()),
@@ -149,16 +268,14 @@ impl Memory for ProcessMemory {
                 }
             };
         }
-        let pid = self.pid(owner, addr, len)?;
-        self.writes += 1;
-        let remote = [RemoteIoVec { base: addr as usize, len }];
-        match process_vm_writev(pid, &[IoSlice::new(data)], &remote) {
-            Ok(n) if n == len => Ok(()),
-            _ => {
-                self.faults += 1;
-                Err(MemoryError { addr, len })
-            }
+        self.pid(owner, addr, len)?;
+        if self.pending.len() >= PENDING_WRITES || self.pending_data.len() + len > PENDING_BYTES {
+            self.flush();
         }
+        let start = self.pending_data.len();
+        self.pending_data.extend_from_slice(data);
+        self.pending.push((owner, addr, start..start + len));
+        Ok(())
     }
 
     fn compare_swap(&mut self, owner: Owner, addr: u64, compare: u64, swap: u64) -> Result<u64, MemoryError> {

@@ -22,6 +22,15 @@ pub struct MemoryError {
 pub trait Memory {
     /// Copies `buf.len()` bytes at `addr` into `buf`.
     fn read(&mut self, owner: Owner, addr: u64, buf: &mut [u8]) -> Result<(), MemoryError>;
+    /// The same as [`Memory::read`], saying that the `avail` bytes from `addr` (at least
+    /// `buf.len()`) belong to the same buffer and will be read next (the rest of a message's
+    /// SGE, packet after packet), so an implementation whose reads cost a system call may read
+    /// ahead. The bytes may be read at any time from now until the next write through this
+    /// `Memory`: the verbs forbid changing a buffer while its work request is outstanding.
+    fn read_ahead(&mut self, owner: Owner, addr: u64, buf: &mut [u8], avail: u64) -> Result<(), MemoryError> {
+        let _ = avail;
+        self.read(owner, addr, buf)
+    }
     /// Copies `data` to `addr`.
     fn write(&mut self, owner: Owner, addr: u64, data: &[u8]) -> Result<(), MemoryError>;
     /// Atomically: if the 8 bytes at `addr` (host order) equal `compare`, store `swap`; returns the

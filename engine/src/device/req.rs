@@ -55,7 +55,8 @@ fn gather<M: Memory>(ctx: &mut Ctx<'_, M>, w: &SendWqe, offset: u32, out: &mut [
     walk_sges(&w.wr.sg_list, offset, out.len(), |sge, sge_off, at, n| {
         let Some(mr) = ctx.mr_by_lkey(sge.lkey) else { return false };
         let owner = mr.owner;
-        ctx.mem.read(owner, sge.addr.wrapping_add(u64::from(sge_off)), &mut out[at..at + n]).is_ok()
+        let rest = u64::from(sge.length - sge_off);
+        ctx.mem.read_ahead(owner, sge.addr.wrapping_add(u64::from(sge_off)), &mut out[at..at + n], rest).is_ok()
     })
 }
 
