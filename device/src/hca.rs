@@ -197,6 +197,10 @@ struct Delayed {
     dst: IpAddr,
     sport: u16,
     data: Vec<u8>,
+    /// The IPv4 ID its ICRC was computed for.
+    icrc_id: u16,
+    /// The bit the fault injector flips, once the ICRC is right for the ID it will carry.
+    flip: Option<usize>,
 }
 
 impl PartialEq for Delayed {
@@ -274,6 +278,17 @@ struct Gso {
     n: usize,
     closed: bool,
     buf: Vec<u8>,
+}
+
+impl Gso {
+    /// The IPv4 ID the next packet gets if it joins the send being built (0 if a new one starts).
+    fn next_id(&self) -> u16 {
+        if self.enabled && self.n > 0 && !self.closed && self.n < MAX_GSO_SEGMENTS {
+            self.n as u16
+        } else {
+            0
+        }
+    }
 }
 
 /// Most segments in one GSO send: 64 is what 6.1 kernels take (newer ones take 128).
@@ -511,6 +526,13 @@ impl Shared {
         // A panic while holding the lock would be a bug in the device; the state is still the
         // engine's, so go on rather than poison every client.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Flips one bit of a packet (fault injection), if asked.
+fn flip_bit(d: &mut [u8], bit: Option<usize>) {
+    if let Some(b) = bit.filter(|b| b / 8 < d.len()) {
+        d[b / 8] ^= 1 << (b % 8);
     }
 }
 
@@ -757,15 +779,21 @@ impl State {
             }
             while self.delayed.peek().is_some_and(|d| d.0.at <= now) {
                 let d = self.delayed.pop().expect("peeked").0;
-                self.deliver(d.dst, d.sport, d.data);
+                self.deliver(d.dst, d.sport, &d.data, d.icrc_id, d.flip);
             }
             // Data the packets handled so far wrote is in place before any answer to them leaves.
             self.dev.memory().flush();
             let mut buf = std::mem::take(&mut self.buf);
             let mut sent = 0;
-            while let Some(t) = self.dev.poll_transmit(now, &mut buf) {
+            loop {
+                // The engine computes the ICRC for the IPv4 ID the packet gets if it joins the
+                // GSO send being built (Linux numbers segments 0, 1, 2, ...); `wire` corrects it
+                // when the packet does not.
+                let id = self.gso.next_id();
+                self.dev.set_ip_id(id);
+                let Some(t) = self.dev.poll_transmit(now, &mut buf) else { break };
                 trace_packet("tx", &buf[..t.len]);
-                self.emit(now, t, &buf[..t.len]);
+                self.emit(now, t, &buf[..t.len], id);
                 sent += 1;
                 if sent == 256 {
                     break;
@@ -791,37 +819,61 @@ impl State {
         self.route_events();
     }
 
-    fn emit(&mut self, now: Instant, t: Transmit, data: &[u8]) {
+    /// A packet the engine wrote, its ICRC computed for IPv4 ID `icrc_id`: through the fault
+    /// injector (dropped, duplicated, delayed, corrupted) to `deliver`.
+    fn emit(&mut self, now: Instant, t: Transmit, data: &[u8], icrc_id: u16) {
         let mut copies = std::mem::take(&mut self.copies);
         self.faults.decide(now, data.len(), &mut copies);
         for c in &copies {
-            let mut d = data.to_vec();
-            if let Some(b) = c.flip_bit {
-                d[b / 8] ^= 1 << (b % 8);
-            }
             if c.at > now {
                 self.seq += 1;
-                self.delayed.push(Reverse(Delayed { at: c.at, seq: self.seq, dst: t.dst, sport: t.src_port, data: d }));
+                let d = Delayed {
+                    at: c.at,
+                    seq: self.seq,
+                    dst: t.dst,
+                    sport: t.src_port,
+                    data: data.to_vec(),
+                    icrc_id,
+                    flip: c.flip_bit,
+                };
+                self.delayed.push(Reverse(d));
             } else {
-                self.deliver(t.dst, t.src_port, d);
+                self.deliver(t.dst, t.src_port, data, icrc_id, c.flip_bit);
             }
         }
         self.copies = copies;
     }
 
+    /// Recomputes an IPv4 packet's ICRC for IPv4 ID `to` if it was computed for `from`.
+    fn fix_icrc(&self, dst: IpAddr, sport: u16, seg: &mut [u8], from: u16, to: u16) {
+        if from == to || !matches!((self.addr(), dst), (IpAddr::V4(_), IpAddr::V4(_))) || seg.len() < icrc::LEN {
+            return;
+        }
+        let (hdr, n) = ip_udp_header(self.addr(), dst, sport, seg.len(), to);
+        if let Ok(crc) = icrc::roce_v2_parts(&hdr[..n], &seg[..seg.len() - icrc::LEN]) {
+            IbPacket::new_unchecked(seg).set_icrc(crc);
+        }
+    }
+
     /// One packet onto the wire, or through internal loopback when it is for this device
     /// (a NIC loops back traffic between its own QPs; so do we, still through engine and tap).
-    fn deliver(&mut self, dst: IpAddr, sport: u16, data: Vec<u8>) {
+    /// Its ICRC is for IPv4 ID `icrc_id`; `flip` is a bit the fault injector corrupts after the
+    /// ICRC is made right for the ID the packet carries, so that the corruption stays detectable.
+    fn deliver(&mut self, dst: IpAddr, sport: u16, data: &[u8], icrc_id: u16, flip: Option<usize>) {
         let addr = self.addr();
         let mcast = dst.is_multicast();
         if dst != addr {
-            self.wire(dst, sport, &data);
+            self.wire(dst, sport, data, icrc_id, flip);
         }
         if dst == addr || mcast {
+            // Internal loopback carries IPv4 ID 0.
+            let mut d = data.to_vec();
+            self.fix_icrc(dst, sport, &mut d, icrc_id, 0);
+            flip_bit(&mut d, flip);
             if dst == addr {
-                self.capture(dst, sport, &data, 0);
+                self.capture(dst, sport, &d, 0);
             }
-            self.loopback.push_back((sport, data, mcast.then_some(dst)));
+            self.loopback.push_back((sport, d, mcast.then_some(dst)));
         }
     }
 
@@ -837,8 +889,16 @@ impl State {
     /// from the same source port, of one size (the last may be shorter), leave in one send of up
     /// to 64 segments (design D5). Linux numbers the segments' IPv4 IDs 0, 1, 2, ... and the
     /// ICRC covers the ID, so segment k's ICRC is recomputed for ID k.
-    fn wire(&mut self, dst: IpAddr, sport: u16, data: &[u8]) {
+    fn wire(&mut self, dst: IpAddr, sport: u16, data: &[u8], icrc_id: u16, flip: Option<usize>) {
         if !self.gso.enabled {
+            let mut fixed;
+            let mut data = data;
+            if icrc_id != 0 || flip.is_some() {
+                fixed = data.to_vec();
+                self.fix_icrc(dst, sport, &mut fixed, icrc_id, 0);
+                flip_bit(&mut fixed, flip);
+                data = &fixed;
+            }
             self.capture(dst, sport, data, 0);
             match self.udp.send(dst, sport, data) {
                 Ok(()) => self.io.udp_sent += 1,
@@ -864,16 +924,12 @@ impl State {
         }
         let k = self.gso.n as u16;
         let start = self.gso.buf.len();
-        self.gso.buf.extend_from_slice(data);
-        if k > 0 && matches!((self.addr(), dst), (IpAddr::V4(_), IpAddr::V4(_))) {
-            let (hdr, n) = ip_udp_header(self.addr(), dst, sport, data.len(), k);
-            let seg = &mut self.gso.buf[start..];
-            if let Ok(crc) = icrc::roce_v2_parts(&hdr[..n], &seg[..seg.len() - icrc::LEN]) {
-                IbPacket::new_unchecked(seg).set_icrc(crc);
-            }
-        }
-        let seg = self.gso.buf[start..].to_vec();
-        self.capture(dst, sport, &seg, k);
+        let mut buf = std::mem::take(&mut self.gso.buf);
+        buf.extend_from_slice(data);
+        self.fix_icrc(dst, sport, &mut buf[start..], icrc_id, k);
+        flip_bit(&mut buf[start..], flip);
+        self.capture(dst, sport, &buf[start..], k);
+        self.gso.buf = buf;
         self.gso.n += 1;
         // A shorter segment can only be the last of a GSO send.
         self.gso.closed = data.len() < self.gso.seg;

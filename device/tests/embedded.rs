@@ -704,3 +704,32 @@ fn threads_post_to_one_qp_and_poll_one_cq_together() {
     }
     assert_eq!(seen.len(), 2 * per);
 }
+
+#[test]
+fn gso_sends_keep_injected_corruption_detectable() {
+    // The fault injector flips a bit after the ICRC is made right for the IPv4 ID each GSO
+    // segment carries: a corrupted segment must fail the receiver's ICRC check (and be resent),
+    // never arrive with an ICRC recomputed over the corrupted bytes.
+    let config = |name: &str, addr, seed| {
+        let mut c = HcaConfig::new(name, addr);
+        c.port = 47928;
+        c.gso = true;
+        c.icrc = softrdma_engine::device::IcrcPolicy::Exact;
+        c.faults = format!("corrupt=0.05,seed={seed}").parse().unwrap();
+        c.seed = Some(seed);
+        Arc::new(Hca::start(c).unwrap())
+    };
+    let (da, db) = (config("gca", A, 11), config("gcb", B, 12));
+    LOSSY.with(|l| l.set(true));
+    let (mut a, mut b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
+    connect(&a, &b, Mtu::Mtu1024);
+    for _ in 0..3 {
+        rc_ops(&mut a, &mut b, false);
+    }
+    let (ca, ia, fa) = da.counters();
+    let (cb, ib, fb) = db.counters();
+    assert!(ia.gso_sends > 0, "{ia:?}");
+    assert!(fa.corrupted + fb.corrupted > 0, "{fa:?} {fb:?}");
+    assert!(ca.icrc_err + cb.icrc_err > 0, "corrupted segments fail the ICRC: {ca:?} {cb:?} {ib:?}");
+    assert!(ca.retransmitted_pkts + cb.retransmitted_pkts > 0, "{ca:?} {cb:?}");
+}

@@ -334,6 +334,8 @@ pub(crate) struct Ctx<'a, M: Memory> {
     pub(crate) port_mtu: Mtu,
     /// The destination address of the packet being handled (the device's, or a multicast group).
     pub(crate) dst: IpAddr,
+    /// The IPv4 Identification a packet emitted now will carry (its ICRC covers it).
+    pub(crate) ip_id: u16,
 }
 
 impl<M: Memory> Ctx<'_, M> {
@@ -439,6 +441,8 @@ pub fn ip_udp_header(src: IpAddr, dst: IpAddr, sport: u16, udp_payload_len: usiz
 /// One emulated HCA.
 pub struct Device<M: Memory> {
     config: DeviceConfig,
+    /// The IPv4 Identification the ICRC of the next transmitted packet is computed for.
+    ip_id: u16,
     rng: Rng,
     mem: M,
     pds: HashMap<PdId, Pd>,
@@ -482,6 +486,7 @@ macro_rules! ctx {
             se: false,
             port_mtu: $d.config.mtu,
             dst: $d.config.addr,
+            ip_id: $d.ip_id,
         }
     };
 }
@@ -508,6 +513,7 @@ impl<M: Memory> Device<M> {
             next_id: 1,
             next_qpn,
             ready: VecDeque::new(),
+            ip_id: 0,
             in_ready: Default::default(),
             timers: Default::default(),
             armed: HashMap::default(),
@@ -926,6 +932,14 @@ impl<M: Memory> Device<M> {
             self.timers.insert((t, qpn));
             self.armed.insert(qpn, t);
         }
+    }
+
+    /// Sets the IPv4 Identification that the ICRC of the packets [`Device::poll_transmit`] writes
+    /// from now on is computed for (0 unless set). A transport that sends several packets in one
+    /// UDP GSO send, whose segments Linux numbers 0, 1, 2, ..., sets the number the next packet
+    /// will get, so that its ICRC need not be computed twice (design D5).
+    pub fn set_ip_id(&mut self, id: u16) {
+        self.ip_id = id;
     }
 
     /// Writes the next packet to send into `buf` (at least MTU + 64 bytes) and says where it goes.

@@ -39,7 +39,7 @@ pub(crate) fn emit<M: Memory>(
         return None;
     }
     let sport = ctx.flow_ports.port(qp_num);
-    let (hdr, n) = ip_udp_header(ctx.local, dest, sport, len, 0);
+    let (hdr, n) = ip_udp_header(ctx.local, dest, sport, len, ctx.ip_id);
     let crc = icrc::roce_v2_parts(&hdr[..n], &buf[..len - icrc::LEN]).ok()?;
     IbPacket::new_unchecked(&mut buf[..len]).set_icrc(crc);
     Some(Transmit { dst: dest, src_port: sport, len })
