@@ -39,9 +39,13 @@ pub(crate) fn emit<M: Memory>(
         return None;
     }
     let sport = ctx.flow_ports.port(qp_num);
-    let (hdr, n) = ip_udp_header(ctx.local, dest, sport, len, ctx.ip_id);
-    let crc = icrc::roce_v2_parts(&hdr[..n], &buf[..len - icrc::LEN]).ok()?;
-    IbPacket::new_unchecked(&mut buf[..len]).set_icrc(crc);
+    // Internal loopback without an ICRC when the transport asked for none (it hands the packet
+    // back with handle_internal_packet, which does not check it).
+    if dest != ctx.local || ctx.loopback_icrc {
+        let (hdr, n) = ip_udp_header(ctx.local, dest, sport, len, ctx.ip_id);
+        let crc = icrc::roce_v2_parts(&hdr[..n], &buf[..len - icrc::LEN]).ok()?;
+        IbPacket::new_unchecked(&mut buf[..len]).set_icrc(crc);
+    }
     Some(Transmit { dst: dest, src_port: sport, len })
 }
 
