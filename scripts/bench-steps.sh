@@ -13,6 +13,7 @@ scale=1
 if [ "${1:-}" = "--iters-scale" ]; then scale=$2; shift 2; fi
 [ $# -ge 1 ] || { echo "usage: scripts/bench-steps.sh [--iters-scale N] REV..." >&2; exit 2; }
 root="$PWD"
+cmdline="scripts/bench-steps.sh $*"
 revs=()
 for r in "$@"; do
   c=$(git rev-parse --short=7 "$r^{commit}")
@@ -92,7 +93,7 @@ for round in $(seq "$rounds"); do
 done
 down
 current=""
-echo "Run: scripts/bench-steps.sh $* on $(date -u '+%F %H:%M UTC'), $(nproc) CPUs, kernel $(uname -r); best of $rounds rounds."
+echo "Run: $cmdline on $(date -u '+%F %H:%M UTC'), $(nproc) CPUs, kernel $(uname -r); best of $rounds rounds."
 echo "Bandwidth: perftest's BW average (MiB/s); latency: its t_typical (one-way, us). \"across\": server on srdma0 (127.0.0.41), client on srdma1 (127.0.0.42); \"within\": both on srdma0."
 echo
 printf '| workload |'
@@ -107,8 +108,8 @@ for w in "${work[@]}"; do
   unit="MiB/s"
   case $1 in *_lat) unit="us" ;; esac
   printf '| %s -s %s, %s (%s) |' "$1" "$3" "$where" "$unit"
-  for rev in "${revs[@]}"; do printf ' %s |' "${best[$rev|$w]}"; done
-  first=${best[${revs[0]}|$w]}
-  last=${best[${revs[-1]}|$w]}
+  for rev in "${revs[@]}"; do printf ' %s |' "${best[$rev|$w]:-nan}"; done
+  first=${best[${revs[0]}|$w]:-nan}
+  last=${best[${revs[-1]}|$w]:-nan}
   awk -v a="$last" -v b="$first" 'BEGIN {if (b + 0 > 0) printf " %.2f |\n", a / b; else print " - |"}'
 done
