@@ -725,10 +725,16 @@ fn write_section(file: &Path, md: &str) -> Result<()> {
     let block = format!("{BEGIN}\n{md}{END}\n");
     let new = match (old.find(BEGIN), old.find(END)) {
         (Some(b), Some(e)) if e > b => format!("{}{block}{}", &old[..b], old[e + END.len()..].trim_start_matches('\n')),
-        _ => format!(
-            "{old}{}## `softrdma bench`\n\n{block}",
-            if old.ends_with('\n') || old.is_empty() { "" } else { "\n" }
-        ),
+        _ => {
+            let gap = if old.is_empty() || old.ends_with("\n\n") {
+                ""
+            } else if old.ends_with('\n') {
+                "\n"
+            } else {
+                "\n\n"
+            };
+            format!("{old}{gap}## `softrdma bench`\n\n{block}")
+        }
     };
     std::fs::write(file, new).with_context(|| format!("writing {}", file.display()))
 }
