@@ -368,6 +368,7 @@ impl Runner<'_> {
         let mut client = (None, String::new());
         for _ in 0..50 {
             std::thread::sleep(Duration::from_millis(100));
+            let t0 = Instant::now();
             client = run(
                 Command::new("ucx_perftest")
                     .args([
@@ -385,7 +386,8 @@ impl Runner<'_> {
                     .envs(env),
                 Duration::from_secs(120),
             )?;
-            if client.0 == Some(0) {
+            // Retry only a client that failed at once (the server was not listening yet).
+            if client.0 == Some(0) || t0.elapsed() > Duration::from_secs(3) {
                 break;
             }
         }
@@ -406,8 +408,9 @@ impl Runner<'_> {
         for _ in 0..50 {
             std::thread::sleep(Duration::from_millis(100));
             let cargs = ["-p", "tcp", "-e", "rdm", "-P", &port, "-S", &size.to_string(), "-I", &iters.to_string()];
+            let t0 = Instant::now();
             client = run(Command::new("fi_pingpong").args(cargs).arg("127.0.0.1"), Duration::from_secs(120))?;
-            if client.0 == Some(0) {
+            if client.0 == Some(0) || t0.elapsed() > Duration::from_secs(3) {
                 break;
             }
         }
