@@ -150,6 +150,7 @@ impl Arena {
 
     fn check(&self, r: &RingDesc) -> bool {
         r.cap.is_power_of_two()
+            && (4..=WQE_SLOT).contains(&r.slot)
             && r.off as usize >= HEADER
             && r.off % 64 == 0
             && (r.off as usize).checked_add(r.bytes()).is_some_and(|e| e <= self.len)
@@ -209,11 +210,20 @@ impl Arena {
         let mut buf = [0u8; WQE_SLOT as usize];
         while done < n.min(max) {
             let idx = c.wrapping_add(done as u32);
-            // Copy the slot out before looking at it: the producer may change it meanwhile.
-            // SAFETY: slot_ptr is in bounds for r.slot bytes, and buf holds at least that many.
-            unsafe { std::ptr::copy_nonoverlapping(self.slot_ptr(r, idx), buf.as_mut_ptr(), r.slot as usize) };
+            // Copy the entry out before looking at it: the producer may change it meanwhile. Only
+            // its length word first, then as many bytes as it says (bounded by the slot), not the
+            // whole slot: most entries are a few dozen bytes of a 1 KiB slot.
+            let slot = self.slot_ptr(r, idx);
+            // SAFETY: slot_ptr is in bounds for r.slot bytes (at least 64), buf holds 4.
+            unsafe { std::ptr::copy_nonoverlapping(slot, buf.as_mut_ptr(), 4) };
             let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
-            let v = if len + 4 <= r.slot as usize { postcard::from_bytes(&buf[4..4 + len]).ok() } else { None };
+            let v = if len + 4 <= r.slot as usize {
+                // SAFETY: 4 + len <= r.slot bytes are in bounds of the slot and of buf.
+                unsafe { std::ptr::copy_nonoverlapping(slot.add(4), buf.as_mut_ptr().add(4), len) };
+                postcard::from_bytes(&buf[4..4 + len]).ok()
+            } else {
+                None
+            };
             if !f(v) {
                 break;
             }

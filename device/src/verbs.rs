@@ -28,6 +28,11 @@ use crate::client::{ClientError, Connection};
 use crate::hca::Hca;
 use crate::proto::{ClientEvent, CqEntry, DeviceInfo, RecvEntry, Request, Response, SendEntry};
 
+/// The client's own bookkeeping maps (keys it made itself: lkeys, tokens, QPNs, CQ ids), on a
+/// fast non-cryptographic hash; looked up on every post and poll. The device keeps SipHash for
+/// anything a client chooses.
+type FastMap<K, V> = std::collections::HashMap<K, V, rustc_hash::FxBuildHasher>;
+
 /// A verbs error: the errno of the call, or the device connection lost.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -63,20 +68,20 @@ struct Inner {
     doorbell: OwnedFd,
     /// This process's memory regions by lkey: PD, start, length, access (for gathering at post
     /// and scattering at poll).
-    mrs: std::sync::Mutex<std::collections::HashMap<u32, (PdId, u64, u64, Access)>>,
+    mrs: std::sync::Mutex<FastMap<u32, (PdId, u64, u64, Access)>>,
     /// Receives whose data the device stages, by token: the application's wr_id and SGEs.
-    staged: std::sync::Mutex<std::collections::HashMap<u64, (u64, Vec<Sge>)>>,
+    staged: std::sync::Mutex<FastMap<u64, (u64, Vec<Sge>)>>,
     next_token: std::sync::atomic::AtomicU64,
     /// The ring on which staging space goes back to the device.
     release: RingDesc,
     /// Receives posted to each QP's own receive queue and not yet completed: posting beyond
     /// max_recv_wr is ENOMEM, as on hardware (the ring and the device's queue together hold
     /// more, so the limit is kept here).
-    rq_outstanding: std::sync::Mutex<std::collections::HashMap<u32, u32>>,
+    rq_outstanding: std::sync::Mutex<FastMap<u32, u32>>,
     /// Completion rings by CQ, and completions taken off them early (when a QP was reset or
     /// destroyed, its completions are removed and the others wait here, in order).
-    cq_rings: std::sync::Mutex<std::collections::HashMap<CqId, Arc<std::sync::Mutex<RingDesc>>>>,
-    pending: std::sync::Mutex<std::collections::HashMap<CqId, std::collections::VecDeque<CqEntry>>>,
+    cq_rings: std::sync::Mutex<FastMap<CqId, Arc<std::sync::Mutex<RingDesc>>>>,
+    pending: std::sync::Mutex<FastMap<CqId, std::collections::VecDeque<CqEntry>>>,
     /// The rings are single-producer: threads of this process that post to the same queue (or
     /// give staging back) take turns, as libibverbs' providers lock a QP's send queue. Striped
     /// by ring.
@@ -279,11 +284,11 @@ impl Inner {
         }
     }
 
-    fn rq_lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u32, u32>> {
+    fn rq_lock(&self) -> std::sync::MutexGuard<'_, FastMap<u32, u32>> {
         self.rq_outstanding.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn staged_lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, (u64, Vec<Sge>)>> {
+    fn staged_lock(&self) -> std::sync::MutexGuard<'_, FastMap<u64, (u64, Vec<Sge>)>> {
         self.staged.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -333,7 +338,7 @@ impl Inner {
         Ok(self.call_fds(req, None)?.0)
     }
 
-    fn mrs_lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u32, (PdId, u64, u64, Access)>> {
+    fn mrs_lock(&self) -> std::sync::MutexGuard<'_, FastMap<u32, (PdId, u64, u64, Access)>> {
         self.mrs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
