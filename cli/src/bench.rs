@@ -699,8 +699,20 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<ExitCode> {
     }
 
     let mut md = String::new();
-    let _ =
-        writeln!(md, "Run: `softrdma bench{}` on {}, {}.", if a.quick { " --quick" } else { "" }, now_utc(), machine());
+    let commit = Command::new("git")
+        .args(["describe", "--always", "--dirty"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| format!(" at commit {}", String::from_utf8_lossy(&o.stdout).trim()))
+        .unwrap_or_default();
+    let _ = writeln!(
+        md,
+        "Run: `softrdma bench{}`{commit} on {}, {}.",
+        if a.quick { " --quick" } else { "" },
+        now_utc(),
+        machine()
+    );
     let _ = writeln!(
         md,
         "softrdma devices: srdma0 on {}, srdma1 on {}; \"across\" = server on srdma0, client on srdma1; \"within\" = both on srdma0. \
