@@ -331,22 +331,23 @@ impl Runner<'_> {
     fn perftest(&mut self, prog: &str, cdev: &str, size: u32, iters: u32) -> Result<Perf> {
         let port = self.next_port().to_string();
         let args = ["-s", &size.to_string(), "-n", &iters.to_string(), "-p", &port];
-        let mut procs = Procs::default();
         let cmd = |dev: &str| {
             let mut c = Command::new(prog);
             c.args(["-d", dev]).args(args).env("LD_LIBRARY_PATH", self.shim);
             c
         };
-        let server = procs.spawn(&mut cmd("srdma0"))?;
-        let mut client = (None, String::new());
-        for _ in 0..50 {
-            std::thread::sleep(Duration::from_millis(100));
-            client = run(cmd(cdev).arg(self.addr0.to_string()), Duration::from_secs(300))?;
-            if !client.1.contains("Couldn't connect") {
-                break;
-            }
-        }
-        let (sst, sout) = procs.finish(server, Duration::from_secs(30));
+        let addr = self.addr0.to_string();
+        let (client, (sst, sout)) = server_client(
+            &mut cmd("srdma0"),
+            || {
+                let mut c = cmd(cdev);
+                c.arg(&addr);
+                c
+            },
+            Duration::from_secs(300),
+            Duration::from_secs(30),
+            |c, _| c.1.contains("Couldn't connect"),
+        )?;
         let lat = prog.ends_with("_lat");
         match (client.0, sst, parse_perftest(&client.1, lat)) {
             (Some(0), Some(0), Some(p)) => Ok(p),
@@ -362,36 +363,19 @@ impl Runner<'_> {
     /// ucx_perftest over tcp on loopback: server and client.
     fn ucx(&mut self, test: &str, size: u32, iters: u32) -> Result<Vec<f64>> {
         let port = self.next_port().to_string();
-        let mut procs = Procs::default();
         let env = [("UCX_TLS", "tcp"), ("UCX_NET_DEVICES", "lo")];
-        let server = procs.spawn(Command::new("ucx_perftest").args(["-p", &port]).envs(env))?;
-        let mut client = (None, String::new());
-        for _ in 0..50 {
-            std::thread::sleep(Duration::from_millis(100));
-            let t0 = Instant::now();
-            client = run(
-                Command::new("ucx_perftest")
-                    .args([
-                        "127.0.0.1",
-                        "-p",
-                        &port,
-                        "-t",
-                        test,
-                        "-s",
-                        &size.to_string(),
-                        "-n",
-                        &iters.to_string(),
-                        "-f",
-                    ])
-                    .envs(env),
-                Duration::from_secs(120),
-            )?;
-            // Retry only a client that failed at once (the server was not listening yet).
-            if client.0 == Some(0) || t0.elapsed() > Duration::from_secs(3) {
-                break;
-            }
-        }
-        let _ = procs.finish(server, Duration::from_secs(10));
+        let (size_s, iters_s) = (size.to_string(), iters.to_string());
+        let (client, _) = server_client(
+            Command::new("ucx_perftest").args(["-p", &port]).envs(env),
+            || {
+                let mut c = Command::new("ucx_perftest");
+                c.args(["127.0.0.1", "-p", &port, "-t", test, "-s", &size_s, "-n", &iters_s, "-f"]).envs(env);
+                c
+            },
+            Duration::from_secs(120),
+            Duration::from_secs(10),
+            failed_at_once,
+        )?;
         match (client.0, parse_ucx(&client.1)) {
             (Some(0), Some(v)) => Ok(v),
             _ => bail!("ucx_perftest -t {test} -s {size}: status {:?}: {}", client.0, tail(&client.1)),
@@ -401,20 +385,19 @@ impl Runner<'_> {
     /// fi_pingpong on libfabric's tcp provider (reliable datagram endpoints): MB/s and one-way us.
     fn fi(&mut self, size: u32, iters: u32) -> Result<(f64, f64)> {
         let port = self.next_port().to_string();
-        let mut procs = Procs::default();
-        let args = ["-p", "tcp", "-e", "rdm", "-B", &port, "-S", &size.to_string(), "-I", &iters.to_string()];
-        let server = procs.spawn(Command::new("fi_pingpong").args(args))?;
-        let mut client = (None, String::new());
-        for _ in 0..50 {
-            std::thread::sleep(Duration::from_millis(100));
-            let cargs = ["-p", "tcp", "-e", "rdm", "-P", &port, "-S", &size.to_string(), "-I", &iters.to_string()];
-            let t0 = Instant::now();
-            client = run(Command::new("fi_pingpong").args(cargs).arg("127.0.0.1"), Duration::from_secs(120))?;
-            if client.0 == Some(0) || t0.elapsed() > Duration::from_secs(3) {
-                break;
-            }
-        }
-        let _ = procs.finish(server, Duration::from_secs(10));
+        let (size_s, iters_s) = (size.to_string(), iters.to_string());
+        let common = ["-p", "tcp", "-e", "rdm", "-S", &size_s, "-I", &iters_s];
+        let (client, _) = server_client(
+            Command::new("fi_pingpong").args(common).args(["-B", &port]),
+            || {
+                let mut c = Command::new("fi_pingpong");
+                c.args(common).args(["-P", &port, "127.0.0.1"]);
+                c
+            },
+            Duration::from_secs(120),
+            Duration::from_secs(10),
+            failed_at_once,
+        )?;
         match (client.0, parse_fi(&client.1)) {
             (Some(0), Some(v)) => Ok(v),
             _ => bail!("fi_pingpong -S {size}: status {:?}: {}", client.0, tail(&client.1)),
@@ -428,6 +411,38 @@ impl Runner<'_> {
             full
         }
     }
+}
+
+/// A status and the output of a finished program.
+type Outcome = (Option<i32>, String);
+
+/// Starts `server`, then runs the client `client()` (for at most `client_limit`) until
+/// `retry(outcome, how long it took)` says the server was simply not listening yet, at most 50
+/// times; then gives the server `server_limit` to finish. The client's and the server's outcome.
+fn server_client(
+    server: &mut Command,
+    client: impl Fn() -> Command,
+    client_limit: Duration,
+    server_limit: Duration,
+    retry: impl Fn(&Outcome, Duration) -> bool,
+) -> Result<(Outcome, Outcome)> {
+    let mut procs = Procs::default();
+    let s = procs.spawn(server)?;
+    let mut c = (None, String::new());
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(100));
+        let t0 = Instant::now();
+        c = run(&mut client(), client_limit)?;
+        if !retry(&c, t0.elapsed()) {
+            break;
+        }
+    }
+    Ok((c, procs.finish(s, server_limit)))
+}
+
+/// A peer's client that failed within 3 s: its server was not listening yet.
+fn failed_at_once(c: &Outcome, took: Duration) -> bool {
+    c.0 != Some(0) && took < Duration::from_secs(3)
 }
 
 fn tail(s: &str) -> String {
