@@ -192,7 +192,8 @@ perf() {
 
 # perftest: each program with its defaults but few iterations, every size (-a; atomics have one
 # size, perftest refuses -a for them), four QPs (-q 4; perftest allows it for bandwidth tests
-# only) and ib_send_bw on an SRQ. -R (rdma_cm) waits for rdma_cm.
+# only), ib_send_bw on an SRQ, and the XRC, UC and UD transports (-c). -R (rdma_cm) waits for
+# rdma_cm.
 iters=20
 [ $quick = 1 ] && iters=5
 for where in "srdma0 srdma0" "srdma0 srdma1"; do
@@ -212,6 +213,17 @@ for where in "srdma0 srdma0" "srdma0 srdma1"; do
   done
   perf "ib_send_bw --use-srq -n $iters $tag" "$s" "$c" ib_send_bw --use-srq -n "$iters"
   perf "ib_send_bw --use-srq -q 4 -n $iters $tag" "$s" "$c" ib_send_bw --use-srq -q 4 -n "$iters"
+  # The other transports perftest offers (-c): XRC for all eight, UC for SEND and WRITE, UD for
+  # SEND (what each transport allows).
+  for prog in ib_send_bw ib_write_bw ib_read_bw ib_atomic_bw ib_send_lat ib_write_lat ib_read_lat ib_atomic_lat; do
+    perf "$prog -c XRC -n $iters $tag" "$s" "$c" "$prog" -c XRC -n "$iters"
+  done
+  for prog in ib_send_bw ib_write_bw ib_send_lat ib_write_lat; do
+    perf "$prog -c UC -n $iters $tag" "$s" "$c" "$prog" -c UC -n "$iters"
+  done
+  for prog in ib_send_bw ib_send_lat; do
+    perf "$prog -c UD -n $iters $tag" "$s" "$c" "$prog" -c UD -n "$iters"
+  done
 done
 
 echo "$passed passed, $failed failed"

@@ -355,6 +355,21 @@ fn qp_attr_of(a: &ffi::ibv_qp_attr, mask: AttrMask) -> Result<QpAttr, Errno> {
     Ok(out)
 }
 
+/// The attribute mask as the kernel's uverbs layer passes it on (`modify_qp_mask` in
+/// drivers/infiniband/core/uverbs_cmd.c): an XRC initiator has no responder, so its
+/// MAX_DEST_RD_ATOMIC and MIN_RNR_TIMER are dropped; an XRC target has no requester, so its
+/// MAX_QP_RD_ATOMIC, RETRY_CNT and RNR_RETRY are. Programs rely on it: perftest `-c XRC` sets the
+/// RC attributes on both.
+fn uverbs_mask(qp_type: ffi::ibv_qp_type, mask: AttrMask) -> AttrMask {
+    match qp_type {
+        ffi::IBV_QPT_XRC_SEND => AttrMask(mask.0 & !(AttrMask::MAX_DEST_RD_ATOMIC.0 | AttrMask::MIN_RNR_TIMER.0)),
+        ffi::IBV_QPT_XRC_RECV => {
+            AttrMask(mask.0 & !(AttrMask::MAX_QP_RD_ATOMIC.0 | AttrMask::RETRY_CNT.0 | AttrMask::RNR_RETRY.0))
+        }
+        _ => mask,
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ffi::ibv_qp, attr: *mut ffi::ibv_qp_attr, mask: c_int) -> c_int {
     errno_call(|| {
@@ -365,7 +380,7 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ffi::ibv_qp, attr: *mut ffi::ibv
         if mask as u32 & !known != 0 {
             return Err(EINVAL);
         }
-        let mask = AttrMask(mask as u32);
+        let mask = uverbs_mask((*qp).qp_type, AttrMask(mask as u32));
         if mask.intersects(AttrMask::ALT_PATH | AttrMask::PATH_MIG_STATE) {
             // Automatic path migration needs a second path; there is one port and one path.
             return Err(Errno(libc::EOPNOTSUPP));
@@ -926,4 +941,33 @@ fn fill_ex(ex: &mut ffi::ibv_qp_ex) {
     ex.wr_set_inline_data_list = Some(wr_set_inline_data_list);
     ex.wr_set_ud_addr = Some(wr_set_ud_addr);
     ex.wr_set_xrc_srqn = Some(wr_set_xrc_srqn);
+}
+
+#[cfg(test)]
+mod uverbs_mask_test {
+    use super::*;
+
+    #[test]
+    fn xrc_initiators_drop_responder_attributes_and_targets_requester_ones() {
+        let rtr = AttrMask::STATE
+            | AttrMask::AV
+            | AttrMask::PATH_MTU
+            | AttrMask::DEST_QPN
+            | AttrMask::RQ_PSN
+            | AttrMask::MAX_DEST_RD_ATOMIC
+            | AttrMask::MIN_RNR_TIMER;
+        let ini = uverbs_mask(ffi::IBV_QPT_XRC_SEND, rtr);
+        assert_eq!(ini, AttrMask::STATE | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN);
+        let rts = AttrMask::STATE
+            | AttrMask::SQ_PSN
+            | AttrMask::TIMEOUT
+            | AttrMask::RETRY_CNT
+            | AttrMask::RNR_RETRY
+            | AttrMask::MAX_QP_RD_ATOMIC;
+        let tgt = uverbs_mask(ffi::IBV_QPT_XRC_RECV, rts);
+        assert_eq!(tgt, AttrMask::STATE | AttrMask::SQ_PSN | AttrMask::TIMEOUT);
+        // Other types keep every bit: the engine's table judges them.
+        assert_eq!(uverbs_mask(ffi::IBV_QPT_RC, rtr | rts), rtr | rts);
+        assert_eq!(uverbs_mask(ffi::IBV_QPT_XRC_SEND, rts), rts);
+    }
 }
