@@ -783,8 +783,7 @@ impl State {
             }
             // Data the packets handled so far wrote is in place before any answer to them leaves.
             self.dev.memory().flush();
-            // Loopback packets need an ICRC only where someone can see it or break it.
-            let loopback_icrc = self.tap.is_some() || self.faults.is_active();
+            let loopback_icrc = self.loopback_icrc();
             self.dev.set_loopback_icrc(loopback_icrc);
             let mut buf = std::mem::take(&mut self.buf);
             let mut sent = 0;
@@ -851,6 +850,12 @@ impl State {
         self.copies = copies;
     }
 
+    /// Whether internal loopback packets need an ICRC: only where someone can see it (a capture)
+    /// or break it (fault injection).
+    fn loopback_icrc(&self) -> bool {
+        self.tap.is_some() || self.faults.is_active()
+    }
+
     /// Recomputes an IPv4 packet's ICRC for IPv4 ID `to` if it was computed for `from`.
     fn fix_icrc(&self, dst: IpAddr, sport: u16, seg: &mut [u8], from: u16, to: u16) {
         if from == to || !matches!((self.addr(), dst), (IpAddr::V4(_), IpAddr::V4(_))) || seg.len() < icrc::LEN {
@@ -875,7 +880,7 @@ impl State {
         if dst == addr || mcast {
             // Internal loopback carries IPv4 ID 0.
             let mut d = data.to_vec();
-            if self.tap.is_some() || self.faults.is_active() {
+            if self.loopback_icrc() {
                 self.fix_icrc(dst, sport, &mut d, icrc_id, 0);
             }
             flip_bit(&mut d, flip);

@@ -50,6 +50,18 @@ fn connect(a: &Side, b: &Side, mtu: Mtu) {
     b.qp.connect(900, &a.qp.endpoint(100), &o).unwrap();
 }
 
+/// The summary of every frame of a capture (malformed frames, bad ICRCs), and how many frames.
+fn capture_report(path: &std::path::Path) -> (softrdma_pcap::analyze::CheckReport, u64) {
+    let mut report = softrdma_pcap::analyze::CheckReport::default();
+    let mut n = 0;
+    for r in softrdma_pcap::Reader::open(path).unwrap() {
+        let r = r.unwrap();
+        report.add(&softrdma_pcap::analyze::summarize(r.index, r.linktype, &r.data, r.is_truncated()));
+        n += 1;
+    }
+    (report, n)
+}
+
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
     (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
@@ -249,13 +261,7 @@ fn capture_holds_every_packet_with_a_valid_icrc() {
     let (c, _, _) = da.counters();
     drop((a, b));
     da.stop();
-    let mut report = softrdma_pcap::analyze::CheckReport::default();
-    let mut n = 0u64;
-    for r in softrdma_pcap::Reader::open(&pa).unwrap() {
-        let r = r.unwrap();
-        report.add(&softrdma_pcap::analyze::summarize(r.index, r.linktype, &r.data, r.is_truncated()));
-        n += 1;
-    }
+    let (report, n) = capture_report(&pa);
     assert!(report.is_clean(), "{report:?}");
     assert_eq!(n, c.sent_pkts + c.rcvd_pkts, "every sent and received packet is in the capture");
 }
@@ -751,10 +757,6 @@ fn captured_internal_loopback_packets_carry_a_valid_icrc() {
     assert!(io.loopback > 10 && counters.icrc_err == 0, "{io:?} {counters:?}");
     drop((a, b));
     d.stop();
-    let mut report = softrdma_pcap::analyze::CheckReport::default();
-    for r in softrdma_pcap::Reader::open(&pa).unwrap() {
-        let r = r.unwrap();
-        report.add(&softrdma_pcap::analyze::summarize(r.index, r.linktype, &r.data, r.is_truncated()));
-    }
+    let (report, _) = capture_report(&pa);
     assert!(report.is_clean() && io.loopback > 0, "{report:?}");
 }
