@@ -1,0 +1,391 @@
+#!/usr/bin/env bash
+# Interop with Linux's own Soft-RoCE (rdma_rxe): unchanged rdma-core and perftest programs between a
+# qemu guest running rdma_rxe and softrdma on the host, in both directions.
+#
+#   conformance/interop/rxe.sh [--keep DIR] [--only REGEX] [--seed N]
+#
+# What it does (needs root: a network namespace, a bridge and a tap device):
+#  1. builds the guest from Debian packages (build-guest.sh; downloads cached in target/rxe-guest);
+#  2. makes a network namespace with a bridge (HOST.1) and a tap for the guest (HOST.10), starts a
+#     softrdma device on the bridge address and boots the guest (qemu, software emulation);
+#  3. runs each program twice, rxe server / softrdma client and the reverse; the softrdma side runs
+#     through `softrdma exec`. A run passes when both processes exit 0 and print their results, and
+#     the capture of the tap (the real wire, with the real IPv4 headers) holds packets both ways,
+#     every one with a valid ICRC (`softrdma pcap check`): rxe drops a packet with a bad ICRC, so a
+#     completed run also shows that rxe accepted ours;
+#  4. the RC programs again with loss, duplication and reordering injected on the softrdma side;
+#  5. the device's counters: rxe's packets verified, none with a bad ICRC although rxe's IPv4 ID
+#     changes per packet (the device solves for the ID: design.md, "ICRC and the IPv4 ID");
+#  6. bad input from the guest: garbage datagrams are counted and dropped while a transfer goes on,
+#     and a guest that vanishes mid-transfer leaves its softrdma QP in error with RETRY_EXC_ERR while
+#     another QP on the same device completes.
+# One line per check, then "N passed, M failed"; exit status 0 only when all pass.
+# --keep DIR keeps the capture of every run (and the logs) in DIR. Everything made (namespace, tap,
+# processes, temporary files) is removed on exit.
+# Environment: RXE_NET (default 192.168.77: the /24 inside the namespace), RXE_GUEST_DIR (guest build
+# cache), CARGO_TARGET_DIR.
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+keep="" only="" seed=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --keep) keep="${2:?--keep needs a directory}"; shift 2 ;;
+    --only) only="${2:?--only needs a regex}"; shift 2 ;;
+    --seed) seed="${2:?--seed needs a number}"; shift 2 ;;
+    -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "rxe.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+[ "$(id -u)" = 0 ] || { echo "rxe.sh: needs root (a network namespace and a tap device)" >&2; exit 2; }
+seed="${seed:-$((RANDOM * 32768 + RANDOM))}"
+
+target="${CARGO_TARGET_DIR:-$repo/target}"
+bin="$target/release/softrdma"
+shim="$target/release/shim"
+if [ ! -x "$bin" ] || [ ! -f "$shim/libibverbs.so.1" ]; then
+  bash "$repo/scripts/build-shim.sh" || exit 2
+fi
+bin="$(realpath "$bin")"
+missing=()
+for t in qemu-system-x86_64:qemu-system-x86 busybox:busybox-static tcpdump:tcpdump modinfo:kmod cpio:cpio \
+  ip:iproute2 rdma:iproute2 python3:python3 ib_write_bw:perftest ibv_rc_pingpong:ibverbs-utils; do
+  command -v "${t%%:*}" >/dev/null 2>&1 || missing+=("${t#*:}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "rxe.sh: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; } || exit 2
+fi
+guest_dir="${RXE_GUEST_DIR:-$target/rxe-guest}"
+bash "$here/build-guest.sh" "$guest_dir" || { echo "rxe.sh: building the guest failed" >&2; exit 2; }
+
+net="${RXE_NET:-192.168.77}"
+host_ip="$net.1" guest_ip="$net.10"
+ns="softrdma-rxe-$$"
+work="$(mktemp -d)"
+chmod 700 "$work"
+rt="$work/rt" logs="$work/logs" caps="$work/pcap"
+mkdir -p -m 700 "$rt"
+mkdir -p "$logs" "$caps"
+qemu_pid=""
+
+cleanup() {
+  trap - EXIT INT TERM
+  jobs -p | xargs -r kill 2>/dev/null
+  [ -n "$qemu_pid" ] && kill -9 "$qemu_pid" 2>/dev/null
+  timeout 15 "$bin" down srdma0 >/dev/null 2>&1
+  # Anything still running in the namespace (a program that did not exit) goes with it.
+  ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null
+  ip netns del "$ns" 2>/dev/null
+  if [ -n "$keep" ]; then
+    mkdir -p "$keep" && cp -r "$caps"/. "$keep"/ && cp -r "$logs" "$keep"/logs &&
+      echo "captures and logs kept in $keep"
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+inns() { ip netns exec "$ns" "$@"; }
+export SOFTRDMA_RUNTIME_DIR="$rt" SOFTRDMA_BIN="$bin" SOFTRDMA_NO_AUTOSTART=1
+
+ip netns add "$ns" || exit 2
+inns ip link set lo up
+inns ip link add br0 type bridge
+inns ip link set br0 type bridge stp_state 0 forward_delay 0
+inns ip tuntap add dev tap0 mode tap
+inns ip link set tap0 master br0
+inns ip link set tap0 up
+inns ip addr add "$host_ip/24" dev br0
+inns ip link set br0 up
+
+device_up() { # [daemon options...]
+  timeout 15 "$bin" down srdma0 >/dev/null 2>&1
+  inns "$bin" up srdma0 --addr "$host_ip" "$@" >"$logs/device.log" 2>&1 ||
+    { echo "rxe.sh: softrdma device failed to start: $(cat "$logs/device.log")" >&2; exit 2; }
+}
+device_up
+
+boot_guest() {
+  : >"$logs/guest.log"
+  ip netns exec "$ns" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -M q35 -m 512 -smp 1 \
+    -kernel "$guest_dir/vmlinux" -initrd "$guest_dir/initrd.cpio" \
+    -append "console=ttyS0 panic=-1 loglevel=4 rxe_ip=$guest_ip/24" \
+    -netdev tap,id=n0,ifname=tap0,script=no,downscript=no \
+    -device virtio-net-pci,netdev=n0,mac=52:54:00:77:00:0a \
+    -display none -monitor none -serial "file:$logs/guest.log" -no-reboot >"$logs/qemu.log" 2>&1 &
+  qemu_pid=$!
+  local t0=$SECONDS
+  until grep -q "READY gid_index=" "$logs/guest.log"; do
+    if ! kill -0 "$qemu_pid" 2>/dev/null || [ $((SECONDS - t0)) -gt 240 ]; then
+      echo "rxe.sh: the guest did not come up; its console:" >&2
+      tail -n 20 "$logs/guest.log" >&2
+      exit 2
+    fi
+    sleep 0.5
+  done
+  gidx=$(sed -n 's/.*READY gid_index=\([0-9]*\).*/\1/p' "$logs/guest.log" | tail -1)
+  [ -n "$gidx" ] || { echo "rxe.sh: rxe0 in the guest has no RoCEv2 IPv4 GID" >&2; exit 2; }
+  echo "guest up in $((SECONDS - t0)) s: $(uname -m) $(cat "$guest_dir/kernel-version"), rdma_rxe rxe0 on $guest_ip, GID index $gidx, $(sed -n 's/.*READY.*\(mtu=[0-9]*\).*/\1/p' "$logs/guest.log")"
+}
+
+# guest FILE CMDLINE: runs a shell command line in the guest (guest/agent.sh); its output goes to
+# FILE; returns its exit status (97: the guest did not answer).
+guest() {
+  local file="$1"
+  shift
+  inns bash -c 'exec 3<>"/dev/tcp/$0/7000" || exit 97; printf "%s\n" "$1" >&3; cat <&3' "$guest_ip" "$*" >"$file.raw" 2>&1
+  local rc
+  rc=$(sed -n 's/^AGENT-RC=//p' "$file.raw" | tail -n 1)
+  grep -v '^AGENT-RC=' "$file.raw" >"$file"
+  rm -f "$file.raw"
+  return "${rc:-97}"
+}
+# The guest's rxe counters as "name=value ..." (/sys/class/infiniband/rxe0/ports/1/hw_counters).
+rxe_counters() {
+  guest "$work/counters" 'cd /sys/class/infiniband/rxe0/ports/1/hw_counters && for f in *; do echo "$f=$(cat $f)"; done'
+  tr '\n' ' ' <"$work/counters"
+}
+# softrdma's counter NAME from `softrdma stat`.
+stat_of() { "$bin" stat srdma0 | awk -v n="$1" '$1 == n {print $2}'; }
+# The value of NAME in a "name=value ..." line.
+field() { echo "$1" | tr ' ' '\n' | sed -n "s/^$2=//p"; }
+
+passed=0 failed=0
+result() { # status line...
+  if [ "$1" = ok ]; then
+    passed=$((passed + 1))
+    printf 'ok    %s\n' "$2"
+  else
+    failed=$((failed + 1))
+    printf 'FAIL  %s\n' "$2"
+  fi
+}
+
+port=$((18600 + RANDOM % 1000))
+runno=0
+# run PROGRAM KIND SERVER(rxe|softrdma) TAG ARGS...: one program as server on one side and client
+# on the other. KIND: pp (rdma-core ping-pong: each side prints "bytes in ... seconds") or perf
+# (perftest: the client prints its result table). The tap's capture must hold packets both ways,
+# each with a valid ICRC.
+run() {
+  local prog="$1" kind="$2" server="$3" tag="$4"
+  shift 4
+  local label
+  label=$(printf '%-16s %-22s %s' "$prog" "server $server," "client $([ "$server" = rxe ] && echo softrdma || echo rxe)${tag:+, $tag}")
+  [ -n "$only" ] && ! echo "$label" | grep -qE "$only" && return 0
+  port=$((port + 1))
+  runno=$((runno + 1))
+  local base
+  base=$(printf '%02d-%s-%s-server%s' "$runno" "$prog" "${tag:-plain}" "$server" | tr ' ,=' '__-')
+  local slog="$logs/$base.server.log" clog="$logs/$base.client.log" pcap="$caps/$base.pcap"
+  local gsel hsel
+  if [ "$kind" = pp ]; then gsel="-d rxe0 -g $gidx" hsel="-d srdma0 -g 0"; else gsel="-d rxe0 -x $gidx" hsel="-d srdma0 -x 0"; fi
+  ip netns exec "$ns" tcpdump -Z root --immediate-mode -i tap0 -U -s 0 -w "$pcap" 'udp port 4791' 2>"$logs/$base.tcpdump.log" &
+  local td=$!
+  for _ in $(seq 50); do grep -q "listening on" "$logs/$base.tcpdump.log" && break; sleep 0.1; done
+  local src crc drops0=$(($(stat_of malformed) + $(stat_of icrc_err)))
+  if [ "$server" = rxe ]; then
+    guest "$slog" "timeout 300 $prog $gsel -p $port $*" &
+    local spid=$!
+    crc=1
+    for _ in $(seq 150); do
+      sleep 0.2
+      timeout 300 ip netns exec "$ns" "$bin" exec -- $prog $hsel -p $port "$@" "$guest_ip" >"$clog" 2>&1
+      crc=$?
+      grep -qiE "couldn't connect|unable to connect" "$clog" || break
+    done
+    wait "$spid"
+    src=$?
+  else
+    timeout 300 ip netns exec "$ns" "$bin" exec -- $prog $hsel -p $port "$@" >"$slog" 2>&1 &
+    local spid=$!
+    guest "$clog" "retry-connect 60 timeout 300 $prog $gsel -p $port $* $host_ip"
+    crc=$?
+    wait "$spid"
+    src=$?
+  fi
+  sleep 0.2
+  kill -INT "$td" 2>/dev/null
+  wait "$td" 2>/dev/null
+  local out=0 detail=""
+  if [ "$kind" = pp ]; then
+    local lines
+    lines=$(cat "$slog" "$clog" | grep -cE "bytes in .* seconds")
+    [ "$lines" -ge 2 ] || { out=1; detail="$lines result lines of 2"; }
+  else
+    local rows
+    rows=$(awk '/#bytes/ {t=1; next} t && /^ *[0-9]+ +[0-9]+ +[0-9.]+ +[0-9.]+/ {n++} END {print n+0}' "$clog")
+    [ "$rows" -ge 1 ] || { out=1; detail="no result row"; }
+  fi
+  [ "$src" = 0 ] && [ "$crc" = 0 ] || { out=1; detail="server rc=$src client rc=$crc; $detail"; }
+  # The wire: both directions present, every packet's ICRC valid for its real IPv4 header.
+  local from_host from_guest check checked="$pcap"
+  from_host=$(tcpdump -r "$pcap" -n "src host $host_ip" 2>/dev/null | wc -l)
+  from_guest=$(tcpdump -r "$pcap" -n "src host $guest_ip" 2>/dev/null | wc -l)
+  if [ -n "${check_only_from:-}" ]; then
+    # Garbage from the guest is in this capture on purpose: check the other side's packets.
+    checked="$pcap.$check_only_from.pcap"
+    tcpdump -r "$pcap" -w "$checked" "src host $check_only_from" 2>/dev/null
+  fi
+  check=$("$bin" pcap check "$checked" 2>&1)
+  if ! echo "$check" | grep -q "verdict *OK" || [ "$from_host" = 0 ] || [ "$from_guest" = 0 ]; then
+    out=1
+    detail="$detail; capture: $from_host packets from softrdma, $from_guest from rxe, $(echo "$check" | grep -E 'bad ICRC|malformed|verdict' | tr -s ' \n' ' ')"
+  fi
+  local dropped=$(($(stat_of malformed) + $(stat_of icrc_err) - drops0)) note=""
+  [ "$dropped" = 0 ] || note=", softrdma dropped $dropped"
+  if [ $out = 0 ]; then
+    result ok "$label  ($from_host+$from_guest packets, ICRC valid both ways$note)"
+  else
+    result fail "$label: $detail; $(tail -q -n 2 "$slog" "$clog" | tr '\n' ' ')"
+  fi
+}
+
+# The programs, their arguments (both sides) and how their success shows.
+programs=(
+  "ibv_rc_pingpong pp -n 100"
+  "ibv_uc_pingpong pp -n 100"
+  "ibv_ud_pingpong pp -n 100 -s 512"
+  "ibv_srq_pingpong pp -n 100"
+  "ib_write_bw perf -F -n 200 -s 16384"
+  "ib_read_bw perf -F -n 200 -s 16384"
+  "ib_send_bw perf -F -n 200 -s 16384"
+  "ib_atomic_bw perf -F -n 200"
+  "ib_write_lat perf -F -n 200"
+)
+# The reliable ones, for the runs with faults (a lost UC or UD message is lost by definition).
+reliable="ibv_rc_pingpong ibv_srq_pingpong ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat"
+
+echo "== rdma_rxe (Linux, in a qemu guest) and softrdma ($host_ip), unchanged programs both ways"
+boot_guest
+for p in "${programs[@]}"; do
+  set -- $p
+  prog=$1 kind=$2
+  shift 2
+  run "$prog" "$kind" rxe "" "$@"
+  run "$prog" "$kind" softrdma "" "$@"
+done
+
+# ICRC: every packet rxe sent was verified; rxe's IPv4 IDs change, so the check solved for them.
+plain_runs=$runno
+rcvd=$(stat_of rcvd_pkts) solved=$(stat_of icrc_id_solved) bad=$(stat_of icrc_err) malformed=$(stat_of malformed)
+# (Packets with a valid ICRC may still be dropped, e.g. rxe's resends to a QP the program on our
+# side had destroyed after its last iteration: counted as malformed, shown per run above.)
+line="softrdma verified the ICRC of rxe's packets: $rcvd received, $solved needed the IPv4-ID solve, $bad bad ICRC ($malformed valid ones dropped, see above)"
+if [ "$plain_runs" = 0 ]; then
+  : # --only left no run to count
+elif [ "${rcvd:-0}" -gt 0 ] && [ "${solved:-0}" -gt 0 ] && [ "$bad" = 0 ]; then
+  result ok "$line"
+else
+  result fail "$line"
+fi
+
+faults="loss=0.03,dup=0.03,reorder=0.03,seed=$seed"
+echo "== the reliable programs again, with $faults on the softrdma side"
+device_up --faults "$faults"
+before=$(rxe_counters)
+for p in "${programs[@]}"; do
+  set -- $p
+  prog=$1 kind=$2
+  shift 2
+  case " $reliable " in *" $prog "*) ;; *) continue ;; esac
+  run "$prog" "$kind" rxe "faults" "$@"
+  run "$prog" "$kind" softrdma "faults" "$@"
+done
+after=$(rxe_counters)
+delta() { echo $(($(field "$after" "$1") - $(field "$before" "$1"))); }
+dropped=$(stat_of dropped_by_fault) duplicated=$(stat_of duplicated_by_fault) reordered=$(stat_of reordered_by_fault)
+retrans=$(stat_of retransmitted_pkts) dup_req=$(stat_of duplicate_request) ooo=$(stat_of out_of_seq_request)
+line="faults exercised recovery: softrdma dropped $dropped, duplicated $duplicated, reordered $reordered packets; softrdma resent $retrans, saw $dup_req duplicate and $ooo out-of-sequence requests; rxe saw $(delta duplicate_request) duplicate and $(delta out_of_seq_request) out-of-sequence requests, $(delta rcvd_seq_err) sequence NAKs, started $(delta completer_retry_err) retries"
+if [ "$runno" = "$plain_runs" ]; then
+  : # --only left no run with faults
+elif [ "${dropped:-0}" -gt 0 ] && [ "${duplicated:-0}" -gt 0 ] && [ "${reordered:-0}" -gt 0 ] && [ "${retrans:-0}" -gt 0 ] &&
+  [ "$(delta duplicate_request)" -gt 0 ] && [ "$(delta completer_retry_err)" -gt 0 ]; then
+  result ok "$line"
+else
+  result fail "$line"
+fi
+bad=$(stat_of icrc_err)
+if [ "$runno" != "$plain_runs" ]; then
+  [ "$bad" = 0 ] && result ok "no packet from rxe had a bad ICRC under faults" ||
+    result fail "$bad packets from rxe had a bad ICRC under faults"
+fi
+
+echo "== bad input from the guest"
+device_up
+if [ -z "$only" ] || echo "bad input" | grep -qE "$only"; then
+  # Garbage: random datagrams of 1..600 bytes to UDP 4791 while a transfer runs between the same two
+  # hosts. Each is counted (bad ICRC or malformed) and dropped; the transfer completes.
+  n_garbage=300
+  before_drops=$(($(stat_of icrc_err) + $(stat_of malformed)))
+  (
+    sleep 1
+    guest "$logs/garbage.log" "bash -c 'for i in \$(seq $n_garbage); do head -c \$((RANDOM % 600 + 1)) /dev/urandom > /dev/udp/$host_ip/4791; done'"
+  ) &
+  gpid=$!
+  check_only_from=$host_ip run ibv_rc_pingpong pp rxe "during garbage" -n 3000
+  wait "$gpid"
+  grc=$?
+  sleep 0.5
+  drops=$(($(stat_of icrc_err) + $(stat_of malformed) - before_drops))
+  line="$n_garbage garbage datagrams from the guest (sender rc=$grc): $drops counted and dropped"
+  [ "$grc" = 0 ] && [ "$drops" = "$n_garbage" ] && result ok "$line" || result fail "$line"
+
+  # Vanish: the guest's power is cut while softrdma streams RDMA WRITEs to it. The softrdma QP
+  # retries, then completes in error with RETRY_EXC_ERR (IBTA C9-140 and 10.7.3.1.1: after the
+  # retry count, the requester completes the WQE with "transport retry counter exceeded"); a
+  # transfer between two other QPs on the same device, running through the cut, completes.
+  retry_before=$(stat_of retry_exceeded_err)
+  guest "$logs/vanish.server.log" "timeout 300 ib_write_bw -d rxe0 -x $gidx -p 18515 -F -D 100" &
+  vs=$!
+  for _ in $(seq 150); do
+    sleep 0.2
+    timeout 120 ip netns exec "$ns" "$bin" exec -- ib_write_bw -d srdma0 -x 0 -p 18515 -F -D 100 "$guest_ip" \
+      >"$logs/vanish.client.log" 2>&1 &
+    vc=$!
+    sleep 1
+    grep -qiE "couldn't connect" "$logs/vanish.client.log" && { wait "$vc"; continue; }
+    break
+  done
+  # Mid-transfer: ACKs from the guest keep arriving before the cut.
+  r1=$(stat_of rcvd_pkts)
+  sleep 1
+  r2=$(stat_of rcvd_pkts)
+  ip netns exec "$ns" "$bin" exec -- ib_send_bw -d srdma0 -x 0 -p 18516 -F -D 6 >"$logs/other.server.log" 2>&1 &
+  os=$!
+  sleep 0.5
+  ip netns exec "$ns" "$bin" exec -- ib_send_bw -d srdma0 -x 0 -p 18516 -F -D 6 "$host_ip" >"$logs/other.client.log" 2>&1 &
+  oc=$!
+  sleep 1.5
+  kill -9 "$qemu_pid"
+  wait "$qemu_pid" 2>/dev/null
+  qemu_pid=""
+  t_cut=$SECONDS
+  wait "$vc"
+  vrc=$?
+  t_err=$((SECONDS - t_cut))
+  # The guest's half of that command line never answers now (cleanup ends what is left).
+  kill "$vs" 2>/dev/null
+  wait "$oc"
+  ocrc=$?
+  wait "$os"
+  osrc=$?
+  retry_after=$(stat_of retry_exceeded_err)
+  "$bin" stat srdma0 >"$logs/vanish.stat.log" 2>&1
+  line="guest vanished mid-transfer ($((r2 - r1)) packets from it in the second before): softrdma client rc=$vrc within ${t_err} s, \"$(grep -oiE 'failed status [0-9]+' "$logs/vanish.client.log" | head -1)\", retry_exceeded_err $retry_before -> $retry_after"
+  if [ $((r2 - r1)) -gt 0 ] && [ "$vrc" != 0 ] && [ "$vrc" != 124 ] && grep -qiE "failed status 12\b" "$logs/vanish.client.log" &&
+    [ "$retry_after" -gt "$retry_before" ]; then
+    result ok "$line"
+  else
+    result fail "$line; $(tail -n 2 "$logs/vanish.client.log" | tr '\n' ' ')"
+  fi
+  rows=$(awk '/#bytes/ {t=1; next} t && /^ *[0-9]+ +[0-9]+ +[0-9.]+ +[0-9.]+/ {n++} END {print n+0}' "$logs/other.client.log")
+  line="another QP pair on the same device, sending through the cut: ib_send_bw -D 6 server rc=$osrc client rc=$ocrc, $rows result row"
+  [ "$osrc" = 0 ] && [ "$ocrc" = 0 ] && [ "$rows" -ge 1 ] && result ok "$line" ||
+    result fail "$line; $(tail -q -n 2 "$logs/other.server.log" "$logs/other.client.log" | tr '\n' ' ')"
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
