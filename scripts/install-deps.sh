@@ -8,13 +8,16 @@
 # - ibverbs-utils, python3-pyverbs, perftest, rdmacm-utils: the unchanged programs and test suite
 #   that run on it (or, for rdma_cm programs, load on it and fail cleanly);
 # - ucx-utils, libfabric-bin: the peers `softrdma bench` compares against (UCX and libfabric
-#   over tcp), run by the suite's short bench.
+#   over tcp), run by the suite's short bench;
+# - qemu-system-x86, busybox-static, tcpdump, kmod, cpio, iproute2: the rdma_rxe guest of
+#   conformance/interop/rxe.sh (its kernel and rdma-core come from Debian packages it downloads).
 set -euo pipefail
 need=()
 command -v tshark >/dev/null 2>&1 || need+=(tshark)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
-for pkg in libibverbs-dev libclang-dev ibverbs-utils python3-pyverbs perftest rdmacm-utils ucx-utils libfabric-bin; do
+for pkg in libibverbs-dev libclang-dev ibverbs-utils python3-pyverbs perftest rdmacm-utils ucx-utils libfabric-bin \
+  qemu-system-x86 busybox-static tcpdump kmod cpio iproute2; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -2,7 +2,7 @@
 # The whole test suite: installs what it needs, then builds once and runs every test.
 #   unit, property and conformance tests (golden packets, real captures, tshark, ICRC oracle),
 #   command-line tests, lint, the verbs shim (its ABI test, unchanged rdma-core programs and
-#   perftest, the pyverbs suite), a short `softrdma bench` (that the comparison runs end to end;
+#   perftest, the pyverbs suite), interop with Linux's rdma_rxe (conformance/interop/rxe.sh), a short `softrdma bench` (that the comparison runs end to end;
 #   its figures are not checked) and a short run of each fuzz target.
 # Environment: FUZZ_SECONDS (default 30) per fuzz target; 0 builds the targets without running.
 set -euo pipefail
@@ -34,6 +34,13 @@ bash scripts/test-verbs-programs.sh
 
 step "rdma-core's pyverbs test suite on the shim"
 bash scripts/pyverbs.sh
+
+step "interop with Linux's own Soft-RoCE (rdma_rxe in a qemu guest; needs root for its network namespace)"
+if [ "$(id -u)" = 0 ]; then
+  bash conformance/interop/rxe.sh
+else
+  echo "SKIPPED: conformance/interop/rxe.sh needs root (a network namespace and a tap device); CI runs it as root"
+fi
 
 step "softrdma bench --quick (runs end to end; the table is printed, not written, not judged)"
 target/release/softrdma bench --quick --no-write --no-install --qps 2000 --addr0 127.0.0.31 --addr1 127.0.0.32
