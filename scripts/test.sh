@@ -2,8 +2,9 @@
 # The whole test suite: installs what it needs, then builds once and runs every test.
 #   unit, property and conformance tests (golden packets, real captures, tshark, ICRC oracle),
 #   command-line tests, lint, the verbs shim (its ABI test, unchanged rdma-core programs and
-#   perftest, the pyverbs suite), interop with Linux's rdma_rxe (conformance/interop/rxe.sh), a short `softrdma bench` (that the comparison runs end to end;
-#   its figures are not checked) and a short run of each fuzz target.
+#   perftest, the pyverbs suite), interop with Linux's rdma_rxe (conformance/interop/rxe.sh),
+#   a short `softrdma bench` (that the comparison runs end to end; its figures are not checked)
+#   and a short run of each fuzz target.
 # Environment: FUZZ_SECONDS (default 30) per fuzz target; 0 builds the targets without running.
 set -euo pipefail
 cd "$(dirname "$0")/.."
