@@ -28,6 +28,7 @@ mod bench_scale;
 mod demo;
 mod device_cmd;
 mod exec_cmd;
+mod pcap_behaviour;
 mod pcap_cmd;
 mod sample;
 mod sim;
@@ -133,6 +134,17 @@ enum PcapCommand {
         /// The capture file.
         file: PathBuf,
     },
+    /// Characterise the transport behaviour of the RoCE traffic, per file and transport: opcodes
+    /// and message shapes, AckReq placement, ACK coalescing, AETH, UDP ports, IP header fields,
+    /// timers and retransmissions, ICRC.
+    Behaviour {
+        /// The capture files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// One JSON object per file instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Write a synthetic capture holding one packet of every opcode (seeded).
     Generate {
         /// The file to write.
@@ -169,6 +181,7 @@ fn main() -> ExitCode {
             PcapCommand::Sample { out, json } => sample::run(out, json),
             PcapCommand::Decode { file, json } => pcap_cmd::decode(&file, json),
             PcapCommand::Check { file } => pcap_cmd::check(&file),
+            PcapCommand::Behaviour { files, json } => pcap_cmd::behaviour(&files, json),
             PcapCommand::Generate { file, seed, pcapng } => pcap_cmd::generate(&file, seed, pcapng),
         },
     };

@@ -1,26 +1,36 @@
-//! `softrdma pcap decode|check|generate`.
+//! `softrdma pcap decode|check|generate|behaviour`.
 
 use std::fmt::Write as _;
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use serde_json::{json, Map, Value};
 use softrdma_engine::wire::{Opcode, Syndrome};
 use softrdma_pcap::analyze::{self, CheckReport, FrameSummary, IbFrame};
-use softrdma_pcap::{samples, PcapWriter, PcapngOptions, PcapngWriter, Reader, Resolution};
+use softrdma_pcap::{samples, PcapWriter, PcapngOptions, PcapngWriter, Reader, Record, Resolution};
+
+use crate::pcap_behaviour;
 
 /// Reads every record of a capture and analyses it; `f` sees each summary. Returns the read
 /// error that ended the file early, if any.
 pub(crate) fn for_each_frame(path: &Path, mut f: impl FnMut(&FrameSummary) -> Result<()>) -> Result<Option<String>> {
+    for_each_record(path, |_, s| f(s))
+}
+
+/// [`for_each_frame`], with the record (timestamp, link type, bytes) beside each summary.
+pub(crate) fn for_each_record(
+    path: &Path,
+    mut f: impl FnMut(&Record, &FrameSummary) -> Result<()>,
+) -> Result<Option<String>> {
     let reader = Reader::open(path).with_context(|| format!("cannot read {}", path.display()))?;
     for rec in reader {
         match rec {
             Ok(r) => {
                 let s = analyze::summarize(r.index, r.linktype, &r.data, r.is_truncated());
-                f(&s)?;
+                f(&r, &s)?;
             }
             Err(e) => return Ok(Some(e.to_string())),
         }
@@ -246,6 +256,29 @@ pub(crate) fn check(path: &Path) -> Result<ExitCode> {
     })?;
     print_report(&mut io::stdout().lock(), &path.display().to_string(), &report, err.as_deref())?;
     Ok(if report.is_clean() && err.is_none() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// `softrdma pcap behaviour`: one section (or JSON object) per file. Exit 1 when a file ends in
+/// damage (what came before is still reported).
+pub(crate) fn behaviour(files: &[PathBuf], as_json: bool) -> Result<ExitCode> {
+    let stdout = io::stdout();
+    let mut out = BufWriter::new(stdout.lock());
+    let mut damaged = false;
+    for (n, path) in files.iter().enumerate() {
+        let cap = pcap_behaviour::load(path)?;
+        let report = pcap_behaviour::analyse(&path.display().to_string(), &cap);
+        damaged |= report.read_error.is_some();
+        if as_json {
+            writeln!(out, "{}", serde_json::to_string(&report)?)?;
+        } else {
+            if n > 0 {
+                writeln!(out)?;
+            }
+            write!(out, "{}", pcap_behaviour::text(&report))?;
+        }
+    }
+    out.flush()?;
+    Ok(if damaged { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 
 /// Writes samples to a capture file, one microsecond apart.
