@@ -4,6 +4,8 @@
 //! Spec syntax (`--faults`): comma-separated `key=value`, e.g.
 //! `loss=0.01,dup=0.01,reorder=0.02,corrupt=0.001,delay=2ms,seed=7`. `reorder` holds a packet back
 //! by `reorder_delay` (default 1 ms) so later ones overtake it; `delay` delays every packet.
+//! `ack_loss` is the loss rate of ACK/NAK packets alone (default: `loss`): `ack_loss=0` keeps every
+//! acknowledgement, for programs that end without a closing handshake (see [`FaultSpec::ack_loss`]).
 
 use softrdma_engine::rng::Rng;
 use softrdma_engine::time::{Duration, Instant};
@@ -13,6 +15,16 @@ use softrdma_engine::time::{Duration, Instant};
 pub struct FaultSpec {
     /// Probability a packet is dropped.
     pub loss: f64,
+    /// Probability an ACK or NAK (the ACKNOWLEDGE opcode, RC or XRC) is dropped; `None`: `loss`.
+    ///
+    /// An RC responder's last ACK is the one loss no transport can repair once the program on the
+    /// responder's side has destroyed its QP: the requester resends into a QP that no longer
+    /// exists, which drops them silently (IBTA C9-... an invalid destination QP), until its retry
+    /// count runs out. Programs such as ibv_rc_pingpong and ibv_srq_pingpong end without a closing
+    /// handshake, so under `loss` their peer may end with RETRY_EXC_ERR (or, on Linux's rxe, which
+    /// reads retry_cnt 7 as "retry forever", never end); `ack_loss=0` tests them under loss of
+    /// everything else.
+    pub ack_loss: Option<f64>,
     /// Probability a packet is sent twice.
     pub dup: f64,
     /// Probability a packet is held back by `reorder_delay`.
@@ -31,6 +43,7 @@ impl Default for FaultSpec {
     fn default() -> FaultSpec {
         FaultSpec {
             loss: 0.0,
+            ack_loss: None,
             dup: 0.0,
             reorder: 0.0,
             reorder_delay: Duration::from_millis(1),
@@ -82,6 +95,7 @@ impl std::str::FromStr for FaultSpec {
             };
             match k {
                 "loss" => f.loss = prob()?,
+                "ack_loss" => f.ack_loss = Some(prob()?),
                 "dup" | "duplicate" => f.dup = prob()?,
                 "reorder" => f.reorder = prob()?,
                 "corrupt" => f.corrupt = prob()?,
@@ -137,21 +151,22 @@ impl FaultInjector {
     /// Whether it injects anything at all.
     pub fn is_active(&self) -> bool {
         let s = &self.spec;
-        s.loss > 0.0 || s.dup > 0.0 || s.reorder > 0.0 || s.corrupt > 0.0 || s.delay > Duration::ZERO
+        s.loss > 0.0 || s.ack_loss.is_some_and(|p| p > 0.0) || s.dup > 0.0 || s.reorder > 0.0 || s.corrupt > 0.0 || s.delay > Duration::ZERO
     }
 
     fn chance(&mut self, p: f64) -> bool {
         p > 0.0 && (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
     }
 
-    /// The copies of a `len`-byte packet sent at `now` (none: dropped).
-    pub fn decide(&mut self, now: Instant, len: usize, out: &mut Vec<Copy>) {
+    /// The copies of a `len`-byte packet sent at `now` (none: dropped); `is_ack`: an ACK or NAK.
+    pub fn decide(&mut self, now: Instant, len: usize, is_ack: bool, out: &mut Vec<Copy>) {
         out.clear();
         if !self.is_active() {
             out.push(Copy { at: now, flip_bit: None });
             return;
         }
-        if self.chance(self.spec.loss) {
+        let loss = if is_ack { self.spec.ack_loss.unwrap_or(self.spec.loss) } else { self.spec.loss };
+        if self.chance(loss) {
             self.counts.dropped += 1;
             return;
         }
@@ -187,8 +202,10 @@ mod tests {
         assert_eq!(f.dup, 0.02);
         assert_eq!(f.delay, Duration::from_millis(2));
         assert_eq!(f.seed, 9);
+        assert_eq!(f.ack_loss, None);
+        assert_eq!("loss=0.1,ack_loss=0".parse::<FaultSpec>().unwrap().ack_loss, Some(0.0));
         assert_eq!("".parse::<FaultSpec>().unwrap(), FaultSpec::default());
-        for bad in ["loss=2", "loss", "jitter=1", "delay=5", "seed=x", "loss=-0.1", "delay=1e99s"] {
+        for bad in ["loss=2", "ack_loss=1.5", "loss", "jitter=1", "delay=5", "seed=x", "loss=-0.1", "delay=1e99s"] {
             assert!(bad.parse::<FaultSpec>().is_err(), "{bad} accepted");
         }
     }
@@ -199,7 +216,7 @@ mod tests {
         let mut out = Vec::new();
         let (mut delivered, n) = (0usize, 100_000);
         for _ in 0..n {
-            f.decide(Instant::ZERO, 100, &mut out);
+            f.decide(Instant::ZERO, 100, false, &mut out);
             delivered += out.len();
             assert!(out.iter().all(|c| c.flip_bit.is_none_or(|b| b < 800)));
         }
@@ -209,7 +226,32 @@ mod tests {
         assert!((1_500..2_500).contains(&c.corrupted), "{c:?}");
         assert_eq!(delivered as u64, n - c.dropped + c.duplicated);
         let mut none = FaultInjector::new(FaultSpec::default());
-        none.decide(Instant(5), 10, &mut out);
+        none.decide(Instant(5), 10, false, &mut out);
         assert_eq!(out, vec![Copy { at: Instant(5), flip_bit: None }]);
+    }
+
+    #[test]
+    fn ack_loss_applies_to_acks_alone() {
+        let mut out = Vec::new();
+        // Everything but acknowledgements is lost; every acknowledgement survives.
+        let mut f = FaultInjector::new("loss=1,ack_loss=0".parse().unwrap());
+        for _ in 0..1000 {
+            f.decide(Instant::ZERO, 64, true, &mut out);
+            assert_eq!(out.len(), 1);
+            f.decide(Instant::ZERO, 64, false, &mut out);
+            assert!(out.is_empty());
+        }
+        // Only acknowledgements are lost (an injector with ack_loss alone is active).
+        let mut f = FaultInjector::new("ack_loss=1".parse().unwrap());
+        assert!(f.is_active());
+        f.decide(Instant::ZERO, 64, true, &mut out);
+        assert!(out.is_empty());
+        f.decide(Instant::ZERO, 64, false, &mut out);
+        assert_eq!(out.len(), 1);
+        // Without ack_loss, loss covers acknowledgements too.
+        let mut f = FaultInjector::new("loss=1".parse().unwrap());
+        f.decide(Instant::ZERO, 64, true, &mut out);
+        assert!(out.is_empty());
+        assert_eq!(f.counts.dropped, 1);
     }
 }

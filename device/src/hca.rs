@@ -26,7 +26,7 @@ use softrdma_engine::device::{
 };
 use softrdma_engine::time::Instant;
 use softrdma_engine::verbs::{Access, Mtu, QpType, VerbsError, WcOpcode};
-use softrdma_engine::wire::Qpn;
+use softrdma_engine::wire::{OpKind, Opcode, Qpn};
 use softrdma_engine::wire::{icrc, IbPacket};
 use softrdma_engine::wr::RecvWr;
 use softrdma_transport::udp::{self, RoceUdp, UdpConfig};
@@ -829,7 +829,9 @@ impl State {
     /// injector (dropped, duplicated, delayed, corrupted) to `deliver`.
     fn emit(&mut self, now: Instant, t: Transmit, data: &[u8], icrc_id: u16) {
         let mut copies = std::mem::take(&mut self.copies);
-        self.faults.decide(now, data.len(), &mut copies);
+        // An ACK or NAK, RC or XRC (for `ack_loss`); the engine wrote the BTH first.
+        let is_ack = data.first().and_then(|&op| Opcode(op).info()).is_some_and(|i| i.kind == OpKind::Acknowledge);
+        self.faults.decide(now, data.len(), is_ack, &mut copies);
         for c in &copies {
             if c.at > now {
                 self.seq += 1;
