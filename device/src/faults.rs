@@ -151,7 +151,12 @@ impl FaultInjector {
     /// Whether it injects anything at all.
     pub fn is_active(&self) -> bool {
         let s = &self.spec;
-        s.loss > 0.0 || s.ack_loss.is_some_and(|p| p > 0.0) || s.dup > 0.0 || s.reorder > 0.0 || s.corrupt > 0.0 || s.delay > Duration::ZERO
+        s.loss > 0.0
+            || s.ack_loss.is_some_and(|p| p > 0.0)
+            || s.dup > 0.0
+            || s.reorder > 0.0
+            || s.corrupt > 0.0
+            || s.delay > Duration::ZERO
     }
 
     fn chance(&mut self, p: f64) -> bool {
