@@ -760,3 +760,35 @@ fn captured_internal_loopback_packets_carry_a_valid_icrc() {
     let (report, _) = capture_report(&pa);
     assert!(report.is_clean() && io.loopback > 0, "{report:?}");
 }
+
+/// `ack_loss` tells acknowledgements from everything else on the transmit path: a responder
+/// whose every packet but its ACKs is lost still completes SENDs (only ACKs answer them), while
+/// its READ responses never arrive and the requester's retries run out (IBTA 9.7.6.1.3).
+#[test]
+fn ack_loss_spares_acks_and_only_acks() {
+    let (da, db) = (device("aa", A, 47930, ""), device("ab", B, 47930, "loss=1,ack_loss=0"));
+    let (mut a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
+    // 16.8 ms per try: long enough for an ACK on a loaded machine, short for a test.
+    let o = ConnectOptions { timeout: 12, retry_cnt: 2, ..ConnectOptions::default() };
+    a.qp.connect(100, &b.qp.endpoint(900), &o).unwrap();
+    b.qp.connect(900, &a.qp.endpoint(100), &o).unwrap();
+
+    let data = pattern(3000, 9);
+    a.mr.as_mut_slice()[..data.len()].copy_from_slice(&data);
+    b.qp.post_recv(vec![RecvWr { wr_id: 1, sg_list: vec![b.mr.sge(0..4096)] }]).unwrap();
+    a.qp.post_send(vec![SendWr::new(2, SendOp::Send, vec![a.mr.sge(0..data.len())])]).unwrap();
+    let r = one(&b.cq);
+    assert_eq!((r.wr_id, r.status, r.byte_len), (1, WcStatus::Success, 3000));
+    let s = one(&a.cq);
+    assert_eq!((s.wr_id, s.status), (2, WcStatus::Success), "the responder's ACK was dropped");
+    let (_, _, faults_b) = db.counters();
+    assert_eq!(faults_b.dropped, 0, "an ACK counted as dropped: {faults_b:?}");
+
+    let op = SendOp::Read { remote_addr: b.mr.addr(), rkey: b.mr.rkey() };
+    a.qp.post_send(vec![SendWr::new(3, op, vec![a.mr.sge(8192..9192)])]).unwrap();
+    let c = one(&a.cq);
+    assert_eq!((c.wr_id, c.status), (3, WcStatus::RetryExcErr), "a READ response got through");
+    let (_, _, faults_b) = db.counters();
+    // A resent READ supersedes a response still queued, so there may be fewer than three.
+    assert!(faults_b.dropped >= 1, "no READ response was dropped: {faults_b:?}");
+}
