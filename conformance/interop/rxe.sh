@@ -355,7 +355,7 @@ faults="loss=0.03,dup=0.03,reorder=0.03,seed=$seed"
 echo "== the reliable programs again, with $faults on the softrdma side"
 # The ping-pongs run with ack_loss=0: they end without a closing handshake, so the last ACK our side
 # sends before the program destroys its QPs is the one loss nothing can repair. rxe would resend
-# into a QP that no longer exists (dropped, IBTA C9-... an invalid destination QP) and, as it reads
+# into a QP that no longer exists (dropped silently: IBTA 9.6, transport header checks) and, as it reads
 # retry_cnt 7 as "retry forever" (rxe_comp.c), never finish; hardware would end with RETRY_EXC_ERR.
 # perftest closes with a handshake over its TCP socket, so its runs lose ACKs too.
 before=$(rxe_counters)

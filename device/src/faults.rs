@@ -19,7 +19,7 @@ pub struct FaultSpec {
     ///
     /// An RC responder's last ACK is the one loss no transport can repair once the program on the
     /// responder's side has destroyed its QP: the requester resends into a QP that no longer
-    /// exists, which drops them silently (IBTA C9-... an invalid destination QP), until its retry
+    /// exists, which drops them silently (IBTA 9.6, transport header checks), until its retry
     /// count runs out. Programs such as ibv_rc_pingpong and ibv_srq_pingpong end without a closing
     /// handshake, so under `loss` their peer may end with RETRY_EXC_ERR (or, on Linux's rxe, which
     /// reads retry_cnt 7 as "retry forever", never end); `ack_loss=0` tests them under loss of
