@@ -830,7 +830,9 @@ impl State {
     fn emit(&mut self, now: Instant, t: Transmit, data: &[u8], icrc_id: u16) {
         let mut copies = std::mem::take(&mut self.copies);
         // An ACK or NAK, RC or XRC (for `ack_loss`); the engine wrote the BTH first.
-        let is_ack = data.first().and_then(|&op| Opcode(op).info()).is_some_and(|i| i.kind == OpKind::Acknowledge);
+        // (Looked up only when something is injected: every packet passes here.)
+        let is_ack = self.faults.is_active()
+            && data.first().and_then(|&op| Opcode(op).info()).is_some_and(|i| i.kind == OpKind::Acknowledge);
         self.faults.decide(now, data.len(), is_ack, &mut copies);
         for c in &copies {
             if c.at > now {
