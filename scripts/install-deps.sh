@@ -5,6 +5,7 @@
 # - cargo-fuzz: builds and runs the fuzz targets (a cargo tool, built from crates.io);
 # - libibverbs-dev: rdma-core's headers, the ABI the verbs shim implements (bindgen reads them,
 #   with libclang-dev), and cc links the shim;
+# - librdmacm-dev: rdma-core's rdma/rdma_cma.h, the librdmacm ABI of the shim (bindgen reads it too);
 # - ibverbs-utils, python3-pyverbs, perftest, rdmacm-utils: the unchanged programs and test suite
 #   that run on it (or, for rdma_cm programs, load on it and fail cleanly);
 # - ucx-utils, libfabric-bin: the peers `softrdma bench` compares against (UCX and libfabric
@@ -16,7 +17,7 @@ need=()
 command -v tshark >/dev/null 2>&1 || need+=(tshark)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
-for pkg in libibverbs-dev libclang-dev ibverbs-utils python3-pyverbs perftest rdmacm-utils ucx-utils libfabric-bin \
+for pkg in libibverbs-dev librdmacm-dev libclang-dev ibverbs-utils python3-pyverbs perftest rdmacm-utils ucx-utils libfabric-bin \
   qemu-system-x86 busybox-static tcpdump kmod cpio iproute2; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done

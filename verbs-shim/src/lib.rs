@@ -29,6 +29,22 @@ pub mod ffi {
     include!(concat!(env!("OUT_DIR"), "/ffi.rs"));
 }
 
+#[allow(
+    non_camel_case_types,
+    non_upper_case_globals,
+    non_snake_case,
+    dead_code,
+    unreachable_pub,
+    missing_docs,
+    clippy::all,
+    unnecessary_transmutes
+)]
+pub mod cma_ffi {
+    //! rdma-core's `rdma/rdma_cma.h`, as bindgen reads it; the verbs types it names are
+    //! `crate::ffi`'s.
+    include!(concat!(env!("OUT_DIR"), "/cma_ffi.rs"));
+}
+
 mod context;
 mod cq;
 mod device;
