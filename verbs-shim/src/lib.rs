@@ -51,6 +51,7 @@ mod device;
 mod mem;
 mod qp;
 mod rdmacm;
+mod rdmacm_addr;
 mod strings;
 mod stubs;
 

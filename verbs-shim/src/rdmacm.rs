@@ -2,7 +2,7 @@
 //! connection manager itself (CM MADs over the wire, event channels) is not built yet, so
 //! every call fails with ENOSYS after one line on stderr saying so. No call pretends to work.
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_int, c_void};
 use std::sync::Once;
 
 use crate::set_errno;
@@ -63,7 +63,6 @@ enosys_int!(
     rdma_get_cm_event,
     rdma_get_remote_ece,
     rdma_get_request,
-    rdma_getaddrinfo,
     rdma_init_qp_attr,
     rdma_join_multicast,
     rdma_join_multicast_ex,
@@ -108,14 +107,7 @@ enosys_int!(
 
 enosys_ptr!(rdma_create_event_channel, rdma_get_devices);
 
-noop_void!(
-    rdma_destroy_event_channel,
-    rdma_destroy_qp,
-    rdma_destroy_ep,
-    rdma_destroy_srq,
-    rdma_free_devices,
-    rdma_freeaddrinfo
-);
+noop_void!(rdma_destroy_event_channel, rdma_destroy_qp, rdma_destroy_ep, rdma_destroy_srq, rdma_free_devices);
 
 /// `rdma_destroy_id`: no id was ever made; ENOSYS.
 #[no_mangle]
@@ -135,31 +127,4 @@ pub extern "C" fn rdma_get_src_port() -> u16 {
 pub extern "C" fn rdma_get_dst_port() -> u16 {
     not_yet("rdma_get_dst_port");
     0
-}
-
-/// `rdma_event_str`: the event's name (this one works: it is a table).
-#[no_mangle]
-pub extern "C" fn rdma_event_str(event: c_int) -> *const c_char {
-    const NAMES: [&str; 16] = [
-        "RDMA_CM_EVENT_ADDR_RESOLVED\0",
-        "RDMA_CM_EVENT_ADDR_ERROR\0",
-        "RDMA_CM_EVENT_ROUTE_RESOLVED\0",
-        "RDMA_CM_EVENT_ROUTE_ERROR\0",
-        "RDMA_CM_EVENT_CONNECT_REQUEST\0",
-        "RDMA_CM_EVENT_CONNECT_RESPONSE\0",
-        "RDMA_CM_EVENT_CONNECT_ERROR\0",
-        "RDMA_CM_EVENT_UNREACHABLE\0",
-        "RDMA_CM_EVENT_REJECTED\0",
-        "RDMA_CM_EVENT_ESTABLISHED\0",
-        "RDMA_CM_EVENT_DISCONNECTED\0",
-        "RDMA_CM_EVENT_DEVICE_REMOVAL\0",
-        "RDMA_CM_EVENT_MULTICAST_JOIN\0",
-        "RDMA_CM_EVENT_MULTICAST_ERROR\0",
-        "RDMA_CM_EVENT_ADDR_CHANGE\0",
-        "RDMA_CM_EVENT_TIMEWAIT_EXIT\0",
-    ];
-    match usize::try_from(event).ok().and_then(|i| NAMES.get(i)) {
-        Some(n) => n.as_ptr() as *const c_char,
-        None => c"UNKNOWN EVENT".as_ptr(),
-    }
 }
