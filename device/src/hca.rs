@@ -74,6 +74,10 @@ pub struct HcaConfig {
     /// window of 128 PSNs it measured 1.4x the bandwidth of one send per packet for 64 KiB RDMA
     /// WRITEs on loopback (BENCHMARKS.md). Received GSO batches are always taken coalesced (GRO).
     pub gso: bool,
+    /// The CM response timeout put in REQs: 20 as Linux's rdma_cm, 22 as Mellanox OFED's.
+    pub cm_response_timeout: u8,
+    /// Scale of the CM's timers in 1/1000 (1000: the kernel's; tests shorten them).
+    pub cm_timer_permille: u32,
 }
 
 impl HcaConfig {
@@ -92,6 +96,8 @@ impl HcaConfig {
             xrc_policy: XrcPolicy::default(),
             seed: None,
             gso: false,
+            cm_response_timeout: 20,
+            cm_timer_permille: 1000,
         }
     }
 }
@@ -258,6 +264,10 @@ struct State {
     tap: Option<Tap>,
     epoch: std::time::Instant,
     clients: HashMap<u32, Client>,
+    /// rdma_cm: IDs' owners and the clients' event channels.
+    cm: crate::cm::CmDesk,
+    /// The device's name (in CM event records).
+    name: String,
     next_owner: u32,
     channels: HashMap<u32, Channel>,
     next_channel: u32,
@@ -349,6 +359,12 @@ impl Hca {
         dc.flow_ports = flow_ports;
         let mut dev = Device::new(dc, ProcessMemory::default());
         dev.set_xrc_policy(cfg.xrc_policy);
+        {
+            let cm = dev.cm().config_mut();
+            cm.ca_guid = node_guid(cfg.addr);
+            cm.cm_response_timeout = cfg.cm_response_timeout;
+            cm.timer_scale_permille = cfg.cm_timer_permille.max(1);
+        }
         let tap = match &cfg.pcap {
             Some(p) => Some(Tap::create(p).map_err(io_err(&format!("capture file {}", p.display())))?),
             None => None,
@@ -375,6 +391,8 @@ impl Hca {
             tap,
             epoch: std::time::Instant::now(),
             clients: HashMap::new(),
+            cm: crate::cm::CmDesk::default(),
+            name: cfg.name.clone(),
             next_owner: 1,
             channels: HashMap::new(),
             next_channel: 1,
@@ -565,7 +583,9 @@ fn run(sh: &Shared) {
                 st.pump();
             }
             let now = st.now();
-            let next = [st.dev.poll_timeout(), st.delayed.peek().map(|d| d.0.at)].into_iter().flatten().min();
+            // A CM channel whose pipe was full is looked at again every millisecond.
+            let cm_retry = st.cm.has_backlog().then(|| now + softrdma_engine::time::Duration::from_millis(1));
+            let next = [st.dev.poll_timeout(), st.delayed.peek().map(|d| d.0.at), cm_retry].into_iter().flatten().min();
             let t = if spinning { Some(0) } else { next.map(|t| t.saturating_since(now).as_nanos()) };
             (t, st.udp.as_raw_fd(), spinning)
         };
@@ -823,6 +843,7 @@ impl State {
         self.dev.memory().flush();
         self.fill_cq_rings();
         self.route_events();
+        self.cm.route(&mut self.dev, &self.name);
     }
 
     /// A packet the engine wrote, its ICRC computed for IPv4 ID `icrc_id`: through the fault
@@ -1024,6 +1045,10 @@ impl State {
     }
 
     fn call(&mut self, owner: u32, req: Request, fds: Vec<OwnedFd>) -> (Response, Vec<Arc<EventFd>>) {
+        if crate::cm::CmDesk::handles(&req) {
+            let now = self.now();
+            return (self.cm.call(&mut self.dev, now, owner, req, fds), Vec::new());
+        }
         self.dev.memory().forget_read_ahead();
         match self.call_inner(owner, req, fds) {
             Ok(r) => r,
@@ -1429,6 +1454,8 @@ impl State {
                 ok(R::Event(c.events.pop_front()))
             }
             Request::Stats => ok(R::Stats(*self.dev.counters(), self.io_stats())),
+            // Routed to the CM in `call` before this match.
+            _ => Err(VerbsError::Inval),
         }
     }
 
@@ -1589,6 +1616,9 @@ impl State {
 
     fn detach(&mut self, owner: u32) {
         let Some(c) = self.clients.remove(&owner) else { return };
+        // rdma_cm IDs first, as ucma's close: established connections get their DREQ.
+        let now = self.now();
+        self.cm.detach(&mut self.dev, now, owner);
         let ob = c.objects;
         for (q, g) in &ob.mcast {
             let _ = self.dev.detach_mcast(*q, *g);

@@ -13,6 +13,7 @@
 pub mod arena;
 pub mod capture;
 pub mod client;
+mod cm;
 pub mod daemon;
 pub mod faults;
 pub mod hca;

@@ -6,14 +6,15 @@
 //! ends that client's connection only.
 
 use std::io::{self, IoSlice, IoSliceMut, Read};
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
 use serde::{Deserialize, Serialize};
+use softrdma_engine::cm::{CmCounters, ConnParam, InitQpAttr};
 use softrdma_engine::device::{AsyncEvent, Counters, CqId, Limits, MrKeys, PdId, QpAttr, QpInit, SrqAttr, XrcdId};
-use softrdma_engine::verbs::{Access, AttrMask, Mtu, QpState, VerbsError};
+use softrdma_engine::verbs::{Access, AttrMask, Mtu, QpState, QpType, VerbsError};
 use softrdma_engine::wire::Qpn;
 use softrdma_engine::wr::{RecvWr, SendWr, WorkCompletion};
 
@@ -253,6 +254,97 @@ pub enum Request {
         /// Group address.
         group: IpAddr,
     },
+    /// `rdma_create_event_channel`: the first fd is the write end of the channel's pipe, where
+    /// the device writes one [`CmRecord`] frame per event.
+    CmCreateChannel,
+    /// `rdma_destroy_event_channel`.
+    CmDestroyChannel(u32),
+    /// `rdma_create_id` once the ID has a device (bind or resolve): a communication ID in a port
+    /// space, reporting to a channel, tagged with the client's handle for it.
+    CmCreateId {
+        /// Channel.
+        channel: u32,
+        /// Port space (RDMA_PS_*).
+        ps: u16,
+        /// QP type.
+        qp_type: QpType,
+        /// The client's handle, echoed in every record.
+        user: u64,
+    },
+    /// `rdma_destroy_id`.
+    CmDestroyId(u32),
+    /// `rdma_migrate_id`, and naming a connection ID the client learnt of in a CONNECT_REQUEST.
+    CmMigrate {
+        /// ID.
+        id: u32,
+        /// The new channel.
+        channel: u32,
+        /// The client's handle.
+        user: u64,
+    },
+    /// The addresses a bound or resolved ID uses (the client resolved them), and its ToS.
+    CmSetAddrs {
+        /// ID.
+        id: u32,
+        /// Local address and port.
+        local: Option<SocketAddr>,
+        /// Remote address and port.
+        remote: Option<SocketAddr>,
+        /// Type of service.
+        tos: u8,
+    },
+    /// `rdma_listen` on the bound address.
+    CmListen {
+        /// ID.
+        id: u32,
+        /// Backlog.
+        backlog: u32,
+    },
+    /// `rdma_connect`.
+    CmConnect {
+        /// ID.
+        id: u32,
+        /// Parameters (qp_num: the local QP).
+        param: ConnParam,
+    },
+    /// `rdma_accept` on the passive side.
+    CmAccept {
+        /// ID.
+        id: u32,
+        /// Parameters.
+        param: ConnParam,
+    },
+    /// `rdma_reject`.
+    CmReject {
+        /// ID.
+        id: u32,
+        /// Private data.
+        private_data: Vec<u8>,
+        /// REJ reason (28; 35 for ECE).
+        reason: u16,
+    },
+    /// RTU on the active side (after its QP reached RTS, or `rdma_establish`).
+    CmEstablish(u32),
+    /// `rdma_disconnect`.
+    CmDisconnect(u32),
+    /// `rdma_notify` (COMM_EST).
+    CmNotify(u32),
+    /// RDMA_OPTION_ID_ACK_TIMEOUT.
+    CmSetAckTimeout {
+        /// ID.
+        id: u32,
+        /// Timeout code.
+        timeout: u8,
+    },
+    /// `rdma_init_qp_attr`.
+    CmInitQpAttr {
+        /// ID.
+        id: u32,
+        /// The state to move to.
+        state: QpState,
+    },
+    /// The CM's counters.
+    CmStats,
     /// `ibv_get_async_event` without blocking.
     GetAsyncEvent,
     /// Counters (`softrdma stat`).
@@ -407,6 +499,16 @@ pub enum Response {
     Event(Option<ClientEvent>),
     /// Counters: the engine's and the device layer's.
     Stats(Counters, IoStats),
+    /// A CM call failed with this errno.
+    CmErr(i32),
+    /// A CM event channel.
+    CmChannel(u32),
+    /// A communication ID.
+    CmId(u32),
+    /// QP attributes from the CM.
+    CmQpAttr(InitQpAttr),
+    /// The CM's counters.
+    CmStats(CmCounters),
 }
 
 /// The device layer's counters (`softrdma stat`).
@@ -438,6 +540,50 @@ pub struct IoStats {
     pub memory_helper_ops: u64,
     /// Attached clients (other than the one asking).
     pub clients: u64,
+}
+
+/// One rdma_cm event as it travels through a channel's pipe: a frame of [`CM_RECORD_LEN`] bytes,
+/// a 2-byte little-endian length, then the postcard body, zero-padded. Frames are smaller than
+/// PIPE_BUF, so writes from the device and from the client's own library never interleave.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CmRecord {
+    /// The device the ID lives on (empty: an event the client library made itself).
+    pub device: String,
+    /// The device's ID.
+    pub id: u32,
+    /// The client's handle for the ID (0: a new connection ID, see `listen_user`).
+    pub user: u64,
+    /// For CONNECT_REQUEST: the client's handle of the listener.
+    pub listen_user: u64,
+    /// `enum rdma_cm_event_type`.
+    pub event: u32,
+    /// Status (0, a REJ reason, or a negative errno).
+    pub status: i32,
+    /// What the peer sent.
+    pub param: ConnParam,
+    /// For CONNECT_REQUEST: the new ID's addresses.
+    pub local: Option<SocketAddr>,
+    /// See `local`.
+    pub remote: Option<SocketAddr>,
+}
+
+/// The size of a [`CmRecord`] frame in a channel's pipe.
+pub const CM_RECORD_LEN: usize = 512;
+
+impl CmRecord {
+    /// The frame.
+    pub fn to_frame(&self) -> Option<[u8; CM_RECORD_LEN]> {
+        let mut f = [0u8; CM_RECORD_LEN];
+        let n = postcard::to_slice(self, &mut f[2..]).ok()?.len();
+        f[..2].copy_from_slice(&(n as u16).to_le_bytes());
+        Some(f)
+    }
+
+    /// From a frame (untrusted: a bad one is an error).
+    pub fn from_frame(f: &[u8]) -> Option<CmRecord> {
+        let n = usize::from(u16::from_le_bytes([*f.first()?, *f.get(1)?]));
+        postcard::from_bytes(f.get(2..2 + n)?).ok()
+    }
 }
 
 /// A malformed or oversized frame, or an I/O error.

@@ -9,6 +9,8 @@
 //! - [`device`]: one emulated HCA's objects (PD, MR, CQ, QP) and its transport engine, driven by
 //!   verbs calls, `handle_packet`, `handle_timeout` and polled with `poll_transmit`, `poll_cq`,
 //!   `poll_event`, `poll_timeout` (quinn-proto style). RC today; UC, UD, XRC and SRQ next.
+//! - [`cm`]: the connection manager behind QP1 (REQ/REP/RTU/REJ/MRA/DREQ/DREP, timers,
+//!   listeners), as the kernel's ib_cm + rdma_cm run it over RoCEv2.
 //! - [`modify`]: the modify_qp attribute-mask table (the Linux kernel's `qp_state_table`).
 //! - [`verbs`] (libibverbs' numeric values), [`wr`] (work requests and completions), [`memory`]
 //!   (how the engine reaches client memory: the `Memory` trait, `VecMemory` for tests), [`time`]
@@ -26,6 +28,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod cm;
 pub mod device;
 pub mod memory;
 pub mod modify;

@@ -45,6 +45,7 @@ pub mod cma_ffi {
     include!(concat!(env!("OUT_DIR"), "/cma_ffi.rs"));
 }
 
+mod cma;
 mod context;
 mod cq;
 mod device;

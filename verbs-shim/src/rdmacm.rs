@@ -1,8 +1,7 @@
-//! `librdmacm.so.1`: loads for every program that links it, so their verbs parts run; the
-//! connection manager itself (CM MADs over the wire, event channels) is not built yet, so
-//! every call fails with ENOSYS after one line on stderr saying so. No call pretends to work.
+//! librdmacm's rsocket family (`rsocket`, `rbind`, ... `riowrite`): not built yet, so every call
+//! fails with ENOSYS after one line on stderr saying so. No call pretends to work. The rest of
+//! librdmacm is in `cma`.
 
-use std::ffi::{c_int, c_void};
 use std::sync::Once;
 
 use crate::set_errno;
@@ -11,7 +10,7 @@ static SAID: Once = Once::new();
 
 fn not_yet(name: &str) {
     SAID.call_once(|| {
-        eprintln!("softrdma: rdma_cm is not implemented yet ({name} and every other librdmacm call fail with ENOSYS)");
+        eprintln!("softrdma: rsockets are not implemented yet ({name} and the other r* calls fail with ENOSYS)");
     });
     set_errno(libc::ENOSYS);
 }
@@ -28,54 +27,7 @@ macro_rules! enosys_int {
     )*};
 }
 
-/// Functions that return a pointer: NULL with errno ENOSYS.
-macro_rules! enosys_ptr {
-    ($($name:ident),* $(,)?) => {$(
-        #[no_mangle]
-        pub extern "C" fn $name() -> *mut c_void {
-            not_yet(stringify!($name));
-            std::ptr::null_mut()
-        }
-    )*};
-}
-
-/// Functions that return nothing: nothing was made, so there is nothing to free.
-macro_rules! noop_void {
-    ($($name:ident),* $(,)?) => {$(
-        #[no_mangle]
-        pub extern "C" fn $name() {}
-    )*};
-}
-
 enosys_int!(
-    rdma_accept,
-    rdma_ack_cm_event,
-    rdma_bind_addr,
-    rdma_connect,
-    rdma_create_ep,
-    rdma_create_id,
-    rdma_create_qp,
-    rdma_create_qp_ex,
-    rdma_create_srq,
-    rdma_create_srq_ex,
-    rdma_disconnect,
-    rdma_establish,
-    rdma_get_cm_event,
-    rdma_get_remote_ece,
-    rdma_get_request,
-    rdma_init_qp_attr,
-    rdma_join_multicast,
-    rdma_join_multicast_ex,
-    rdma_leave_multicast,
-    rdma_listen,
-    rdma_migrate_id,
-    rdma_notify,
-    rdma_reject,
-    rdma_reject_ece,
-    rdma_resolve_addr,
-    rdma_resolve_route,
-    rdma_set_local_ece,
-    rdma_set_option,
     raccept,
     rbind,
     rclose,
@@ -104,27 +56,3 @@ enosys_int!(
     rwrite,
     rwritev,
 );
-
-enosys_ptr!(rdma_create_event_channel, rdma_get_devices);
-
-noop_void!(rdma_destroy_event_channel, rdma_destroy_qp, rdma_destroy_ep, rdma_destroy_srq, rdma_free_devices);
-
-/// `rdma_destroy_id`: no id was ever made; ENOSYS.
-#[no_mangle]
-pub extern "C" fn rdma_destroy_id() -> c_int {
-    not_yet("rdma_destroy_id");
-    -1
-}
-
-/// The port of an id: none exists.
-#[no_mangle]
-pub extern "C" fn rdma_get_src_port() -> u16 {
-    not_yet("rdma_get_src_port");
-    0
-}
-
-#[no_mangle]
-pub extern "C" fn rdma_get_dst_port() -> u16 {
-    not_yet("rdma_get_dst_port");
-    0
-}

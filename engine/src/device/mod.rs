@@ -27,11 +27,12 @@ pub use self::qp::{QpAttr, QpCaps, QpInit};
 pub use self::srq::{SrqAttr, XrcPolicy, XrcdId};
 pub use self::unrel::{ah_from_grh, GRH_SLOT};
 
+use crate::cm::{Cm, CmConfig};
 use crate::memory::{Memory, Owner};
 use crate::rng::Rng;
 use crate::time::{Duration, Instant};
 use crate::verbs::{Access, AttrMask, Mtu, QpState, QpType, VerbsError, WcOpcode, WcStatus};
-use crate::wire::{icrc, ipv4, udp, BthPacket, IbPacket, Qpn, ROCE_V2_PORT};
+use crate::wire::{icrc, ipv4, udp, BthPacket, BthRepr, DethRepr, IbPacket, IbRepr, Opcode, Psn, Qpn, ROCE_V2_PORT};
 use crate::wr::{RecvWr, SendWr, WorkCompletion};
 
 use self::qp::Qp;
@@ -471,7 +472,14 @@ pub struct Device<M: Memory> {
     events: VecDeque<AsyncEvent>,
     handle_events: VecDeque<HandleEvent>,
     counters: Counters,
+    /// The connection manager behind QP1 (design D10).
+    cm: Cm,
+    /// QP1's send PSN: one per MAD, carried across connections (kernel mad.c starts it at 0).
+    gsi_psn: Psn,
 }
+
+/// QP1's Q_Key (IB_QP1_QKEY, IBTA 13.4.6.2).
+pub const GSI_QKEY: u32 = 0x8001_0000;
 
 macro_rules! ctx {
     ($d:expr, $now:expr) => {
@@ -503,7 +511,6 @@ impl<M: Memory> Device<M> {
         // QPNs start at a random point above the reserved QP0/QP1, as hardware does.
         let next_qpn = 0x11 + (rng.next_u32() & 0xfff);
         Device {
-            config,
             rng,
             mem,
             pds: HashMap::default(),
@@ -526,7 +533,20 @@ impl<M: Memory> Device<M> {
             events: VecDeque::new(),
             handle_events: VecDeque::new(),
             counters: Counters::default(),
+            cm: Cm::new(CmConfig::new(config.addr, 0, config.mtu, config.seed)),
+            gsi_psn: Psn::new(0),
+            config,
         }
+    }
+
+    /// The connection manager (QP1's consumer).
+    pub fn cm(&mut self) -> &mut Cm {
+        &mut self.cm
+    }
+
+    /// The connection manager, to read.
+    pub fn cm_ref(&self) -> &Cm {
+        &self.cm
     }
 
     /// The configuration.
@@ -852,7 +872,13 @@ impl<M: Memory> Device<M> {
 
     /// The next async event.
     pub fn poll_event(&mut self) -> Option<AsyncEvent> {
-        self.events.pop_front()
+        let e = self.events.pop_front()?;
+        if let AsyncEvent::CommEst(q) = e {
+            // The CM hears of it as ib_cm does through rdma_notify: a passive connection whose
+            // RTU was lost is established by the first packet on its QP.
+            self.cm.notify_qp(q.value());
+        }
+        Some(e)
     }
 
     /// The next async event of an XRC target QP for one of its handles (every handle gets each).
@@ -907,6 +933,10 @@ impl<M: Memory> Device<M> {
         }
         let bth = BthPacket::new_unchecked(payload);
         let qpn = bth.dest_qp();
+        if qpn == Qpn::GSI {
+            self.handle_gsi(now, meta.src, &pkt);
+            return;
+        }
         if qpn == Qpn::MULTICAST {
             // A multicast datagram goes to every UD QP attached to the group (IBTA 10.5).
             let members = self.mcast.get(&dst).cloned().unwrap_or_default();
@@ -934,6 +964,52 @@ impl<M: Memory> Device<M> {
             self.counters.rcvd_pkts += 1;
         }
         self.touched(qpn);
+    }
+
+    /// A datagram for QP1, the GSI: a CM MAD. IBTA 13.4.6 / rxe_recv.c: UD SEND_ONLY, P_Key
+    /// 0xFFFF (the default partition; rxe checks it with pkey_match), Q_Key 0x80010000
+    /// (IB_QP1_QKEY); anything else is dropped and counted.
+    fn handle_gsi(&mut self, now: Instant, src: IpAddr, pkt: &IbPacket<&[u8]>) {
+        let bth = pkt.bth();
+        let qkey_ok = pkt.deth().is_some_and(|d| d.qkey() == GSI_QKEY);
+        if pkt.opcode() != Opcode::UD_SEND_ONLY || bth.pkey() & 0x7fff != 0x7fff || !qkey_ok {
+            self.counters.malformed += 1;
+            return;
+        }
+        self.counters.rcvd_pkts += 1;
+        self.cm.handle_mad(now, src, pkt.payload());
+    }
+
+    /// The next MAD of the CM as a QP1 packet: UD SEND_ONLY to QP1, DETH Q_Key 0x80010000 and
+    /// source QP 1, one PSN per MAD (IBTA 13.5; the kernel's MAD layer over rxe).
+    fn poll_gsi(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        let m = self.cm.poll_mad()?;
+        let psn = self.gsi_psn;
+        self.gsi_psn = psn + 1;
+        let mut ib = IbRepr::new(BthRepr {
+            opcode: Opcode::UD_SEND_ONLY,
+            solicited: false,
+            mig_req: false,
+            pad_count: IbRepr::pad_for(m.mad.len()),
+            tver: 0,
+            pkey: 0xffff,
+            fecn: false,
+            becn: false,
+            dest_qp: Qpn::GSI,
+            ack_req: false,
+            psn,
+        });
+        ib.payload_len = m.mad.len();
+        ib.deth = Some(DethRepr { qkey: GSI_QKEY, src_qp: Qpn::GSI });
+        let mut ctx = ctx!(self, now);
+        let t = req::emit(&mut ctx, Qpn::GSI, m.dst, buf, &ib, |_, out| {
+            out.copy_from_slice(&m.mad);
+            true
+        });
+        if t.is_some() {
+            self.counters.sent_pkts += 1;
+        }
+        t
     }
 
     /// After a QP ran: queue it to transmit, and refile its timer.
@@ -970,6 +1046,9 @@ impl<M: Memory> Device<M> {
 
     /// Writes the next packet to send into `buf` (at least MTU + 64 bytes) and says where it goes.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        if let Some(t) = self.poll_gsi(now, buf) {
+            return Some(t);
+        }
         while let Some(qpn) = self.ready.pop_front() {
             let Some(qp) = self.qps.get_mut(&qpn) else {
                 self.in_ready.remove(&qpn);
@@ -990,11 +1069,14 @@ impl<M: Memory> Device<M> {
 
     /// The earliest timer deadline of any QP.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.timers.first().map(|(t, _)| *t)
+        [self.timers.first().map(|(t, _)| *t), self.cm.poll_timeout()].into_iter().flatten().min()
     }
 
     /// Runs every timer that is due.
     pub fn handle_timeout(&mut self, now: Instant) {
+        if self.cm.poll_timeout().is_some_and(|t| t <= now) {
+            self.cm.handle_timeout(now);
+        }
         let due: Vec<Qpn> = self.timers.iter().take_while(|(t, _)| *t <= now).map(|(_, q)| *q).collect();
         for qpn in due {
             if let Some(qp) = self.qps.get_mut(&qpn) {

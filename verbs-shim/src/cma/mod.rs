@@ -1,0 +1,344 @@
+//! `librdmacm.so.1`: rdma_cm over softrdma (design D10). The connection manager runs in the
+//! device (its QP1 sends and receives the CM MADs); this library is the thin client librdmacm is
+//! over the kernel's ucma:
+//! - an event channel is a pipe: the device writes one frame per event into it (and this library
+//!   writes the events it makes itself: address and route resolution), so `channel->fd` is a
+//!   real fd that polls readable while events wait, and O_NONBLOCK is honoured by read(2);
+//! - an ID gets a device when it is bound or resolved: the source address the host's routing
+//!   picks for the destination names the device; a wildcard listener listens on every device;
+//! - ports are reserved host-wide per port space with open-file-description locks in the runtime
+//!   directory (as the kernel's port spaces are per host, not per device);
+//! - QPs move through INIT/RTR/RTS as librdmacm moves them, with the attributes the device's CM
+//!   gives (`rdma_init_qp_attr`).
+
+mod calls;
+mod ports;
+mod verbs_api;
+
+use std::collections::HashMap;
+use std::ffi::c_int;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+
+use softrdma_device::client::Connection;
+use softrdma_device::proto::{CmRecord, Request, Response, CM_RECORD_LEN};
+use softrdma_engine::verbs::QpType;
+
+use crate::cma_ffi as c;
+use crate::ffi;
+use crate::Errno;
+
+pub(crate) use verbs_api::api;
+
+/// A device as librdmacm sees it: its CM connection and the program's context on it.
+pub(crate) struct CmDev {
+    pub(crate) name: String,
+    pub(crate) addr: IpAddr,
+    pub(crate) conn: Connection,
+    /// The context from libibverbs (`id->verbs`), opened once, as librdmacm opens each device.
+    pub(crate) verbs: *mut ffi::ibv_context,
+    /// librdmacm's own PD per device (for `rdma_create_qp` with a NULL PD).
+    pub(crate) pd: Mutex<*mut ffi::ibv_pd>,
+    pub(crate) max_rd_atom: u8,
+    pub(crate) max_init_rd_atom: u8,
+    /// Channel registrations on this device: our channel handle -> the device's.
+    pub(crate) channels: Mutex<HashMap<u64, u32>>,
+}
+
+// SAFETY: the raw pointers are libibverbs objects, used under their own locking.
+unsafe impl Send for CmDev {}
+unsafe impl Sync for CmDev {}
+
+/// The process's view of rdma_cm.
+pub(crate) struct Cma {
+    pub(crate) devs: Vec<Arc<CmDev>>,
+    /// Every live ID by its handle (records name IDs by it; a stale handle finds nothing).
+    pub(crate) ids: Mutex<HashMap<u64, usize>>,
+    pub(crate) next: Mutex<u64>,
+}
+
+static CMA: OnceLock<Result<Cma, c_int>> = OnceLock::new();
+
+/// The devices, found once (librdmacm's `ucma_init`): ENODEV when there is none.
+pub(crate) fn cma() -> Result<&'static Cma, Errno> {
+    let r = CMA.get_or_init(|| {
+        let devs = crate::device::discover().map_err(|e| e.0)?;
+        let api = api();
+        let mut n: c_int = 0;
+        // SAFETY: libibverbs' own list; kept for the process's life, as librdmacm keeps it.
+        let list = unsafe { (api.get_device_list)(&mut n) };
+        let mut out = Vec::new();
+        for d in devs {
+            let Ok(conn) = Connection::connect(&d.name) else { continue };
+            let mut verbs = std::ptr::null_mut();
+            for i in 0..n.max(0) as usize {
+                // SAFETY: `list` has `n` entries.
+                let dev = unsafe { *list.add(i) };
+                // SAFETY: a valid ibv_device from libibverbs.
+                let name = unsafe { std::ffi::CStr::from_ptr((*dev).name.as_ptr()) };
+                if name.to_str().ok() == Some(d.name.as_str()) {
+                    // SAFETY: open a device of libibverbs' list.
+                    verbs = unsafe { (api.open_device)(dev) };
+                }
+            }
+            if verbs.is_null() {
+                continue;
+            }
+            let mut attr = ffi::ibv_device_attr::default();
+            // SAFETY: verbs is an open context.
+            unsafe { (api.query_device)(verbs, &mut attr) };
+            out.push(Arc::new(CmDev {
+                name: d.name.clone(),
+                addr: conn.info.addr,
+                conn,
+                verbs,
+                pd: Mutex::new(std::ptr::null_mut()),
+                max_rd_atom: attr.max_qp_rd_atom.clamp(0, 255) as u8,
+                max_init_rd_atom: attr.max_qp_init_rd_atom.clamp(0, 255) as u8,
+                channels: Mutex::new(HashMap::new()),
+            }));
+        }
+        if out.is_empty() {
+            return Err(libc::ENODEV);
+        }
+        Ok(Cma { devs: out, ids: Mutex::new(HashMap::new()), next: Mutex::new(1) })
+    });
+    match r {
+        Ok(c) => Ok(c),
+        Err(e) => Err(Errno(*e)),
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Cma {
+    pub(crate) fn handle(&self) -> u64 {
+        let mut n = lock(&self.next);
+        *n += 1;
+        *n
+    }
+
+    pub(crate) fn dev_by_name(&self, name: &str) -> Option<Arc<CmDev>> {
+        self.devs.iter().find(|d| d.name == name).cloned()
+    }
+
+    pub(crate) fn dev_by_addr(&self, ip: IpAddr) -> Option<Arc<CmDev>> {
+        self.devs.iter().find(|d| d.addr == ip).cloned()
+    }
+
+    pub(crate) fn dev_by_verbs(&self, v: *mut ffi::ibv_context) -> Option<Arc<CmDev>> {
+        self.devs.iter().find(|d| d.verbs == v).cloned()
+    }
+}
+
+/// One CM call on a device: Ok, or the errno.
+pub(crate) fn cm_call(dev: &CmDev, req: &Request, fds: &[c_int]) -> Result<Response, Errno> {
+    match dev.conn.call(req, fds) {
+        Ok((Response::CmErr(e), _)) => Err(Errno(e)),
+        Ok((Response::Err(e), _)) => Err(Errno(e.errno())),
+        Ok((r, _)) => Ok(r),
+        Err(_) => Err(Errno(libc::ENODEV)),
+    }
+}
+
+/// `struct rdma_event_channel` and the pipe behind it.
+#[repr(C)]
+pub(crate) struct Channel {
+    pub(crate) c: c::rdma_event_channel,
+    pub(crate) handle: u64,
+    /// The read end is `c.fd`; the write end, which the devices get a copy of.
+    pub(crate) write: OwnedFd,
+}
+
+impl Channel {
+    pub(crate) fn new() -> Result<Box<Channel>, Errno> {
+        let mut fds = [0 as c_int; 2];
+        // SAFETY: pipe2 fills two descriptors.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return Err(Errno(crate::last_errno()));
+        }
+        // Room for many events (cmtime's thousand connections on one channel): 1 MiB when the
+        // system allows it.
+        // SAFETY: fcntl on our own pipe.
+        unsafe { libc::fcntl(fds[1], libc::F_SETPIPE_SZ, 1 << 20) };
+        // SAFETY: our own new descriptor.
+        let write = unsafe { OwnedFd::from_raw_fd(fds[1]) };
+        let handle = cma().map(|c| c.handle()).unwrap_or(0);
+        Ok(Box::new(Channel { c: c::rdma_event_channel { fd: fds[0] }, handle, write }))
+    }
+
+    /// Writes a frame (events this library makes itself).
+    pub(crate) fn post(&self, rec: &CmRecord) {
+        if let Some(f) = rec.to_frame() {
+            // SAFETY: a whole frame (< PIPE_BUF) to our own pipe.
+            unsafe { libc::write(self.write.as_raw_fd(), f.as_ptr().cast(), f.len()) };
+        }
+    }
+
+    /// The device's handle for this channel, registering it there first.
+    pub(crate) fn on(&self, dev: &CmDev) -> Result<u32, Errno> {
+        if let Some(h) = lock(&dev.channels).get(&self.handle) {
+            return Ok(*h);
+        }
+        match cm_call(dev, &Request::CmCreateChannel, &[self.write.as_raw_fd()])? {
+            Response::CmChannel(h) => {
+                lock(&dev.channels).insert(self.handle, h);
+                Ok(h)
+            }
+            _ => Err(Errno(libc::EIO)),
+        }
+    }
+
+    /// Reads one frame: blocks unless the fd is non-blocking (then EAGAIN).
+    pub(crate) fn read(&self) -> Result<CmRecord, Errno> {
+        let mut f = [0u8; CM_RECORD_LEN];
+        loop {
+            // SAFETY: read into our buffer from the channel's fd.
+            let n = unsafe { libc::read(self.c.fd, f.as_mut_ptr().cast(), f.len()) };
+            if n == f.len() as isize {
+                return CmRecord::from_frame(&f).ok_or(Errno(libc::EIO));
+            }
+            if n < 0 {
+                let e = crate::last_errno();
+                if e == libc::EINTR {
+                    continue;
+                }
+                return Err(Errno(e));
+            }
+            if n == 0 {
+                return Err(Errno(libc::ENODEV));
+            }
+            // A frame is written whole (< PIPE_BUF); a short read cannot happen.
+            return Err(Errno(libc::EIO));
+        }
+    }
+}
+
+/// Where an ID lives on a device.
+#[derive(Clone)]
+pub(crate) struct Placement {
+    pub(crate) dev: Arc<CmDev>,
+    pub(crate) id: u32,
+}
+
+/// What librdmacm keeps of an ID beside the C structure.
+pub(crate) struct IdState {
+    pub(crate) handle: u64,
+    pub(crate) sync: bool,
+    /// The channel librdmacm made for a synchronous ID.
+    pub(crate) own_channel: Option<Box<Channel>>,
+    pub(crate) qp_type: QpType,
+    pub(crate) ps: u16,
+    /// The device IDs (several for a wildcard listener).
+    pub(crate) on: Vec<Placement>,
+    pub(crate) bound: Option<SocketAddr>,
+    pub(crate) port_lock: Option<ports::Reservation>,
+    pub(crate) remote: Option<SocketAddr>,
+    pub(crate) tos: u8,
+    pub(crate) reuseaddr: bool,
+    pub(crate) afonly: bool,
+    pub(crate) ack_timeout: Option<u8>,
+    pub(crate) listening: bool,
+    pub(crate) addr_resolved: bool,
+    pub(crate) route_resolved: bool,
+    /// From the CONNECT_REQUEST: what the peer offered (librdmacm's id_priv depths).
+    pub(crate) responder_resources: u8,
+    pub(crate) initiator_depth: u8,
+    /// rdma_create_ep on a passive ID: the QP to make on each request.
+    pub(crate) ep_qp_init: Option<ffi::ibv_qp_init_attr>,
+    pub(crate) ep_pd: *mut ffi::ibv_pd,
+    pub(crate) path: Option<Box<c::ibv_sa_path_rec>>,
+    /// Resources librdmacm made for the ID (freed with it).
+    pub(crate) own_cqs: bool,
+    pub(crate) own_srq: bool,
+    pub(crate) own_xrcd: *mut ffi::ibv_xrcd,
+    pub(crate) local_ece: (u32, u32),
+    pub(crate) remote_ece: (u32, u32),
+}
+
+/// `struct rdma_cm_id` and librdmacm's state.
+#[repr(C)]
+pub(crate) struct Id {
+    pub(crate) c: c::rdma_cm_id,
+    pub(crate) st: Mutex<IdState>,
+    /// Events handed out and not yet acked; destroy waits for 0 (librdmacm does).
+    pub(crate) outstanding: Mutex<u32>,
+    pub(crate) acked: Condvar,
+}
+
+// SAFETY: the C structure's pointers are the program's; the state is locked.
+unsafe impl Send for Id {}
+unsafe impl Sync for Id {}
+
+/// `struct rdma_cm_event` with the storage its pointers point into.
+#[repr(C)]
+pub(crate) struct Event {
+    pub(crate) c: c::rdma_cm_event,
+    pub(crate) private: Vec<u8>,
+}
+
+/// The ID behind an `rdma_cm_id` pointer.
+pub(crate) fn id_of<'a>(p: *mut c::rdma_cm_id) -> Result<&'a Id, Errno> {
+    if p.is_null() {
+        return Err(Errno(libc::EINVAL));
+    }
+    // SAFETY: every rdma_cm_id this library hands out is the first field of an `Id`.
+    Ok(unsafe { &*(p as *const Id) })
+}
+
+/// The channel behind an `rdma_event_channel` pointer.
+pub(crate) fn channel_of<'a>(p: *mut c::rdma_event_channel) -> Result<&'a Channel, Errno> {
+    if p.is_null() {
+        return Err(Errno(libc::EINVAL));
+    }
+    // SAFETY: every rdma_event_channel this library hands out is the first field of a Channel.
+    Ok(unsafe { &*(p as *const Channel) })
+}
+
+/// A socket address from C (AF_INET / AF_INET6).
+pub(crate) fn sockaddr_from(p: *const libc::sockaddr) -> Option<SocketAddr> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: the caller passes a sockaddr of the family it says.
+    unsafe {
+        match i32::from((*p).sa_family) {
+            libc::AF_INET => {
+                let s = &*(p as *const libc::sockaddr_in);
+                let ip = std::net::Ipv4Addr::from(u32::from_be(s.sin_addr.s_addr));
+                Some(SocketAddr::new(IpAddr::V4(ip), u16::from_be(s.sin_port)))
+            }
+            libc::AF_INET6 => {
+                let s = &*(p as *const libc::sockaddr_in6);
+                let ip = std::net::Ipv6Addr::from(s.sin6_addr.s6_addr);
+                Some(SocketAddr::new(IpAddr::V6(ip), u16::from_be(s.sin6_port)))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Writes a socket address as C's sockaddr_storage.
+pub(crate) fn sockaddr_to(a: SocketAddr, out: *mut u8) {
+    // SAFETY: `out` is a sockaddr_storage (128 bytes) of the caller's structure.
+    unsafe {
+        std::ptr::write_bytes(out, 0, std::mem::size_of::<libc::sockaddr_storage>());
+        match a {
+            SocketAddr::V4(v4) => {
+                let s = out as *mut libc::sockaddr_in;
+                (*s).sin_family = libc::AF_INET as u16;
+                (*s).sin_port = v4.port().to_be();
+                (*s).sin_addr.s_addr = u32::from(*v4.ip()).to_be();
+            }
+            SocketAddr::V6(v6) => {
+                let s = out as *mut libc::sockaddr_in6;
+                (*s).sin6_family = libc::AF_INET6 as u16;
+                (*s).sin6_port = v6.port().to_be();
+                (*s).sin6_addr.s6_addr = v6.ip().octets();
+            }
+        }
+    }
+}
