@@ -68,7 +68,6 @@ impl Cm {
     pub fn connect(&mut self, now: Instant, h: IdHandle, p: ConnParam) -> Result<(), CmError> {
         let ack = self.cfg.packet_lifetime + 1;
         let comm = self.alloc_comm_id();
-        let psn = self.rng.next_u32() & 0xff_ffff;
         let (cfg_timeout, retries, guid) = (self.cfg.cm_response_timeout, self.cfg.max_cm_retries, self.cfg.ca_guid);
         let mtu = self.cfg.mtu;
         let id = self.id(h)?;
@@ -77,6 +76,7 @@ impl Cm {
         }
         let (Some(local), Some(remote)) = (id.local, id.remote) else { return Err(CmError::Inval) };
         let Some((transport, ext)) = transport_of(id.qp_type) else { return Err(CmError::NotSupp) };
+        let psn = id.local_psn;
         if p.private_data.len() > REQ_USER_DATA_LEN {
             return Err(CmError::Inval);
         }
@@ -137,7 +137,6 @@ impl Cm {
 
     /// Accepts a connection request (`rdma_accept` on the passive side): sends REP.
     pub fn accept(&mut self, now: Instant, h: IdHandle, p: ConnParam) -> Result<(), CmError> {
-        let psn = self.rng.next_u32() & 0xff_ffff;
         let (guid, delay, retries) = (self.cfg.ca_guid, self.cfg.target_ack_delay, self.cfg.max_cm_retries);
         let id = self.id(h)?;
         if id.state != IdState::ReqRcvd {
@@ -147,6 +146,8 @@ impl Cm {
             return Err(CmError::Inval);
         }
         let tgt = id.qp_type == QpType::XrcTgt;
+        // The PSN was chosen with the ID: the consumer's QP reached RTS with it before this call.
+        let psn = id.local_psn;
         // cma_accept_ib / cm_format_rep: an XRC target's QPN goes in the Local EECN field.
         let rep = CmRepRepr {
             local_comm_id: id.local_comm_id,
@@ -579,6 +580,7 @@ impl Cm {
         let comm = self.alloc_comm_id();
         let h = self.alloc_handle();
         let mut id = Id::new(ps, qp_type, self.cfg.mtu);
+        id.local_psn = self.rng.next_u32() & 0xff_ffff;
         id.state = IdState::ReqRcvd;
         id.local = Some(SocketAddr::new(hdr.dst, local_port));
         id.remote = Some(SocketAddr::new(hdr.src, hdr.port));

@@ -463,7 +463,11 @@ impl Cm {
     /// A new ID in a port space for a QP type.
     pub fn create_id(&mut self, ps: u16, qp_type: QpType) -> IdHandle {
         let h = self.alloc_handle();
-        self.ids.insert(h, Id::new(ps, qp_type, self.cfg.mtu));
+        let mut id = Id::new(ps, qp_type, self.cfg.mtu);
+        // rdma_cm picks an ID's starting PSN when the ID is made (`__rdma_create_id`): the QP
+        // may reach RTS with it before the REQ or REP that carries it leaves.
+        id.local_psn = self.rng.next_u32() & 0xff_ffff;
+        self.ids.insert(h, id);
         h
     }
 
