@@ -1356,12 +1356,12 @@ pub unsafe extern "C" fn rdma_create_ep(
         }
         // SAFETY: the caller's addrinfo.
         let r = unsafe { &*res };
-        let qp_type = if qp_init_attr.is_null() {
-            r.ai_qp_type as u32
-        } else {
+        // librdmacm: the ID and its QP take the addrinfo's QP type.
+        let qp_type = r.ai_qp_type as u32;
+        if !qp_init_attr.is_null() {
             // SAFETY: the caller's attributes.
-            unsafe { (*qp_init_attr).qp_type as u32 }
-        };
+            unsafe { (*qp_init_attr).qp_type = r.ai_qp_type as _ };
+        }
         let p = create_id_typed(std::ptr::null_mut(), std::ptr::null_mut(), r.ai_port_space as u32, qp_type)?;
         let i = id_of(p)?;
         let fail = |e: Errno| {
