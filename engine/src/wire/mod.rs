@@ -22,6 +22,11 @@
 //!   [`atomiceth`], [`aeth`], [`atomicacketh`], [`immdt`], [`ieth`]; [`opcode`] says which of them
 //!   each opcode carries; [`ib`] is the whole transport packet (BTH to ICRC); [`icrc`] computes the
 //!   invariant CRC; [`roce`] puts it all together as RoCEv2 (IPv4/IPv6 + UDP 4791) or RoCEv1 frames.
+//! - Communication Management (IBTA Vol 1 ch. 12), carried in 256-byte MADs on QP1: [`mad`] (the
+//!   MAD common header and the CM attribute IDs), one file per message pair: [`cm_req`] (with the
+//!   path block in [`cm_path`]), [`cm_rep`] (REP, RTU), [`cm_rej`] (REJ, MRA), [`cm_dreq`] (DREQ,
+//!   DREP), [`cm_sidr`] (SIDR_REQ, SIDR_REP), [`cm_lap`] (LAP, APR); [`cma_hdr`], the rdma_cm IP
+//!   header in REQ/SIDR_REQ private data; and [`cm`], a whole CM MAD as values.
 
 use core::ops::{Range, RangeFrom};
 
@@ -130,6 +135,48 @@ macro_rules! fixed_header_packet {
     };
 }
 
+/// Generates the view of one CM message (IBTA Vol 1 12.6): the struct named `$name`,
+/// `new_unchecked`, `new_checked`, `check_len` and `into_inner`. Every CM message view covers the
+/// whole MAD data area after the 24-byte MAD header ([`mad::MAD_DATA_LEN`] = 232 bytes: the fixed
+/// part and the private data), with offsets counted from its start as in `ibta_vol1_c12.h`.
+macro_rules! cm_message_packet {
+    ($name:ident, $what:expr, $doc:expr) => {
+        #[doc = $doc]
+        #[derive(Debug, PartialEq, Eq, Clone)]
+        pub struct $name<T: AsRef<[u8]>> {
+            buffer: T,
+        }
+
+        impl<T: AsRef<[u8]>> $name<T> {
+            /// Wraps a buffer without checking its length (for buffers the caller sized).
+            pub const fn new_unchecked(buffer: T) -> $name<T> {
+                $name { buffer }
+            }
+
+            /// Wraps a buffer after checking that it holds the whole MAD data area.
+            pub fn new_checked(buffer: T) -> $crate::wire::Result<$name<T>> {
+                let packet = Self::new_unchecked(buffer);
+                packet.check_len()?;
+                Ok(packet)
+            }
+
+            /// Checks that the buffer holds the whole MAD data area; after that no accessor panics.
+            pub fn check_len(&self) -> $crate::wire::Result<()> {
+                if self.buffer.as_ref().len() < $crate::wire::mad::MAD_DATA_LEN {
+                    Err($crate::wire::Error::Truncated($what))
+                } else {
+                    Ok(())
+                }
+            }
+
+            /// Returns the underlying buffer.
+            pub fn into_inner(self) -> T {
+                self.buffer
+            }
+        }
+    };
+}
+
 /// Big-endian field access helpers shared by the header views.
 pub(crate) mod be {
     use super::Field;
@@ -174,6 +221,28 @@ pub(crate) mod be {
     }
 }
 
+/// Access to fields narrower than a byte, placed as IBTA's tables place them: `Byte[Bit]`, where
+/// bit 0 is the most significant bit of the byte (IBTA Vol 1 12.6, the message tables).
+pub(crate) mod bits {
+    /// Reads the `width`-bit field of byte `at` that starts `offset` bits below its top bit.
+    #[inline]
+    pub(crate) fn get(b: &[u8], at: usize, offset: u32, width: u32) -> u8 {
+        let shift = 8 - offset - width;
+        (b[at] >> shift) & mask(width)
+    }
+    /// Writes the low `width` bits of `v` into that field, leaving the byte's other bits as they are.
+    #[inline]
+    pub(crate) fn set(b: &mut [u8], at: usize, offset: u32, width: u32, v: u8) {
+        let shift = 8 - offset - width;
+        let m = mask(width) << shift;
+        b[at] = (b[at] & !m) | ((v << shift) & m);
+    }
+    #[inline]
+    fn mask(width: u32) -> u8 {
+        ((1u16 << width) - 1) as u8
+    }
+}
+
 pub mod checksum;
 mod psn;
 
@@ -199,6 +268,17 @@ pub mod icrc;
 pub mod opcode;
 pub mod roce;
 
+pub mod cm;
+pub mod cm_dreq;
+pub mod cm_lap;
+pub mod cm_path;
+pub mod cm_rej;
+pub mod cm_rep;
+pub mod cm_req;
+pub mod cm_sidr;
+pub mod cma_hdr;
+pub mod mad;
+
 pub use self::psn::Psn;
 
 pub use self::ethernet::{Address as EthernetAddress, EtherType, Frame as EthernetFrame, Repr as EthernetRepr};
@@ -221,3 +301,26 @@ pub use self::xrceth::{Packet as XrcEthPacket, Repr as XrcEthRepr};
 pub use self::ib::{Packet as IbPacket, Repr as IbRepr};
 pub use self::opcode::{Headers, OpKind, Opcode, OpcodeInfo, Position, Transport};
 pub use self::roce::{FrameRepr as RoceFrameRepr, L3Repr};
+
+pub use self::cm::{CmMadRepr, CmMessage};
+pub use self::cm_dreq::{
+    CmDrepPacket, CmDrepRepr, CmDreqPacket, CmDreqRepr, DREP_PRIVATE_DATA_LEN, DREQ_PRIVATE_DATA_LEN,
+};
+pub use self::cm_lap::{
+    CmAprPacket, CmAprRepr, CmLapPacket, CmLapRepr, APR_ADD_INFO_LEN, APR_PRIVATE_DATA_LEN, LAP_PRIVATE_DATA_LEN,
+};
+pub use self::cm_path::{CmPath, CmPathPacket, CM_PATH_LEN};
+pub use self::cm_rej::{
+    CmMraPacket, CmMraRepr, CmRejPacket, CmRejRepr, MRA_PRIVATE_DATA_LEN, REJ_ARI_LEN, REJ_PRIVATE_DATA_LEN,
+};
+pub use self::cm_rep::{CmRepPacket, CmRepRepr, CmRtuPacket, CmRtuRepr, REP_PRIVATE_DATA_LEN, RTU_PRIVATE_DATA_LEN};
+pub use self::cm_req::{CmReqPacket, CmReqRepr, REQ_PRIVATE_DATA_LEN};
+pub use self::cm_sidr::{
+    CmSidrRepPacket, CmSidrRepRepr, CmSidrReqPacket, CmSidrReqRepr, SIDR_REP_ADD_INFO_LEN, SIDR_REP_PRIVATE_DATA_LEN,
+    SIDR_REQ_PRIVATE_DATA_LEN,
+};
+pub use self::cma_hdr::{CmaHdrPacket, CmaHdrRepr, CMA_HDR_LEN};
+pub use self::mad::{
+    CmAttr, MadHeader, MadPacket, CM_CLASS_VERSION, MAD_BASE_VERSION, MAD_DATA_LEN, MAD_HEADER_LEN, MAD_LEN,
+    MAD_METHOD_SEND, MGMT_CLASS_CM,
+};

@@ -1,0 +1,331 @@
+//! The MAD common header (IBTA Vol 1 13.4.2), the first 24 bytes of every 256-byte management
+//! datagram, and the attribute IDs of the Communication Management class (IBTA Vol 1 12.6, table 104).
+//!
+//! A CM message travels as a MAD of class 0x07, class version 2, method Send, sent by QP1 to QP1
+//! (on RoCEv2 a UD SEND_ONLY with DestQP 1). [`super::cm`] reads and writes whole CM MADs.
+
+use super::{be, Result};
+
+/// Bytes of a MAD sent on QP0/QP1 (IBTA Vol 1 13.4.1: MADs are exactly 256 bytes).
+pub const MAD_LEN: usize = 256;
+/// Bytes of the MAD common header (IBTA Vol 1 13.4.2, figure 146).
+pub const MAD_HEADER_LEN: usize = 24;
+/// Bytes after the common header: the MAD data area every CM message fills (IBTA Vol 1 12.6).
+pub const MAD_DATA_LEN: usize = MAD_LEN - MAD_HEADER_LEN;
+/// Management class of Communication Management (IBTA Vol 1 13.4.4, table 148).
+pub const MGMT_CLASS_CM: u8 = 0x07;
+/// Class version of the CM class this implementation speaks (IBTA Vol 1 12.6.1; Linux `IB_CM_CLASS_VERSION`).
+pub const CM_CLASS_VERSION: u8 = 2;
+/// The Send method, the only one the CM class uses (IBTA Vol 1 12.6.1).
+pub const MAD_METHOD_SEND: u8 = 0x03;
+/// Base version of the MAD format (IBTA Vol 1 13.4.2).
+pub const MAD_BASE_VERSION: u8 = 1;
+
+enum_with_unknown! {
+    /// The attribute ID of a CM MAD: which message it carries (IBTA Vol 1 12.6, table 104).
+    pub enum CmAttr(u16) {
+        /// REQ, a connection request.
+        Req = 0x10,
+        /// MRA, message receipt acknowledgement ("more time needed").
+        Mra = 0x11,
+        /// REJ, a reject.
+        Rej = 0x12,
+        /// REP, the reply to a REQ.
+        Rep = 0x13,
+        /// RTU, ready to use.
+        Rtu = 0x14,
+        /// DREQ, a disconnection request.
+        Dreq = 0x15,
+        /// DREP, the reply to a DREQ.
+        Drep = 0x16,
+        /// SIDR_REQ, a service ID resolution request.
+        SidrReq = 0x17,
+        /// SIDR_REP, its reply.
+        SidrRep = 0x18,
+        /// LAP, load alternate path.
+        Lap = 0x19,
+        /// APR, alternate path response.
+        Apr = 0x1a,
+    }
+}
+
+impl CmAttr {
+    /// The attribute's name as Wireshark's InfiniBand dissector shows it ("CM ConnectRequest").
+    pub fn name(self) -> &'static str {
+        match self {
+            CmAttr::Req => "ConnectRequest",
+            CmAttr::Mra => "MsgRcptAck",
+            CmAttr::Rej => "ConnectReject",
+            CmAttr::Rep => "ConnectReply",
+            CmAttr::Rtu => "ReadyToUse",
+            CmAttr::Dreq => "DisconnectRequest",
+            CmAttr::Drep => "DisconnectReply",
+            CmAttr::SidrReq => "ServiceIDResReq",
+            CmAttr::SidrRep => "ServiceIDResReqResp",
+            CmAttr::Lap => "LoadAlternatePath",
+            CmAttr::Apr => "AlternatePathResponse",
+            CmAttr::Unknown(_) => "Unknown",
+        }
+    }
+}
+
+mod field {
+    use super::super::Field;
+    pub(super) const BASE_VERSION: usize = 0;
+    pub(super) const MGMT_CLASS: usize = 1;
+    pub(super) const CLASS_VERSION: usize = 2;
+    pub(super) const METHOD: usize = 3;
+    pub(super) const STATUS: Field = 4..6;
+    pub(super) const CLASS_SPECIFIC: Field = 6..8;
+    pub(super) const TID: Field = 8..16;
+    pub(super) const ATTR_ID: Field = 16..18;
+    // Bytes 18-19 are reserved.
+    pub(super) const RESERVED: Field = 18..20;
+    pub(super) const ATTR_MOD: Field = 20..24;
+}
+
+/// A view of a MAD: the common header and the data area after it.
+#[derive(Debug, PartialEq, Eq, Clone)]
+pub struct MadPacket<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> MadPacket<T> {
+    /// Wraps a buffer without checking its length (for buffers the caller sized).
+    pub const fn new_unchecked(buffer: T) -> MadPacket<T> {
+        MadPacket { buffer }
+    }
+
+    /// Wraps a buffer after checking that it holds the common header.
+    pub fn new_checked(buffer: T) -> Result<MadPacket<T>> {
+        let packet = Self::new_unchecked(buffer);
+        packet.check_len()?;
+        Ok(packet)
+    }
+
+    /// Checks that the buffer holds the 24-byte common header; after that no accessor panics.
+    pub fn check_len(&self) -> Result<()> {
+        if self.buffer.as_ref().len() < MAD_HEADER_LEN {
+            Err(super::Error::Truncated("MAD header"))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Returns the underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buffer
+    }
+
+    /// BaseVersion.
+    pub fn base_version(&self) -> u8 {
+        self.buffer.as_ref()[field::BASE_VERSION]
+    }
+    /// MgmtClass.
+    pub fn mgmt_class(&self) -> u8 {
+        self.buffer.as_ref()[field::MGMT_CLASS]
+    }
+    /// ClassVersion.
+    pub fn class_version(&self) -> u8 {
+        self.buffer.as_ref()[field::CLASS_VERSION]
+    }
+    /// The method byte: the R (response) bit on top of the 7-bit method.
+    pub fn method(&self) -> u8 {
+        self.buffer.as_ref()[field::METHOD]
+    }
+    /// Status.
+    pub fn status(&self) -> u16 {
+        be::u16(self.buffer.as_ref(), field::STATUS)
+    }
+    /// ClassSpecific.
+    pub fn class_specific(&self) -> u16 {
+        be::u16(self.buffer.as_ref(), field::CLASS_SPECIFIC)
+    }
+    /// TransactionID.
+    pub fn tid(&self) -> u64 {
+        be::u64(self.buffer.as_ref(), field::TID)
+    }
+    /// AttributeID.
+    pub fn attr_id(&self) -> u16 {
+        be::u16(self.buffer.as_ref(), field::ATTR_ID)
+    }
+    /// AttributeModifier.
+    pub fn attr_mod(&self) -> u32 {
+        be::u32(self.buffer.as_ref(), field::ATTR_MOD)
+    }
+}
+
+impl<'a, T: AsRef<[u8]> + ?Sized> MadPacket<&'a T> {
+    /// The bytes after the common header (for a CM MAD, the message; see [`MAD_DATA_LEN`]).
+    pub fn payload(&self) -> &'a [u8] {
+        &self.buffer.as_ref()[MAD_HEADER_LEN..]
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> MadPacket<T> {
+    /// Sets BaseVersion.
+    pub fn set_base_version(&mut self, v: u8) {
+        self.buffer.as_mut()[field::BASE_VERSION] = v;
+    }
+    /// Sets MgmtClass.
+    pub fn set_mgmt_class(&mut self, v: u8) {
+        self.buffer.as_mut()[field::MGMT_CLASS] = v;
+    }
+    /// Sets ClassVersion.
+    pub fn set_class_version(&mut self, v: u8) {
+        self.buffer.as_mut()[field::CLASS_VERSION] = v;
+    }
+    /// Sets the method byte (R bit and method).
+    pub fn set_method(&mut self, v: u8) {
+        self.buffer.as_mut()[field::METHOD] = v;
+    }
+    /// Sets Status.
+    pub fn set_status(&mut self, v: u16) {
+        be::set_u16(self.buffer.as_mut(), field::STATUS, v)
+    }
+    /// Sets ClassSpecific.
+    pub fn set_class_specific(&mut self, v: u16) {
+        be::set_u16(self.buffer.as_mut(), field::CLASS_SPECIFIC, v)
+    }
+    /// Sets TransactionID.
+    pub fn set_tid(&mut self, v: u64) {
+        be::set_u64(self.buffer.as_mut(), field::TID, v)
+    }
+    /// Sets AttributeID (and zeroes the reserved 16 bits after it).
+    pub fn set_attr_id(&mut self, v: u16) {
+        be::set_u16(self.buffer.as_mut(), field::ATTR_ID, v);
+        be::set_u16(self.buffer.as_mut(), field::RESERVED, 0);
+    }
+    /// Sets AttributeModifier.
+    pub fn set_attr_mod(&mut self, v: u32) {
+        be::set_u32(self.buffer.as_mut(), field::ATTR_MOD, v)
+    }
+    /// The bytes after the common header, writable.
+    pub fn payload_mut(&mut self) -> &mut [u8] {
+        &mut self.buffer.as_mut()[MAD_HEADER_LEN..]
+    }
+}
+
+/// The MAD common header as values. The reserved 16 bits after the attribute ID are not kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct MadHeader {
+    /// BaseVersion (1).
+    pub base_version: u8,
+    /// MgmtClass (0x07 for CM).
+    pub mgmt_class: u8,
+    /// ClassVersion (2 for CM).
+    pub class_version: u8,
+    /// The method byte, R bit included (0x03 Send for CM).
+    pub method: u8,
+    /// Status.
+    pub status: u16,
+    /// ClassSpecific.
+    pub class_specific: u16,
+    /// TransactionID.
+    pub tid: u64,
+    /// AttributeID.
+    pub attr_id: u16,
+    /// AttributeModifier.
+    pub attr_mod: u32,
+}
+
+impl MadHeader {
+    /// Reads the common header. Any values are accepted: the class decides what it allows.
+    pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &MadPacket<&T>) -> Result<MadHeader> {
+        p.check_len()?;
+        Ok(MadHeader {
+            base_version: p.base_version(),
+            mgmt_class: p.mgmt_class(),
+            class_version: p.class_version(),
+            method: p.method(),
+            status: p.status(),
+            class_specific: p.class_specific(),
+            tid: p.tid(),
+            attr_id: p.attr_id(),
+            attr_mod: p.attr_mod(),
+        })
+    }
+    /// Bytes the header takes.
+    pub const fn buffer_len(&self) -> usize {
+        MAD_HEADER_LEN
+    }
+    /// Writes the common header.
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut MadPacket<T>) {
+        p.set_base_version(self.base_version);
+        p.set_mgmt_class(self.mgmt_class);
+        p.set_class_version(self.class_version);
+        p.set_method(self.method);
+        p.set_status(self.status);
+        p.set_class_specific(self.class_specific);
+        p.set_tid(self.tid);
+        p.set_attr_id(self.attr_id);
+        p.set_attr_mod(self.attr_mod);
+    }
+}
+
+#[cfg(test)]
+mod test {
+    use super::*;
+
+    // The MAD header of the REQ in write.pcap (../shared/reference/cm/write.cm.hex, frame 1).
+    static HEADER_BYTES: [u8; 24] = [
+        0x01, 0x07, 0x02, 0x03, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x0b, 0x29, 0x75, 0xef, 0x71, 0x00, 0x10,
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+    ];
+    const REPR: MadHeader = MadHeader {
+        base_version: 1,
+        mgmt_class: MGMT_CLASS_CM,
+        class_version: 2,
+        method: MAD_METHOD_SEND,
+        status: 0,
+        class_specific: 0,
+        tid: 0x0000_000b_2975_ef71,
+        attr_id: 0x0010,
+        attr_mod: 0,
+    };
+
+    #[test]
+    fn deconstruct() {
+        let p = MadPacket::new_checked(&HEADER_BYTES[..]).unwrap();
+        assert_eq!((p.base_version(), p.mgmt_class(), p.class_version(), p.method()), (1, 7, 2, 3));
+        assert_eq!((p.status(), p.class_specific()), (0, 0));
+        assert_eq!(p.tid(), 0x0000_000b_2975_ef71);
+        assert_eq!(CmAttr::from(p.attr_id()), CmAttr::Req);
+        assert_eq!(p.attr_mod(), 0);
+        assert!(p.payload().is_empty());
+    }
+    #[test]
+    fn construct() {
+        let mut b = [0xffu8; 24];
+        let mut p = MadPacket::new_unchecked(&mut b[..]);
+        p.set_base_version(1);
+        p.set_mgmt_class(7);
+        p.set_class_version(2);
+        p.set_method(3);
+        p.set_status(0);
+        p.set_class_specific(0);
+        p.set_tid(0x0000_000b_2975_ef71);
+        p.set_attr_id(0x10);
+        p.set_attr_mod(0);
+        assert_eq!(b, HEADER_BYTES);
+    }
+    #[test]
+    fn parse() {
+        assert_eq!(MadHeader::parse(&MadPacket::new_checked(&HEADER_BYTES[..]).unwrap()), Ok(REPR));
+        assert!(MadPacket::new_checked(&HEADER_BYTES[..23]).is_err());
+    }
+    #[test]
+    fn emit() {
+        let mut b = [0xa5u8; 24];
+        REPR.emit(&mut MadPacket::new_unchecked(&mut b[..]));
+        assert_eq!(b, HEADER_BYTES);
+    }
+    #[test]
+    fn attr_names_and_unknown_round_trip() {
+        assert_eq!(CmAttr::from(0x1a).name(), "AlternatePathResponse");
+        assert_eq!(CmAttr::from(0x18).name(), "ServiceIDResReqResp");
+        assert_eq!(CmAttr::from(0x01), CmAttr::Unknown(0x01));
+        assert_eq!(u16::from(CmAttr::Unknown(0x01)), 0x01);
+        assert_eq!(u16::from(CmAttr::Apr), 0x1a);
+    }
+}
