@@ -29,6 +29,7 @@ mod demo;
 mod device_cmd;
 mod exec_cmd;
 mod pcap_behaviour;
+mod pcap_cm;
 mod pcap_cmd;
 mod sample;
 mod sim;

@@ -13,6 +13,7 @@ use softrdma_pcap::analyze::{self, CheckReport, FrameSummary, IbFrame};
 use softrdma_pcap::{samples, PcapWriter, PcapngOptions, PcapngWriter, Reader, Record, Resolution};
 
 use crate::pcap_behaviour;
+use crate::pcap_cm::{cm_json, cm_text};
 
 /// Reads every record of a capture and analyses it; `f` sees each summary. Returns the read
 /// error that ended the file early, if any.
@@ -104,6 +105,9 @@ pub(crate) fn frame_json(s: &FrameSummary) -> Value {
     if let Some(x) = h.ieth {
         m.insert("ieth".into(), json!(x.rkey));
     }
+    if let Some(cm) = &ib.cm {
+        m.insert("cm".into(), cm_json(cm));
+    }
     m.insert("payload_len".into(), json!(ib.payload_len));
     m.insert("icrc".into(), json!(ib.icrc.map(hex4)));
     m.insert("icrc_ok".into(), json!(ib.icrc_ok));
@@ -176,6 +180,9 @@ pub(crate) fn frame_text(s: &FrameSummary) -> String {
     }
     if let Some(x) = h.ieth {
         let _ = write!(l, " inv_rkey={:#x}", x.rkey);
+    }
+    if let Some(cm) = &ib.cm {
+        l.push_str(&cm_text(cm));
     }
     if let Some(n) = ib.payload_len {
         let _ = write!(l, " len={n}");

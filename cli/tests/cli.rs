@@ -112,6 +112,45 @@ fn decode_json_golden_g4_and_g5() {
 }
 
 #[test]
+fn decode_cm_mads_of_the_nvme_capture() {
+    let f = json_lines(&softrdma(&["pcap", "decode", &shared("captures/nvme-discover2.pcap"), "--json"]));
+    // Frame 1: the REQ (values from ../shared/reference/cm/README.md and nvme-discover2.cm.txt).
+    let req = &f[0]["cm"];
+    assert_eq!((req["attr"].as_str(), req["attr_name"].as_str()), (Some("0x0010"), Some("ConnectRequest")));
+    assert_eq!(req["tid"], "0x00000002ccc2ad73");
+    assert_eq!(req["local_comm_id"], 0x73ad_c2cc_u32);
+    assert!(req.get("remote_comm_id").is_none());
+    assert_eq!(req["service_id"], "0x0000000001061144");
+    assert_eq!((req["local_qpn"].as_u64(), req["starting_psn"].as_u64()), (Some(0x106), Some(0x53_757f)));
+    assert_eq!((req["remote_cm_response_timeout"].as_u64(), req["retry_count"].as_u64()), (Some(22), Some(7)));
+    assert_eq!((req["path_mtu"].as_u64(), req["e2e_flow_control"].as_bool()), (Some(3), Some(true)));
+    assert_eq!(req["primary_path"]["flow_label"], 0x2bba0);
+    assert_eq!(req["primary_path"]["packet_rate"], 6);
+    assert_eq!(req["primary_path"]["local_gid"], "::ffff:172.16.0.110");
+    assert_eq!(req["cma_hdr"]["port"], 39460);
+    assert_eq!(
+        (req["cma_hdr"]["src"].as_str(), req["cma_hdr"]["dst"].as_str()),
+        (Some("172.16.0.110"), Some("172.16.0.103"))
+    );
+    // Frame 2: the REP; frame 28: the target's DREQ naming the host's QP.
+    let rep = &f[1]["cm"];
+    assert_eq!((rep["attr_name"].as_str(), rep["remote_comm_id"].as_u64()), (Some("ConnectReply"), Some(0x73ad_c2cc)));
+    assert_eq!((rep["local_qpn"].as_u64(), rep["target_ack_delay"].as_u64()), (Some(0x8ca), Some(16)));
+    assert_eq!(rep["private_data"], "000021");
+    assert_eq!((f[27]["cm"]["attr"].as_str(), f[27]["cm"]["remote_qpn"].as_u64()), (Some("0x0015"), Some(0x106)));
+    // Only the five CM frames have a cm object.
+    assert_eq!(f.iter().filter(|x| x.get("cm").is_some()).count(), 5);
+
+    let text =
+        String::from_utf8(softrdma(&["pcap", "decode", &shared("captures/nvme-discover2.pcap")]).stdout).unwrap();
+    let first = text.lines().next().unwrap();
+    assert!(
+        first.contains(" CM ConnectRequest comm 0x73adc2cc sid 0x1061144 qpn 0x106 psn 0x53757f ip 172.16.0.110:39460 > 172.16.0.103"),
+        "{first}"
+    );
+}
+
+#[test]
 fn non_ib_frames_are_just_numbered() {
     let f = json_lines(&softrdma(&["pcap", "decode", &shared("captures/read2.pcap"), "--json"]));
     let non_ib: Vec<_> = f.iter().filter(|x| x["ib"] == false).collect();

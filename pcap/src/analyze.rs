@@ -6,6 +6,10 @@
 //! headers are decoded as far as the captured bytes go and their ICRC cannot be checked, which is
 //! not an error of the packet. A packet whose own lengths are inconsistent (a header cut off
 //! before the ICRC, a pad count beyond the payload, ...) is *malformed*.
+//!
+//! A UD SEND_ONLY to QP1 carries a management datagram; when it is a CM MAD (IBTA Vol 1 ch. 12),
+//! [`IbFrame::cm`] holds it decoded, or why it is not a valid CM MAD. A bad MAD is not an error
+//! of the IB packet.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -18,6 +22,7 @@ use softrdma_engine::wire::{
     AtomicEthRepr, BthRepr, DethRepr, Error as WireError, EtherType, Headers, IbPacket, IethRepr, ImmDtRepr, RdethRepr,
     RethRepr, XrcEthRepr,
 };
+use softrdma_engine::wire::{CmMadRepr, Opcode, MAD_LEN};
 
 /// The network layer of an IB frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,6 +96,9 @@ pub struct IbFrame {
     pub icrc_ok: bool,
     /// What is wrong with the packet itself (not the capture), if anything.
     pub error: Option<String>,
+    /// For a UD SEND_ONLY to QP1 (the GSI QP, where CM MADs travel): the payload read as a CM
+    /// MAD, or why it is not one. `None` for every other packet.
+    pub cm: Option<Result<CmMadRepr, WireError>>,
 }
 
 impl IbFrame {
@@ -212,6 +220,7 @@ pub fn summarize(frame: u64, linktype: LinkType, data: &[u8], record_truncated: 
         icrc: None,
         icrc_ok: false,
         error: None,
+        cm: None,
     };
     // A packet the capture cut short: not the packet's fault, as long as what is there is sane.
     // (The frame ends before the end its IP/GRH header declares; inconsistent lengths within the
@@ -227,6 +236,9 @@ pub fn summarize(frame: u64, linktype: LinkType, data: &[u8], record_truncated: 
     let header_len = ib.headers.bth.map(|b| bth::HEADER_LEN + b.opcode.info().map_or(0, |i| i.headers.len()));
     if let (Some(hl), Some(b)) = (header_len, ib.headers.bth) {
         ib.payload_len = body_end.checked_sub(hl + usize::from(b.pad_count));
+    }
+    if let (Some(hl), Some(b)) = (header_len, ib.headers.bth) {
+        ib.cm = cm_mad(b, d.ib_bytes, hl, body_end.saturating_sub(usize::from(b.pad_count)));
     }
     if let Some(e) = below_transport_error {
         ib.error = Some(e.to_string());
@@ -249,6 +261,23 @@ pub fn summarize(frame: u64, linktype: LinkType, data: &[u8], record_truncated: 
     }
     s.ib = Some(ib);
     s
+}
+
+/// The CM MAD of a GSI packet: a UD SEND_ONLY to QP1 (IBTA Vol 1 13.5.1: MADs for the GSI travel
+/// on QP1; 12.6: CM is a GSI class). Reads the payload as far as the captured bytes go (a frame the
+/// capture cut shows as a truncated MAD); anything but a valid CM MAD is the error.
+fn cm_mad(
+    bth: BthRepr,
+    ib_bytes: &[u8],
+    header_len: usize,
+    payload_end: usize,
+) -> Option<Result<CmMadRepr, WireError>> {
+    if bth.opcode != Opcode::UD_SEND_ONLY || bth.dest_qp.value() != 1 {
+        return None;
+    }
+    let end = payload_end.min(ib_bytes.len()).min(header_len + MAD_LEN);
+    let payload = ib_bytes.get(header_len..end).unwrap_or(&[]);
+    Some(CmMadRepr::parse(payload))
 }
 
 /// Counts over a whole capture, for `softrdma pcap check`.

@@ -11,9 +11,10 @@ use super::cm_rej::{CmMraPacket, CmMraRepr, CmRejPacket, CmRejRepr};
 use super::cm_rep::{CmRepPacket, CmRepRepr, CmRtuPacket, CmRtuRepr};
 use super::cm_req::{CmReqPacket, CmReqRepr};
 use super::cm_sidr::{CmSidrRepPacket, CmSidrRepRepr, CmSidrReqPacket, CmSidrReqRepr};
+use super::cma_hdr::{CmaHdrPacket, CmaHdrRepr};
 use super::mad::{
-    CmAttr, MadHeader, MadPacket, CM_CLASS_VERSION, MAD_BASE_VERSION, MAD_DATA_LEN, MAD_LEN,
-    MAD_METHOD_SEND, MGMT_CLASS_CM,
+    CmAttr, MadHeader, MadPacket, CM_CLASS_VERSION, MAD_BASE_VERSION, MAD_DATA_LEN, MAD_LEN, MAD_METHOD_SEND,
+    MGMT_CLASS_CM,
 };
 use super::{Error, Result};
 
@@ -119,6 +120,17 @@ impl CmMessage {
             CmMessage::Lap(m) => &m.private_data,
             CmMessage::Apr(m) => &m.private_data,
         }
+    }
+
+    /// The rdma_cm IP header opening the private data of a REQ or SIDR_REQ, when it parses as one
+    /// (Linux `cma.c`: other messages and AF_IB connections carry none).
+    pub fn cma_hdr(&self) -> Option<CmaHdrRepr> {
+        let data = match self {
+            CmMessage::Req(m) => &m.private_data,
+            CmMessage::SidrReq(m) => &m.private_data,
+            _ => return None,
+        };
+        CmaHdrRepr::parse(&CmaHdrPacket::new_checked(&data[..]).ok()?).ok()
     }
 
     /// Reads the message `attr` names from the MAD data area (the 232 bytes after the header).
@@ -324,9 +336,11 @@ mod test {
         assert_eq!(req.msg.local_comm_id(), 0x71ef_7529);
         assert_eq!(req.msg.remote_comm_id(), None);
         assert_eq!(req.msg.service_id(), Some(0x0000_0000_0106_00ac));
+        assert_eq!(req.msg.cma_hdr().map(|h| h.port), Some(50775));
         let rep = CmMadRepr::parse(&mads[1]).unwrap();
         assert_eq!(rep.tid, req.tid, "REP reuses the REQ's TID");
         assert_eq!(rep.msg.remote_comm_id(), Some(0x71ef_7529));
+        assert_eq!(rep.msg.cma_hdr(), None);
     }
 
     #[test]
