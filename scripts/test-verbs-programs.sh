@@ -130,13 +130,47 @@ for prog in ibv_devices ibv_devinfo ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingp
   fi
 done
 
-# rdma_cm is not implemented yet: a program that needs it fails at once, with the shim's one line
-# saying so, never a fake success.
-log="$logs/rping.log"
-if ! timeout 10 rping -s -a "$addr0" -C 1 >"$log" 2>&1 && grep -q "rdma_cm is not implemented yet" "$log"; then
-  result "rping fails cleanly (rdma_cm: ENOSYS)" ok
+# rdma_cm (librdmacm on the devices' connection manager; CM MADs on QP1 over the wire).
+# cm_pair NAME SERVER-ADDR CLIENT-ADDR-ARGS...: rping server bound to SERVER-ADDR, client to it; both
+# must exit 0 and every ping must have been verified (-v prints each; -V checks each).
+cm_rping() { # name server-addr count size [extra server/client flags]
+  local name="$1" saddr="$2" count="$3" size="$4"
+  shift 4
+  port=$((port + 1))
+  local slog="$logs/${name// /_}.server.log" clog="$logs/${name// /_}.client.log"
+  timeout 60 rping -s -a "$saddr" -p "$port" -C "$count" -S "$size" -V "$@" >"$slog" 2>&1 &
+  local spid=$!
+  local crc=1
+  for _ in $(seq 50); do
+    sleep 0.1
+    timeout 60 rping -c -a "$saddr" -p "$port" -C "$count" -S "$size" -v -V "$@" >"$clog" 2>&1
+    crc=$?
+    grep -q "REJECTED" "$clog" || break
+  done
+  wait "$spid"
+  local src=$?
+  local pings
+  pings=$(grep -c "^ping data: rdma-ping-" "$clog")
+  if [ "$src" = 0 ] && [ "$crc" = 0 ] && [ "$pings" = "$count" ]; then
+    result "$name ($pings pings verified)" ok
+  else
+    result "$name" fail "server rc=$src client rc=$crc pings=$pings; $(tail -q -n 2 "$slog" "$clog" | tr '\n' ' ')"
+  fi
+}
+cm_rping "rping one device" "$addr0" 20 64
+cm_rping "rping across two devices" "$addr1" 50 4096
+cm_rping "rping 60000 B" "$addr1" 10 60000
+# A client with no server: the peer's CM answers the REQ with REJ 8 (invalid service ID) at once,
+# which librdmacm reports as RDMA_CM_EVENT_REJECTED, status 8.
+log="$logs/rping-no-server.log"
+start=$(date +%s%N)
+timeout 20 rping -c -a "$addr1" -p 1 -C 1 >"$log" 2>&1
+rc=$?
+ms=$(( ($(date +%s%N) - start) / 1000000 ))
+if [ "$rc" != 0 ] && grep -q "RDMA_CM_EVENT_REJECTED, error 8" "$log" && [ "$ms" -lt 5000 ]; then
+  result "rping with no server: REJECTED status 8 in ${ms} ms" ok
 else
-  result "rping fails cleanly (rdma_cm: ENOSYS)" fail "$(tail -n 2 "$log" | tr '\n' ' ')"
+  result "rping with no server: REJECTED status 8" fail "rc=$rc ${ms} ms; $(tail -n 2 "$log" | tr '\n' ' ')"
 fi
 
 single "ibv_devices" "srdma0.*[0-9a-f]{16}" ibv_devices

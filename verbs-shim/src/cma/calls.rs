@@ -234,6 +234,10 @@ pub unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut c::rdma_event_
         }
         // SAFETY: the read end is ours.
         unsafe { libc::close(ch.c.fd) };
+        // The write end stays open: a thread still blocked in rdma_get_cm_event on this channel
+        // (rping's CM thread while its main thread tears down) stays blocked, as it does on the
+        // kernel's ucma fd, instead of reading end-of-file and failing.
+        std::mem::forget(ch);
         Ok(())
     });
 }
