@@ -160,6 +160,50 @@ cm_rping() { # name server-addr count size [extra server/client flags]
 cm_rping "rping one device" "$addr0" 20 64
 cm_rping "rping across two devices" "$addr1" 50 4096
 cm_rping "rping 60000 B" "$addr1" 10 60000
+# perftest connecting through rdma_cm (-R): the data QPs' numbers and PSNs travel in REQ/REP.
+cm_perf() { # program (server on srdma0, client connecting to its address; no -g: with -R it means multicast)
+  local prog="$1"
+  port=$((port + 1))
+  local slog="$logs/$prog-R.server.log" clog="$logs/$prog-R.client.log"
+  timeout 60 "$prog" -R -d srdma0 -p "$port" -n 200 >"$slog" 2>&1 &
+  local spid=$! crc=1
+  for _ in $(seq 50); do
+    sleep 0.1
+    timeout 60 "$prog" -R -d srdma0 -p "$port" -n 200 "$addr0" >"$clog" 2>&1
+    crc=$?
+    grep -q "Couldn't connect\|Unable to perform rdma_client" "$clog" || break
+  done
+  wait "$spid"
+  local src=$?
+  if [ "$src" = 0 ] && [ "$crc" = 0 ] && grep -qE "^ +[0-9]+ +200 " "$clog"; then
+    result "$prog -R" ok
+  else
+    result "$prog -R" fail "server rc=$src client rc=$crc; $(tail -q -n 2 "$slog" "$clog" | tr '\n' ' ')"
+  fi
+}
+# ib_send_lat -R is left out: its client crashes (SIGSEGV) after "Failed to connect RDMA CM events:
+# File exists" (open bug, see the rdma_cm issue notes).
+for prog in ib_send_bw ib_write_bw ib_read_bw ib_atomic_bw ib_write_lat; do
+  cm_perf "$prog"
+done
+# rdma_server / rdma_client: synchronous IDs, rdma_getaddrinfo, rdma_create_ep, rdma_get_request,
+# rdma_accept with no conn_param, and the rdma_verbs.h helpers on id->pd and the CQs librdmacm made.
+port=$((port + 1))
+timeout 30 rdma_server -p "$port" >"$logs/rdma_server.log" 2>&1 &
+spid=$!
+for _ in $(seq 50); do
+  sleep 0.1
+  timeout 30 rdma_client -s "$addr0" -p "$port" >"$logs/rdma_client.log" 2>&1
+  crc=$?
+  [ "$crc" = 0 ] && break
+done
+wait "$spid"
+src=$?
+if [ "$src" = 0 ] && [ "$crc" = 0 ] && grep -q "end 0" "$logs/rdma_server.log" && grep -q "end 0" "$logs/rdma_client.log"; then
+  result "rdma_server / rdma_client" ok
+else
+  result "rdma_server / rdma_client" fail "server rc=$src client rc=$crc; $(tail -q -n 2 "$logs"/rdma_*.log | tr '\n' ' ')"
+fi
 # A client with no server: the peer's CM answers the REQ with REJ 8 (invalid service ID) at once,
 # which librdmacm reports as RDMA_CM_EVENT_REJECTED, status 8.
 log="$logs/rping-no-server.log"

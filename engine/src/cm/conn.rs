@@ -11,8 +11,8 @@ use super::{
 use crate::time::{Duration, Instant};
 use crate::verbs::{Mtu, QpType};
 use crate::wire::{
-    CmDrepRepr, CmDreqRepr, CmMadRepr, CmMessage, CmMraRepr, CmRejRepr, CmRepRepr, CmReqRepr, CmRtuRepr,
-    CmSidrRepRepr, CmaHdrPacket, CmaHdrRepr, REJ_PRIVATE_DATA_LEN, REP_PRIVATE_DATA_LEN, REQ_PRIVATE_DATA_LEN,
+    CmDrepRepr, CmDreqRepr, CmMadRepr, CmMessage, CmMraRepr, CmRejRepr, CmRepRepr, CmReqRepr, CmRtuRepr, CmSidrRepRepr,
+    CmaHdrPacket, CmaHdrRepr, REJ_PRIVATE_DATA_LEN, REP_PRIVATE_DATA_LEN, REQ_PRIVATE_DATA_LEN,
 };
 
 /// REQ private data left for the consumer after the 36-byte IP header (IBTA 12.6.5: 92 bytes).
@@ -194,7 +194,8 @@ impl Cm {
             return Err(CmError::Inval);
         }
         id.state = IdState::Established;
-        let rtu = CmRtuRepr { local_comm_id: id.local_comm_id, remote_comm_id: id.remote_comm_id, private_data: vec![] };
+        let rtu =
+            CmRtuRepr { local_comm_id: id.local_comm_id, remote_comm_id: id.remote_comm_id, private_data: vec![] };
         let (dst, tid) = (id.remote.map(|r| r.ip()), id.tid);
         self.counters.established += 1;
         if let Some(dst) = dst {
@@ -552,9 +553,8 @@ impl Cm {
         let hdr = CmaHdrPacket::new_checked(&req.private_data[..]).and_then(|p| CmaHdrRepr::parse(&p)).ok();
         // rdma_cm's own checks on what the IB CM matched (cma_ib_req_handler): its IP header,
         // the destination address against the listener's, the QP type.
-        let listener = hdr.as_ref().and_then(|hd| {
-            list.iter().find(|(a, _)| a.is_none() || *a == Some(hd.dst)).map(|(_, h)| *h)
-        });
+        let listener =
+            hdr.as_ref().and_then(|hd| list.iter().find(|(a, _)| a.is_none() || *a == Some(hd.dst)).map(|(_, h)| *h));
         let Some(lh) = listener else {
             self.rej_to(src, tid, req.local_comm_id, 0, REJ_MSG_REQ, reject::CONSUMER_DEFINED);
             return;
@@ -742,8 +742,8 @@ impl Cm {
             return false;
         }
         // cm_mra_handler: the peer needs service_timeout more; the resend waits that long.
-        let t = self.cfg.timer(mra.service_timeout).as_nanos()
-            + self.cfg.timer(self.cfg.packet_lifetime + 1).as_nanos();
+        let t =
+            self.cfg.timer(mra.service_timeout).as_nanos() + self.cfg.timer(self.cfg.packet_lifetime + 1).as_nanos();
         self.set_timer(h, Some(now + Duration::from_nanos(t)));
         true
     }

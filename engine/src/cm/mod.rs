@@ -591,7 +591,12 @@ impl Cm {
                 }
             }
             QpState::Rtr => {
-                if !connected || !matches!(id.state, IdState::RepSent | IdState::RepRcvd | IdState::Established | IdState::ReqRcvd) {
+                if !connected
+                    || !matches!(
+                        id.state,
+                        IdState::RepSent | IdState::RepRcvd | IdState::Established | IdState::ReqRcvd
+                    )
+                {
                     return Err(CmError::Inval);
                 }
                 // cm_init_qp_rtr_attr.
@@ -615,7 +620,12 @@ impl Cm {
                 r.sl = id.path.sl;
             }
             QpState::Rts => {
-                if !connected || !matches!(id.state, IdState::RepSent | IdState::RepRcvd | IdState::Established | IdState::ReqRcvd) {
+                if !connected
+                    || !matches!(
+                        id.state,
+                        IdState::RepSent | IdState::RepRcvd | IdState::Established | IdState::ReqRcvd
+                    )
+                {
                     return Err(CmError::Inval);
                 }
                 // cm_init_qp_rts_attr.
@@ -626,7 +636,11 @@ impl Cm {
                     a.retry_cnt = id.mine.retry_count.min(7);
                     a.rnr_retry = id.peer.rnr_retry_count.min(7);
                     a.max_rd_atomic = id.mine.initiator_depth;
-                    mask = mask | AttrMask::TIMEOUT | AttrMask::RETRY_CNT | AttrMask::RNR_RETRY | AttrMask::MAX_QP_RD_ATOMIC;
+                    mask = mask
+                        | AttrMask::TIMEOUT
+                        | AttrMask::RETRY_CNT
+                        | AttrMask::RNR_RETRY
+                        | AttrMask::MAX_QP_RD_ATOMIC;
                 }
                 if id.qp_type == QpType::XrcTgt {
                     mask = AttrMask::STATE;

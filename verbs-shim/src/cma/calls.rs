@@ -720,6 +720,10 @@ fn create_qp_inner(id: *mut c::rdma_cm_id, attr: &mut ffi::ibv_qp_init_attr_ex) 
         return Err(e);
     }
     cid.qp = qp as _;
+    if cid.pd.is_null() && !attr.pd.is_null() {
+        // rdma_verbs.h's helpers (rdma_reg_msgs, ...) register on `id->pd`: the QP's.
+        cid.pd = attr.pd as _;
+    }
     Ok(())
 }
 
