@@ -121,7 +121,7 @@ impl CmDesk {
                 Ok(())
             }
             Request::CmCreateId { channel, ps, qp_type, user } => {
-                if !self.channels.get(&channel).is_some_and(|c| c.owner == owner) {
+                if self.channels.get(&channel).is_none_or(|c| c.owner != owner) {
                     return err(CmError::Inval);
                 }
                 let h = dev.cm().create_id(ps, qp_type);
@@ -133,7 +133,7 @@ impl CmDesk {
                 dev.cm().destroy(now, id)
             }),
             Request::CmMigrate { id, channel, user } => self.owned(owner, id).and_then(|()| {
-                if !self.channels.get(&channel).is_some_and(|c| c.owner == owner) {
+                if self.channels.get(&channel).is_none_or(|c| c.owner != owner) {
                     return Err(CmError::Inval);
                 }
                 let e = self.ids.get_mut(&id).expect("owned");

@@ -172,7 +172,7 @@ impl Cm {
         id.state = IdState::RepSent;
         id.retries_left = retries;
         let (dst, tid, resp) = (id.remote.map(|r| r.ip()), id.tid, id.peer_response_timeout);
-        let pid = std::mem::replace(&mut self.ids.get_mut(&h).expect("exists").parent, None);
+        let pid = self.ids.get_mut(&h).expect("exists").parent.take();
         self.pending = self.pending.saturating_sub(1);
         if let Some(p) = pid.and_then(|p| self.ids.get_mut(&p)) {
             p.pending = p.pending.saturating_sub(1);

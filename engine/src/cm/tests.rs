@@ -465,9 +465,9 @@ fn req_to_a_silent_peer_is_unreachable() {
     let mut silent = |_: &Sent| Fate::Drop;
     p.drive_with(&mut silent);
     p.advance_with(Duration::from_nanos(times(REQ_TIMEOUT, 16).as_nanos() - ms(1).as_nanos()), &mut silent);
-    let times: Vec<u64> = p.sent(CmAttr::Req).iter().map(|s| s.at.as_nanos()).collect();
+    let req_times: Vec<u64> = p.sent(CmAttr::Req).iter().map(|s| s.at.as_nanos()).collect();
     let expected: Vec<u64> = (0..16).map(|i| times(REQ_TIMEOUT, i).as_nanos()).collect();
-    assert_eq!(times, expected);
+    assert_eq!(req_times, expected);
     assert!(p.sent(CmAttr::Req).iter().all(|s| s.repr == p.wire[0].repr), "resends are the same MAD");
     assert!(p.events(Side::A).is_empty(), "nothing before the last timeout");
     assert_eq!(p.a.state(a), Some(IdState::ReqSent));
@@ -601,6 +601,23 @@ fn duplicate_req_gets_mra_and_holds_the_req_timer() {
     p.drive();
     assert_eq!(p.event(Side::B).kind, CmEventKind::Established);
     assert_eq!(p.a.poll_timeout(), None);
+}
+
+/// cm_dup_req_handler: a REQ the network delivers twice is one request; the duplicate, found
+/// by the peer's (address, comm ID), is answered with MRA, which holds the REQ resend.
+#[test]
+fn req_duplicated_by_the_network_is_one_request() {
+    let mut p = Pair::new();
+    p.listen(PS_TCP, QpType::Rc, 0);
+    p.dial(PS_TCP, QpType::Rc, SPORT, req_param(0x100, b"hello"));
+    let mut dup_req = |s: &Sent| if s.attr() == CmAttr::Req { Fate::Duplicate } else { Fate::Deliver };
+    p.drive_with(&mut dup_req);
+    let ev = p.event(Side::B);
+    assert_eq!((ev.kind, ev.param.qp_num), (CmEventKind::ConnectRequest, 0x100));
+    assert_eq!(p.b.id_count(), 2, "the listener and one connection");
+    assert_eq!(p.b.counters().mras_sent, 1);
+    assert_eq!(p.sent(CmAttr::Mra).len(), 1);
+    assert_eq!(p.a.poll_timeout(), Some(Instant::ZERO + MRA_WAIT));
 }
 
 /// IBTA 12.9.7 / cm_dreq_handler, cm_drep_handler: DREQ -> DISCONNECTED on the passive side;
@@ -995,7 +1012,8 @@ fn xrc_initiator_to_target() {
     assert_eq!(req.local_qpn, 0x100);
     let ev = p.event(Side::B);
     assert_eq!((ev.kind, ev.listen_id, ev.param.qp_num), (CmEventKind::ConnectRequest, Some(l), 0x100));
-    p.b.accept(p.now, ev.id, rep_param(0x300)).unwrap();
+    let b = ev.id;
+    p.b.accept(p.now, b, rep_param(0x300)).unwrap();
     p.drive();
     let CmMessage::Rep(rep) = &p.sent(CmAttr::Rep)[0].repr.msg else { panic!() };
     assert_eq!((rep.local_eecn, rep.local_qpn, rep.srq), (0x300, 0, true));
@@ -1009,14 +1027,14 @@ fn xrc_initiator_to_target() {
     p.a.establish(p.now, a).unwrap();
     p.drive();
     assert_eq!(p.event(Side::B).kind, CmEventKind::Established);
-    assert_eq!(p.b.init_qp_attr(ev.id, QpState::Rtr).map(|r| r.attr.dest_qp_num), Ok(0x100));
+    assert_eq!(p.b.init_qp_attr(b, QpState::Rtr).map(|r| r.attr.dest_qp_num), Ok(0x100));
 }
 
 /// librdmacm's rdma_accept (and the shim's, `qp_to_rts`) moves the passive QP to RTS *before*
 /// the REP is sent; cm_init_qp_rts_attr's SQ PSN must be the Starting PSN that REP then
-/// announces, or the active side's RTR expects another PSN than the passive QP sends.
+/// announces (rdma_cm picks it in `__rdma_create_id`), or the active side's RTR expects another
+/// PSN than the passive QP sends.
 #[test]
-#[ignore = "bug: in ReqRcvd init_qp_attr(Rts) gives sq_psn 0; accept() draws the REP's starting PSN only later"]
 fn passive_rts_before_accept_matches_the_rep_psn() {
     let mut p = Pair::new();
     p.listen(PS_TCP, QpType::Rc, 0);
