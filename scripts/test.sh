@@ -50,18 +50,35 @@ step "fuzz targets"
 fuzz_seconds=${FUZZ_SECONDS:-30}
 corpus=$(mktemp -d)
 trap 'rm -rf "$corpus"' EXIT
-mkdir -p "$corpus/parse_packet" "$corpus/read_capture" "$corpus/handle_packet" "$corpus/ipc_message"
+mkdir -p "$corpus/parse_packet" "$corpus/read_capture" "$corpus/handle_packet" "$corpus/ipc_message" \
+  "$corpus/parse_cm_mad"
 for f in ../shared/reference/wire/golden/*.hex; do
   python3 -c 'import sys; open(sys.argv[2], "wb").write(bytes.fromhex(open(sys.argv[1]).read().strip()))' \
     "$f" "$corpus/parse_packet/$(basename "$f" .hex)"
 done
 cp ../shared/captures/send.pcap ../shared/reference/wire/golden/coverage.pcap "$corpus/read_capture/"
+# The CM MADs of the hardware captures (tshark hex dumps: a blank line between frames; the MAD is
+# the 256 bytes after Ethernet, IPv4, UDP, BTH and DETH, i.e. from byte 62).
+for f in ../shared/reference/cm/*.cm.hex; do
+  python3 - "$f" "$corpus/parse_cm_mad/$(basename "$f" .cm.hex)" <<'PY'
+import sys
+frames, cur = [], []
+for line in open(sys.argv[1]):
+    if not line.strip():
+        if cur: frames.append(cur); cur = []
+        continue
+    cur += [int(t, 16) for t in line[6:54].split()]
+if cur: frames.append(cur)
+for i, fr in enumerate(frames):
+    open(f"{sys.argv[2]}-{i}", "wb").write(bytes(fr[62:62 + 256]))
+PY
+done
 cd fuzz
 # cargo fuzz needs nightly-only rustc flags; RUSTC_BOOTSTRAP lets the one stable toolchain take them.
 export RUSTC_BOOTSTRAP=1
 cargo fuzz build -O
 if [ "$fuzz_seconds" -gt 0 ]; then
-  for t in parse_packet read_capture handle_packet ipc_message; do
+  for t in parse_packet read_capture handle_packet ipc_message parse_cm_mad; do
     cargo fuzz run -O "$t" "$corpus/$t" -- -max_total_time="$fuzz_seconds" -print_final_stats=0 2>&1 | tail -n 1
   done
 fi
