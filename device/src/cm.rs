@@ -177,19 +177,20 @@ impl CmDesk {
     }
 
     /// Hands the CM's events to their channels.
-    pub(crate) fn route(&mut self, dev: &mut Device<ProcessMemory>, device: &str) {
+    pub(crate) fn route(&mut self, dev: &mut Device<ProcessMemory>, now: Instant, device: &str) {
         while let Some(e) = dev.cm().poll_event() {
-            self.deliver(dev, device, e);
+            self.deliver(dev, now, device, e);
         }
         self.flush();
     }
 
-    fn deliver(&mut self, dev: &mut Device<ProcessMemory>, device: &str, e: CmEvent) {
+    fn deliver(&mut self, dev: &mut Device<ProcessMemory>, now: Instant, device: &str, e: CmEvent) {
         let (entry_channel, user, listen_user) = if e.kind == CmEventKind::ConnectRequest {
             // A new connection ID: it belongs to the listener's client and channel until the
             // client migrates it.
             let Some(l) = e.listen_id.and_then(|l| self.ids.get(&l)) else {
-                let _ = dev.cm().destroy(Instant(0), e.id);
+                // The listener went away: the request is rejected as the kernel rejects it.
+                let _ = dev.cm().destroy(now, e.id);
                 return;
             };
             let (owner, channel, lu) = (l.owner, l.channel, l.user);

@@ -843,7 +843,8 @@ impl State {
         self.dev.memory().flush();
         self.fill_cq_rings();
         self.route_events();
-        self.cm.route(&mut self.dev, &self.name);
+        let now = self.now();
+        self.cm.route(&mut self.dev, now, &self.name);
     }
 
     /// A packet the engine wrote, its ICRC computed for IPv4 ID `icrc_id`: through the fault

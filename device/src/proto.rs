@@ -409,10 +409,7 @@ pub struct DeviceInfo {
 
 /// The RoCEv2 GID of an address: IPv4 addresses map into IPv6 (::ffff:a.b.c.d).
 pub fn gid_of(addr: IpAddr) -> [u8; 16] {
-    match addr {
-        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
-        IpAddr::V6(a) => a.octets(),
-    }
+    softrdma_engine::cm::ip_to_gid(addr)
 }
 
 /// An async event addressed to a client.

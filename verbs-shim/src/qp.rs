@@ -394,6 +394,32 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ffi::ibv_qp, attr: *mut ffi::ibv
     })
 }
 
+/// The engine's QP attributes as `struct ibv_qp_attr` (the address vector global, on port 1).
+pub(crate) fn qp_attr_to_c(a: &softrdma_engine::device::QpAttr) -> ffi::ibv_qp_attr {
+    let mut out = ffi::ibv_qp_attr {
+        qp_state: a.qp_state.to_ibv(),
+        path_mtu: a.path_mtu as u32,
+        qkey: a.qkey,
+        rq_psn: a.rq_psn,
+        sq_psn: a.sq_psn,
+        dest_qp_num: a.dest_qp_num,
+        qp_access_flags: a.qp_access_flags.0,
+        pkey_index: a.pkey_index,
+        max_rd_atomic: a.max_rd_atomic,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+        port_num: a.port_num,
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        ..Default::default()
+    };
+    out.ah_attr.is_global = 1;
+    out.ah_attr.port_num = 1;
+    out.ah_attr.grh.dgid.raw = softrdma_device::proto::gid_of(a.dest);
+    out
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_qp(
     qp: *mut ffi::ibv_qp,
@@ -406,29 +432,13 @@ pub unsafe extern "C" fn ibv_query_qp(
         let out = nonnull(attr)?;
         let (st, a) = q.inner().query()?;
         (*qp).state = st.to_ibv();
-        *out = ffi::ibv_qp_attr::default();
+        *out = qp_attr_to_c(&a);
         out.qp_state = st.to_ibv();
         out.cur_qp_state = st.to_ibv();
-        out.path_mtu = a.path_mtu as u32;
         out.path_mig_state = ffi::IBV_MIG_MIGRATED;
-        out.qkey = a.qkey;
-        out.rq_psn = a.rq_psn;
-        out.sq_psn = a.sq_psn;
-        out.dest_qp_num = a.dest_qp_num;
-        out.qp_access_flags = a.qp_access_flags.0;
         out.cap = q.init.cap;
-        out.ah_attr.is_global = 1;
-        out.ah_attr.port_num = 1;
-        out.ah_attr.grh.dgid.raw = softrdma_device::proto::gid_of(a.dest);
         out.ah_attr.grh.hop_limit = 1;
-        out.pkey_index = a.pkey_index;
-        out.max_rd_atomic = a.max_rd_atomic;
-        out.max_dest_rd_atomic = a.max_dest_rd_atomic;
-        out.min_rnr_timer = a.min_rnr_timer;
         out.port_num = 1;
-        out.timeout = a.timeout;
-        out.retry_cnt = a.retry_cnt;
-        out.rnr_retry = a.rnr_retry;
         if let Some(i) = init.as_mut() {
             let b = &(*qp);
             *i = ffi::ibv_qp_init_attr {

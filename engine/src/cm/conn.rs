@@ -172,11 +172,7 @@ impl Cm {
         id.state = IdState::RepSent;
         id.retries_left = retries;
         let (dst, tid, resp) = (id.remote.map(|r| r.ip()), id.tid, id.peer_response_timeout);
-        let pid = self.ids.get_mut(&h).expect("exists").parent.take();
-        self.pending = self.pending.saturating_sub(1);
-        if let Some(p) = pid.and_then(|p| self.ids.get_mut(&p)) {
-            p.pending = p.pending.saturating_sub(1);
-        }
+        self.leave_pending(h);
         let Some(dst) = dst else { return Err(CmError::Inval) };
         let last = self.send(dst, tid, CmMessage::Rep(rep));
         self.ids.get_mut(&h).expect("exists").last = last;
@@ -230,11 +226,7 @@ impl Cm {
         id.state = IdState::Closed;
         let (dst, tid) = (id.remote.map(|r| r.ip()), id.tid);
         if was_pending {
-            let parent = self.ids.get_mut(&h).and_then(|i| i.parent.take());
-            self.pending = self.pending.saturating_sub(1);
-            if let Some(p) = parent.and_then(|p| self.ids.get_mut(&p)) {
-                p.pending = p.pending.saturating_sub(1);
-            }
+            self.leave_pending(h);
         }
         self.forget_peer(h);
         if let Some(dst) = dst {
@@ -355,27 +347,17 @@ impl Cm {
                 }
                 self.remove(h);
             }
-            IdState::ReqRcvd | IdState::RepSent | IdState::RepRcvd => {
-                if state == IdState::RepSent || state == IdState::RepRcvd {
-                    // cm_destroy_id: consumer-defined REJ from REP_SENT / REP_RCVD.
-                    let id = self.ids.get_mut(&h).expect("exists");
-                    id.state = if state == IdState::RepSent { IdState::ReqRcvd } else { state };
-                    let msg = if state == IdState::RepSent { REJ_MSG_OTHER } else { REJ_MSG_REP };
-                    let rej = CmRejRepr {
-                        local_comm_id: id.local_comm_id,
-                        remote_comm_id: id.remote_comm_id,
-                        msg_rejected: msg,
-                        reason: reject::CONSUMER_DEFINED,
-                        ..Default::default()
-                    };
-                    let (dst, tid) = (id.remote.map(|r| r.ip()), id.tid);
-                    id.state = IdState::Closed;
-                    if let Some(dst) = dst {
-                        self.send(dst, tid, CmMessage::Rej(rej));
-                        self.counters.rejs_sent += 1;
-                    }
-                } else {
-                    let _ = self.reject(now, h, &[], reject::CONSUMER_DEFINED);
+            IdState::ReqRcvd | IdState::RepRcvd => {
+                // cm_destroy_id: a consumer-defined REJ of the REQ (or REP) the consumer holds.
+                let _ = self.reject(now, h, &[], reject::CONSUMER_DEFINED);
+                self.remove(h);
+            }
+            IdState::RepSent => {
+                // cm_destroy_id: a consumer-defined REJ while waiting for the RTU.
+                let id = self.ids.get(&h).expect("exists");
+                let (dst, tid, l, r) = (id.remote.map(|r| r.ip()), id.tid, id.local_comm_id, id.remote_comm_id);
+                if let Some(dst) = dst {
+                    self.rej_to(dst, tid, r, l, REJ_MSG_OTHER, reject::CONSUMER_DEFINED);
                 }
                 self.remove(h);
             }
@@ -714,11 +696,7 @@ impl Cm {
             IdState::ReqSent | IdState::RepSent | IdState::RepRcvd | IdState::ReqRcvd => {
                 let was_pending = id.state == IdState::ReqRcvd;
                 if was_pending {
-                    let parent = self.ids.get_mut(&h).and_then(|i| i.parent.take());
-                    self.pending = self.pending.saturating_sub(1);
-                    if let Some(p) = parent.and_then(|p| self.ids.get_mut(&p)) {
-                        p.pending = p.pending.saturating_sub(1);
-                    }
+                    self.leave_pending(h);
                 }
                 let param = ConnParam { private_data: rej.private_data, ..Default::default() };
                 self.event(h, CmEventKind::Rejected, i32::from(rej.reason), None, param);

@@ -689,6 +689,9 @@ impl Cm {
     /// Forgets an ID entirely (its lookups and timer).
     fn remove(&mut self, h: IdHandle) {
         self.set_timer(h, None);
+        if self.ids.get(&h).is_some_and(|i| i.state == IdState::ReqRcvd) {
+            self.leave_pending(h);
+        }
         let Some(id) = self.ids.remove(&h) else { return };
         if id.local_comm_id != 0 && self.by_comm.get(&id.local_comm_id) == Some(&h) {
             self.by_comm.remove(&id.local_comm_id);
@@ -712,15 +715,14 @@ impl Cm {
                 }
             }
         }
-        if id.state == IdState::ReqRcvd {
-            self.unpend(&id);
-        }
     }
 
-    /// A connection leaves REQ_RCVD: its listener's backlog and the device's pending count drop.
-    fn unpend(&mut self, id: &Id) {
+    /// A connection leaves REQ_RCVD: its listener's backlog and the device's pending count drop
+    /// (once: the connection forgets its listener).
+    fn leave_pending(&mut self, h: IdHandle) {
+        let parent = self.ids.get_mut(&h).and_then(|i| i.parent.take());
         self.pending = self.pending.saturating_sub(1);
-        if let Some(p) = id.parent.and_then(|p| self.ids.get_mut(&p)) {
+        if let Some(p) = parent.and_then(|p| self.ids.get_mut(&p)) {
             p.pending = p.pending.saturating_sub(1);
         }
     }

@@ -7,7 +7,6 @@
 
 use std::ffi::{c_int, c_void};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
-use std::os::fd::AsRawFd;
 use std::sync::{Arc, Condvar, Mutex};
 
 use softrdma_device::proto::{CmRecord, Request, Response};
@@ -19,7 +18,7 @@ use super::{
     Placement,
 };
 use crate::cma_ffi as c;
-use crate::{errno_call, ffi, minus1_call, ptr_call, set_errno, Errno, EINVAL};
+use crate::{ffi, minus1_call, ptr_call, set_errno, Errno, EINVAL};
 
 // enum rdma_cm_event_type
 const ADDR_RESOLVED: u32 = 0;
@@ -102,6 +101,7 @@ fn new_id(
     });
     let p = Box::into_raw(id);
     lock(&cma.ids).insert(handle, p as usize);
+    lock(&cma.live).insert(p as usize);
     Ok(p as *mut c::rdma_cm_id)
 }
 
@@ -281,6 +281,7 @@ fn free_id(p: *mut c::rdma_cm_id) {
     let handle = lock(&id.st).handle;
     if let Ok(cma) = cma() {
         lock(&cma.ids).remove(&handle);
+        lock(&cma.live).remove(&(p as usize));
     }
     // SAFETY: made by new_id with Box::into_raw; removed from the registry above.
     drop(unsafe { Box::from_raw(p as *mut Id) });
@@ -487,31 +488,11 @@ fn default_pd(dev: &CmDev) -> Result<*mut ffi::ibv_pd, Errno> {
 }
 
 fn qp_attr_from(a: &InitQpAttr) -> (ffi::ibv_qp_attr, c_int) {
-    let mut q = ffi::ibv_qp_attr::default();
-    let x = &a.attr;
-    q.qp_state = x.qp_state.to_ibv() as _;
-    q.path_mtu = x.path_mtu as u32 as _;
-    q.qkey = x.qkey;
-    q.rq_psn = x.rq_psn;
-    q.sq_psn = x.sq_psn;
-    q.dest_qp_num = x.dest_qp_num;
-    q.qp_access_flags = x.qp_access_flags.0;
-    q.pkey_index = x.pkey_index;
-    q.port_num = x.port_num;
-    q.timeout = x.timeout;
-    q.retry_cnt = x.retry_cnt;
-    q.rnr_retry = x.rnr_retry;
-    q.min_rnr_timer = x.min_rnr_timer;
-    q.max_rd_atomic = x.max_rd_atomic;
-    q.max_dest_rd_atomic = x.max_dest_rd_atomic;
-    q.ah_attr.is_global = 1;
-    q.ah_attr.port_num = 1;
+    let mut q = crate::qp::qp_attr_to_c(&a.attr);
     q.ah_attr.sl = a.sl;
-    q.ah_attr.grh.dgid.raw = softrdma_device::proto::gid_of(x.dest);
     q.ah_attr.grh.hop_limit = a.hop_limit;
     q.ah_attr.grh.traffic_class = a.traffic_class;
     q.ah_attr.grh.flow_label = a.flow_label;
-    q.ah_attr.grh.sgid_index = 0;
     (q, a.mask.0 as c_int)
 }
 
@@ -1151,7 +1132,7 @@ pub unsafe extern "C" fn rdma_free_devices(list: *mut *mut ffi::ibv_context) {
     unsafe { libc::free(list as *mut c_void) };
 }
 
-fn deliver(rec: CmRecord, _channel: *mut c::rdma_event_channel) -> Result<Option<Box<Event>>, Errno> {
+fn deliver(rec: CmRecord) -> Result<Option<Box<Event>>, Errno> {
     let cma = cma()?;
     let ids = lock(&cma.ids);
     let mut listen: *mut Id = std::ptr::null_mut();
@@ -1275,7 +1256,7 @@ pub unsafe extern "C" fn rdma_get_cm_event(
         }
         loop {
             let rec = ch.read()?;
-            if let Some(e) = deliver(rec, channel)? {
+            if let Some(e) = deliver(rec)? {
                 // SAFETY: checked non-null.
                 unsafe { *event = Box::into_raw(e) as *mut c::rdma_cm_event };
                 return Ok(0);
@@ -1548,15 +1529,4 @@ fn not_yet(name: &str) -> c_int {
     SAID.call_once(|| eprintln!("softrdma: {name}: rdma_cm multicast is not implemented yet (ENOSYS)"));
     set_errno(libc::ENOSYS);
     -1
-}
-
-// Keep errno_call referenced for symmetry with the verbs modules.
-#[allow(dead_code)]
-fn _unused() -> c_int {
-    errno_call(|| Ok(()))
-}
-
-#[allow(dead_code)]
-fn _fd(ch: &Channel) -> c_int {
-    ch.write.as_raw_fd()
 }

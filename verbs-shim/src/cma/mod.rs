@@ -15,7 +15,7 @@ mod calls;
 mod ports;
 mod verbs_api;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::c_int;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -55,6 +55,8 @@ pub(crate) struct Cma {
     pub(crate) devs: Vec<Arc<CmDev>>,
     /// Every live ID by its handle (records name IDs by it; a stale handle finds nothing).
     pub(crate) ids: Mutex<HashMap<u64, usize>>,
+    /// The addresses of the live IDs: a pointer not in it is never dereferenced.
+    pub(crate) live: Mutex<HashSet<usize>>,
     pub(crate) next: Mutex<u64>,
 }
 
@@ -102,7 +104,7 @@ pub(crate) fn cma() -> Result<&'static Cma, Errno> {
         if out.is_empty() {
             return Err(libc::ENODEV);
         }
-        Ok(Cma { devs: out, ids: Mutex::new(HashMap::new()), next: Mutex::new(1) })
+        Ok(Cma { devs: out, ids: Mutex::new(HashMap::new()), live: Mutex::new(HashSet::new()), next: Mutex::new(1) })
     });
     match r {
         Ok(c) => Ok(c),
@@ -282,10 +284,14 @@ pub(crate) struct Event {
 
 /// The ID behind an `rdma_cm_id` pointer.
 pub(crate) fn id_of<'a>(p: *mut c::rdma_cm_id) -> Result<&'a Id, Errno> {
-    if p.is_null() {
+    // A pointer this library did not hand out, or an ID already destroyed (a program that
+    // retries with the IDs it destroyed), is EINVAL, as ucma answers a stale handle; freed
+    // memory is never read.
+    let live = !p.is_null() && cma().is_ok_and(|c| lock(&c.live).contains(&(p as usize)));
+    if !live {
         return Err(Errno(libc::EINVAL));
     }
-    // SAFETY: every rdma_cm_id this library hands out is the first field of an `Id`.
+    // SAFETY: a live ID: the first field of an `Id` this library made and has not freed.
     Ok(unsafe { &*(p as *const Id) })
 }
 
