@@ -168,7 +168,10 @@ impl Cm {
         };
         id.local_qpn = p.qp_num;
         id.local_psn = psn;
-        id.mine = p;
+        // cm_init_qp_rts_attr: the passive QP's retry count is the REQ's; ib_cm's REP parameters
+        // carry none, so the accept's retry_count does not change it.
+        let retry_count = id.mine.retry_count;
+        id.mine = ConnParam { retry_count, ..p };
         id.state = IdState::RepSent;
         id.retries_left = retries;
         let (dst, tid, resp) = (id.remote.map(|r| r.ip()), id.tid, id.peer_response_timeout);
@@ -684,8 +687,8 @@ impl Cm {
         }
     }
 
-    fn handle_rej(&mut self, _src: IpAddr, rej: CmRejRepr) -> bool {
-        let Some(&h) = self.by_comm.get(&rej.remote_comm_id) else { return false };
+    fn handle_rej(&mut self, src: IpAddr, rej: CmRejRepr) -> bool {
+        let Some(h) = self.rej_target(src, &rej) else { return false };
         let Some(id) = self.ids.get(&h) else { return false };
         // A REJ to our REQ may carry a zero Local Comm ID (no listener); otherwise it must be
         // the peer we know.
@@ -711,6 +714,20 @@ impl Cm {
             }
             _ => false,
         }
+    }
+
+    /// cm_acquire_rejected_id: a REJ "timeout" (reason 4) is sent by an active side that gave up
+    /// before knowing our comm ID, so its Remote Comm ID is 0; it names the connection by the
+    /// sender's Local Comm ID and, in the ARI, the sender's CA GUID. Every other REJ names our
+    /// comm ID.
+    fn rej_target(&self, src: IpAddr, rej: &CmRejRepr) -> Option<IdHandle> {
+        if rej.reason == reject::TIMEOUT && rej.remote_comm_id == 0 {
+            let h = *self.by_remote.get(&(src, rej.local_comm_id))?;
+            let id = self.ids.get(&h)?;
+            let ari_guid = rej.ari.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes);
+            return (ari_guid == Some(id.peer.ca_guid)).then_some(h);
+        }
+        self.by_comm.get(&rej.remote_comm_id).copied()
     }
 
     fn handle_mra(&mut self, now: Instant, mra: CmMraRepr) -> bool {

@@ -770,7 +770,7 @@ fn destroy_in_req_sent_sends_rej_timeout() {
 /// receiver finds the connection by (the ARI's CA GUID, the REJ's Local Comm ID), so the passive
 /// side's request in REQ_RCVD is rejected (REJECTED, status 4) and leaves the backlog.
 #[test]
-#[ignore = "bug: handle_rej looks a REJ up only by Remote Comm ID (0 here), so a REJ 4 is unmatched and the passive request stays in ReqRcvd forever"]
+
 fn rej_timeout_reaches_the_passive_request() {
     let mut p = Pair::new();
     let l = p.listen(PS_TCP, QpType::Rc, 1);
@@ -1053,7 +1053,7 @@ fn passive_rts_before_accept_matches_the_rep_psn() {
 /// parameters have no retry count, so what rdma_accept passes (rping's server: 0) does not
 /// change it.
 #[test]
-#[ignore = "bug: accept() overwrites `mine` with the accept ConnParam, so after accept the passive RTS retry_cnt is the accept's retry_count (0), not the REQ's (7)"]
+
 fn passive_retry_count_is_the_reqs() {
     let mut p = Pair::new();
     p.listen(PS_TCP, QpType::Rc, 0);
