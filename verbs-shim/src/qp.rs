@@ -76,6 +76,9 @@ impl Srq {
     }
 }
 
+/// `sizeof(struct ibv_sge)`: the bytes one scatter/gather entry takes in a send WQE.
+const SGE_BYTES: u32 = 16;
+
 fn caps_of(c: &ffi::ibv_qp_cap, ctx: &Ctx) -> Result<QpCaps, Errno> {
     let l = ctx.info.limits;
     // rxe_qp_chk_cap: each capacity within the device's.
@@ -87,12 +90,17 @@ fn caps_of(c: &ffi::ibv_qp_cap, ctx: &Ctx) -> Result<QpCaps, Errno> {
     {
         return Err(EINVAL);
     }
+    // rxe_qp_init_req: a send WQE holds max(max_send_sge SGEs, max_inline_data bytes), and the
+    // inline capacity the QP gets (and reports back in the caller's cap) is that whole WQE, so
+    // a 16-byte IBV_SEND_INLINE fits a QP asked for one SGE and no inline data (rdma_xclient).
+    let sge_bytes = c.max_send_sge.saturating_mul(SGE_BYTES);
+    let max_inline_data = c.max_inline_data.max(sge_bytes.min(l.max_inline));
     Ok(QpCaps {
         max_send_wr: c.max_send_wr,
         max_recv_wr: c.max_recv_wr,
         max_send_sge: c.max_send_sge,
         max_recv_sge: c.max_recv_sge,
-        max_inline_data: c.max_inline_data,
+        max_inline_data,
     })
 }
 
@@ -119,6 +127,7 @@ unsafe fn create(a: Create<'_>) -> Result<*mut Qp, Errno> {
         let pd = pd_of(a.pd)?;
         let send_cq = cq_of(a.send_cq)?;
         let caps = caps_of(a.cap, ctx)?;
+        a.cap.max_inline_data = caps.max_inline_data;
         let mut b = pd.inner().qp_builder(ty, send_cq.inner()).caps(caps).sig_all(a.sq_sig_all != 0);
         if ty != QpType::XrcIni {
             // rxe_qp_chk_init: every QP but an XRC initiator needs a receive CQ.

@@ -610,10 +610,6 @@ impl Cm {
                     a.min_rnr_timer = 0;
                     mask = mask | AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
                 }
-                if id.qp_type == QpType::XrcIni {
-                    // An initiator has no receive side: the kernel keeps only the AV and MTU.
-                    mask = AttrMask::STATE | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN;
-                }
                 r.hop_limit = id.path.hop_limit;
                 r.traffic_class = id.path.traffic_class;
                 r.flow_label = id.path.flow_label;
@@ -643,7 +639,10 @@ impl Cm {
                         | AttrMask::MAX_QP_RD_ATOMIC;
                 }
                 if id.qp_type == QpType::XrcTgt {
-                    mask = AttrMask::STATE;
+                    // cm_init_qp_rts_attr: a target QP sends no requests, but the transition
+                    // still takes the ACK timeout with the PSN (qp_state_table[RTR][RTS]).
+                    a.timeout = id.path.local_ack_timeout;
+                    mask = mask | AttrMask::TIMEOUT;
                 }
             }
             _ => return Err(CmError::Inval),

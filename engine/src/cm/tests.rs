@@ -1021,13 +1021,25 @@ fn xrc_initiator_to_target() {
     assert_eq!((ev.id, ev.kind, ev.param.qp_num), (a, CmEventKind::ConnectResponse, 0x300));
     let rtr = p.a.init_qp_attr(a, QpState::Rtr).unwrap();
     assert_eq!(rtr.attr.dest_qp_num, 0x300);
-    assert_eq!(rtr.mask, AttrMask::STATE | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN);
+    // cm_init_qp_rtr_attr: an initiator gets the RC set without the responder's values.
+    assert_eq!(rtr.mask, AttrMask::STATE | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN);
     let rts = p.a.init_qp_attr(a, QpState::Rts).unwrap();
     assert!(rts.mask.contains(AttrMask::SQ_PSN | AttrMask::TIMEOUT));
     p.a.establish(p.now, a).unwrap();
     p.drive();
     assert_eq!(p.event(Side::B).kind, CmEventKind::Established);
     assert_eq!(p.b.init_qp_attr(b, QpState::Rtr).map(|r| r.attr.dest_qp_num), Ok(0x100));
+    // Each side's masks carry what qp_state_table requires of its QP type (rdma_xserver -c x
+    // moves its target QP to RTS with exactly what rdma_init_qp_attr gives).
+    for (cm, h, ty) in [(&p.a, a, QpType::XrcIni), (&p.b, b, QpType::XrcTgt)] {
+        let mut from = QpState::Reset;
+        for to in [QpState::Init, QpState::Rtr, QpState::Rts] {
+            let need = crate::modify::required(ty, from, to).expect("a legal transition");
+            let got = cm.init_qp_attr(h, to).unwrap().mask;
+            assert!(got.contains(need), "{ty:?} {from:?}->{to:?}: {got:?} lacks {need:?}");
+            from = to;
+        }
+    }
 }
 
 /// librdmacm's rdma_accept (and the shim's, `qp_to_rts`) moves the passive QP to RTS *before*
