@@ -204,6 +204,68 @@ if [ "$src" = 0 ] && [ "$crc" = 0 ] && grep -q "end 0" "$logs/rdma_server.log" &
 else
   result "rdma_server / rdma_client" fail "server rc=$src client rc=$crc; $(tail -q -n 2 "$logs"/rdma_*.log | tr '\n' ' ')"
 fi
+# cm_pair NAME PS PERSISTENT SERVER_WANT CLIENT_WANT SERVER... -- CLIENT...: an rdmacm-utils
+# server and, once its port (in port space PS, hex) listens, the client (twice for a persistent
+# server: it must serve both). Every client exits 0 with CLIENT_WANT in its log; a server that
+# ends by itself exits 0, and a persistent one (rping -P, cmtime's) is still running at the end;
+# SERVER_WANT (a regex; empty for a server that prints nothing) must be in the server's log. `@P` in the commands is the port.
+cm_pair() {
+  local name="$1" ps="$2" persistent="$3" swant="$4" cwant="$5"
+  shift 5
+  port=$((port + 1))
+  local -a srv=() cli=()
+  while [ "$1" != "--" ]; do srv+=("${1//@P/$port}"); shift; done
+  shift
+  for a in "$@"; do cli+=("${a//@P/$port}"); done
+  local f="${name//[^A-Za-z0-9._-]/_}"
+  local slog="$logs/$f.server.log" clog="$logs/$f.client.log"
+  timeout 120 "${srv[@]}" >"$slog" 2>&1 &
+  local spid=$! crc=0 runs=1 why=""
+  [ "$persistent" = 1 ] && runs=2
+  wait_listen "$port" "$ps" || why="server never listened; "
+  for r in $(seq "$runs"); do
+    timeout 120 "${cli[@]}" >"$clog.$r" 2>&1 || { crc=$?; why+="client run $r rc=$crc; "; }
+    grep -qE "$cwant" "$clog.$r" || why+="client run $r lacks '$cwant'; "
+  done
+  if [ "$persistent" = 1 ]; then
+    kill -0 "$spid" 2>/dev/null || why+="persistent server exited; "
+    kill "$spid" 2>/dev/null
+    wait "$spid" 2>/dev/null
+  else
+    wait "$spid" || why+="server rc=$?; "
+  fi
+  [ -z "$swant" ] || grep -qE "$swant" "$slog" || why+="server lacks '$swant'; "
+  if [ -z "$why" ]; then
+    result "$name" ok
+  else
+    result "$name" fail "$why$(tail -q -n 2 "$slog" "$clog".* | tr '\n' ' ')"
+  fi
+}
+# ucmatose (cmatose.c): data over each connection, then both sides disconnect; -c many at once,
+# across two devices (-b binds the client to the second); -P ib: RDMA_PS_IB service IDs.
+cm_pair "ucmatose one device" 0106 0 "return status 0" "return status 0" \
+  ucmatose -p @P -- ucmatose -s "$addr0" -p @P
+cm_pair "ucmatose -c 10 across two devices" 0106 0 "return status 0" "return status 0" \
+  ucmatose -p @P -c 10 -- ucmatose -s "$addr0" -b "$addr1" -p @P -c 10
+cm_pair "ucmatose -P ib" 013f 0 "return status 0" "return status 0" \
+  ucmatose -p @P -P ib -- ucmatose -s "$addr0" -p @P -P ib
+# rdma_xserver / rdma_xclient: RC with an inline send, and -c x: XRC_SEND to an XRC_RECV QP in
+# RDMA_PS_IB whose SRQ number travels in the REP's private data.
+cm_pair "rdma_xserver / rdma_xclient RC" 0106 0 "end 0" "end 0" \
+  rdma_xserver -p @P -- rdma_xclient -s "$addr0" -p @P
+cm_pair "rdma_xserver / rdma_xclient -c x (XRC)" 013f 0 "end 0" "end 0" \
+  rdma_xserver -p @P -c x -- rdma_xclient -s "$addr0" -p @P -c x
+# rping -q: the program makes its own QP and moves it with rdma_init_qp_attr, then
+# rdma_establish; -P: a persistent server, one thread per connection, serving two clients.
+cm_rping "rping -q (application's QP)" "$addr1" 20 64 -q
+cm_pair "rping -P persistent server, two clients" 0106 1 "" "^ping data: rdma-ping-9:" \
+  rping -s -P -a "$addr0" -p @P -C 10 -- rping -c -a "$addr0" -p @P -C 10 -v -V
+# cmtime: 1000 connections at once across two devices (a backlog of 0 is the kernel's default,
+# and REQs beyond it are dropped and retried, never rejected); its per-step table is in the log.
+cm_pair "cmtime -c 1000 across two devices" 0106 1 "" "^connect +:" \
+  cmtime -p @P -- cmtime -s "$addr0" -b "$addr1" -p @P -c 1000
+[ -f "$logs/cmtime_-c_1000_across_two_devices.client.log.1" ] &&
+  sed -n '/^step/,$p' "$logs/cmtime_-c_1000_across_two_devices.client.log.1" | sed 's/^/    cmtime: /'
 # A client with no server: the peer's CM answers the REQ with REJ 8 (invalid service ID) at once,
 # which librdmacm reports as RDMA_CM_EVENT_REJECTED, status 8.
 log="$logs/rping-no-server.log"
