@@ -26,6 +26,7 @@ cleanup() {
   jobs -p | xargs -r kill 2>/dev/null
   timeout 15 "$bin" down srdma0 >/dev/null 2>&1
   timeout 15 "$bin" down srdma1 >/dev/null 2>&1
+  timeout 15 "$bin" down srdma2 >/dev/null 2>&1
   rm -rf "$rt"
 }
 trap cleanup EXIT
@@ -131,14 +132,15 @@ for prog in ibv_devices ibv_devinfo ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingp
 done
 
 # rdma_cm (librdmacm on the devices' connection manager; CM MADs on QP1 over the wire).
-# A server's rdma_cm port is listening once its reservation (a lock file per port space and port
-# in the runtime dir) exists: the programs listen right after they bind. Starting the client only
-# then keeps perftest from its own retry path (it reconnects after a REJECTED and then mispairs
-# its connections).
-wait_listen() { # port [port space, hex]
-  local f="$SOFTRDMA_RUNTIME_DIR/cm-ports/${2:-0106}-$1"
-  for _ in $(seq 100); do
-    [ -e "$f" ] && { sleep 0.2; return 0; }
+# A server listens once one of the devices lists its ID in state LISTEN on the port
+# (`softrdma cm-ids`, what `rdma resource show cm_id` shows for a kernel device). Starting the
+# client only then keeps perftest from its own retry path (it reconnects after a REJECTED and
+# then mispairs its connections).
+wait_listen() { # port [port space: TCP or IB]
+  for _ in $(seq 200); do
+    for d in srdma0 srdma1; do
+      "$bin" cm-ids "$d" 2>/dev/null | grep -qE "state LISTEN ps ${2:-TCP} .*src-addr [^ ]*:$1 " && return 0
+    done
     sleep 0.1
   done
   return 1
@@ -205,7 +207,7 @@ else
   result "rdma_server / rdma_client" fail "server rc=$src client rc=$crc; $(tail -q -n 2 "$logs"/rdma_*.log | tr '\n' ' ')"
 fi
 # cm_pair NAME PS PERSISTENT SERVER_WANT CLIENT_WANT SERVER... -- CLIENT...: an rdmacm-utils
-# server and, once its port (in port space PS, hex) listens, the client (twice for a persistent
+# server and, once its port (in port space PS: TCP or IB) listens, the client (twice for a persistent
 # server: it must serve both). Every client exits 0 with CLIENT_WANT in its log; a server that
 # ends by itself exits 0, and a persistent one (rping -P, cmtime's) is still running at the end;
 # SERVER_WANT (a regex; empty for a server that prints nothing) must be in the server's log. `@P` in the commands is the port.
@@ -243,26 +245,26 @@ cm_pair() {
 }
 # ucmatose (cmatose.c): data over each connection, then both sides disconnect; -c many at once,
 # across two devices (-b binds the client to the second); -P ib: RDMA_PS_IB service IDs.
-cm_pair "ucmatose one device" 0106 0 "return status 0" "return status 0" \
+cm_pair "ucmatose one device" TCP 0 "return status 0" "return status 0" \
   ucmatose -p @P -- ucmatose -s "$addr0" -p @P
-cm_pair "ucmatose -c 10 across two devices" 0106 0 "return status 0" "return status 0" \
+cm_pair "ucmatose -c 10 across two devices" TCP 0 "return status 0" "return status 0" \
   ucmatose -p @P -c 10 -- ucmatose -s "$addr0" -b "$addr1" -p @P -c 10
-cm_pair "ucmatose -P ib" 013f 0 "return status 0" "return status 0" \
+cm_pair "ucmatose -P ib" IB 0 "return status 0" "return status 0" \
   ucmatose -p @P -P ib -- ucmatose -s "$addr0" -p @P -P ib
 # rdma_xserver / rdma_xclient: RC with an inline send, and -c x: XRC_SEND to an XRC_RECV QP in
 # RDMA_PS_IB whose SRQ number travels in the REP's private data.
-cm_pair "rdma_xserver / rdma_xclient RC" 0106 0 "end 0" "end 0" \
+cm_pair "rdma_xserver / rdma_xclient RC" TCP 0 "end 0" "end 0" \
   rdma_xserver -p @P -- rdma_xclient -s "$addr0" -p @P
-cm_pair "rdma_xserver / rdma_xclient -c x (XRC)" 013f 0 "end 0" "end 0" \
+cm_pair "rdma_xserver / rdma_xclient -c x (XRC)" IB 0 "end 0" "end 0" \
   rdma_xserver -p @P -c x -- rdma_xclient -s "$addr0" -p @P -c x
 # rping -q: the program makes its own QP and moves it with rdma_init_qp_attr, then
 # rdma_establish; -P: a persistent server, one thread per connection, serving two clients.
 cm_rping "rping -q (application's QP)" "$addr1" 20 64 -q
-cm_pair "rping -P persistent server, two clients" 0106 1 "" "^ping data: rdma-ping-9:" \
+cm_pair "rping -P persistent server, two clients" TCP 1 "" "^ping data: rdma-ping-9:" \
   rping -s -P -a "$addr0" -p @P -C 10 -- rping -c -a "$addr0" -p @P -C 10 -v -V
 # cmtime: 1000 connections at once across two devices (a backlog of 0 is the kernel's default,
 # and REQs beyond it are dropped and retried, never rejected); its per-step table is in the log.
-cm_pair "cmtime -c 1000 across two devices" 0106 1 "" "^connect +:" \
+cm_pair "cmtime -c 1000 across two devices" TCP 1 "" "^connect +:" \
   cmtime -p @P -- cmtime -s "$addr0" -b "$addr1" -p @P -c 1000
 [ -f "$logs/cmtime_-c_1000_across_two_devices.client.log.1" ] &&
   sed -n '/^step/,$p' "$logs/cmtime_-c_1000_across_two_devices.client.log.1" | sed 's/^/    cmtime: /'
@@ -279,6 +281,24 @@ else
   result "rping with no server: REJECTED status 8" fail "rc=$rc ${ms} ms; $(tail -n 2 "$log" | tr '\n' ' ')"
 fi
 
+# A REQ to a silent peer: retried (15 retries after the first, each after the CM response timeout)
+# and then RDMA_CM_EVENT_UNREACHABLE with -ETIMEDOUT, as the kernel's cm_timeout_handler gives it.
+# With the kernel's timers that takes ~70 s; srdma2 runs them 1000x faster (--cm-timer-scale).
+addr2="${SOFTRDMA_TEST_ADDR2:-127.0.0.3}" silent="${SOFTRDMA_TEST_SILENT:-127.0.0.250}"
+if "$bin" up srdma2 --addr "$addr2" --cm-timer-scale 0.001 >/dev/null; then
+  log="$logs/rping-silent-peer.log"
+  timeout 30 rping -c -I "$addr2" -a "$silent" -p 7174 -C 1 >"$log" 2>&1
+  rc=$?
+  sent=$("$bin" stat srdma2 --json | grep -o '"cm_mads_sent":[0-9]*' | cut -d: -f2)
+  if [ "$rc" != 0 ] && grep -q "RDMA_CM_EVENT_UNREACHABLE, error -110" "$log" && [ "$sent" = 16 ]; then
+    result "rping to a silent peer: UNREACHABLE -110 after 16 REQs" ok
+  else
+    result "rping to a silent peer: UNREACHABLE -110 after 16 REQs" fail "rc=$rc, $sent MADs sent; $(tail -n 2 "$log" | tr '\n' ' ')"
+  fi
+  timeout 15 "$bin" down srdma2 >/dev/null 2>&1
+else
+  result "rping to a silent peer" fail "softrdma up srdma2 --addr $addr2 failed"
+fi
 single "ibv_devices" "srdma0.*[0-9a-f]{16}" ibv_devices
 # `softrdma exec` puts the shim on the library path itself (none set here).
 single "softrdma exec -- ibv_devinfo -l" "srdma0.*srdma1|srdma1.*srdma0" env -u LD_LIBRARY_PATH bash -c \

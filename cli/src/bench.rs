@@ -57,8 +57,12 @@ pub(crate) struct BenchArgs {
 }
 
 /// The Debian packages the comparison needs, by the program that tells whether one is there.
-const PACKAGES: [(&str, &str); 3] =
-    [("ib_write_bw", "perftest"), ("ucx_perftest", "ucx-utils"), ("fi_pingpong", "libfabric-bin")];
+const PACKAGES: [(&str, &str); 4] = [
+    ("ib_write_bw", "perftest"),
+    ("ucx_perftest", "ucx-utils"),
+    ("fi_pingpong", "libfabric-bin"),
+    ("cmtime", "rdmacm-utils"),
+];
 
 const BEGIN: &str = "<!-- softrdma bench: begin (this section is written by `softrdma bench`) -->";
 const END: &str = "<!-- softrdma bench: end -->";
@@ -214,6 +218,24 @@ fn parse_fi(out: &str) -> Option<(f64, f64)> {
     Some((f.get(5)?.parse().ok()?, f.get(6)?.parse().ok()?))
 }
 
+/// cmtime's table: `step : total ms  max ms  min us  us / conn` per step; the per-connection
+/// figure under the step's name, and the connect step's total as `connect_total_ms`.
+fn parse_cmtime(out: &str) -> Option<BTreeMap<String, f64>> {
+    let mut m = BTreeMap::new();
+    for line in out.lines() {
+        let Some((name, rest)) = line.split_once(':') else { continue };
+        let v: Vec<f64> = rest.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+        if v.len() == 4 {
+            let name = name.trim().to_owned();
+            if name == "connect" {
+                m.insert("connect_total_ms".into(), v[0]);
+            }
+            m.insert(name, v[3]);
+        }
+    }
+    m.contains_key("connect").then_some(m)
+}
+
 fn which(prog: &str) -> bool {
     std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()))
 }
@@ -317,6 +339,7 @@ fn gbit(mib_s: f64) -> f64 {
 struct Runner<'a> {
     shim: &'a Path,
     addr0: IpAddr,
+    addr1: IpAddr,
     port: u16,
     quick: bool,
 }
@@ -401,6 +424,39 @@ impl Runner<'_> {
         match (client.0, parse_fi(&client.1)) {
             (Some(0), Some(v)) => Ok(v),
             _ => bail!("fi_pingpong -S {size}: status {:?}: {}", client.0, tail(&client.1)),
+        }
+    }
+
+    /// rdmacm-utils' cmtime: its server (which never exits by itself) bound to srdma0, and a
+    /// client on srdma1 making `conns` connections at once. Its step table, in us per
+    /// connection ("us / conn"), plus `conn_per_s`: connections over the connect step's total.
+    fn cmtime(&mut self, conns: u32) -> Result<BTreeMap<String, f64>> {
+        let port = self.next_port().to_string();
+        let (addr0, addr1) = (self.addr0.to_string(), self.addr1.to_string());
+        let mut procs = Procs::default();
+        let mut server = Command::new("cmtime");
+        server.args(["-b", &addr0, "-p", &port]).env("LD_LIBRARY_PATH", self.shim);
+        procs.spawn(&mut server)?;
+        let mut out = (None, String::new());
+        for _ in 0..50 {
+            std::thread::sleep(Duration::from_millis(100));
+            let t0 = Instant::now();
+            let mut c = Command::new("cmtime");
+            c.args(["-s", &addr0, "-b", &addr1, "-p", &port, "-c", &conns.to_string()])
+                .env("LD_LIBRARY_PATH", self.shim);
+            out = run(&mut c, Duration::from_secs(120))?;
+            if !failed_at_once(&out, t0.elapsed()) {
+                break;
+            }
+        }
+        drop(procs);
+        match (out.0, parse_cmtime(&out.1)) {
+            (Some(0), Some(mut m)) => {
+                let total_ms = m.get("connect_total_ms").copied().unwrap_or(f64::NAN);
+                m.insert("conn_per_s".into(), f64::from(conns) / (total_ms / 1000.0));
+                Ok(m)
+            }
+            _ => bail!("cmtime -c {conns}: status {:?}: {}", out.0, tail(&out.1)),
         }
     }
 
@@ -492,8 +548,13 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<ExitCode> {
     let qps = a.qps.unwrap_or(if a.quick { 1000 } else { 10_000 });
     let started = Instant::now();
     let mut t = Table::default();
-    let mut r =
-        Runner { shim: &shim, addr0: a.addr0, port: 20000 + (std::process::id() % 20000) as u16, quick: a.quick };
+    let mut r = Runner {
+        shim: &shim,
+        addr0: a.addr0,
+        addr1: a.addr1,
+        port: 20000 + (std::process::id() % 20000) as u16,
+        quick: a.quick,
+    };
 
     // The physical limits.
     eprintln!("softrdma bench: physical limits (udpbench)");
@@ -509,11 +570,13 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<ExitCode> {
     let gso = ubr(&["tput", "gsogro", "4156", secs])?;
     let gso64 = ubr(&["tput", "gsogro", "64", secs])?;
     let lat = ubr(&["lat", "busy", if a.quick { "5000" } else { "50000" }])?;
+    let lat_block = ubr(&["lat", "block", if a.quick { "5000" } else { "50000" }])?;
     let mem = ubr(&["memcpy", "65536", "512"])?;
     let xp = ubr(&["xproc", "64", "65536"])?;
     let g = |m: &BTreeMap<String, f64>, k: &str| m.get(k).copied().unwrap_or(f64::NAN);
     t.v.insert("udp_gsogro_gbps".into(), g(&gso, "rx_gbps"));
     t.v.insert("udp_busy_oneway_us".into(), g(&lat, "oneway_p50_ns") / 1000.0);
+    t.v.insert("udp_block_rtt_us".into(), g(&lat_block, "rtt_p50_ns") / 1000.0);
     t.v.insert("memcpy_cold_gbs".into(), g(&mem, "cold_GBps_median"));
     t.row(
         "limit",
@@ -535,6 +598,11 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<ExitCode> {
             g(&lat, "rtt_p50_ns") / 1e3,
             g(&lat, "rtt_p99_ns") / 1e3
         ),
+    );
+    t.row(
+        "limit",
+        "UDP blocking ping-pong 64 B",
+        format!("RTT p50 {:.2} us, p99 {:.2} us", g(&lat_block, "rtt_p50_ns") / 1e3, g(&lat_block, "rtt_p99_ns") / 1e3),
     );
     t.row(
         "limit",
@@ -631,6 +699,27 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<ExitCode> {
             x.initiator_qps, x.target_qps, x.messages, x.rc_qps_per_side
         ),
     );
+
+    let conns = if a.quick { 200 } else { 1000 };
+    eprintln!("softrdma bench: cmtime -c {conns} across devices (rdma_cm)");
+    let c = r.cmtime(conns)?;
+    let step = |k: &str| c.get(k).copied().unwrap_or(f64::NAN);
+    t.v.insert("cmtime_connect_us".into(), step("connect"));
+    t.v.insert("cmtime_conn_per_s".into(), c.get("conn_per_s").copied().unwrap_or(f64::NAN));
+    t.row(
+        "softrdma rdma_cm",
+        format!("cmtime -c {conns} across devices"),
+        format!(
+            "{:.0} connections/s; us per connection: resolve addr {:.1}, resolve route {:.1}, create QP {:.1}, \
+             connect {:.1}, disconnect {:.1}",
+            step("conn_per_s"),
+            step("resolve addr"),
+            step("resolve route"),
+            step("create qp"),
+            step("connect"),
+            step("disconnect")
+        ),
+    );
     drop(devs);
 
     // The ratios of the issue's targets.
@@ -702,6 +791,20 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<ExitCode> {
         "fi_lat_us",
         "-",
         |v| v < 1.0,
+    );
+    ratio(
+        &mut t,
+        "cmtime connect step (us per connection) / blocking UDP RTT",
+        "cmtime_connect_us",
+        "udp_block_rtt_us",
+        "<= 10",
+        |v| v <= 10.0,
+    );
+    let cps = t.get("cmtime_conn_per_s").unwrap_or(f64::NAN);
+    t.row(
+        "ratio",
+        "cmtime connections per second / 20,000",
+        format!("{:.3} (target >= 1: {})", cps / 20_000.0, if cps >= 20_000.0 { "met" } else { "missed" }),
     );
     let bytes_ok = |v: f64| v <= 16.0 * 1024.0;
     if s.error.is_none() {
@@ -782,6 +885,20 @@ mod test {
         let p = parse_perftest(lat, true).unwrap();
         assert_eq!((p.lat_p50, p.lat_p99), (90.63, 137.46));
         assert!(parse_perftest("Couldn't connect to 127.0.0.1:18515\n", false).is_none());
+    }
+
+    #[test]
+    fn cmtime_rows_parse() {
+        let out = "step              total ms     max ms     min us  us / conn\n\
+                   create id    :        1.09       0.09       0.00       1.09\n\
+                   resolve addr :       57.48       0.20      32.00      57.48\n\
+                   connect      :      503.88     400.56    4080.00     503.88\n";
+        let m = parse_cmtime(out).unwrap();
+        assert_eq!(
+            (m["create id"], m["resolve addr"], m["connect"], m["connect_total_ms"]),
+            (1.09, 57.48, 503.88, 503.88)
+        );
+        assert!(parse_cmtime("step : total\nrdma_create_id: No such device\n").is_none());
     }
 
     #[test]

@@ -52,6 +52,14 @@ pub(crate) struct DeviceArgs {
     /// GSO is the default: 1.4x the WRITE bandwidth on loopback (BENCHMARKS.md).
     #[arg(long)]
     pub(crate) no_gso: bool,
+    /// The CM response timeout the device's REQs ask for (4.096 us x 2^N): 20 as Linux's rdma_cm
+    /// (a REQ to a silent peer is retried 15 times, ~98 s in all), 22 as Mellanox firmware sends.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u8).range(0..=31))]
+    pub(crate) cm_response_timeout: u8,
+    /// Scale of every CM timer (response timeouts, timewait), e.g. 0.01 to make a REQ to a
+    /// silent peer give up in about a second; for tests. 1 is the kernel's timing.
+    #[arg(long, default_value_t = 1.0)]
+    pub(crate) cm_timer_scale: f64,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy)]
@@ -92,6 +100,11 @@ impl DeviceArgs {
         };
         c.seed = self.seed;
         c.gso = !self.no_gso;
+        c.cm_response_timeout = self.cm_response_timeout;
+        if !(self.cm_timer_scale > 0.0 && self.cm_timer_scale <= 1000.0) {
+            bail!("--cm-timer-scale {}: use a factor above 0 and at most 1000", self.cm_timer_scale);
+        }
+        c.cm_timer_permille = ((self.cm_timer_scale * 1000.0).round() as u32).max(1);
         Ok(c)
     }
 
@@ -116,6 +129,8 @@ impl DeviceArgs {
         if self.no_gso {
             a.push("--no-gso".into());
         }
+        a.extend(["--cm-response-timeout".into(), self.cm_response_timeout.to_string()]);
+        a.extend(["--cm-timer-scale".into(), self.cm_timer_scale.to_string()]);
         a
     }
 }
@@ -176,6 +191,7 @@ pub(crate) fn list(json: bool) -> Result<ExitCode> {
 pub(crate) fn stat(name: &str, json: bool) -> Result<ExitCode> {
     let c = Connection::connect(name)?;
     let Response::Stats(s, io) = c.call(&Request::Stats, &[])?.0 else { bail!("unexpected answer from {name}") };
+    let Response::CmStats(cm, desk) = c.call(&Request::CmStats, &[])?.0 else { bail!("unexpected answer from {name}") };
     let rows: Vec<(&str, u64)> = vec![
         ("sent_pkts", s.sent_pkts),
         ("rcvd_pkts", s.rcvd_pkts),
@@ -213,6 +229,21 @@ pub(crate) fn stat(name: &str, json: bool) -> Result<ExitCode> {
         ("memory_writes", io.memory_writes),
         ("memory_helper_ops", io.memory_helper_ops),
         ("clients", io.clients),
+        // The connection manager (rdma_cm): MADs on QP1, and its IDs in the device.
+        ("cm_mads_sent", cm.mads_sent),
+        ("cm_mads_rcvd", cm.mads_rcvd),
+        ("cm_mads_resent", cm.mads_resent),
+        ("cm_mads_malformed", cm.mads_malformed),
+        ("cm_mads_unmatched", cm.mads_unmatched),
+        ("cm_reqs_dropped", cm.reqs_dropped),
+        ("cm_rejs_sent", cm.rejs_sent),
+        ("cm_mras_sent", cm.mras_sent),
+        ("cm_established", cm.established),
+        ("cm_ids", desk.ids),
+        ("cm_pending", desk.pending),
+        ("cm_channels", desk.channels),
+        ("cm_events_dropped", desk.events_dropped),
+        ("cm_calls_refused", desk.calls_refused),
     ];
     if json {
         let m: serde_json::Map<String, serde_json::Value> =
@@ -221,6 +252,68 @@ pub(crate) fn stat(name: &str, json: bool) -> Result<ExitCode> {
     } else {
         for (k, v) in rows {
             println!("{k:<24}{v}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `RDMA_PS_*` by name, as `rdma resource show cm_id` prints them.
+fn port_space(ps: u16) -> String {
+    match ps {
+        softrdma_engine::cm::PS_TCP => "TCP".into(),
+        softrdma_engine::cm::PS_UDP => "UDP".into(),
+        softrdma_engine::cm::PS_IB => "IB".into(),
+        softrdma_engine::cm::PS_IPOIB => "IPOIB".into(),
+        p => format!("{p:#x}"),
+    }
+}
+
+pub(crate) fn cm_ids(name: &str, json: bool) -> Result<ExitCode> {
+    let c = Connection::connect(name)?;
+    let Response::CmIds(ids) = c.call(&Request::CmList, &[])?.0 else { bail!("unexpected answer from {name}") };
+    let addr = |a: Option<std::net::SocketAddr>| a.map_or_else(|| "-".to_owned(), |a| a.to_string());
+    for (i, pid) in ids {
+        // The state as ib_cm names it (LISTEN, REQ_SENT, ...), and a destroyed ID's leftover.
+        let state = format!("{:?}", i.state);
+        let mut state_name = String::new();
+        for (k, ch) in state.chars().enumerate() {
+            if ch.is_uppercase() && k > 0 {
+                state_name.push('_');
+            }
+            state_name.push(ch.to_ascii_uppercase());
+        }
+        if json {
+            let v = serde_json::json!({
+                "id": i.id,
+                "state": state_name,
+                "ps": port_space(i.ps),
+                "qp_type": format!("{:?}", i.qp_type),
+                "qpn": i.qpn,
+                "src": addr(i.local),
+                "dst": addr(i.remote),
+                "backlog": i.backlog,
+                "pending": i.pending,
+                "destroyed": i.orphan,
+                "pid": pid,
+            });
+            println!("{v}");
+        } else {
+            let mut line =
+                format!("{name} cm-idn {} state {state_name} ps {} qp-type {:?}", i.id, port_space(i.ps), i.qp_type);
+            if i.qpn != 0 {
+                line += &format!(" lqpn {}", i.qpn);
+            }
+            line += &format!(" src-addr {} dst-addr {}", addr(i.local), addr(i.remote));
+            if i.state == softrdma_engine::cm::IdState::Listen {
+                line += &format!(" backlog {} pending {}", i.backlog, i.pending);
+            }
+            if i.orphan {
+                line += " destroyed";
+            }
+            if pid >= 0 {
+                line += &format!(" pid {pid}");
+            }
+            println!("{line}");
         }
     }
     Ok(ExitCode::SUCCESS)

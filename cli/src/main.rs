@@ -4,8 +4,8 @@
 //!
 //! - `softrdma demo`: two devices (daemons) on 127.0.0.1 and 127.0.0.2, RC/UD/XRC traffic between
 //!   them over RoCEv2/UDP with light loss, every byte checked, a table and the captures;
-//! - `softrdma daemon --name NAME --addr A`, `up NAME --addr A`, `down NAME`, `list`, `stat NAME`:
-//!   devices as processes (design D2);
+//! - `softrdma daemon --name NAME --addr A`, `up NAME --addr A`, `down NAME`, `list`, `stat NAME`,
+//!   `cm-ids NAME`: devices as processes (design D2);
 //! - `softrdma pcap sample`: a RoCE conversation built with the project's own encoder, written,
 //!   decoded back and checked, with no device;
 //! - `softrdma pcap decode FILE [--json]`: one line (or one JSON object) per frame;
@@ -96,6 +96,16 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// List a device's rdma_cm IDs: state, port space, QP type and number, addresses, owner (what
+    /// iproute2's `rdma resource show cm_id` shows for a kernel device).
+    CmIds {
+        /// Device name.
+        #[arg(default_value = "srdma0")]
+        name: String,
+        /// One JSON object per ID.
+        #[arg(long)]
+        json: bool,
+    },
     /// Measure softrdma with unchanged perftest against the physical limits (udpbench) and the
     /// peers (UCX over tcp, libfabric tcp) in one run; print one table and write it to
     /// BENCHMARKS.md.
@@ -176,6 +186,7 @@ fn main() -> ExitCode {
         Command::Down { name } => device_cmd::down(&name),
         Command::List { json } => device_cmd::list(json),
         Command::Stat { name, json } => device_cmd::stat(&name, json),
+        Command::CmIds { name, json } => device_cmd::cm_ids(&name, json),
         Command::Sim(args) => sim::run(&args),
         Command::Bench(args) => bench::run_bench(&args),
         Command::Pcap { command } => match command {

@@ -13,7 +13,7 @@ use softrdma_engine::device::Device;
 use softrdma_engine::time::Instant;
 
 use crate::memory::ProcessMemory;
-use crate::proto::{CmRecord, Request, Response, CM_RECORD_LEN};
+use crate::proto::{CmDeskStats, CmRecord, Request, Response, CM_RECORD_LEN};
 
 /// Most frames a channel holds back while its pipe is full (the client does not read): beyond
 /// this, events are dropped and counted.
@@ -69,16 +69,14 @@ impl CmDesk {
                 | Request::CmSetAckTimeout { .. }
                 | Request::CmInitQpAttr { .. }
                 | Request::CmStats
+                | Request::CmList
         )
     }
 
     fn owned(&mut self, owner: u32, id: u32) -> Result<(), CmError> {
         match self.ids.get(&id) {
             Some(e) if e.owner == owner => Ok(()),
-            _ => {
-                self.calls_refused += 1;
-                Err(CmError::NoEnt)
-            }
+            _ => Err(CmError::NoEnt),
         }
     }
 
@@ -164,15 +162,43 @@ impl CmDesk {
             Request::CmInitQpAttr { id, state } => {
                 return match self.owned(owner, id).and_then(|()| dev.cm().init_qp_attr(id, state)) {
                     Ok(a) => Response::CmQpAttr(a),
-                    Err(e) => err(e),
+                    Err(e) => {
+                        self.calls_refused += 1;
+                        err(e)
+                    }
                 };
             }
-            Request::CmStats => return Response::CmStats(dev.cm().counters().clone()),
+            Request::CmList => {
+                let ids = dev.cm().ids();
+                let rows = ids
+                    .into_iter()
+                    .map(|i| {
+                        let owner = self.ids.get(&i.id).map(|e| e.owner);
+                        let pid = owner.and_then(|o| dev.memory_ref().pid_of(o)).unwrap_or(-1);
+                        (i, pid)
+                    })
+                    .collect();
+                return Response::CmIds(rows);
+            }
+            Request::CmStats => {
+                let cm = dev.cm();
+                let desk = CmDeskStats {
+                    ids: cm.id_count() as u64,
+                    pending: cm.pending_count() as u64,
+                    channels: self.channels.len() as u64,
+                    events_dropped: self.events_dropped,
+                    calls_refused: self.calls_refused,
+                };
+                return Response::CmStats(cm.counters().clone(), desk);
+            }
             _ => Err(CmError::Inval),
         };
         match r {
             Ok(()) => Response::Ok,
-            Err(e) => err(e),
+            Err(e) => {
+                self.calls_refused += 1;
+                err(e)
+            }
         }
     }
 

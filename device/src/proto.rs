@@ -12,7 +12,7 @@ use std::os::unix::net::UnixStream;
 
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
 use serde::{Deserialize, Serialize};
-use softrdma_engine::cm::{CmCounters, ConnParam, InitQpAttr};
+use softrdma_engine::cm::{CmCounters, ConnParam, IdInfo, InitQpAttr};
 use softrdma_engine::device::{AsyncEvent, Counters, CqId, Limits, MrKeys, PdId, QpAttr, QpInit, SrqAttr, XrcdId};
 use softrdma_engine::verbs::{Access, AttrMask, Mtu, QpState, QpType, VerbsError};
 use softrdma_engine::wire::Qpn;
@@ -345,6 +345,8 @@ pub enum Request {
     },
     /// The CM's counters.
     CmStats,
+    /// Every rdma_cm ID of the device (`softrdma cm-ids`).
+    CmList,
     /// `ibv_get_async_event` without blocking.
     GetAsyncEvent,
     /// Counters (`softrdma stat`).
@@ -504,8 +506,28 @@ pub enum Response {
     CmId(u32),
     /// QP attributes from the CM.
     CmQpAttr(InitQpAttr),
-    /// The CM's counters.
-    CmStats(CmCounters),
+    /// The CM's counters and the device's CM bookkeeping.
+    CmStats(CmCounters, CmDeskStats),
+    /// The device's rdma_cm IDs, each with its owner's process ID (-1: none, or gone).
+    CmIds(Vec<(IdInfo, i32)>),
+}
+
+/// The device's side of the CM, for `softrdma stat`.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CmDeskStats {
+    /// rdma_cm IDs the device holds (listeners, connections, and destroyed ones finishing their
+    /// protocol: a DREQ waiting for its DREP, timewait).
+    pub ids: u64,
+    /// Connection requests waiting for their accept or reject (bounded: a REQ flood is dropped
+    /// beyond the listeners' backlogs and the device's limit).
+    pub pending: u64,
+    /// Event channels.
+    pub channels: u64,
+    /// Events lost because a channel's client did not read them (its pipe and backlog full).
+    pub events_dropped: u64,
+    /// CM calls refused: an ID that does not exist or belongs to another client, or a call the
+    /// ID's state does not allow.
+    pub calls_refused: u64,
 }
 
 /// The device layer's counters (`softrdma stat`).

@@ -237,6 +237,32 @@ pub struct OutMad {
     pub mad: Vec<u8>,
 }
 
+/// One ID as `softrdma cm-ids` lists it (what iproute2's `rdma resource show cm_id` shows).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct IdInfo {
+    /// The ID.
+    pub id: IdHandle,
+    /// Port space (`RDMA_PS_*`).
+    pub ps: u16,
+    /// The QP type it connects.
+    pub qp_type: QpType,
+    /// Its state.
+    pub state: IdState,
+    /// Destroyed by its consumer, finishing its protocol.
+    pub orphan: bool,
+    /// Bound address.
+    pub local: Option<SocketAddr>,
+    /// Peer's address.
+    pub remote: Option<SocketAddr>,
+    /// The local QP number once connecting.
+    pub qpn: u32,
+    /// A listener's backlog and its requests waiting for accept or reject.
+    pub backlog: u32,
+    /// See `backlog`.
+    pub pending: u32,
+}
+
 /// A communication ID's connection state (IBTA 12.9.6's states, rdma_cm's view of them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -453,6 +479,33 @@ impl Cm {
     /// The counters.
     pub fn counters(&self) -> &CmCounters {
         &self.counters
+    }
+
+    /// Every ID, ordered by handle.
+    pub fn ids(&self) -> Vec<IdInfo> {
+        let mut v: Vec<IdInfo> = self
+            .ids
+            .iter()
+            .map(|(&h, i)| IdInfo {
+                id: h,
+                ps: i.ps,
+                qp_type: i.qp_type,
+                state: i.state,
+                orphan: i.orphan,
+                local: i.local,
+                remote: i.remote,
+                qpn: i.local_qpn,
+                backlog: i.backlog,
+                pending: i.pending,
+            })
+            .collect();
+        v.sort_by_key(|i| i.id);
+        v
+    }
+
+    /// Connection requests waiting in REQ_RCVD (not yet accepted or rejected).
+    pub fn pending_count(&self) -> usize {
+        self.pending
     }
 
     /// How many IDs exist (orphans finishing their protocol included).
