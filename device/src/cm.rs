@@ -143,12 +143,9 @@ impl CmDesk {
                 self.owned(owner, id).and_then(|()| dev.cm().set_addrs(id, local, remote, tos))
             }
             Request::CmListen { id, backlog } => self.owned(owner, id).and_then(|()| dev.cm().listen(id, backlog)),
-            Request::CmConnect { id, param } => self.owned(owner, id).and_then(|()| {
-                if param.qp_num != 0 && dev.query_qp(softrdma_engine::wire::Qpn::new(param.qp_num)).is_err() {
-                    return Err(CmError::Inval);
-                }
-                dev.cm().connect(now, id, param)
-            }),
+            // cma_connect_ib: an ID without a QP sends the conn_param's qp_num as given (a QP
+            // the program made itself, `rping -q`); the kernel does not look it up, nor do we.
+            Request::CmConnect { id, param } => self.owned(owner, id).and_then(|()| dev.cm().connect(now, id, param)),
             Request::CmAccept { id, param } => self.owned(owner, id).and_then(|()| dev.cm().accept(now, id, param)),
             Request::CmReject { id, private_data, reason } => {
                 self.owned(owner, id).and_then(|()| dev.cm().reject(now, id, &private_data, reason))

@@ -67,6 +67,11 @@ impl Drop for Down<'_> {
 /// Compiles the C test program `tests/abi/NAME.c` against rdma-core's installed headers, linked
 /// with -libverbs (the shim answers at run time), into `dir`; returns the executable.
 pub fn compile_c(shim: &Path, name: &str, dir: &Path) -> PathBuf {
+    compile_c_with(shim, name, dir, &[])
+}
+
+/// [`compile_c`] with more libraries after -libverbs (e.g. `-lrdmacm`).
+pub fn compile_c_with(shim: &Path, name: &str, dir: &Path, libs: &[&str]) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/abi").join(format!("{name}.c"));
     let bin = dir.join(name);
     let cc = std::env::var_os("CC").filter(|c| !c.is_empty()).unwrap_or_else(|| "cc".into());
@@ -77,6 +82,7 @@ pub fn compile_c(shim: &Path, name: &str, dir: &Path) -> PathBuf {
         .arg(&bin)
         .arg(format!("-L{}", shim.display()))
         .arg("-libverbs")
+        .args(libs)
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", cc.to_string_lossy()));
     assert!(o.status.success(), "compiling {} failed:\n{}", src.display(), text(&o));

@@ -1,0 +1,231 @@
+/*
+ * cm_bad_input.c: librdmacm calls that must fail, each with the errno librdmacm and the kernel's
+ * rdma_cm give, on a device that goes on working for good calls afterwards.
+ *
+ *   cc -O1 -Wall -Werror cm_bad_input.c -o cm_bad_input -L$SHIM -lrdmacm -libverbs -lpthread
+ *   LD_LIBRARY_PATH=$SHIM ./cm_bad_input ADDR PORT
+ *
+ * ADDR is a device's address; PORT a free rdma_cm port. One ID listens there; the others connect
+ * to it through the same device.
+ *
+ * Output: one line per check, "ok <name>" or "FAIL <name>: <detail>". Exit status: the number of
+ * failures. A watchdog (alarm) turns a blocked call into a failure.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <rdma/rdma_cma.h>
+
+#include "check.h"
+
+static struct rdma_event_channel *ch;
+
+/* The next event, which must be `want`; NULL (and a failed check) otherwise. */
+static struct rdma_cm_event *expect(enum rdma_cm_event_type want, const char *name)
+{
+	struct rdma_cm_event *ev = NULL;
+
+	if (rdma_get_cm_event(ch, &ev)) {
+		check(0, name, "rdma_get_cm_event: %s", strerror(errno));
+		return NULL;
+	}
+	if (ev->event != want) {
+		check(0, name, "got %s (status %d), wanted %s", rdma_event_str(ev->event), ev->status,
+		      rdma_event_str(want));
+		rdma_ack_cm_event(ev);
+		return NULL;
+	}
+	return ev;
+}
+
+/* A new ID with its address and route resolved to `dst`. */
+static struct rdma_cm_id *resolved(struct sockaddr_in *dst)
+{
+	struct rdma_cm_event *ev;
+	struct rdma_cm_id *id;
+
+	if (rdma_create_id(ch, &id, NULL, RDMA_PS_TCP))
+		return NULL;
+	if (rdma_resolve_addr(id, NULL, (struct sockaddr *)dst, 2000))
+		return NULL;
+	if (!(ev = expect(RDMA_CM_EVENT_ADDR_RESOLVED, "resolve addr")))
+		return NULL;
+	rdma_ack_cm_event(ev);
+	if (rdma_resolve_route(id, 2000))
+		return NULL;
+	if (!(ev = expect(RDMA_CM_EVENT_ROUTE_RESOLVED, "resolve route")))
+		return NULL;
+	rdma_ack_cm_event(ev);
+	return id;
+}
+
+static int connect_with(struct rdma_cm_id *id, const void *data, int len)
+{
+	struct rdma_conn_param p;
+
+	memset(&p, 0, sizeof(p));
+	p.private_data = data;
+	p.private_data_len = len;
+	p.qp_num = 0x1234; /* no QP: the REQ carries the number given */
+	p.retry_count = 7;
+	p.rnr_retry_count = 7;
+	return rdma_connect(id, &p);
+}
+
+static volatile int destroyed;
+
+static void *destroy_thread(void *arg)
+{
+	rdma_destroy_id(arg);
+	destroyed = 1;
+	return NULL;
+}
+
+int main(int argc, char **argv)
+{
+	struct rdma_cm_id *l, *x, *c, *r;
+	struct rdma_cm_event *ev;
+	struct sockaddr_in a;
+	struct rdma_conn_param p;
+	unsigned char data[255];
+	pthread_t t;
+	int rc, i;
+
+	if (argc != 3) {
+		fprintf(stderr, "usage: cm_bad_input ADDR PORT\n");
+		return 2;
+	}
+	alarm(60);
+	for (i = 0; i < (int)sizeof(data); i++)
+		data[i] = (unsigned char)(i * 7 + 1);
+	memset(&a, 0, sizeof(a));
+	a.sin_family = AF_INET;
+	a.sin_port = htons(atoi(argv[2]));
+	if (inet_pton(AF_INET, argv[1], &a.sin_addr) != 1) {
+		fprintf(stderr, "cm_bad_input: bad address %s\n", argv[1]);
+		return 2;
+	}
+	ch = rdma_create_event_channel();
+	if (!check(ch != NULL, "event channel", "%s", strerror(errno)))
+		return n_failures;
+	rc = rdma_create_id(ch, &l, NULL, RDMA_PS_TCP);
+	if (!check(rc == 0 && rdma_bind_addr(l, (struct sockaddr *)&a) == 0 && rdma_listen(l, 4) == 0,
+		   "listen", "%s", strerror(errno)))
+		return n_failures;
+
+	/* cma_bind_port / cma_check_port: the port is taken in the port space. */
+	rdma_create_id(ch, &x, NULL, RDMA_PS_TCP);
+	errno = 0;
+	rc = rdma_bind_addr(x, (struct sockaddr *)&a);
+	check(rc == -1 && errno == EADDRINUSE, "bind to a listening port is EADDRINUSE", "rc %d errno %d", rc,
+	      errno);
+	/* The same port in another port space is free (service IDs differ per port space). */
+	rdma_destroy_id(x);
+	rdma_create_id(ch, &x, NULL, RDMA_PS_IB);
+	rc = rdma_bind_addr(x, (struct sockaddr *)&a);
+	check(rc == 0, "the same port in RDMA_PS_IB is free", "rc %d errno %d", rc, errno);
+	rdma_destroy_id(x);
+
+	/* cma_connect_ib: private data beyond the REQ's 92 bytes less the 36-byte cma_hdr. */
+	c = resolved(&a);
+	if (!check(c != NULL, "resolve to the listener", "%s", strerror(errno)))
+		return n_failures;
+	errno = 0;
+	rc = connect_with(c, data, 57);
+	check(rc == -1 && errno == EINVAL, "57 bytes of REQ private data is EINVAL", "rc %d errno %d", rc, errno);
+	rc = connect_with(c, data, 56);
+	check(rc == 0, "56 bytes of REQ private data connect", "rc %d errno %d", rc, errno);
+	if ((ev = expect(RDMA_CM_EVENT_CONNECT_REQUEST, "CONNECT_REQUEST"))) {
+		r = ev->id;
+		check(ev->listen_id == l && ev->param.conn.private_data_len == 56 &&
+			      memcmp(ev->param.conn.private_data, data, 56) == 0,
+		      "the REQ's private data arrives whole", "len %d", ev->param.conn.private_data_len);
+		rdma_ack_cm_event(ev);
+		/* The REJ carries 148 bytes of private data, the REP 196 (IBTA 12.6.7, 12.6.8). */
+		errno = 0;
+		rc = rdma_reject(r, data, 149);
+		check(rc == -1 && errno == EINVAL, "149 bytes of REJ private data is EINVAL", "rc %d errno %d", rc,
+		      errno);
+		memset(&p, 0, sizeof(p));
+		p.private_data = data;
+		p.private_data_len = 197;
+		p.qp_num = 0x5678;
+		errno = 0;
+		rc = rdma_accept(r, &p);
+		check(rc == -1 && errno == EINVAL, "197 bytes of REP private data is EINVAL", "rc %d errno %d", rc,
+		      errno);
+		rc = rdma_reject(r, data, 148);
+		check(rc == 0, "reject with 148 bytes", "rc %d errno %d", rc, errno);
+		if ((ev = expect(RDMA_CM_EVENT_REJECTED, "REJECTED"))) {
+			check(ev->status == 28 && ev->param.conn.private_data_len >= 148 &&
+				      memcmp(ev->param.conn.private_data, data, 148) == 0,
+			      "the active side gets REJ 28 with the private data", "status %d len %d", ev->status,
+			      ev->param.conn.private_data_len);
+			rdma_ack_cm_event(ev);
+		}
+		rdma_destroy_id(r);
+	}
+	rdma_destroy_id(c);
+	/* A destroyed ID is gone: librdmacm would read freed memory; here the call fails. */
+	errno = 0;
+	rc = rdma_listen(c, 1);
+	check(rc == -1 && errno == EINVAL, "a call on a destroyed ID is EINVAL", "rc %d errno %d", rc, errno);
+
+	/* rdma_destroy_id waits until the ID's events are acked (librdmacm's events_completed). */
+	c = resolved(&a);
+	if (c && connect_with(c, data, 8) == 0 && (ev = expect(RDMA_CM_EVENT_CONNECT_REQUEST, "second REQ"))) {
+		r = ev->id;
+		pthread_create(&t, NULL, destroy_thread, r);
+		usleep(300000);
+		check(!destroyed, "destroy waits for the unacked event", "returned before the ack");
+		rdma_ack_cm_event(ev);
+		pthread_join(t, NULL);
+		check(destroyed, "destroy returns after the ack", "still blocked");
+		/* Destroying the request rejects it (ucma close; REJ consumer defined, as the kernel). */
+		if ((ev = expect(RDMA_CM_EVENT_REJECTED, "REJECTED after destroy"))) {
+			check(ev->id == c, "the connecting ID is rejected", "another ID");
+			rdma_ack_cm_event(ev);
+		}
+	}
+	if (c)
+		rdma_destroy_id(c);
+
+	/* The device still connects: a whole connection, then a disconnect. */
+	c = resolved(&a);
+	if (c && connect_with(c, "hello", 5) == 0 && (ev = expect(RDMA_CM_EVENT_CONNECT_REQUEST, "third REQ"))) {
+		r = ev->id;
+		rdma_ack_cm_event(ev);
+		memset(&p, 0, sizeof(p));
+		p.qp_num = 0x5678;
+		rc = rdma_accept(r, &p);
+		if ((ev = expect(RDMA_CM_EVENT_CONNECT_RESPONSE, "CONNECT_RESPONSE"))) {
+			rdma_ack_cm_event(ev);
+			rc = rdma_establish(c);
+			if ((ev = expect(RDMA_CM_EVENT_ESTABLISHED, "ESTABLISHED")))
+				rdma_ack_cm_event(ev);
+			check(rc == 0, "a good connection after all that", "rc %d errno %d", rc, errno);
+			/* DREQ: the passive side hears DISCONNECTED; its own disconnect sends the DREP that
+			 * ends the active side's (cma_ib_handler, IB_CM_DREQ_RECEIVED / DREP_RECEIVED). */
+			rdma_disconnect(c);
+			if ((ev = expect(RDMA_CM_EVENT_DISCONNECTED, "DISCONNECTED on the passive side"))) {
+				check(ev->id == r, "the DREQ reaches the passive ID", "another ID");
+				rdma_ack_cm_event(ev);
+			}
+			rdma_disconnect(r);
+			if ((ev = expect(RDMA_CM_EVENT_DISCONNECTED, "DISCONNECTED on the active side"))) {
+				check(ev->id == c, "the DREP reaches the active ID", "another ID");
+				rdma_ack_cm_event(ev);
+			}
+		}
+		rdma_destroy_id(r);
+	}
+	if (c)
+		rdma_destroy_id(c);
+	rdma_destroy_id(l);
+	rdma_destroy_event_channel(ch);
+	printf("# %d checks, %d failed\n", n_checks, n_failures);
+	return n_failures;
+}
