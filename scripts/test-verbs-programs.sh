@@ -138,7 +138,7 @@ done
 # then mispairs its connections).
 wait_listen() { # port [port space: TCP or IB]
   for _ in $(seq 200); do
-    for d in srdma0 srdma1; do
+    for d in srdma0 srdma1 srdma2; do
       "$bin" cm-ids "$d" 2>/dev/null | grep -qE "state LISTEN ps ${2:-TCP} .*src-addr [^ ]*:$1 " && return 0
     done
     sleep 0.1
@@ -295,7 +295,20 @@ if "$bin" up srdma2 --addr "$addr2" --cm-timer-scale 0.001 >/dev/null; then
   else
     result "rping to a silent peer: UNREACHABLE -110 after 16 REQs" fail "rc=$rc, $sent MADs sent; $(tail -n 2 "$log" | tr '\n' ' ')"
   fi
+  # The device goes away under a listening rping: RDMA_CM_EVENT_DEVICE_REMOVAL, and rping ends.
+  port=$((port + 1))
+  log="$logs/rping-device-removal.log"
+  timeout 30 rping -s -a "$addr2" -p "$port" -C 1 >"$log" 2>&1 &
+  spid=$!
+  wait_listen "$port"
   timeout 15 "$bin" down srdma2 >/dev/null 2>&1
+  wait "$spid"
+  rc=$?
+  if [ "$rc" != 124 ] && grep -q "cma detected device removal" "$log"; then
+    result "rping -s when its device goes down: DEVICE_REMOVAL" ok
+  else
+    result "rping -s when its device goes down: DEVICE_REMOVAL" fail "rc=$rc; $(tail -n 2 "$log" | tr '\n' ' ')"
+  fi
 else
   result "rping to a silent peer" fail "softrdma up srdma2 --addr $addr2 failed"
 fi

@@ -276,6 +276,21 @@ fn create_id_typed(
     new_id(channel, context, ps, t)
 }
 
+/// RDMA_CM_EVENT_DEVICE_REMOVAL (cma_process_remove): device `dev` went away; every ID with a
+/// place on it hears so on its channel, once. The IDs stay for the program to destroy.
+pub(crate) fn device_removed(cma: &super::Cma, dev: &Arc<CmDev>) {
+    // The live set stays locked: an ID being destroyed leaves it first, so none is freed here.
+    let live = lock(&cma.live);
+    for &p in live.iter() {
+        // SAFETY: a live ID (see id_of).
+        let id = unsafe { &*(p as *const Id) };
+        let st = lock(&id.st);
+        if st.on.iter().any(|pl| Arc::ptr_eq(&pl.dev, dev)) {
+            let _ = post_local(id, &st, DEVICE_REMOVAL, 0);
+        }
+    }
+}
+
 fn free_id(p: *mut c::rdma_cm_id) {
     let Ok(id) = id_of(p) else { return };
     let handle = lock(&id.st).handle;

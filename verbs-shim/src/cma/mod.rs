@@ -107,8 +107,42 @@ pub(crate) fn cma() -> Result<&'static Cma, Errno> {
         Ok(Cma { devs: out, ids: Mutex::new(HashMap::new()), live: Mutex::new(HashSet::new()), next: Mutex::new(1) })
     });
     match r {
-        Ok(c) => Ok(c),
+        Ok(c) => {
+            static WATCH: std::sync::Once = std::sync::Once::new();
+            WATCH.call_once(|| {
+                let _ = std::thread::Builder::new().name("softrdma-cm-watch".into()).spawn(move || watch(c));
+            });
+            Ok(c)
+        }
         Err(e) => Err(Errno(*e)),
+    }
+}
+
+/// Waits for devices to go away (their socket hangs up: the daemon stopped or died) and tells
+/// the IDs on each (RDMA_CM_EVENT_DEVICE_REMOVAL), as the kernel's rdma_cm does when an ib_device
+/// is unregistered under its IDs.
+fn watch(cma: &'static Cma) {
+    use std::os::fd::AsRawFd;
+    let mut alive = cma.devs.clone();
+    while !alive.is_empty() {
+        let mut fds: Vec<libc::pollfd> = alive
+            .iter()
+            .map(|d| libc::pollfd { fd: d.conn.hangup_fd().as_raw_fd(), events: libc::POLLRDHUP, revents: 0 })
+            .collect();
+        // SAFETY: `fds` holds alive.len() entries.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        if n < 0 {
+            if crate::last_errno() == libc::EINTR {
+                continue;
+            }
+            return;
+        }
+        for k in (0..fds.len()).rev() {
+            if fds[k].revents != 0 {
+                let d = alive.remove(k);
+                calls::device_removed(cma, &d);
+            }
+        }
     }
 }
 
