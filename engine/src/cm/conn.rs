@@ -776,10 +776,14 @@ impl Cm {
                 self.send_drep_and_wait(now, h);
             }
             IdState::Timewait => {
-                if let Some(m) = id.last.clone() {
-                    self.out.push_back(m);
-                    self.counters.mads_sent += 1;
-                }
+                // cm_dreq_handler: a DREQ in timewait (our DREP was lost, or we disconnected
+                // first and its DREQ crossed ours) gets a fresh DREP, whatever we sent last.
+                let drep = CmDrepRepr {
+                    local_comm_id: id.local_comm_id,
+                    remote_comm_id: id.remote_comm_id,
+                    private_data: vec![],
+                };
+                self.send(src, tid, CmMessage::Drep(drep));
             }
             _ => {}
         }

@@ -656,6 +656,17 @@ fn disconnect_and_timewait() {
     p.a.disconnect(p.now, a).unwrap();
     p.drive();
     assert_eq!(p.sent(CmAttr::Dreq).len(), 1);
+    // cm_dreq_handler: a DREQ reaching an ID in timewait is answered with a DREP, even on the
+    // side whose last MAD was its own DREQ.
+    let dreq_b = CmDreqRepr { local_comm_id: b_comm, remote_comm_id: a_comm, remote_qpn: 0x100, private_data: vec![] };
+    let now = p.now;
+    p.a.handle_mad(now, B_IP, &mad(0x77, CmMessage::Dreq(dreq_b)));
+    p.drive();
+    let dreps = p.sent(CmAttr::Drep);
+    assert_eq!(dreps.len(), 2, "one DREP more");
+    let CmMessage::Drep(r) = &dreps[1].repr.msg else { unreachable!() };
+    assert_eq!((r.local_comm_id, r.remote_comm_id, dreps[1].repr.tid), (a_comm, b_comm, 0x77));
+    assert_eq!(p.sent(CmAttr::Dreq).len(), 1, "not our DREQ again");
 
     p.advance(ms(2047));
     assert!(p.events(Side::A).is_empty() && p.events(Side::B).is_empty());
