@@ -146,7 +146,8 @@ impl Cm {
             return Err(CmError::Inval);
         }
         let tgt = id.qp_type == QpType::XrcTgt;
-        // The PSN was chosen with the ID: the consumer's QP reached RTS with it before this call.
+        // The PSN was chosen with the ID: the consumer's QP reached RTR with it (its receive
+        // PSN) before this call.
         let psn = id.local_psn;
         // cma_accept_ib / cm_format_rep: an XRC target's QPN goes in the Local EECN field.
         let rep = CmRepRepr {

@@ -464,8 +464,8 @@ impl Cm {
     pub fn create_id(&mut self, ps: u16, qp_type: QpType) -> IdHandle {
         let h = self.alloc_handle();
         let mut id = Id::new(ps, qp_type, self.cfg.mtu);
-        // rdma_cm picks an ID's starting PSN when the ID is made (`__rdma_create_id`): the QP
-        // may reach RTS with it before the REQ or REP that carries it leaves.
+        // rdma_cm picks an ID's starting PSN when the ID is made (`__rdma_create_id`): the
+        // passive QP reaches RTR with it (its receive PSN) before the REP that carries it leaves.
         id.local_psn = self.rng.next_u32() & 0xff_ffff;
         self.ids.insert(h, id);
         h
@@ -599,10 +599,15 @@ impl Cm {
                 {
                     return Err(CmError::Inval);
                 }
-                // cm_init_qp_rtr_attr.
+                // cm_init_qp_rtr_attr. The receive PSN is the Starting PSN this side announced
+                // (its REQ or REP), not the peer's: a CM message's Starting PSN is where its
+                // sender's receive queue begins, and the peer's send queue starts there
+                // (rdma_init_qp_attr sets rq_psn = seq_num, cma.c:1261-1262; cm_send_req and
+                // ib_send_cm_rep keep their own PSN as rq_psn, cm.c:1574, :2319). The ConnectX
+                // capture write.pcap shows it: the passive QP's first packet carries the REQ's PSN.
                 a.path_mtu = id.path_mtu;
                 a.dest_qp_num = id.peer.qpn;
-                a.rq_psn = id.peer.psn;
+                a.rq_psn = id.local_psn;
                 a.dest = gid_to_ip(&id.path.remote_gid);
                 mask = mask | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN;
                 if matches!(id.qp_type, QpType::Rc | QpType::XrcTgt) {
@@ -624,8 +629,10 @@ impl Cm {
                 {
                     return Err(CmError::Inval);
                 }
-                // cm_init_qp_rts_attr.
-                a.sq_psn = id.local_psn;
+                // cm_init_qp_rts_attr: the send PSN is the peer's Starting PSN (the passive side
+                // takes the REQ's, cm_req_handler, cm.c:2111; the active side the REP's,
+                // cm_rep_handler, cm.c:2564).
+                a.sq_psn = id.peer.psn;
                 mask = mask | AttrMask::SQ_PSN;
                 if matches!(id.qp_type, QpType::Rc | QpType::XrcIni) {
                     a.timeout = id.path.local_ack_timeout;

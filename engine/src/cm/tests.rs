@@ -327,7 +327,8 @@ fn connect_accept_establish() {
         assert!(i.mask.contains(AttrMask::ACCESS_FLAGS | AttrMask::PKEY_INDEX | AttrMask::PORT));
         assert!(i.attr.qp_access_flags.contains(Access::REMOTE_WRITE | Access::REMOTE_READ));
     }
-    // RTR: the peer's QPN, and its starting PSN as the receive PSN.
+    // RTR: the peer's QPN; each side receives from the Starting PSN it announced and sends from
+    // the one its peer announced (cm.c:1574, :2111, :2319, :2564; cma.c:1261-1262).
     assert_eq!((ar.attr.qp_state, ar.attr.dest_qp_num), (QpState::Rtr, 0x200));
     assert_eq!((br.attr.qp_state, br.attr.dest_qp_num), (QpState::Rtr, 0x100));
     assert_eq!(ar.attr.rq_psn, bt.attr.sq_psn, "active RTR rq_psn == passive RTS sq_psn");
@@ -336,7 +337,14 @@ fn connect_accept_establish() {
         CmMessage::Req(r) => r.starting_psn,
         m => panic!("{m:?}"),
     };
-    assert_eq!(at.attr.sq_psn, req_psn, "the active QP starts at the REQ's starting PSN");
+    let rep_psn = match &p.wire[1].repr.msg {
+        CmMessage::Rep(r) => r.starting_psn,
+        m => panic!("{m:?}"),
+    };
+    assert_eq!(ar.attr.rq_psn, req_psn, "the active QP receives from the REQ's Starting PSN");
+    assert_eq!(bt.attr.sq_psn, req_psn, "the passive QP sends from the REQ's Starting PSN");
+    assert_eq!(br.attr.rq_psn, rep_psn, "the passive QP receives from the REP's Starting PSN");
+    assert_eq!(at.attr.sq_psn, rep_psn, "the active QP sends from the REP's Starting PSN");
     for r in [&ar, &br] {
         assert_eq!(r.attr.path_mtu, Mtu::Mtu1024);
         assert_eq!(r.attr.max_dest_rd_atomic, 1);
@@ -1042,23 +1050,31 @@ fn xrc_initiator_to_target() {
     }
 }
 
-/// librdmacm's rdma_accept (and the shim's, `qp_to_rts`) moves the passive QP to RTS *before*
-/// the REP is sent; cm_init_qp_rts_attr's SQ PSN must be the Starting PSN that REP then
-/// announces (rdma_cm picks it in `__rdma_create_id`), or the active side's RTR expects another
-/// PSN than the passive QP sends.
+/// librdmacm's rdma_accept (and the shim's, `qp_to_rts`) moves the passive QP to RTR and RTS
+/// *before* the REP is sent; the RTR's receive PSN must be the Starting PSN that REP then
+/// announces (rdma_cm picks it in `__rdma_create_id`; rdma_init_qp_attr, cma.c:1261-1262), and
+/// the active side sends from it (cm_rep_handler, cm.c:2564). The RTS's send PSN is the REQ's.
+/// The kernel and hardware read the field this way (ConnectX write.pcap: the passive QP's first
+/// packet carries the REQ's PSN, the active QP's the REP's); rdma_rxe drops as duplicates the
+/// packets of a peer that reads it the other way.
 #[test]
-fn passive_rts_before_accept_matches_the_rep_psn() {
+fn starting_psn_is_where_the_senders_receive_queue_begins() {
     let mut p = Pair::new();
     p.listen(PS_TCP, QpType::Rc, 0);
     let a = p.dial(PS_TCP, QpType::Rc, SPORT, req_param(0x100, b"hello"));
     p.drive();
+    let CmMessage::Req(req) = &p.sent(CmAttr::Req)[0].repr.msg else { panic!() };
+    let req_psn = req.starting_psn;
     let b = p.event(Side::B).id;
+    let rtr = p.b.init_qp_attr(b, QpState::Rtr).unwrap();
     let rts = p.b.init_qp_attr(b, QpState::Rts).unwrap();
+    assert_eq!(rts.attr.sq_psn, req_psn);
     p.b.accept(p.now, b, rep_param(0x200)).unwrap();
     p.drive();
     let CmMessage::Rep(rep) = &p.sent(CmAttr::Rep)[0].repr.msg else { panic!() };
-    assert_eq!(rts.attr.sq_psn, rep.starting_psn);
-    assert_eq!(p.a.init_qp_attr(a, QpState::Rtr).unwrap().attr.rq_psn, rts.attr.sq_psn);
+    assert_eq!(rtr.attr.rq_psn, rep.starting_psn);
+    assert_eq!(p.a.init_qp_attr(a, QpState::Rts).unwrap().attr.sq_psn, rep.starting_psn);
+    assert_eq!(p.a.init_qp_attr(a, QpState::Rtr).unwrap().attr.rq_psn, req_psn);
 }
 
 /// cm_req_handler / cm_init_qp_rts_attr: the passive QP's retry count is the REQ's; ib_cm's REP
