@@ -285,7 +285,12 @@ impl Cm {
     }
 
     fn send_dreq(&mut self, now: Instant, h: IdHandle) {
-        let next = self.rng.next_u32();
+        let Some(comm) = self.ids.get(&h).map(|i| i.local_comm_id) else { return };
+        // cm_format_dreq: the DREQ's TID is cm_form_tid, this side's MAD agent half and its own
+        // comm ID (cm.c:1288-1303, :2645-2646): on the active side the REQ's TID again, on the
+        // passive side its own rather than the REQ's. ConnectX (write.pcap, nvme-discover2.pcap)
+        // and rxe's kernel CM send exactly this.
+        let tid = self.tid(comm);
         let Some(id) = self.ids.get_mut(&h) else { return };
         let dreq = CmDreqRepr {
             local_comm_id: id.local_comm_id,
@@ -295,8 +300,6 @@ impl Cm {
         };
         id.state = IdState::DreqSent;
         id.retries_left = self.cfg.max_cm_retries;
-        // A DREQ gets a fresh TID from its sender.
-        let tid = (id.tid & !0xffff_ffff) | u64::from(next);
         id.tid = tid;
         let Some(dst) = id.remote.map(|r| r.ip()) else { return };
         let last = self.send(dst, tid, CmMessage::Dreq(dreq));

@@ -679,6 +679,33 @@ fn disconnect_and_timewait() {
     assert_eq!(p.a.counters().mads_resent + p.b.counters().mads_resent, 0);
 }
 
+/// cm_format_dreq / cm_form_tid (cm.c:1288-1303, :2645-2646): a DREQ's TID is its sender's MAD
+/// agent half and its own comm ID, as in the REQ (the active side sends the REQ's TID again; the
+/// passive side its own, not the REQ's). ConnectX (write.pcap: DREQ TID 0xb_2975ef71 = the
+/// REQ's; nvme-discover2.pcap: the target's DREQ carries its own comm ID) and rxe do this.
+#[test]
+fn dreq_tid_is_the_senders_form_tid() {
+    for active_disconnects in [true, false] {
+        let mut p = Pair::new();
+        let (a, b, _) = p.connected();
+        let (a_comm, b_comm) = p.comm_ids();
+        let req_tid = p.sent(CmAttr::Req)[0].repr.tid;
+        let (from, h, comm) = if active_disconnects { (Side::A, a, a_comm) } else { (Side::B, b, b_comm) };
+        let now = p.now;
+        p.cm(from).disconnect(now, h).unwrap();
+        p.drive();
+        let dreq = p.sent(CmAttr::Dreq);
+        assert_eq!(dreq.len(), 1);
+        let tid = dreq[0].repr.tid;
+        assert_eq!(tid as u32, comm.swap_bytes(), "the low half is the sender's comm ID as the kernel holds it");
+        if active_disconnects {
+            assert_eq!(tid, req_tid, "the active side's DREQ repeats the REQ's TID");
+        } else {
+            assert_ne!(tid >> 32, req_tid >> 32, "the passive side's own agent half, not the REQ sender's");
+        }
+    }
+}
+
 /// IBTA 12.9.8.6 / cm_dreq_handler: a DREQ whose Remote QPN is not the receiver's QP is dropped.
 #[test]
 fn dreq_naming_another_qpn_is_dropped() {
