@@ -636,6 +636,25 @@ impl Cm {
                 }
                 return true;
             }
+            IdState::RepRcvd if id.remote_comm_id == rep.local_comm_id => {
+                // The consumer has not established yet and the peer resent its REP. rdma_cm arms
+                // a delayed MRA when it hands a REP to its consumer (cma_ib_handler, cma.c:2163-
+                // 2169: ib_send_cm_mra with IB_CM_MRA_FLAG_DELAY moves ib_cm to MRA_REP_SENT),
+                // and cm_dup_rep_handler sends it for a duplicate REP (cm.c), so the passive side
+                // waits the service timeout instead of resending until it gives up (IBTA 12.6.6:
+                // MRA for a REP). The MRA's message-MRAed field takes REJ's encoding.
+                let mra = CmMraRepr {
+                    local_comm_id: id.local_comm_id,
+                    remote_comm_id: id.remote_comm_id,
+                    msg_mraed: REJ_MSG_REP,
+                    service_timeout: MRA_SERVICE_TIMEOUT,
+                    private_data: vec![],
+                };
+                let tid = id.tid;
+                self.send(src, tid, CmMessage::Mra(mra));
+                self.counters.mras_sent += 1;
+                return true;
+            }
             IdState::RepRcvd => return true,
             _ => return false,
         }
