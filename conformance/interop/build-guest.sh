@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the rdma_rxe test guest from Debian packages: the distribution's kernel (linux-image-amd64's
-# current ABI) and rdma-core's user space (ibverbs-utils, perftest and the rxe provider), unpacked
-# with dpkg -x, plus busybox, bash and iproute2's `rdma` from this host. Nothing prebuilt is kept in
+# current ABI, with rdma_rxe and the kernel's rdma_cm) and rdma-core's user space (ibverbs-utils,
+# rdmacm-utils, perftest and the rxe provider), unpacked with dpkg -x, plus busybox, bash and
+# iproute2's `rdma` and `tc` from this host. Nothing prebuilt is kept in
 # the repository; the downloads are cached in DIR/debs.
 # Usage: build-guest.sh DIR      Output: DIR/vmlinux (uncompressed, PVH entry: boots without
 # in-guest decompression), DIR/initrd.cpio, DIR/kernel-version.
@@ -20,11 +21,15 @@ if [ -z "$kpkg" ]; then
 fi
 [ -n "$kpkg" ] || { echo "build-guest: apt knows no linux-image-amd64" >&2; exit 1; }
 kv=${kpkg#linux-image-}
-user_pkgs="ibverbs-utils libibverbs1 ibverbs-providers libnl-3-200 libnl-route-3-200 perftest librdmacm1 libibumad3"
-if [ -f kernel-version ] && [ "$(cat kernel-version)" = "$kv" ] && [ -f vmlinux ] && [ -d ustage ]; then
+# rdmacm-utils (rping, ucmatose, ...) needs librdmacm1, libibverbs1 and libc (apt-cache depends).
+user_pkgs="ibverbs-utils libibverbs1 ibverbs-providers libnl-3-200 libnl-route-3-200 perftest librdmacm1 libibumad3 rdmacm-utils"
+# What is unpacked: the kernel and the package list (a changed list unpacks again).
+stamp="$kv $user_pkgs"
+if [ -f kernel-version ] && [ "$(cat kernel-version)" = "$kv" ] && [ -f vmlinux ] && [ -d ustage ] &&
+  [ -f unpacked ] && [ "$(cat unpacked)" = "$stamp" ]; then
   echo "build-guest: kernel $kv and user space already unpacked in $W"
 else
-  rm -rf kroot ustage vmlinux
+  rm -rf kroot ustage vmlinux unpacked
   (cd debs && apt-get download -q "$kpkg" $user_pkgs 2>&1 | grep -vE 'Download is performed unsandboxed|^Get:' || true)
   ls debs/"${kpkg}"_*.deb >/dev/null || { echo "build-guest: downloading $kpkg failed" >&2; exit 1; }
   dpkg -x debs/"${kpkg}"_*.deb kroot
@@ -42,6 +47,7 @@ if start < 0:
 open(sys.argv[2], "wb").write(lzma.LZMADecompressor().decompress(d[start:]))
 PY
   echo "$kv" > kernel-version
+  echo "$stamp" > unpacked
 fi
 
 # The initramfs: busybox, the modules rdma_rxe needs (dependencies from modinfo), the programs and
@@ -66,7 +72,12 @@ add_mod() {
   cp "$p" "$R/lib/modules/$kv/${p#"$km"/}"
   order+=("${p#"$km"/}")
 }
-for m in virtio_pci virtio_net crc32_generic udp_tunnel ip6_udp_tunnel ib_core ib_uverbs rdma_rxe; do add_mod "$m"; done
+# rdma_ucm is the kernel's rdma_cm for user space (/dev/infiniband/rdma_cm); it brings rdma_cm, ib_cm,
+# iw_cm and configfs.
+# sch_ingress, cls_u32, act_mirred, ifb and sch_netem: guest/cm-delay.sh, with which rxe.sh delays
+# the CM MADs the guest receives for perftest -R with the guest as server (see there).
+for m in virtio_pci virtio_net crc32_generic udp_tunnel ip6_udp_tunnel ib_core ib_uverbs rdma_rxe rdma_ucm \
+  sch_ingress cls_u32 act_mirred ifb sch_netem; do add_mod "$m"; done
 printf '%s\n' "${order[@]}" > "$R/etc/modorder"
 lib="$W/ustage/usr/lib/x86_64-linux-gnu"
 copy_bin() { # SOURCE DEST (relative to the initramfs root)
@@ -80,10 +91,17 @@ copy_bin() { # SOURCE DEST (relative to the initramfs root)
   done
 }
 for b in ibv_devinfo ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong \
-  ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat ib_read_lat ib_send_lat ib_atomic_lat; do
+  ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat ib_read_lat ib_send_lat ib_atomic_lat \
+  rping ucmatose; do
   copy_bin "ustage/usr/bin/$b" "usr/bin/$b"
 done
+# rping ends its threads with pthread_exit/pthread_cancel, for which glibc loads libgcc_s at run
+# time (ldd does not list it).
+gcc_s=$(ldconfig -p | awk '/libgcc_s.so.1 .*x86-64/ {print $NF; exit}')
+mkdir -p "$R/lib/x86_64-linux-gnu"
+cp -L "$gcc_s" "$R/lib/x86_64-linux-gnu/libgcc_s.so.1"
 copy_bin "$(command -v rdma)" usr/bin/rdma
+copy_bin "$(command -v tc)" usr/bin/tc
 copy_bin "$(command -v bash)" usr/bin/bash # for /dev/udp: the bad-input sender
 for p in "$lib"/libibverbs/librxe-*.so; do copy_bin "$p" "usr/lib/x86_64-linux-gnu/libibverbs/$(basename "$p")"; done
 cp ustage/etc/libibverbs.d/rxe.driver "$R/etc/libibverbs.d/"
@@ -92,5 +110,7 @@ echo 'root:x:0:' > "$R/etc/group"
 install -m 755 "$here/guest/init.sh" "$R/init"
 install -m 755 "$here/guest/agent.sh" "$R/usr/bin/agent"
 install -m 755 "$here/guest/retry-connect.sh" "$R/usr/bin/retry-connect"
+install -m 755 "$here/guest/cm-listening.sh" "$R/usr/bin/cm-listening"
+install -m 755 "$here/guest/cm-delay.sh" "$R/usr/bin/cm-delay"
 (cd "$R" && find . | cpio -o -H newc --quiet) > initrd.cpio
 echo "build-guest: kernel $kv, initramfs $(du -h initrd.cpio | cut -f1) in $W"

@@ -13,10 +13,14 @@
 #     the capture of the tap (the real wire, with the real IPv4 headers) holds packets both ways,
 #     every one with a valid ICRC (`softrdma pcap check`): rxe drops a packet with a bad ICRC, so a
 #     completed run also shows that rxe accepted ours;
-#  4. the RC programs again with loss, duplication and reordering injected on the softrdma side;
-#  5. the device's counters: rxe's packets verified, none with a bad ICRC although rxe's IPv4 ID
+#  4. rdma_cm: the kernel's connection manager (rdma_cm and ib_cm over rxe's QP1) against
+#     softrdma's, both ways: rping, ucmatose, perftest -R (ib_write_bw, ib_send_lat) and a REQ to
+#     a port with no listener (REJ 8 at once); each capture must also hold CM MADs both ways, every
+#     one decoded;
+#  5. the RC programs again with loss, duplication and reordering injected on the softrdma side;
+#  6. the device's counters: rxe's packets verified, none with a bad ICRC although rxe's IPv4 ID
 #     changes per packet (the device solves for the ID: design.md, "ICRC and the IPv4 ID");
-#  6. bad input from the guest: garbage datagrams are counted and dropped while a transfer goes on,
+#  7. bad input from the guest: garbage datagrams are counted and dropped while a transfer goes on,
 #     and a guest that vanishes mid-transfer leaves its softrdma QP in error with RETRY_EXC_ERR while
 #     another QP on the same device completes.
 # One line per check, then "N passed, M failed"; exit status 0 only when all pass.
@@ -56,7 +60,8 @@ fi
 bin="$(realpath "$bin")"
 missing=()
 for t in qemu-system-x86_64:qemu-system-x86 busybox:busybox-static tcpdump:tcpdump modinfo:kmod cpio:cpio \
-  ip:iproute2 rdma:iproute2 python3:python3 ib_write_bw:perftest ibv_rc_pingpong:ibverbs-utils; do
+  ip:iproute2 rdma:iproute2 tc:iproute2 python3:python3 ib_write_bw:perftest ibv_rc_pingpong:ibverbs-utils \
+  rping:rdmacm-utils; do
   command -v "${t%%:*}" >/dev/null 2>&1 || missing+=("${t#*:}")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -351,7 +356,178 @@ else
   result fail "$line"
 fi
 
+echo "== rdma_cm: the kernel's (rdma_cm and ib_cm over rdma_rxe) and softrdma's, both ways"
+# Each program runs as server on one side and client on the other; the client starts once the
+# server listens (the kernel's `rdma resource show cm_id` in the guest, the port's reservation in
+# the runtime dir on our side). Besides the program's own verdict, the capture of the wire must
+# hold CM MADs both ways, every one decoded (`softrdma pcap decode --json` gives a `cm` object per
+# MAD on QP1, with an `error` when it is not a valid CM MAD), and every packet a valid ICRC.
+cm_start=$SECONDS cm_runs=0
+# cm_listening SIDE PORT: waits until an rdma_cm listener (RDMA_PS_TCP) on SIDE holds PORT.
+cm_listening() {
+  case $1 in
+    rxe) guest "$work/listening" "cm-listening $2 30" ;;
+    *) local f="$rt/cm-ports/0106-$2"
+      for _ in $(seq 300); do
+        # The programs listen right after they bind (which makes the reservation).
+        [ -e "$f" ] && { sleep 0.2; return 0; }
+        sleep 0.1
+      done
+      return 1 ;;
+  esac
+}
+# cm_mads PCAP: the capture's CM MADs as "FROM_SOFTRDMA FROM_RXE UNDECODABLE SUMMARY", the summary
+# naming each side's messages in order ("softrdma REQ RTU DREP; rxe REP DREQ").
+cm_mads() {
+  "$bin" pcap decode --json "$1" 2>/dev/null | python3 -c '
+import json, sys
+names = {0x10: "REQ", 0x11: "MRA", 0x12: "REJ", 0x13: "REP", 0x14: "RTU", 0x15: "DREQ", 0x16: "DREP",
+         0x17: "SIDR_REQ", 0x18: "SIDR_REP", 0x19: "LAP", 0x1A: "APR"}
+sides = {"softrdma": [], "rxe": []}
+bad = 0
+for line in sys.stdin:
+    f = json.loads(line)
+    cm = f.get("cm")
+    if cm is None:
+        continue
+    side = sides["softrdma" if f.get("src") == sys.argv[1] else "rxe"]
+    if "error" in cm:
+        bad += 1
+        side.append("undecodable(%s)" % cm["error"])
+    else:
+        side.append(names.get(int(cm["attr"], 16), cm["attr"]))
+print(len(sides["softrdma"]), len(sides["rxe"]), bad,
+      "softrdma " + " ".join(sides["softrdma"]) + "; rxe " + " ".join(sides["rxe"]))
+' "$host_ip"
+}
+# cm_run PROG SERVER CLIENT VERDICT SERVER_ARGS... -- CLIENT_ARGS...: an rdma_cm program as
+# server on one side and client on the other (in the arguments, @P is the port and @S the server's
+# address), the wire captured. VERDICT is a function called with the server's and the client's
+# exit status and log; it prints what it verified and returns 0 when the run passed.
+cm_run() {
+  local prog="$1" server="$2" client="$3" verdict="$4"
+  shift 4
+  local label
+  label=$(printf '%-16s %-22s %s' "$prog" "server $server," "client $client, rdma_cm")
+  [ -n "$only" ] && ! echo "$label" | grep -qE "$only" && return 0
+  port=$((port + 1))
+  runno=$((runno + 1))
+  cm_runs=$((cm_runs + 1))
+  local sip
+  sip=$(side_ip "$server")
+  local -a sargs=() cargs=()
+  local a
+  while [ "$1" != "--" ]; do a="${1//@P/$port}"; sargs+=("${a//@S/$sip}"); shift; done
+  shift
+  for a in "$@"; do a="${a//@P/$port}"; cargs+=("${a//@S/$sip}"); done
+  local base
+  base=$(printf '%02d-cm-%s-%s-%s' "$runno" "${prog// /}" "$server" "$client")
+  local slog="$logs/$base.server.log" clog="$logs/$base.client.log" pcap="$caps/$base.pcap"
+  ip netns exec "$ns" tcpdump -Z root --immediate-mode -B 65536 -s 9000 -i tap0 -U -w "$pcap" 'udp port 4791' 2>"$logs/$base.tcpdump.log" &
+  local td=$!
+  for _ in $(seq 50); do grep -q "listening on" "$logs/$base.tcpdump.log" && break; sleep 0.1; done
+  local spid="" src=0 crc=none why="" t0
+  if [ ${#sargs[@]} -gt 0 ]; then
+    on "$server" "$slog" "${sargs[@]}" &
+    spid=$!
+    cm_listening "$server" "$port" || { why="the server never listened; "; kill "$spid" 2>/dev/null; }
+  else
+    : >"$slog" # no server: the client's REQ finds no listener
+  fi
+  if [ -z "$why" ]; then
+    t0=$(date +%s%N)
+    on "$client" "$clog" "${cargs[@]}"
+    crc=$?
+    cm_ms=$((($(date +%s%N) - t0) / 1000000))
+  fi
+  if [ -n "$spid" ]; then
+    wait "$spid"
+    src=$?
+  fi
+  sleep 0.2
+  kill -INT "$td" 2>/dev/null
+  wait "$td" 2>/dev/null
+  local seen
+  seen=$($verdict "$src" "$crc" "$slog" "$clog") || why="$why$seen; server rc=$src client rc=$crc; "
+  local mads n_ours n_theirs n_bad summary check from_s from_c
+  mads=$(cm_mads "$pcap")
+  read -r n_ours n_theirs n_bad summary <<<"$mads"
+  [ "${n_ours:-0}" -gt 0 ] && [ "${n_theirs:-0}" -gt 0 ] && [ "$n_bad" = 0 ] ||
+    why="${why}CM MADs: $n_ours from softrdma, $n_theirs from rxe, $n_bad undecodable ($summary); "
+  from_s=$(tcpdump -r "$pcap" -n "src host $sip" 2>/dev/null | wc -l)
+  from_c=$(tcpdump -r "$pcap" -n "src host $(side_ip "$client")" 2>/dev/null | wc -l)
+  check=$("$bin" pcap check "$pcap" 2>&1)
+  echo "$check" | grep -q "verdict *OK" ||
+    why="${why}capture: $(echo "$check" | grep -E 'bad ICRC|malformed|verdict' | tr -s ' \n' ' '); "
+  if [ -z "$why" ]; then
+    result ok "$label  ($seen; CM $summary; $from_s+$from_c packets, ICRC valid)"
+  else
+    result fail "$label: $why$(tail -q -n 2 "$slog" "$clog" 2>/dev/null | tr '\n' ' ')"
+  fi
+}
+# The verdicts: what each program prints when it worked.
+rping_ok() { # rping -v: one "ping data" line per ping, each checked (-V)
+  local pings
+  pings=$(grep -c "^ping data: rdma-ping-" "$4")
+  echo "$pings pings verified"
+  [ "$1" = 0 ] && [ "$2" = 0 ] && [ "$pings" = "$rping_count" ]
+}
+ucmatose_ok() {
+  echo "both \"return status 0\""
+  [ "$1" = 0 ] && [ "$2" = 0 ] && grep -q "return status 0" "$3" && grep -q "return status 0" "$4"
+}
+perf_ok() {
+  local rows
+  rows=$(awk '/#bytes/ {t=1; next} t && /^ *[0-9]+ +[0-9]+ +[0-9.]+ +[0-9.]+/ {n++} END {print n+0}' "$4")
+  echo "$rows result row"
+  [ "$1" = 0 ] && [ "$2" = 0 ] && [ "$rows" -ge 1 ]
+}
+# No listener: the client fails at once with REJECTED, status 8 (the server side runs nothing;
+# cm_ms is how long the client took, the guest agent's round trip included).
+rejected_ok() {
+  echo "\"$(grep -o "RDMA_CM_EVENT_REJECTED, error [0-9]*" "$4" | head -1)\" after $cm_ms ms"
+  [ "$2" != 0 ] && grep -q "RDMA_CM_EVENT_REJECTED, error 8" "$4" && [ "$cm_ms" -lt 3000 ]
+}
+rping_count=20
+for pair in "rxe softrdma" "softrdma rxe"; do
+  set -- $pair
+  s=$1 c=$2
+  cm_run rping "$s" "$c" rping_ok rping -s -a @S -p @P -C $rping_count -S 4096 -V -- \
+    rping -c -a @S -p @P -C $rping_count -S 4096 -v -V
+  cm_run ucmatose "$s" "$c" ucmatose_ok ucmatose -p @P -- ucmatose -s @S -p @P
+  # perftest 4.5 -R: a first rdma_cm connection carries perftest's own exchange (its RDMA SENDs
+  # replace the TCP socket), then the data QPs connect through rdma_cm too. The server listens
+  # for them only after the exchange that releases the client, so a fast client's REQ can find
+  # no listener yet and be rejected (REJ 8), and perftest's retry reuses the IDs it destroyed.
+  # Against the emulated guest as server our client wins that race most times; the guest therefore
+  # holds the CM MADs it receives for 250 ms (guest/cm-delay.sh) while it serves perftest.
+  if [ "$s" = rxe ]; then
+    guest "$logs/cm-delay.log" "cm-delay 250" || echo "rxe.sh: cm-delay in the guest failed: $(cat "$logs/cm-delay.log")" >&2
+  fi
+  for p in "ib_write_bw -F -n 200 -s 16384" "ib_send_lat -F -n 200"; do
+    set -- $p
+    prog=$1
+    shift
+    sdev=$(side_dev "$s" perf) cdev=$(side_dev "$c" perf)
+    # No -x with -R: the GID comes from rdma_cm (and -g would mean multicast).
+    cm_run "$prog -R" "$s" "$c" perf_ok $prog -R ${sdev%% -x*} -p @P "$@" -- $prog -R ${cdev%% -x*} -p @P "$@" @S
+  done
+  if [ "$s" = rxe ]; then guest "$logs/cm-delay.log" "cm-delay 0"; fi
+done
+# A REQ for a port nobody listens on: the peer's CM answers REJ 8 (invalid service ID) at once
+# (the kernel's cm_issue_rej, cm.c:2033-2038; softrdma's handle_req the same), which librdmacm
+# reports as RDMA_CM_EVENT_REJECTED with status 8. Port 1 is nobody's.
+for pair in "rxe softrdma" "softrdma rxe"; do
+  set -- $pair
+  port_was=$port
+  port=0 # cm_run takes the next port: 1
+  cm_run "rping no server" "$1" "$2" rejected_ok -- rping -c -a @S -p @P -C 1
+  port=$port_was
+done
+[ "$cm_runs" = 0 ] || echo "($cm_runs rdma_cm runs in $((SECONDS - cm_start)) s)"
+
 faults="loss=0.03,dup=0.03,reorder=0.03,seed=$seed"
+runs_before_faults=$runno
 echo "== the reliable programs again, with $faults on the softrdma side"
 # The ping-pongs run with ack_loss=0: they end without a closing handshake, so the last ACK our side
 # sends before the program destroys its QPs is the one loss nothing can repair. rxe would resend
@@ -382,7 +558,7 @@ delta() { echo $(($(field "$after" "$1") - $(field "$before" "$1"))); }
 dropped=${fsum[dropped_by_fault]} duplicated=${fsum[duplicated_by_fault]} reordered=${fsum[reordered_by_fault]}
 retrans=${fsum[retransmitted_pkts]} dup_req=${fsum[duplicate_request]} ooo=${fsum[out_of_seq_request]}
 line="faults exercised recovery: softrdma dropped $dropped, duplicated $duplicated, reordered $reordered packets; softrdma resent $retrans, saw $dup_req duplicate and $ooo out-of-sequence requests; rxe saw $(delta duplicate_request) duplicate and $(delta out_of_seq_request) out-of-sequence requests, $(delta rcvd_seq_err) sequence NAKs, started $(delta completer_retry_err) retries"
-if [ "$runno" = "$plain_runs" ]; then
+if [ "$runno" = "$runs_before_faults" ]; then
   : # --only left no run with faults
 elif [ "${dropped:-0}" -gt 0 ] && [ "${duplicated:-0}" -gt 0 ] && [ "${reordered:-0}" -gt 0 ] && [ "${retrans:-0}" -gt 0 ] &&
   [ "$(delta duplicate_request)" -gt 0 ] && [ "$(delta completer_retry_err)" -gt 0 ]; then
@@ -391,7 +567,7 @@ else
   result fail "$line"
 fi
 bad=${fsum[icrc_err]}
-if [ "$runno" != "$plain_runs" ]; then
+if [ "$runno" != "$runs_before_faults" ]; then
   [ "$bad" = 0 ] && result ok "no packet from rxe had a bad ICRC under faults" ||
     result fail "$bad packets from rxe had a bad ICRC under faults"
 fi

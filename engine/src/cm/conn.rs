@@ -285,7 +285,12 @@ impl Cm {
     }
 
     fn send_dreq(&mut self, now: Instant, h: IdHandle) {
-        let next = self.rng.next_u32();
+        let Some(comm) = self.ids.get(&h).map(|i| i.local_comm_id) else { return };
+        // cm_format_dreq: the DREQ's TID is cm_form_tid, this side's MAD agent half and its own
+        // comm ID (cm.c:1288-1303, :2645-2646): on the active side the REQ's TID again, on the
+        // passive side its own rather than the REQ's. ConnectX (write.pcap, nvme-discover2.pcap)
+        // and rxe's kernel CM send exactly this.
+        let tid = self.tid(comm);
         let Some(id) = self.ids.get_mut(&h) else { return };
         let dreq = CmDreqRepr {
             local_comm_id: id.local_comm_id,
@@ -295,8 +300,6 @@ impl Cm {
         };
         id.state = IdState::DreqSent;
         id.retries_left = self.cfg.max_cm_retries;
-        // A DREQ gets a fresh TID from its sender.
-        let tid = (id.tid & !0xffff_ffff) | u64::from(next);
         id.tid = tid;
         let Some(dst) = id.remote.map(|r| r.ip()) else { return };
         let last = self.send(dst, tid, CmMessage::Dreq(dreq));
@@ -631,6 +634,25 @@ impl Cm {
                     self.out.push_back(m);
                     self.counters.mads_sent += 1;
                 }
+                return true;
+            }
+            IdState::RepRcvd if id.remote_comm_id == rep.local_comm_id => {
+                // The consumer has not established yet and the peer resent its REP. rdma_cm arms
+                // a delayed MRA when it hands a REP to its consumer (cma_ib_handler, cma.c:2163-
+                // 2169: ib_send_cm_mra with IB_CM_MRA_FLAG_DELAY moves ib_cm to MRA_REP_SENT),
+                // and cm_dup_rep_handler sends it for a duplicate REP (cm.c), so the passive side
+                // waits the service timeout instead of resending until it gives up (IBTA 12.6.6:
+                // MRA for a REP). The MRA's message-MRAed field takes REJ's encoding.
+                let mra = CmMraRepr {
+                    local_comm_id: id.local_comm_id,
+                    remote_comm_id: id.remote_comm_id,
+                    msg_mraed: REJ_MSG_REP,
+                    service_timeout: MRA_SERVICE_TIMEOUT,
+                    private_data: vec![],
+                };
+                let tid = id.tid;
+                self.send(src, tid, CmMessage::Mra(mra));
+                self.counters.mras_sent += 1;
                 return true;
             }
             IdState::RepRcvd => return true,

@@ -611,6 +611,38 @@ fn duplicate_req_gets_mra_and_holds_the_req_timer() {
     assert_eq!(p.a.poll_timeout(), None);
 }
 
+/// cm_dup_rep_handler in MRA_REP_SENT (rdma_cm arms the MRA when it hands the REP to its
+/// consumer, cma.c:2163-2169): a REP resent while the active consumer has not established is
+/// answered with MRA (message MRAed 1 = REP, service timeout 24), which holds the passive side's
+/// REP resend; the RTU then completes the connection.
+#[test]
+fn rep_resent_while_the_consumer_decides_gets_mra() {
+    let mut p = Pair::new();
+    p.listen(PS_TCP, QpType::Rc, 0);
+    let a = p.dial(PS_TCP, QpType::Rc, SPORT, req_param(0x100, b"hello"));
+    p.drive();
+    let b = p.event(Side::B).id;
+    p.b.accept(p.now, b, rep_param(0x200)).unwrap();
+    p.drive();
+    assert_eq!(p.event(Side::A).kind, CmEventKind::ConnectResponse);
+    assert_eq!(p.a.state(a), Some(IdState::RepRcvd));
+    // The active consumer is slow: the REP is resent once its timer runs out.
+    p.advance(REP_TIMEOUT);
+    assert_eq!(p.sent(CmAttr::Rep).len(), 2);
+    let mra = p.sent(CmAttr::Mra);
+    assert_eq!((mra.len(), mra[0].dst, mra[0].repr.tid), (1, B_IP, p.sent(CmAttr::Req)[0].repr.tid));
+    let CmMessage::Mra(m) = &mra[0].repr.msg else { unreachable!() };
+    let (a_comm, b_comm) = p.comm_ids();
+    assert_eq!((m.local_comm_id, m.remote_comm_id, m.msg_mraed, m.service_timeout), (a_comm, b_comm, 1, 24));
+    assert_eq!(p.a.counters().mras_sent, 1);
+    // The passive side now waits 2^(24-8) + 2^(19-8) ms before resending.
+    assert_eq!(p.b.poll_timeout(), Some(p.now + MRA_WAIT));
+    p.a.establish(p.now, a).unwrap();
+    p.drive();
+    assert_eq!(p.event(Side::B).kind, CmEventKind::Established);
+    assert_eq!(p.b.poll_timeout(), None);
+}
+
 /// cm_dup_req_handler: a REQ the network delivers twice is one request; the duplicate, found
 /// by the peer's (address, comm ID), is answered with MRA, which holds the REQ resend.
 #[test]
@@ -688,6 +720,33 @@ fn disconnect_and_timewait() {
     assert_eq!(p.b.state(b), Some(IdState::Closed));
     assert_eq!((p.a.poll_timeout(), p.b.poll_timeout()), (None, None));
     assert_eq!(p.a.counters().mads_resent + p.b.counters().mads_resent, 0);
+}
+
+/// cm_format_dreq / cm_form_tid (cm.c:1288-1303, :2645-2646): a DREQ's TID is its sender's MAD
+/// agent half and its own comm ID, as in the REQ (the active side sends the REQ's TID again; the
+/// passive side its own, not the REQ's). ConnectX (write.pcap: DREQ TID 0xb_2975ef71 = the
+/// REQ's; nvme-discover2.pcap: the target's DREQ carries its own comm ID) and rxe do this.
+#[test]
+fn dreq_tid_is_the_senders_form_tid() {
+    for active_disconnects in [true, false] {
+        let mut p = Pair::new();
+        let (a, b, _) = p.connected();
+        let (a_comm, b_comm) = p.comm_ids();
+        let req_tid = p.sent(CmAttr::Req)[0].repr.tid;
+        let (from, h, comm) = if active_disconnects { (Side::A, a, a_comm) } else { (Side::B, b, b_comm) };
+        let now = p.now;
+        p.cm(from).disconnect(now, h).unwrap();
+        p.drive();
+        let dreq = p.sent(CmAttr::Dreq);
+        assert_eq!(dreq.len(), 1);
+        let tid = dreq[0].repr.tid;
+        assert_eq!(tid as u32, comm.swap_bytes(), "the low half is the sender's comm ID as the kernel holds it");
+        if active_disconnects {
+            assert_eq!(tid, req_tid, "the active side's DREQ repeats the REQ's TID");
+        } else {
+            assert_ne!(tid >> 32, req_tid >> 32, "the passive side's own agent half, not the REQ sender's");
+        }
+    }
 }
 
 /// IBTA 12.9.8.6 / cm_dreq_handler: a DREQ whose Remote QPN is not the receiver's QP is dropped.
