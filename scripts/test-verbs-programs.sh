@@ -171,21 +171,38 @@ cm_rping "rping one device" "$addr0" 20 64
 cm_rping "rping across two devices" "$addr1" 50 4096
 cm_rping "rping 60000 B" "$addr1" 10 60000
 # perftest connecting through rdma_cm (-R): the data QPs' numbers and PSNs travel in REQ/REP.
+# perftest 4.5 -R connects twice on its port: one connection carries its own exchange, and its
+# server listens for the data connection only after that exchange has released the client. A
+# client faster than the server then gets a correct REJ 8 (no listener), and perftest's retry
+# reuses the IDs it destroyed, so the run fails (the same happens against the kernel's rdma_cm:
+# INTEROP.md). Such a run, and only such a run, is tried again, at most 3 times in all; the
+# result line says when it took more than one.
 cm_perf() { # program (server on srdma0, client connecting to its address; no -g: with -R it means multicast)
-  local prog="$1"
-  port=$((port + 1))
+  local prog="$1" attempt src crc
   local slog="$logs/$prog-R.server.log" clog="$logs/$prog-R.client.log"
-  timeout 60 "$prog" -R -d srdma0 -p "$port" -n 200 >"$slog" 2>&1 &
-  local spid=$! crc=1
-  wait_listen "$port"
-  timeout 60 "$prog" -R -d srdma0 -p "$port" -n 200 "$addr0" >"$clog" 2>&1
-  crc=$?
-  wait "$spid"
-  local src=$?
+  for attempt in 1 2 3; do
+    port=$((port + 1))
+    timeout 60 "$prog" -R -d srdma0 -p "$port" -n 200 >"$slog" 2>&1 &
+    local spid=$!
+    wait_listen "$port"
+    timeout 60 "$prog" -R -d srdma0 -p "$port" -n 200 "$addr0" >"$clog" 2>&1
+    crc=$?
+    if [ "$crc" != 0 ] && grep -q "RDMA_CM_EVENT_REJECTED; error: 8" "$clog"; then
+      kill "$spid" 2>/dev/null
+      wait "$spid" 2>/dev/null
+      src=race
+      continue
+    fi
+    wait "$spid"
+    src=$?
+    break
+  done
+  local note=""
+  [ "$attempt" -gt 1 ] && note=" (attempt $attempt: perftest's data listener came late before)"
   if [ "$src" = 0 ] && [ "$crc" = 0 ] && grep -qE "^ +[0-9]+ +200 " "$clog"; then
-    result "$prog -R" ok
+    result "$prog -R$note" ok
   else
-    result "$prog -R" fail "server rc=$src client rc=$crc; $(tail -q -n 2 "$slog" "$clog" | tr '\n' ' ')"
+    result "$prog -R" fail "server rc=$src client rc=$crc after $attempt attempts; $(tail -q -n 2 "$slog" "$clog" | tr '\n' ' ')"
   fi
 }
 for prog in ib_send_bw ib_write_bw ib_read_bw ib_atomic_bw ib_send_lat ib_write_lat; do
