@@ -329,6 +329,33 @@ if "$bin" up srdma2 --addr "$addr2" --cm-timer-scale 0.001 >/dev/null; then
 else
   result "rping to a silent peer" fail "softrdma up srdma2 --addr $addr2 failed"
 fi
+# A wildcard listener hears REQs on a device started after it listened, as the kernel's
+# cma_add_one has every wildcard listener listen on a new ib_device: rping -s without -a listens
+# on srdma0 and srdma1, srdma2 comes up, a client connects to srdma2's address.
+port=$((port + 1))
+slog="$logs/rping-wildcard-new-device.server.log" clog="$logs/rping-wildcard-new-device.client.log"
+timeout 60 rping -s -p "$port" -C 5 -V >"$slog" 2>&1 &
+spid=$!
+wait_listen "$port"
+crc=1 heard=0
+if "$bin" up srdma2 --addr "$addr2" >/dev/null; then
+  for _ in $(seq 100); do
+    "$bin" cm-ids srdma2 2>/dev/null | grep -qE "state LISTEN ps TCP .*src-addr [^ ]*:$port " && { heard=1; break; }
+    sleep 0.05
+  done
+  timeout 30 rping -c -a "$addr2" -p "$port" -C 5 -v -V >"$clog" 2>&1
+  crc=$?
+fi
+wait "$spid"
+src=$?
+pings=$(grep -c "^ping data: rdma-ping-" "$clog" 2>/dev/null)
+if [ "$heard" = 1 ] && [ "$src" = 0 ] && [ "$crc" = 0 ] && [ "$pings" = 5 ]; then
+  result "rping -s on the wildcard, connected through a device started later ($pings pings)" ok
+else
+  result "rping -s on the wildcard, connected through a device started later" fail \
+    "listening on srdma2=$heard server rc=$src client rc=$crc pings=$pings; $(tail -q -n 2 "$slog" "$clog" 2>/dev/null | tr '\n' ' ')"
+fi
+"$bin" down srdma2 >/dev/null 2>&1
 single "ibv_devices" "srdma0.*[0-9a-f]{16}" ibv_devices
 # `softrdma exec` puts the shim on the library path itself (none set here).
 single "softrdma exec -- ibv_devinfo -l" "srdma0.*srdma1|srdma1.*srdma0" env -u LD_LIBRARY_PATH bash -c \

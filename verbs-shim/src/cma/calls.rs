@@ -83,6 +83,7 @@ fn new_id(
             afonly: false,
             ack_timeout: None,
             listening: false,
+            backlog: 0,
             addr_resolved: false,
             route_resolved: false,
             responder_resources: 0,
@@ -230,7 +231,7 @@ pub unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut c::rdma_event_
         // SAFETY: a channel from rdma_create_event_channel, given back once.
         let ch = unsafe { Box::from_raw(channel as *mut Channel) };
         if let Ok(cma) = cma() {
-            for d in &cma.devs {
+            for d in &cma.devs() {
                 if let Some(h) = lock(&d.channels).remove(&ch.handle) {
                     let _ = cm_call(d, &Request::CmDestroyChannel(h), &[]);
                 }
@@ -287,6 +288,32 @@ pub(crate) fn device_removed(cma: &super::Cma, dev: &Arc<CmDev>) {
         let st = lock(&id.st);
         if st.on.iter().any(|pl| Arc::ptr_eq(&pl.dev, dev)) {
             let _ = post_local(id, &st, DEVICE_REMOVAL, 0);
+        }
+    }
+}
+
+/// A device started after the program's first rdma_cm call: every wildcard listener listens on it
+/// too, as the kernel's cma_add_one has each listener bound to a wildcard address listen on a new
+/// ib_device (cma_listen_on_dev).
+pub(crate) fn device_added(cma: &super::Cma, dev: &Arc<CmDev>) {
+    let live = lock(&cma.live);
+    for &p in live.iter() {
+        // SAFETY: a live ID (see id_of).
+        let id = unsafe { &*(p as *const Id) };
+        let mut st = lock(&id.st);
+        let Some(bound) = st.bound.filter(|b| b.ip().is_unspecified()) else { continue };
+        if !st.listening || st.on.iter().any(|pl| Arc::ptr_eq(&pl.dev, dev)) {
+            continue;
+        }
+        let backlog = st.backlog;
+        let r = place(id, &mut st, dev).and_then(|pl| {
+            let set = Request::CmSetAddrs { id: pl.id, local: Some(bound), remote: None, tos: st.tos };
+            cm_call(dev, &set, &[]).or_else(|e| if e.0 == libc::EINVAL { Ok(Response::Ok) } else { Err(e) })?;
+            cm_call(dev, &Request::CmListen { id: pl.id, backlog }, &[])
+        });
+        if let Err(e) = r {
+            // The kernel logs and goes on when a listen on a new device fails.
+            eprintln!("softrdma: rdma_cm: listening on new device {} failed: errno {}", dev.name, e.0);
         }
     }
 }
@@ -862,8 +889,9 @@ pub unsafe extern "C" fn rdma_listen(id: *mut c::rdma_cm_id, backlog: c_int) -> 
         let mut st = lock(&i.st);
         let bound = st.bound.ok_or(EINVAL)?;
         let devs: Vec<Arc<CmDev>> = if bound.ip().is_unspecified() {
-            // A wildcard listener hears REQs on every device.
-            cma.devs.clone()
+            // A wildcard listener hears REQs on every device (and on each started later:
+            // device_added).
+            cma.devs()
         } else {
             vec![cma.dev_by_addr(bound.ip()).ok_or(Errno(libc::EADDRNOTAVAIL))?]
         };
@@ -875,6 +903,7 @@ pub unsafe extern "C" fn rdma_listen(id: *mut c::rdma_cm_id, backlog: c_int) -> 
             cm_call(d, &Request::CmListen { id: p.id, backlog: b }, &[])?;
         }
         st.listening = true;
+        st.backlog = b;
         if devs.len() == 1 {
             cid.verbs = devs[0].verbs;
         }
@@ -1122,14 +1151,15 @@ pub unsafe extern "C" fn rdma_get_devices(num_devices: *mut c_int) -> *mut *mut 
                 return Err(e);
             }
         };
-        let n = cma.devs.len();
+        let devs = cma.devs();
+        let n = devs.len();
         // SAFETY: a NULL-terminated array the caller frees with rdma_free_devices.
         let list =
             unsafe { libc::calloc(n + 1, std::mem::size_of::<*mut ffi::ibv_context>()) } as *mut *mut ffi::ibv_context;
         if list.is_null() {
             return Err(Errno(libc::ENOMEM));
         }
-        for (k, d) in cma.devs.iter().enumerate() {
+        for (k, d) in devs.iter().enumerate() {
             // SAFETY: n + 1 entries.
             unsafe { *list.add(k) = d.verbs };
         }

@@ -52,7 +52,10 @@ unsafe impl Sync for CmDev {}
 
 /// The process's view of rdma_cm.
 pub(crate) struct Cma {
-    pub(crate) devs: Vec<Arc<CmDev>>,
+    /// The devices up now: a device started later joins (and every wildcard listener listens on
+    /// it, as the kernel's cma_add_one makes each wildcard listener listen on a new ib_device);
+    /// a device that goes down leaves.
+    devs: Mutex<Vec<Arc<CmDev>>>,
     /// Every live ID by its handle (records name IDs by it; a stale handle finds nothing).
     pub(crate) ids: Mutex<HashMap<u64, usize>>,
     /// The addresses of the live IDs: a pointer not in it is never dereferenced.
@@ -62,49 +65,67 @@ pub(crate) struct Cma {
 
 static CMA: OnceLock<Result<Cma, c_int>> = OnceLock::new();
 
-/// The devices, found once (librdmacm's `ucma_init`): ENODEV when there is none.
+/// Opens the named devices of libibverbs' list for rdma_cm: a CM connection and a context each.
+/// A device that cannot be opened (it went down meanwhile, another user's) is left out.
+fn open_devs(names: &[String]) -> Vec<Arc<CmDev>> {
+    let api = api();
+    let mut n: c_int = 0;
+    // SAFETY: libibverbs' list, freed below; the contexts opened from it stay valid after.
+    let list = unsafe { (api.get_device_list)(&mut n) };
+    if list.is_null() {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for want in names {
+        let Ok(conn) = Connection::connect(want) else { continue };
+        let mut verbs = std::ptr::null_mut();
+        for i in 0..n.max(0) as usize {
+            // SAFETY: `list` has `n` entries.
+            let dev = unsafe { *list.add(i) };
+            // SAFETY: a valid ibv_device from libibverbs.
+            let name = unsafe { std::ffi::CStr::from_ptr((*dev).name.as_ptr()) };
+            if name.to_str().ok() == Some(want.as_str()) {
+                // SAFETY: open a device of libibverbs' list.
+                verbs = unsafe { (api.open_device)(dev) };
+            }
+        }
+        if verbs.is_null() {
+            continue;
+        }
+        let mut attr = ffi::ibv_device_attr::default();
+        // SAFETY: verbs is an open context.
+        unsafe { (api.query_device)(verbs, &mut attr) };
+        out.push(Arc::new(CmDev {
+            name: want.clone(),
+            addr: conn.info.addr,
+            conn,
+            verbs,
+            pd: Mutex::new(std::ptr::null_mut()),
+            max_rd_atom: attr.max_qp_rd_atom.clamp(0, 255) as u8,
+            max_init_rd_atom: attr.max_qp_init_rd_atom.clamp(0, 255) as u8,
+            channels: Mutex::new(HashMap::new()),
+        }));
+    }
+    // SAFETY: the list from get_device_list above.
+    unsafe { (api.free_device_list)(list) };
+    out
+}
+
+/// The devices, found once (librdmacm's `ucma_init`): ENODEV when there is none. Devices started
+/// later are added by the watcher thread.
 pub(crate) fn cma() -> Result<&'static Cma, Errno> {
     let r = CMA.get_or_init(|| {
-        let devs = crate::device::discover().map_err(|e| e.0)?;
-        let api = api();
-        let mut n: c_int = 0;
-        // SAFETY: libibverbs' own list; kept for the process's life, as librdmacm keeps it.
-        let list = unsafe { (api.get_device_list)(&mut n) };
-        let mut out = Vec::new();
-        for d in devs {
-            let Ok(conn) = Connection::connect(&d.name) else { continue };
-            let mut verbs = std::ptr::null_mut();
-            for i in 0..n.max(0) as usize {
-                // SAFETY: `list` has `n` entries.
-                let dev = unsafe { *list.add(i) };
-                // SAFETY: a valid ibv_device from libibverbs.
-                let name = unsafe { std::ffi::CStr::from_ptr((*dev).name.as_ptr()) };
-                if name.to_str().ok() == Some(d.name.as_str()) {
-                    // SAFETY: open a device of libibverbs' list.
-                    verbs = unsafe { (api.open_device)(dev) };
-                }
-            }
-            if verbs.is_null() {
-                continue;
-            }
-            let mut attr = ffi::ibv_device_attr::default();
-            // SAFETY: verbs is an open context.
-            unsafe { (api.query_device)(verbs, &mut attr) };
-            out.push(Arc::new(CmDev {
-                name: d.name.clone(),
-                addr: conn.info.addr,
-                conn,
-                verbs,
-                pd: Mutex::new(std::ptr::null_mut()),
-                max_rd_atom: attr.max_qp_rd_atom.clamp(0, 255) as u8,
-                max_init_rd_atom: attr.max_qp_init_rd_atom.clamp(0, 255) as u8,
-                channels: Mutex::new(HashMap::new()),
-            }));
-        }
+        let names: Vec<String> = crate::device::discover().map_err(|e| e.0)?.iter().map(|d| d.name.clone()).collect();
+        let out = open_devs(&names);
         if out.is_empty() {
             return Err(libc::ENODEV);
         }
-        Ok(Cma { devs: out, ids: Mutex::new(HashMap::new()), live: Mutex::new(HashSet::new()), next: Mutex::new(1) })
+        Ok(Cma {
+            devs: Mutex::new(out),
+            ids: Mutex::new(HashMap::new()),
+            live: Mutex::new(HashSet::new()),
+            next: Mutex::new(1),
+        })
     });
     match r {
         Ok(c) => {
@@ -118,31 +139,91 @@ pub(crate) fn cma() -> Result<&'static Cma, Errno> {
     }
 }
 
-/// Waits for devices to go away (their socket hangs up: the daemon stopped or died) and tells
-/// the IDs on each (RDMA_CM_EVENT_DEVICE_REMOVAL), as the kernel's rdma_cm does when an ib_device
-/// is unregistered under its IDs.
+/// How long the watcher looks again for a device whose socket appeared but does not answer yet
+/// (the daemon binds its socket, then listens).
+const NEW_DEVICE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Watches the devices: one whose socket hangs up (the daemon stopped or died) leaves and the IDs
+/// on it get RDMA_CM_EVENT_DEVICE_REMOVAL, as when the kernel unregisters an ib_device under its
+/// IDs; one started later (its socket appears in the runtime directory) joins, and every wildcard
+/// listener listens on it.
 fn watch(cma: &'static Cma) {
-    use std::os::fd::AsRawFd;
-    let mut alive = cma.devs.clone();
-    while !alive.is_empty() {
+    let dir = softrdma_device::runtime::runtime_dir_path();
+    let notify = DirWatch::new(&dir);
+    let mut look_until: Option<std::time::Instant> = None;
+    loop {
+        let alive = cma.devs();
         let mut fds: Vec<libc::pollfd> = alive
             .iter()
             .map(|d| libc::pollfd { fd: d.conn.hangup_fd().as_raw_fd(), events: libc::POLLRDHUP, revents: 0 })
             .collect();
-        // SAFETY: `fds` holds alive.len() entries.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) };
+        if let Some(w) = &notify {
+            fds.push(libc::pollfd { fd: w.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+        }
+        // Without inotify, look for new devices once a second.
+        let timeout = match (look_until, &notify) {
+            (Some(_), _) => 50,
+            (None, Some(_)) => -1,
+            (None, None) => 1000,
+        };
+        // SAFETY: `fds` holds fds.len() entries.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
         if n < 0 {
             if crate::last_errno() == libc::EINTR {
                 continue;
             }
             return;
         }
-        for k in (0..fds.len()).rev() {
+        for (k, d) in alive.iter().enumerate() {
             if fds[k].revents != 0 {
-                let d = alive.remove(k);
-                calls::device_removed(cma, &d);
+                lock(&cma.devs).retain(|x| !Arc::ptr_eq(x, d));
+                calls::device_removed(cma, d);
             }
         }
+        let mut look = notify.is_none();
+        if let Some(w) = &notify {
+            if fds[alive.len()].revents != 0 {
+                w.drain();
+                look_until = Some(std::time::Instant::now() + NEW_DEVICE_GRACE);
+            }
+        }
+        if let Some(t) = look_until {
+            look = true;
+            if std::time::Instant::now() >= t {
+                look_until = None;
+            }
+        }
+        if look {
+            cma.add_new(&dir);
+        }
+    }
+}
+
+/// An inotify watch on the runtime directory for device sockets appearing.
+struct DirWatch {
+    fd: OwnedFd,
+}
+
+impl DirWatch {
+    fn new(dir: &std::path::Path) -> Option<DirWatch> {
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+        // SAFETY: a new inotify descriptor, owned below.
+        let raw = unsafe { libc::inotify_init1(libc::IN_CLOEXEC | libc::IN_NONBLOCK) };
+        if raw < 0 {
+            return None;
+        }
+        // SAFETY: our own new descriptor.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: a NUL-terminated path.
+        let w = unsafe { libc::inotify_add_watch(raw, path.as_ptr(), libc::IN_CREATE | libc::IN_MOVED_TO) };
+        (w >= 0).then_some(DirWatch { fd })
+    }
+
+    fn drain(&self) {
+        let mut buf = [0u8; 4096];
+        // SAFETY: reads into our buffer from our non-blocking descriptor.
+        while unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
     }
 }
 
@@ -157,16 +238,38 @@ impl Cma {
         *n
     }
 
+    /// The devices up now.
+    pub(crate) fn devs(&self) -> Vec<Arc<CmDev>> {
+        lock(&self.devs).clone()
+    }
+
     pub(crate) fn dev_by_name(&self, name: &str) -> Option<Arc<CmDev>> {
-        self.devs.iter().find(|d| d.name == name).cloned()
+        lock(&self.devs).iter().find(|d| d.name == name).cloned()
     }
 
     pub(crate) fn dev_by_addr(&self, ip: IpAddr) -> Option<Arc<CmDev>> {
-        self.devs.iter().find(|d| d.addr == ip).cloned()
+        lock(&self.devs).iter().find(|d| d.addr == ip).cloned()
     }
 
     pub(crate) fn dev_by_verbs(&self, v: *mut ffi::ibv_context) -> Option<Arc<CmDev>> {
-        self.devs.iter().find(|d| d.verbs == v).cloned()
+        lock(&self.devs).iter().find(|d| d.verbs == v).cloned()
+    }
+
+    /// Adds the devices running in `dir` that are not known yet, and has every wildcard
+    /// listener listen on them.
+    fn add_new(&self, dir: &std::path::Path) {
+        let known: Vec<String> = self.devs().iter().map(|d| d.name.clone()).collect();
+        let fresh: Vec<String> = softrdma_device::runtime::list_devices(dir)
+            .into_iter()
+            .filter(|n| !known.contains(n))
+            .collect();
+        if fresh.is_empty() {
+            return;
+        }
+        for d in open_devs(&fresh) {
+            lock(&self.devs).push(d.clone());
+            calls::device_added(self, &d);
+        }
     }
 }
 
@@ -278,6 +381,8 @@ pub(crate) struct IdState {
     pub(crate) afonly: bool,
     pub(crate) ack_timeout: Option<u8>,
     pub(crate) listening: bool,
+    /// The backlog it listens with (for devices started later).
+    pub(crate) backlog: u32,
     pub(crate) addr_resolved: bool,
     pub(crate) route_resolved: bool,
     /// From the CONNECT_REQUEST: what the peer offered (librdmacm's id_priv depths).

@@ -15,6 +15,7 @@ use crate::ffi;
 #[allow(clippy::type_complexity)]
 pub(crate) struct Api {
     pub(crate) get_device_list: unsafe extern "C" fn(*mut c_int) -> *mut *mut ffi::ibv_device,
+    pub(crate) free_device_list: unsafe extern "C" fn(*mut *mut ffi::ibv_device),
     pub(crate) open_device: unsafe extern "C" fn(*mut ffi::ibv_device) -> *mut ffi::ibv_context,
     pub(crate) alloc_pd: unsafe extern "C" fn(*mut ffi::ibv_context) -> *mut ffi::ibv_pd,
     pub(crate) create_qp: unsafe extern "C" fn(*mut ffi::ibv_pd, *mut ffi::ibv_qp_init_attr) -> *mut ffi::ibv_qp,
@@ -52,6 +53,7 @@ pub(crate) fn api() -> &'static Api {
     static API: OnceLock<Api> = OnceLock::new();
     API.get_or_init(|| Api {
         get_device_list: lookup(c"ibv_get_device_list", crate::device::ibv_get_device_list as _),
+        free_device_list: lookup(c"ibv_free_device_list", crate::device::ibv_free_device_list as _),
         open_device: lookup(c"ibv_open_device", crate::context::ibv_open_device as _),
         alloc_pd: lookup(c"ibv_alloc_pd", crate::mem::ibv_alloc_pd as _),
         create_qp: lookup(c"ibv_create_qp", crate::qp::ibv_create_qp as _),
