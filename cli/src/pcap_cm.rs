@@ -89,6 +89,7 @@ pub(crate) fn cm_json(cm: &Result<CmMadRepr, WireError>) -> Value {
             put("local_qpn", json!(r.local_qpn));
             put("local_eecn", json!(r.local_eecn));
             put("starting_psn", json!(r.starting_psn));
+            put("vendor_id", json!(r.vendor_id));
             put("responder_resources", json!(r.responder_resources));
             put("initiator_depth", json!(r.initiator_depth));
             put("target_ack_delay", json!(r.target_ack_delay));

@@ -5,8 +5,8 @@
 use std::net::{IpAddr, SocketAddr};
 
 use super::{
-    backlog_of, mad_buf, reject, roce_path, service_id, Cm, CmError, CmEventKind, ConnParam, Id, IdHandle, IdState,
-    OutMad, Peer,
+    backlog_of, mad_buf, reject, roce_path, service_id, Cm, CmError, CmEventKind, ConnParam, Ece, Id, IdHandle,
+    IdState, OutMad, Peer,
 };
 use crate::time::{Duration, Instant};
 use crate::verbs::{Mtu, QpType};
@@ -47,8 +47,13 @@ impl Cm {
     }
 
     fn send(&mut self, dst: IpAddr, tid: u64, msg: CmMessage) -> Option<OutMad> {
+        self.send_with(dst, tid, 0, msg)
+    }
+
+    /// Sends a MAD with an attribute modifier (ECE's options in a REQ or REP).
+    fn send_with(&mut self, dst: IpAddr, tid: u64, attr_mod: u32, msg: CmMessage) -> Option<OutMad> {
         let mut buf = mad_buf();
-        let repr = CmMadRepr { tid, attr_mod: 0, msg };
+        let repr = CmMadRepr { tid, attr_mod, msg };
         if repr.emit(&mut buf).is_err() {
             return None;
         }
@@ -88,9 +93,11 @@ impl Cm {
         private_data.extend_from_slice(&p.private_data);
         let xrc = id.qp_type == QpType::XrcIni;
         // cma_connect_ib / cm_format_req; an XRC initiator leaves the responder side unset.
+        // ECE: the vendor in the Vendor ID, the options in the attribute modifier.
+        let ece = p.ece;
         let req = CmReqRepr {
             local_comm_id: comm,
-            vendor_id: 0,
+            vendor_id: ece.vendor_id & 0xff_ffff,
             service_id: service_id(id.ps, remote.port()),
             local_ca_guid: guid,
             local_qkey: 0,
@@ -127,7 +134,7 @@ impl Cm {
         let tid = self.tid(comm);
         self.ids.get_mut(&h).expect("exists").tid = tid;
         self.by_comm.insert(comm, h);
-        let last = self.send(remote.ip(), tid, CmMessage::Req(req));
+        let last = self.send_with(remote.ip(), tid, ece.attr_mod, CmMessage::Req(req));
         let timeout = self.req_timeout();
         let id = self.ids.get_mut(&h).expect("exists");
         id.last = last;
@@ -157,6 +164,7 @@ impl Cm {
             local_qpn: if tgt { 0 } else { p.qp_num },
             local_eecn: if tgt { p.qp_num } else { 0 },
             starting_psn: psn,
+            vendor_id: p.ece.vendor_id & 0xff_ffff,
             responder_resources: p.responder_resources,
             initiator_depth: p.initiator_depth,
             target_ack_delay: delay,
@@ -169,6 +177,7 @@ impl Cm {
         };
         id.local_qpn = p.qp_num;
         id.local_psn = psn;
+        let p_ece_attr_mod = p.ece.attr_mod;
         // cm_init_qp_rts_attr: the passive QP's retry count is the REQ's; ib_cm's REP parameters
         // carry none, so the accept's retry_count does not change it.
         let retry_count = id.mine.retry_count;
@@ -178,7 +187,7 @@ impl Cm {
         let (dst, tid, resp) = (id.remote.map(|r| r.ip()), id.tid, id.peer_response_timeout);
         self.leave_pending(h);
         let Some(dst) = dst else { return Err(CmError::Inval) };
-        let last = self.send(dst, tid, CmMessage::Rep(rep));
+        let last = self.send_with(dst, tid, p_ece_attr_mod, CmMessage::Rep(rep));
         self.ids.get_mut(&h).expect("exists").last = last;
         // REP resend: the REQ's local CM response timeout (cm.c).
         let t = self.cfg.timer(resp);
@@ -460,10 +469,10 @@ impl Cm {
         let tid = repr.tid;
         let handled = match repr.msg {
             CmMessage::Req(req) => {
-                self.handle_req(now, src, tid, req);
+                self.handle_req(now, src, tid, repr.attr_mod, req);
                 true
             }
-            CmMessage::Rep(rep) => self.handle_rep(now, src, rep),
+            CmMessage::Rep(rep) => self.handle_rep(now, src, repr.attr_mod, rep),
             CmMessage::Rtu(rtu) => self.handle_rtu(rtu),
             CmMessage::Rej(rej) => self.handle_rej(src, rej),
             CmMessage::Mra(mra) => self.handle_mra(now, mra),
@@ -502,7 +511,7 @@ impl Cm {
         self.counters.rejs_sent += 1;
     }
 
-    fn handle_req(&mut self, now: Instant, src: IpAddr, tid: u64, req: CmReqRepr) {
+    fn handle_req(&mut self, now: Instant, src: IpAddr, tid: u64, attr_mod: u32, req: CmReqRepr) {
         // A duplicate (the peer resent its REQ): MRA while the consumer decides, the stale REJ
         // in timewait, nothing otherwise (cm_dup_req_handler).
         if let Some(&h) = self.by_remote.get(&(src, req.local_comm_id)) {
@@ -618,12 +627,14 @@ impl Cm {
             rnr_retry_count: req.rnr_retry_count,
             srq: req.srq,
             qp_num: req.local_qpn,
+            // cm_format_req_event: the REQ's ECE.
+            ece: Ece { vendor_id: req.vendor_id, attr_mod },
         };
         let _ = now;
         self.event(h, CmEventKind::ConnectRequest, 0, Some(lh), param);
     }
 
-    fn handle_rep(&mut self, _now: Instant, src: IpAddr, rep: CmRepRepr) -> bool {
+    fn handle_rep(&mut self, _now: Instant, src: IpAddr, attr_mod: u32, rep: CmRepRepr) -> bool {
         let Some(&h) = self.by_comm.get(&rep.remote_comm_id) else { return false };
         let Some(id) = self.ids.get_mut(&h) else { return false };
         match id.state {
@@ -686,6 +697,8 @@ impl Cm {
             rnr_retry_count: rep.rnr_retry_count,
             srq: rep.srq,
             qp_num: id.peer.qpn,
+            // cm_format_rep_event: the REP's ECE.
+            ece: Ece { vendor_id: rep.vendor_id, attr_mod },
         };
         self.by_remote.insert((src, rep.local_comm_id), h);
         self.by_peer_qp.insert(key, h);

@@ -210,6 +210,20 @@ pub struct ConnParam {
     pub srq: bool,
     /// The QP number (the local one in a call, the remote one in an event).
     pub qp_num: u32,
+    /// Enhanced Connection Establishment: what this side sends in a REQ or REP (a call), what
+    /// the peer's carried (an event).
+    pub ece: Ece,
+}
+
+/// ECE on the wire (Linux `struct ib_cm_ece`): the vendor in the REQ's and REP's Vendor ID
+/// field (24 bits), the options in the MAD header's attribute modifier (cm_format_mad_ece_hdr).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Ece {
+    /// The vendor (IEEE OUI, 24 bits; 0: no ECE).
+    pub vendor_id: u32,
+    /// The options (the MAD attribute modifier).
+    pub attr_mod: u32,
 }
 
 /// One event for the consumer of an ID.

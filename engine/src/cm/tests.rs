@@ -1163,3 +1163,39 @@ fn passive_retry_count_is_the_reqs() {
     p.b.accept(p.now, b, rping_server).unwrap();
     assert_eq!(p.b.init_qp_attr(b, QpState::Rts).unwrap().attr.retry_cnt, 7, "after accept");
 }
+
+/// ECE (Linux 5.8+ ib_cm, cm_format_mad_ece_hdr / CM_REQ_VENDOR_ID / CM_REP_VENDOR_ID_H,M,L):
+/// the REQ carries the active side's vendor and options (Vendor ID field, MAD attribute
+/// modifier) and CONNECT_REQUEST reports them; the REP carries what the passive side answers and
+/// CONNECT_RESPONSE reports it. Without ECE both are 0 on the wire, as in every capture.
+#[test]
+fn ece_travels_in_the_vendor_id_and_attribute_modifier() {
+    let mut p = Pair::new();
+    p.listen(PS_TCP, QpType::Rc, 0);
+    let ece = Ece { vendor_id: 0x02c9, attr_mod: 0x8000_0011 };
+    p.dial(PS_TCP, QpType::Rc, SPORT, ConnParam { ece, ..req_param(0x100, b"") });
+    p.drive();
+    let req = p.event(Side::B);
+    assert_eq!(req.param.ece, ece);
+    let sent = &p.wire[0];
+    let CmMessage::Req(r) = &sent.repr.msg else { panic!("not a REQ: {:?}", sent.repr) };
+    assert_eq!((r.vendor_id, sent.repr.attr_mod), (0x02c9, 0x8000_0011));
+
+    let answer = Ece { vendor_id: 0x02c9, attr_mod: 0x5 };
+    p.b.accept(p.now, req.id, ConnParam { ece: answer, ..rep_param(0x200) }).unwrap();
+    p.drive();
+    let rep = p.event(Side::A);
+    assert_eq!((rep.kind, rep.param.ece), (CmEventKind::ConnectResponse, answer));
+    let sent = &p.wire[1];
+    let CmMessage::Rep(r) = &sent.repr.msg else { panic!("not a REP: {:?}", sent.repr) };
+    assert_eq!((r.vendor_id, sent.repr.attr_mod), (0x02c9, 0x5));
+
+    // No ECE: zeros on the wire and in the events.
+    let mut p = Pair::new();
+    p.listen(PS_TCP, QpType::Rc, 0);
+    p.dial(PS_TCP, QpType::Rc, SPORT, req_param(0x100, b""));
+    p.drive();
+    let req = p.event(Side::B);
+    assert_eq!(req.param.ece, Ece::default());
+    assert_eq!(p.wire[0].repr.attr_mod, 0);
+}

@@ -18,11 +18,14 @@ mod field {
     pub(super) const REMOTE_COMM_ID: Field = 4..8;
     pub(super) const LOCAL_QKEY: Field = 8..12;
     pub(super) const LOCAL_QPN: Field = 12..15;
-    // Byte 15 is reserved.
+    /// The Vendor ID's high byte (IBTA 1.4 table 110; Linux `CM_REP_VENDOR_ID_H`, carries ECE).
+    pub(super) const VENDOR_ID_H: usize = 15;
     pub(super) const LOCAL_EECN: Field = 16..19;
-    // Byte 19 is reserved.
+    /// The Vendor ID's middle byte.
+    pub(super) const VENDOR_ID_M: usize = 19;
     pub(super) const STARTING_PSN: Field = 20..23;
-    // Byte 23 is reserved.
+    /// The Vendor ID's low byte.
+    pub(super) const VENDOR_ID_L: usize = 23;
     pub(super) const RESPONDER_RESOURCES: usize = 24;
     pub(super) const INITIATOR_DEPTH: usize = 25;
     /// Target ACK delay (5), failover accepted (2), end-to-end flow control (1).
@@ -62,6 +65,13 @@ impl<T: AsRef<[u8]>> CmRepPacket<T> {
     /// Starting PSN (24 bits).
     pub fn starting_psn(&self) -> u32 {
         be::u24(self.buffer.as_ref(), field::STARTING_PSN)
+    }
+    /// Vendor ID (24 bits, in three bytes after the QPN, EECN and PSN; ECE's vendor).
+    pub fn vendor_id(&self) -> u32 {
+        let b = self.buffer.as_ref();
+        u32::from(b[field::VENDOR_ID_H]) << 16
+            | u32::from(b[field::VENDOR_ID_M]) << 8
+            | u32::from(b[field::VENDOR_ID_L])
     }
     /// Responder resources.
     pub fn responder_resources(&self) -> u8 {
@@ -126,6 +136,13 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> CmRepPacket<T> {
     pub fn set_starting_psn(&mut self, v: u32) {
         be::set_u24(self.buffer.as_mut(), field::STARTING_PSN, v)
     }
+    /// Sets the Vendor ID (low 24 bits of `v`).
+    pub fn set_vendor_id(&mut self, v: u32) {
+        let b = self.buffer.as_mut();
+        b[field::VENDOR_ID_H] = (v >> 16) as u8;
+        b[field::VENDOR_ID_M] = (v >> 8) as u8;
+        b[field::VENDOR_ID_L] = v as u8;
+    }
     /// Sets the responder resources.
     pub fn set_responder_resources(&mut self, v: u8) {
         self.buffer.as_mut()[field::RESPONDER_RESOURCES] = v;
@@ -179,6 +196,8 @@ pub struct CmRepRepr {
     pub local_eecn: u32,
     /// Starting PSN (24 bits).
     pub starting_psn: u32,
+    /// Vendor ID (24 bits; ECE's vendor, 0 without ECE).
+    pub vendor_id: u32,
     /// Responder resources.
     pub responder_resources: u8,
     /// Initiator depth.
@@ -210,6 +229,7 @@ impl CmRepRepr {
             local_qpn: p.local_qpn(),
             local_eecn: p.local_eecn(),
             starting_psn: p.starting_psn(),
+            vendor_id: p.vendor_id(),
             responder_resources: p.responder_resources(),
             initiator_depth: p.initiator_depth(),
             target_ack_delay: p.target_ack_delay(),
@@ -230,6 +250,7 @@ impl CmRepRepr {
         check_width(self.local_qpn, 24, "CM REP local QPN wider than 24 bits")?;
         check_width(self.local_eecn, 24, "CM REP local EECN wider than 24 bits")?;
         check_width(self.starting_psn, 24, "CM REP starting PSN wider than 24 bits")?;
+        check_width(self.vendor_id, 24, "CM REP vendor ID wider than 24 bits")?;
         check_width(self.target_ack_delay, 5, "CM REP target ACK delay wider than 5 bits")?;
         check_width(self.failover_accepted, 2, "CM REP failover accepted wider than 2 bits")?;
         check_width(self.rnr_retry_count, 3, "CM REP RNR retry count wider than 3 bits")?;
@@ -247,6 +268,7 @@ impl CmRepRepr {
         p.set_local_qpn(self.local_qpn);
         p.set_local_eecn(self.local_eecn);
         p.set_starting_psn(self.starting_psn);
+        p.set_vendor_id(self.vendor_id);
         p.set_responder_resources(self.responder_resources);
         p.set_initiator_depth(self.initiator_depth);
         p.set_target_ack_delay(self.target_ack_delay);
@@ -351,6 +373,7 @@ mod test {
             local_qpn: 0x8ca,
             local_eecn: 0,
             starting_psn: 0xe3_2e52,
+            vendor_id: 0,
             responder_resources: 0,
             initiator_depth: 8,
             target_ack_delay: 16,
@@ -421,6 +444,20 @@ mod test {
         p.set_target_ack_delay(0);
         p.set_rnr_retry_count(0);
         assert_eq!((b[26], b[27]), (0x01, 0x0f));
+    }
+
+    #[test]
+    fn vendor_id_sits_in_the_bytes_after_qpn_eecn_and_psn() {
+        // Linux cm_msgs: CM_REP_VENDOR_ID_H/M/L at bytes 15, 19, 23 (ECE's vendor).
+        let mut b = vec![0u8; 232];
+        let r = CmRepRepr { vendor_id: 0x02_c9ab, local_qpn: 0xff_ffff, local_eecn: 0xff_ffff, ..rep() };
+        r.emit(&mut CmRepPacket::new_unchecked(&mut b[..])).unwrap();
+        assert_eq!((b[15], b[19], b[23]), (0x02, 0xc9, 0xab));
+        let p = CmRepPacket::new_checked(&b[..]).unwrap();
+        assert_eq!((p.vendor_id(), p.local_qpn(), p.local_eecn()), (0x02_c9ab, 0xff_ffff, 0xff_ffff));
+        assert_eq!(CmRepRepr::parse(&p), Ok(r));
+        let wide = CmRepRepr { vendor_id: 1 << 24, ..rep() };
+        assert!(wide.emit(&mut CmRepPacket::new_unchecked(&mut b[..])).is_err());
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::sync::{Arc, Condvar, Mutex};
 
 use softrdma_device::proto::{CmRecord, Request, Response};
-use softrdma_engine::cm::{ConnParam, InitQpAttr, PS_IB, PS_IPOIB, PS_TCP, PS_UDP};
+use softrdma_engine::cm::{ConnParam, Ece, InitQpAttr, PS_IB, PS_IPOIB, PS_TCP, PS_UDP};
 use softrdma_engine::verbs::{QpState, QpType};
 
 use super::{
@@ -747,6 +747,9 @@ fn create_qp_inner(id: *mut c::rdma_cm_id, attr: &mut ffi::ibv_qp_init_attr_ex) 
         return Err(e);
     }
     cid.qp = qp as _;
+    // librdmacm's init_ece: the local ECE becomes what ibv_query_ece gives for the new QP, and
+    // that is EOPNOTSUPP here (as on rxe), so none: a REQ or REP of an ID with a QP carries no ECE.
+    lock(&i.st).local_ece = (0, 0);
     if cid.pd.is_null() && !attr.pd.is_null() {
         // rdma_verbs.h's helpers (rdma_reg_msgs, ...) register on `id->pd`: the QP's.
         cid.pd = attr.pd as _;
@@ -818,6 +821,13 @@ fn conn_param_in(i: &Id, cid: &c::rdma_cm_id, p: *mut c::rdma_conn_param, passiv
     } else {
         (dev.max_rd_atom, dev.max_init_rd_atom)
     };
+    // librdmacm's ucma_copy_ece_param_to_kern_req / _rep: a REQ carries this side's ECE; a REP
+    // answers with the vendor the REQ named and this side's options.
+    let ece = if passive {
+        Ece { vendor_id: st.remote_ece.0, attr_mod: st.local_ece.1 }
+    } else {
+        Ece { vendor_id: st.local_ece.0, attr_mod: st.local_ece.1 }
+    };
     let qp = cid.qp as *mut ffi::ibv_qp;
     // SAFETY: the ID's QP, when it has one.
     let (qpn, srq) = if qp.is_null() { (0, false) } else { unsafe { ((*qp).qp_num, !(*qp).srq.is_null()) } };
@@ -832,6 +842,7 @@ fn conn_param_in(i: &Id, cid: &c::rdma_cm_id, p: *mut c::rdma_conn_param, passiv
             rnr_retry_count: 7,
             srq,
             qp_num: qpn,
+            ece,
         });
     }
     // SAFETY: the caller's conn_param.
@@ -851,6 +862,7 @@ fn conn_param_in(i: &Id, cid: &c::rdma_cm_id, p: *mut c::rdma_conn_param, passiv
         rnr_retry_count: p.rnr_retry_count.min(7),
         srq: if qp.is_null() { p.srq != 0 } else { srq },
         qp_num: if qp.is_null() { p.qp_num } else { qpn },
+        ece,
     })
 }
 
@@ -976,6 +988,10 @@ pub unsafe extern "C" fn rdma_set_local_ece(id: *mut c::rdma_cm_id, ece: *mut ff
     minus1_call(|| {
         let i = id_of(id)?;
         let e = crate::nonnull(ece)?;
+        // librdmacm: EINVAL once the ID has a QP, for vendor 0 and for any comp_mask.
+        if !id_mut(id)?.qp.is_null() || e.vendor_id == 0 || e.comp_mask != 0 {
+            return Err(EINVAL);
+        }
         lock(&i.st).local_ece = (e.vendor_id, e.options);
         Ok(0)
     })
@@ -986,6 +1002,9 @@ pub unsafe extern "C" fn rdma_get_remote_ece(id: *mut c::rdma_cm_id, ece: *mut f
     minus1_call(|| {
         let i = id_of(id)?;
         let e = crate::nonnull(ece)?;
+        if !id_mut(id)?.qp.is_null() {
+            return Err(EINVAL);
+        }
         let (v, o) = lock(&i.st).remote_ece;
         e.vendor_id = v;
         e.options = o;
@@ -1221,6 +1240,8 @@ fn deliver(rec: CmRecord) -> Result<Option<Box<Event>>, Errno> {
             // librdmacm: what this side may offer is bounded by what the peer asked.
             st.responder_resources = rec.param.initiator_depth;
             st.initiator_depth = rec.param.responder_resources;
+            // ucma_process_conn_req: the REQ's ECE.
+            st.remote_ece = (rec.param.ece.vendor_id, rec.param.ece.attr_mod);
             let ch = channel_of(l.c.channel)?.on(&dev)?;
             cm_call(&dev, &Request::CmMigrate { id: rec.id, channel: ch, user: st.handle }, &[])?;
             if let (Some(lo), Some(re)) = (rec.local, rec.remote) {
@@ -1247,7 +1268,18 @@ fn deliver(rec: CmRecord) -> Result<Option<Box<Event>>, Errno> {
     match rec.event {
         CONNECT_RESPONSE => {
             let qp = cid.qp as *mut ffi::ibv_qp;
-            if !qp.is_null() {
+            let rep_ece = rec.param.ece;
+            if qp.is_null() {
+                lock(&i.st).remote_ece = (rep_ece.vendor_id, rep_ece.attr_mod);
+            } else if rep_ece.vendor_id != 0 && rep_ece.vendor_id != lock(&i.st).local_ece.0 {
+                // ucma_process_conn_resp_ece: a REP naming another vendor than the REQ did is a
+                // broken ECE handshake: the QP to ERROR and CONNECT_ERROR (status -1, EINVAL); no
+                // RTU goes out, and destroying the ID rejects the REP.
+                qp_to_err(qp);
+                ev.event = CONNECT_ERROR as _;
+                ev.status = -1;
+            } else {
+                lock(&i.st).remote_ece.0 = rep_ece.vendor_id;
                 // ucma_process_conn_resp: the QP to RTR and RTS, then RTU; the program sees
                 // ESTABLISHED.
                 let p = first(&lock(&i.st))?;

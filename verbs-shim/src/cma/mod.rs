@@ -259,10 +259,8 @@ impl Cma {
     /// listener listen on them.
     fn add_new(&self, dir: &std::path::Path) {
         let known: Vec<String> = self.devs().iter().map(|d| d.name.clone()).collect();
-        let fresh: Vec<String> = softrdma_device::runtime::list_devices(dir)
-            .into_iter()
-            .filter(|n| !known.contains(n))
-            .collect();
+        let fresh: Vec<String> =
+            softrdma_device::runtime::list_devices(dir).into_iter().filter(|n| !known.contains(n)).collect();
         if fresh.is_empty() {
             return;
         }

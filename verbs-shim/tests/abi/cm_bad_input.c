@@ -193,16 +193,51 @@ int main(int argc, char **argv)
 	if (c)
 		rdma_destroy_id(c);
 
-	/* The device still connects: a whole connection, then a disconnect. */
+	/* The device still connects: a whole connection, then a disconnect. It carries ECE (librdmacm
+	 * 1.3): the REQ the active side's vendor and options, the REP the vendor back with the
+	 * passive side's options (ucma_copy_ece_param_to_kern_req / _rep). */
 	c = resolved(&a);
+	if (c) {
+		struct ibv_ece e = { .vendor_id = 0, .options = 1 };
+
+		errno = 0;
+		rc = rdma_set_local_ece(c, &e);
+		check(rc == -1 && errno == EINVAL, "rdma_set_local_ece with vendor 0 is EINVAL", "rc %d errno %d", rc,
+		      errno);
+		e.vendor_id = 0x2c9;
+		e.comp_mask = 1;
+		errno = 0;
+		rc = rdma_set_local_ece(c, &e);
+		check(rc == -1 && errno == EINVAL, "rdma_set_local_ece with a comp_mask is EINVAL", "rc %d errno %d",
+		      rc, errno);
+		e.comp_mask = 0;
+		e.options = 0x80000011;
+		rc = rdma_set_local_ece(c, &e);
+		check(rc == 0, "rdma_set_local_ece", "rc %d errno %d", rc, errno);
+	}
 	if (c && connect_with(c, "hello", 5) == 0 && (ev = expect(RDMA_CM_EVENT_CONNECT_REQUEST, "third REQ"))) {
+		struct ibv_ece e;
+
 		r = ev->id;
 		rdma_ack_cm_event(ev);
+		memset(&e, 0, sizeof(e));
+		rc = rdma_get_remote_ece(r, &e);
+		check(rc == 0 && e.vendor_id == 0x2c9 && e.options == 0x80000011,
+		      "the REQ's ECE reaches the passive side", "rc %d vendor %#x options %#x", rc, e.vendor_id,
+		      e.options);
+		e.vendor_id = 0x2c9;
+		e.options = 0x5;
+		rdma_set_local_ece(r, &e);
 		memset(&p, 0, sizeof(p));
 		p.qp_num = 0x5678;
 		rc = rdma_accept(r, &p);
 		if ((ev = expect(RDMA_CM_EVENT_CONNECT_RESPONSE, "CONNECT_RESPONSE"))) {
 			rdma_ack_cm_event(ev);
+			memset(&e, 0, sizeof(e));
+			rc = rdma_get_remote_ece(c, &e);
+			check(rc == 0 && e.vendor_id == 0x2c9 && e.options == 0x5,
+			      "the REP's ECE reaches the active side", "rc %d vendor %#x options %#x", rc,
+			      e.vendor_id, e.options);
 			rc = rdma_establish(c);
 			if ((ev = expect(RDMA_CM_EVENT_ESTABLISHED, "ESTABLISHED")))
 				rdma_ack_cm_event(ev);
