@@ -1199,3 +1199,54 @@ fn ece_travels_in_the_vendor_id_and_attribute_modifier() {
     assert_eq!(req.param.ece, Ece::default());
     assert_eq!(p.wire[0].repr.attr_mod, 0);
 }
+
+/// A REQ flood from one source (bad input: bounded pending state). Ten thousand REQs, each a new
+/// connection (its own comm ID and QPN), to a listener whose backlog would take them all: the CM
+/// holds at most `max_pending` requests and drops the rest, counted and not rejected (the kernel
+/// drops beyond the backlog, and a real peer resends); REPs, RTUs and DREQs naming nobody leave
+/// no state; and the CM still connects once the consumer works through its requests.
+#[test]
+fn req_flood_is_bounded_counted_and_harmless() {
+    const FLOOD: u32 = 10_000;
+    let mut p = Pair::new();
+    let max = p.b.cfg.max_pending;
+    let l = p.listen(PS_TCP, QpType::Rc, 1 << 20);
+    p.dial(PS_TCP, QpType::Rc, SPORT, req_param(0x100, b""));
+    let sent = p.a.poll_mad().expect("the REQ");
+    let CmMadRepr { tid, msg: CmMessage::Req(req), .. } = CmMadRepr::parse(&sent.mad).unwrap() else {
+        panic!("not a REQ")
+    };
+    for k in 0..FLOOD {
+        let r = crate::wire::CmReqRepr { local_comm_id: 0x1000_0000 + k, local_qpn: 0x1000 + k, ..req.clone() };
+        p.b.handle_mad(p.now, A_IP, &mad(tid + u64::from(k), CmMessage::Req(r)));
+    }
+    assert_eq!(p.b.counters().reqs_dropped, u64::from(FLOOD) - max as u64);
+    assert_eq!(p.b.id_count(), max + 1, "the listener and max_pending requests");
+    assert!(p.b.poll_mad().is_none(), "a dropped REQ is not answered");
+    let reqs = p.events(Side::B);
+    assert_eq!(reqs.len(), max);
+    // Messages for connections that do not exist: counted, nothing kept, nothing sent.
+    for k in 0..1000u32 {
+        let rep = CmRepRepr { local_comm_id: k, remote_comm_id: 0xdead_0000 + k, ..Default::default() };
+        p.b.handle_mad(p.now, A_IP, &mad(u64::from(k), CmMessage::Rep(rep)));
+        let rtu = CmRtuRepr { local_comm_id: k, remote_comm_id: 0xdead_0000 + k, private_data: vec![] };
+        p.b.handle_mad(p.now, A_IP, &mad(u64::from(k), CmMessage::Rtu(rtu)));
+    }
+    assert_eq!(p.b.id_count(), max + 1);
+    assert!(p.b.counters().mads_unmatched >= 2000, "{:?}", p.b.counters());
+
+    // The consumer rejects what it does not want; a new request is then taken and connects.
+    for e in &reqs {
+        p.b.reject(p.now, e.id, &[], reject::CONSUMER_DEFINED).unwrap();
+    }
+    while p.b.poll_mad().is_some() {}
+    p.wire.clear();
+    let a = p.dial(PS_TCP, QpType::Rc, SPORT + 1, req_param(0x101, b"after"));
+    p.drive();
+    let ev = p.event(Side::B);
+    assert_eq!((ev.kind, ev.listen_id, ev.param.qp_num), (CmEventKind::ConnectRequest, Some(l), 0x101));
+    p.b.accept(p.now, ev.id, rep_param(0x201)).unwrap();
+    p.drive();
+    let rep = p.event(Side::A);
+    assert_eq!((rep.id, rep.kind), (a, CmEventKind::ConnectResponse));
+}
