@@ -69,6 +69,17 @@ impl Cm {
         Duration::from_nanos(2 * l + self.cfg.timer(self.cfg.cm_response_timeout).as_nanos())
     }
 
+    /// How long an ID waits before resending its REP or DREQ (ib_cm's per-ID timeout_ms): the
+    /// passive side's is set from the REQ's local CM response timeout (cm_req_handler), the
+    /// active side's is its REQ's response timeout (ib_send_cm_req); cm_send_dreq_locked resends
+    /// a DREQ after it.
+    fn resend_interval(&self, h: IdHandle) -> Duration {
+        match self.ids.get(&h) {
+            Some(id) if id.passive => self.cfg.timer(id.peer_response_timeout),
+            _ => self.req_timeout(),
+        }
+    }
+
     /// Sends a REQ for an ID with resolved addresses (`rdma_connect`).
     pub fn connect(&mut self, now: Instant, h: IdHandle, p: ConnParam) -> Result<(), CmError> {
         let ack = self.cfg.packet_lifetime + 1;
@@ -184,7 +195,7 @@ impl Cm {
         id.mine = ConnParam { retry_count, ..p };
         id.state = IdState::RepSent;
         id.retries_left = retries;
-        let (dst, tid, resp) = (id.remote.map(|r| r.ip()), id.tid, id.peer_response_timeout);
+        let (dst, tid, resp) = (id.mad_dst(), id.tid, id.peer_response_timeout);
         self.leave_pending(h);
         let Some(dst) = dst else { return Err(CmError::Inval) };
         let last = self.send_with(dst, tid, p_ece_attr_mod, CmMessage::Rep(rep));
@@ -205,7 +216,7 @@ impl Cm {
         id.state = IdState::Established;
         let rtu =
             CmRtuRepr { local_comm_id: id.local_comm_id, remote_comm_id: id.remote_comm_id, private_data: vec![] };
-        let (dst, tid) = (id.remote.map(|r| r.ip()), id.tid);
+        let (dst, tid) = (id.mad_dst(), id.tid);
         self.counters.established += 1;
         if let Some(dst) = dst {
             let last = self.send(dst, tid, CmMessage::Rtu(rtu));
@@ -237,7 +248,7 @@ impl Cm {
         };
         let was_pending = id.state == IdState::ReqRcvd;
         id.state = IdState::Closed;
-        let (dst, tid) = (id.remote.map(|r| r.ip()), id.tid);
+        let (dst, tid) = (id.mad_dst(), id.tid);
         if was_pending {
             self.leave_pending(h);
         }
@@ -310,10 +321,10 @@ impl Cm {
         id.state = IdState::DreqSent;
         id.retries_left = self.cfg.max_cm_retries;
         id.tid = tid;
-        let Some(dst) = id.remote.map(|r| r.ip()) else { return };
+        let Some(dst) = id.mad_dst() else { return };
         let last = self.send(dst, tid, CmMessage::Dreq(dreq));
         self.ids.get_mut(&h).expect("exists").last = last;
-        let t = self.req_timeout();
+        let t = self.resend_interval(h);
         self.set_timer(h, Some(now + t));
     }
 
@@ -321,7 +332,7 @@ impl Cm {
         let Some(id) = self.ids.get_mut(&h) else { return };
         let drep =
             CmDrepRepr { local_comm_id: id.local_comm_id, remote_comm_id: id.remote_comm_id, private_data: vec![] };
-        let (dst, tid) = (id.remote.map(|r| r.ip()), id.tid);
+        let (dst, tid) = (id.mad_dst(), id.tid);
         if let Some(dst) = dst {
             let last = self.send(dst, tid, CmMessage::Drep(drep));
             // A duplicate DREQ in timewait is answered with this DREP again.
@@ -356,7 +367,7 @@ impl Cm {
                     ari: guid.to_be_bytes().to_vec(),
                     private_data: vec![],
                 };
-                let (dst, tid) = (id.remote.map(|r| r.ip()), id.tid);
+                let (dst, tid) = (id.mad_dst(), id.tid);
                 if let Some(dst) = dst {
                     self.send(dst, tid, CmMessage::Rej(rej));
                     self.counters.rejs_sent += 1;
@@ -371,7 +382,7 @@ impl Cm {
             IdState::RepSent => {
                 // cm_destroy_id: a consumer-defined REJ while waiting for the RTU.
                 let id = self.ids.get(&h).expect("exists");
-                let (dst, tid, l, r) = (id.remote.map(|r| r.ip()), id.tid, id.local_comm_id, id.remote_comm_id);
+                let (dst, tid, l, r) = (id.mad_dst(), id.tid, id.local_comm_id, id.remote_comm_id);
                 if let Some(dst) = dst {
                     self.rej_to(dst, tid, r, l, REJ_MSG_OTHER, reject::CONSUMER_DEFINED);
                 }
@@ -433,12 +444,10 @@ impl Cm {
                     if id.retries_left > 0 {
                         id.retries_left -= 1;
                         let Some(m) = id.last.clone() else { continue };
-                        let state = id.state;
-                        let resp = id.peer_response_timeout;
                         self.out.push_back(m);
                         self.counters.mads_sent += 1;
                         self.counters.mads_resent += 1;
-                        let t = if state == IdState::RepSent { self.cfg.timer(resp) } else { self.req_timeout() };
+                        let t = self.resend_interval(h);
                         self.set_timer(h, Some(now + t));
                     } else if id.state == IdState::DreqSent {
                         // DREQ_ERROR: DISCONNECTED with -ETIMEDOUT, then timewait.
@@ -603,6 +612,7 @@ impl Cm {
         id.path = path;
         id.path_mtu = Mtu::from_ibv(u32::from(req.path_mtu)).map_or(self.cfg.mtu, |m| m.min(self.cfg.mtu));
         id.peer_response_timeout = req.local_cm_response_timeout;
+        id.passive = true;
         // The consumer's own retry count is what the REQ asked for (cm_init_qp_rts_attr), and
         // its depths mirror the REQ's (cm_req_handler: our responder resources are the peer's
         // initiator depth and the other way round).

@@ -371,6 +371,9 @@ struct Id {
     path_mtu: Mtu,
     /// The peer's CM response timeout (REQ: remote/local CM response timeout fields).
     peer_response_timeout: u8,
+    /// Made by a REQ (the passive side): its resend interval is 2^(the REQ's local CM response
+    /// timeout - 8) ms, the active side's that of its REQ (ib_cm's timeout_ms).
+    passive: bool,
     /// The last MAD this ID sent that may need resending, and where.
     last: Option<OutMad>,
     retries_left: u8,
@@ -378,6 +381,20 @@ struct Id {
 }
 
 impl Id {
+    /// Where this ID's MADs go: the peer's GID of the connection's path (ib_cm sends the REP,
+    /// DREQ and DREP through the address vector cm_init_av_by_path makes from the path, which
+    /// on the passive side is the REQ's primary path, swapped), else the peer's IP address.
+    fn mad_dst(&self) -> Option<IpAddr> {
+        let gid = self.path.remote_gid;
+        if gid != [0; 16] {
+            let ip = gid_to_ip(&gid);
+            if !ip.is_unspecified() && !ip.is_multicast() {
+                return Some(ip);
+            }
+        }
+        self.remote.map(|r| r.ip())
+    }
+
     fn new(ps: u16, qp_type: QpType, mtu: Mtu) -> Id {
         Id {
             ps,
@@ -401,6 +418,7 @@ impl Id {
             path: CmPath::default(),
             path_mtu: mtu,
             peer_response_timeout: 20,
+            passive: false,
             last: None,
             retries_left: 0,
             deadline: None,

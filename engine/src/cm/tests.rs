@@ -1250,3 +1250,52 @@ fn req_flood_is_bounded_counted_and_harmless() {
     let rep = p.event(Side::A);
     assert_eq!((rep.id, rep.kind), (a, CmEventKind::ConnectResponse));
 }
+
+/// A lost DREQ is resent after the ID's timeout_ms (cm_send_dreq_locked): on the active side the
+/// REQ's response timeout (6144 ms, ib_send_cm_req), on the passive side 2^(the REQ's local CM
+/// response timeout - 8) = 4096 ms (cm_req_handler); 15 resends, then DISCONNECTED -ETIMEDOUT.
+#[test]
+fn dreq_resend_interval_is_the_ids_timeout() {
+    for (side, interval) in [(Side::A, REQ_TIMEOUT), (Side::B, REP_TIMEOUT)] {
+        let mut p = Pair::new();
+        let (a, b, _) = p.connected();
+        let h = if side == Side::A { a } else { b };
+        let mut lose_dreqs = |s: &Sent| if s.attr() == CmAttr::Dreq { Fate::Drop } else { Fate::Deliver };
+        let now = p.now;
+        p.cm(side).disconnect(now, h).unwrap();
+        p.drive_with(&mut lose_dreqs);
+        assert_eq!(p.sent(CmAttr::Dreq).len(), 1);
+        p.advance_with(Duration::from_nanos(interval.as_nanos() - 1_000_000), &mut lose_dreqs);
+        assert_eq!(p.sent(CmAttr::Dreq).len(), 1, "{side:?}: resent before {interval:?}");
+        p.advance_with(ms(1), &mut lose_dreqs);
+        assert_eq!(p.sent(CmAttr::Dreq).len(), 2, "{side:?}: not resent at {interval:?}");
+        p.advance_with(times(interval, 15), &mut lose_dreqs);
+        assert_eq!(p.sent(CmAttr::Dreq).len(), 16, "{side:?}");
+        let ev = p.events(side);
+        assert!(ev.iter().any(|e| e.id == h && e.kind == CmEventKind::Disconnected && e.status == -110), "{ev:?}");
+    }
+}
+
+/// The passive side's REP goes where the REQ's primary path says the requester is (its Local
+/// GID: ib_cm's cm_init_av_by_path over cm_format_paths_from_req), not to the address in the
+/// rdma_cm IP header, which only names the ID's peer address (cma_ib_req_handler).
+#[test]
+fn rep_goes_to_the_paths_gid_not_the_ip_headers_address() {
+    let mut p = Pair::new();
+    p.listen(PS_TCP, QpType::Rc, 0);
+    p.dial(PS_TCP, QpType::Rc, SPORT, req_param(0x100, b""));
+    let sent = p.a.poll_mad().expect("the REQ");
+    let CmMadRepr { tid, msg: CmMessage::Req(mut req), .. } = CmMadRepr::parse(&sent.mad).unwrap() else {
+        panic!("not a REQ")
+    };
+    let elsewhere = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 9));
+    CmaHdrRepr { port: SPORT, src: elsewhere, dst: B_IP }
+        .emit(&mut CmaHdrPacket::new_unchecked(&mut req.private_data[..CmaHdrRepr::LEN]))
+        .unwrap();
+    p.b.handle_mad(p.now, A_IP, &mad(tid, CmMessage::Req(req)));
+    let ev = p.event(Side::B);
+    assert_eq!(p.b.addrs(ev.id), Some((Some(sa(B_IP, PORT)), Some(sa(elsewhere, SPORT)))));
+    p.b.accept(p.now, ev.id, rep_param(0x200)).unwrap();
+    let rep = p.b.poll_mad().expect("the REP");
+    assert_eq!(rep.dst, A_IP, "the REP follows the path's GID");
+}
