@@ -358,8 +358,8 @@ fi
 
 echo "== rdma_cm: the kernel's (rdma_cm and ib_cm over rdma_rxe) and softrdma's, both ways"
 # Each program runs as server on one side and client on the other; the client starts once the
-# server listens (the kernel's `rdma resource show cm_id` in the guest, the port's reservation in
-# the runtime dir on our side). Besides the program's own verdict, the capture of the wire must
+# server listens (the kernel's `rdma resource show cm_id` in the guest, `softrdma cm-ids` on our
+# side). Besides the program's own verdict, the capture of the wire must
 # hold CM MADs both ways, every one decoded (`softrdma pcap decode --json` gives a `cm` object per
 # MAD on QP1, with an `error` when it is not a valid CM MAD), and every packet a valid ICRC.
 cm_start=$SECONDS cm_runs=0
@@ -367,10 +367,10 @@ cm_start=$SECONDS cm_runs=0
 cm_listening() {
   case $1 in
     rxe) guest "$work/listening" "cm-listening $2 30" ;;
-    *) local f="$rt/cm-ports/0106-$2"
-      for _ in $(seq 300); do
-        # The programs listen right after they bind (which makes the reservation).
-        [ -e "$f" ] && { sleep 0.2; return 0; }
+    *) for _ in $(seq 300); do
+        for d in srdma0 srdma1; do
+          "$bin" cm-ids $d 2>/dev/null | grep -qE "state LISTEN ps TCP .*src-addr [^ ]*:$2 " && return 0
+        done
         sleep 0.1
       done
       return 1 ;;
