@@ -27,6 +27,7 @@ cleanup() {
   timeout 15 "$bin" down srdma0 >/dev/null 2>&1
   timeout 15 "$bin" down srdma1 >/dev/null 2>&1
   timeout 15 "$bin" down srdma2 >/dev/null 2>&1
+  timeout 15 "$bin" down srdma3 >/dev/null 2>&1
   rm -rf "$rt"
 }
 trap cleanup EXIT
@@ -356,6 +357,52 @@ else
     "listening on srdma2=$heard server rc=$src client rc=$crc pings=$pings; $(tail -q -n 2 "$slog" "$clog" 2>/dev/null | tr '\n' ' ')"
 fi
 "$bin" down srdma2 >/dev/null 2>&1
+
+# The seeds' workloads (examples/c, built by scripts/build-examples.sh; README "Example
+# programs"). lnet_bulk, the o2iblnd pattern: 8 peer connections, each moving 1 MiB transfers
+# (PUT as 256 chained 4 KiB RDMA WRITEs, GET as 256 READs) with credits, every byte checked;
+# across two devices, with the client's queue depth too deep for the device (it backs off); then
+# between two devices that lose 0.2% of the packets they send (retransmissions from their stat).
+ex="$(realpath "$target/examples")"
+lnet() { # name server-addr client-addr transfers-per-peer [client options]
+  local name="$1" saddr="$2" caddr="$3" count="$4"
+  shift 4
+  port=$((port + 1))
+  local slog="$logs/${name// /_}.server.log" clog="$logs/${name// /_}.client.log"
+  timeout 300 "$ex/lnet_bulk" --server --addr "$saddr" --port "$port" --peers 8 >"$slog" 2>&1 &
+  local spid=$!
+  wait_listen "$port"
+  timeout 300 "$ex/lnet_bulk" --client "$saddr" --src "$caddr" --port "$port" --peers 8 --count "$count" --verify "$@" \
+    >"$clog" 2>&1
+  local crc=$?
+  wait "$spid"
+  local src=$?
+  if [ "$crc" = 0 ] && [ "$src" = 0 ] &&
+    grep -q "^lnet_bulk: OK client peers 8 transfers $((8 * count)) .* verified" "$clog" &&
+    grep -q "^lnet_bulk: OK server peers 8 puts $((4 * count)) gets $((4 * count)) .* errors 0" "$slog"; then
+    result "$name ($(grep -o 'MB/s [0-9.]*' "$clog"), $(grep -o 'depth [0-9]*' "$clog" | tail -n 1))" ok
+  else
+    result "$name" fail "server rc=$src client rc=$crc; $(tail -q -n 2 "$slog" "$clog" | tr '\n' ' ')"
+  fi
+}
+if [ -x "$ex/lnet_bulk" ]; then
+  lnet "lnet_bulk 8 peers across two devices" "$addr0" "$addr1" 8
+  lnet "lnet_bulk 8 peers, depth 100 backs off" "$addr0" "$addr1" 2 --depth 100
+  addr3="${SOFTRDMA_TEST_ADDR3:-127.0.0.4}"
+  if "$bin" up srdma2 --addr "$addr2" --faults loss=0.002,seed=11 >/dev/null &&
+    "$bin" up srdma3 --addr "$addr3" --faults loss=0.002,seed=12 >/dev/null; then
+    lnet "lnet_bulk 8 peers, 0.2% loss" "$addr2" "$addr3" 4
+    for d in srdma2 srdma3; do
+      echo "    $d: $("$bin" stat $d | grep -E '^(retransmitted_pkts|dropped_by_fault) ' | tr -s ' ' | tr '\n' ' ')"
+    done
+  else
+    result "lnet_bulk with loss" fail "softrdma up srdma2/srdma3 with --faults failed"
+  fi
+  "$bin" down srdma2 >/dev/null 2>&1
+  "$bin" down srdma3 >/dev/null 2>&1
+else
+  result "lnet_bulk" fail "$ex/lnet_bulk missing: run scripts/build-examples.sh"
+fi
 single "ibv_devices" "srdma0.*[0-9a-f]{16}" ibv_devices
 # `softrdma exec` puts the shim on the library path itself (none set here).
 single "softrdma exec -- ibv_devinfo -l" "srdma0.*srdma1|srdma1.*srdma0" env -u LD_LIBRARY_PATH bash -c \

@@ -30,6 +30,9 @@ bash scripts/build-shim.sh
 step "tests"
 cargo test --workspace --locked
 
+step "example programs (examples/c: the seeds' workloads)"
+bash scripts/build-examples.sh
+
 step "unchanged rdma-core programs on the shim"
 bash scripts/test-verbs-programs.sh
 
