@@ -100,6 +100,11 @@ done
 gcc_s=$(ldconfig -p | awk '/libgcc_s.so.1 .*x86-64/ {print $NF; exit}')
 mkdir -p "$R/lib/x86_64-linux-gnu"
 cp -L "$gcc_s" "$R/lib/x86_64-linux-gnu/libgcc_s.so.1"
+# The example programs (examples/c), when rxe.sh passes their build directory: the same binaries
+# as on the softrdma side, linked here against the guest's own libraries.
+for b in "${RXE_GUEST_EXAMPLES:-/nonexistent}"/*; do
+  [ -x "$b" ] && [ -f "$b" ] && copy_bin "$b" "usr/bin/$(basename "$b")"
+done
 copy_bin "$(command -v rdma)" usr/bin/rdma
 copy_bin "$(command -v tc)" usr/bin/tc
 copy_bin "$(command -v bash)" usr/bin/bash # for /dev/udp: the bad-input sender

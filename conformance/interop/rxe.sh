@@ -70,7 +70,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; } || exit 2
 fi
 guest_dir="${RXE_GUEST_DIR:-$target/rxe-guest}"
-bash "$here/build-guest.sh" "$guest_dir" || { echo "rxe.sh: building the guest failed" >&2; exit 2; }
+# The example programs (examples/c) run on both sides: the same binaries, put in the guest too.
+examples="$(CARGO_TARGET_DIR="$target" bash "$repo/scripts/build-examples.sh")" || exit 2
+examples="$(realpath "$examples")"
+RXE_GUEST_EXAMPLES="$examples" bash "$here/build-guest.sh" "$guest_dir" ||
+  { echo "rxe.sh: building the guest failed" >&2; exit 2; }
 
 net="${RXE_NET:-192.168.77}"
 host_ip="$net.1" host2_ip="$net.2" guest_ip="$net.10" guest2_ip="$net.11"
@@ -203,7 +207,12 @@ on() {
   shift 2
   case $side in
     rxe*) guest --at "$(side_ip "$side")" "$log" "timeout 120 $*" ;;
-    *) timeout 120 ip netns exec "$ns" "$bin" exec -- "$@" >"$log" 2>&1 ;;
+    *)
+      local prog="$1"
+      shift
+      # An example program (examples/c) runs from the build; the guest has it in /usr/bin.
+      command -v "$prog" >/dev/null 2>&1 || [ ! -x "$examples/$prog" ] || prog="$examples/$prog"
+      timeout 120 ip netns exec "$ns" "$bin" exec -- "$prog" "$@" >"$log" 2>&1 ;;
   esac
 }
 
@@ -513,6 +522,19 @@ for pair in "rxe softrdma" "softrdma rxe"; do
     cm_run "$prog -R" "$s" "$c" perf_ok $prog -R ${sdev%% -x*} -p @P "$@" -- $prog -R ${cdev%% -x*} -p @P "$@" @S
   done
   if [ "$s" = rxe ]; then guest "$logs/cm-delay.log" "cm-delay 0"; fi
+done
+# The seeds' workload lnet_bulk (examples/c/lnet_bulk.c), the same binary on both sides: two
+# peer connections through the kernel's rdma_cm and softrdma's, PUT (chained RDMA WRITEs) and GET
+# (chained RDMA READs) transfers of 1 MiB, every byte checked at the sink.
+lnet_ok() {
+  echo "$(grep -o 'transfers [0-9]* bytes [0-9]* MB/s [0-9.]*' "$4")"
+  [ "$1" = 0 ] && [ "$2" = 0 ] && grep -q "^lnet_bulk: OK client peers 2 transfers 8 .* verified" "$4" &&
+    grep -q "^lnet_bulk: OK server peers 2 puts 4 gets 4 .* errors 0" "$3"
+}
+for pair in "rxe softrdma" "softrdma rxe"; do
+  set -- $pair
+  cm_run lnet_bulk "$1" "$2" lnet_ok lnet_bulk --server --addr @S --port @P --peers 2 -- \
+    lnet_bulk --client @S --port @P --peers 2 --count 4 --verify
 done
 # A REQ for a port nobody listens on: the peer's CM answers REJ 8 (invalid service ID) at once
 # (the kernel's cm_issue_rej, cm.c:2033-2038; softrdma's handle_req the same), which librdmacm
