@@ -218,6 +218,25 @@ fn parse_fi(out: &str) -> Option<(f64, f64)> {
     Some((f.get(5)?.parse().ok()?, f.get(6)?.parse().ok()?))
 }
 
+/// lnet_bulk's final line: `lnet_bulk: OK client ... MB/s X transfers/s Y ...` -> (X, Y).
+/// The devices' retransmitted packets, summed (`softrdma stat --json`), or None.
+fn retransmitted(exe: &Path, devs: &[&str]) -> Option<u64> {
+    let mut n = 0;
+    for d in devs {
+        let o = Command::new(exe).args(["stat", d, "--json"]).output().ok()?;
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
+        n += v["retransmitted_pkts"].as_u64()?;
+    }
+    Some(n)
+}
+
+fn parse_lnet_bulk(out: &str) -> Option<(f64, f64)> {
+    let line = out.lines().find(|l| l.starts_with("lnet_bulk: OK client"))?;
+    let w: Vec<&str> = line.split_whitespace().collect();
+    let after = |k: &str| w.iter().position(|x| *x == k).and_then(|i| w.get(i + 1)).and_then(|v| v.parse().ok());
+    Some((after("MB/s")?, after("transfers/s")?))
+}
+
 /// cmtime's table: `step : total ms  max ms  min us  us / conn` per step; the per-connection
 /// figure under the step's name, and the connect step's total as `connect_total_ms`.
 fn parse_cmtime(out: &str) -> Option<BTreeMap<String, f64>> {
@@ -457,6 +476,38 @@ impl Runner<'_> {
                 Ok(m)
             }
             _ => bail!("cmtime -c {conns}: status {:?}: {}", out.0, tail(&out.1)),
+        }
+    }
+
+    /// examples/c's lnet_bulk (the o2iblnd pattern): its server on srdma0, a client on srdma1
+    /// with `peers` connections moving `count` 1 MiB transfers each (PUT and GET alternately),
+    /// every byte checked. Returns (MB/s, transfers/s) from the client's final line.
+    fn lnet_bulk(&mut self, prog: &Path, peers: u32, count: u32) -> Result<(f64, f64)> {
+        let port = self.next_port().to_string();
+        let (addr0, addr1) = (self.addr0.to_string(), self.addr1.to_string());
+        let mut procs = Procs::default();
+        let mut server = Command::new(prog);
+        server
+            .args(["--server", "--addr", &addr0, "--port", &port, "--peers", &peers.to_string()])
+            .env("LD_LIBRARY_PATH", self.shim);
+        procs.spawn(&mut server)?;
+        let mut out = (None, String::new());
+        for _ in 0..50 {
+            std::thread::sleep(Duration::from_millis(100));
+            let t0 = Instant::now();
+            let mut c = Command::new(prog);
+            c.args(["--client", &addr0, "--src", &addr1, "--port", &port, "--peers", &peers.to_string()])
+                .args(["--count", &count.to_string(), "--verify"])
+                .env("LD_LIBRARY_PATH", self.shim);
+            out = run(&mut c, Duration::from_secs(300))?;
+            if !failed_at_once(&out, t0.elapsed()) {
+                break;
+            }
+        }
+        drop(procs);
+        match (out.0, parse_lnet_bulk(&out.1)) {
+            (Some(0), Some(v)) => Ok(v),
+            _ => bail!("lnet_bulk --peers {peers} --count {count}: status {:?}: {}", out.0, tail(&out.1)),
         }
     }
 
@@ -720,6 +771,31 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<ExitCode> {
             step("disconnect")
         ),
     );
+    // The seeds' LNet pattern (examples/c/lnet_bulk), next to ib_write_bw of this run.
+    let lnet = shim.join("../../examples/lnet_bulk");
+    let (peers, count) = if a.quick { (8u32, 4u32) } else { (8, 16) };
+    if lnet.is_file() {
+        eprintln!("softrdma bench: lnet_bulk {peers} peers across devices");
+        let before = retransmitted(&exe, &["srdma0", "srdma1"]);
+        let (mbs, tps) = r.lnet_bulk(&lnet, peers, count)?;
+        let resent = retransmitted(&exe, &["srdma0", "srdma1"]).zip(before).map(|(a, b)| a.saturating_sub(b));
+        t.v.insert("lnet_bulk_mbs".into(), mbs);
+        t.row(
+            "softrdma workload",
+            format!("lnet_bulk {peers} peers x {count} x 1 MiB across devices (PUT/GET as 256 x 4 KiB WRITE/READ)"),
+            format!(
+                "{mbs:.1} MB/s ({:.2} Gbit/s), {tps:.1} transfers/s, {} packets retransmitted",
+                mbs * 8.0 / 1e3,
+                resent.map_or("?".to_string(), |n| n.to_string())
+            ),
+        );
+    } else {
+        t.row(
+            "softrdma workload",
+            "lnet_bulk",
+            format!("not run: {} missing (scripts/build-examples.sh)", lnet.display()),
+        );
+    }
     drop(devs);
 
     // The ratios of the issue's targets.
@@ -885,6 +961,14 @@ mod test {
         let p = parse_perftest(lat, true).unwrap();
         assert_eq!((p.lat_p50, p.lat_p99), (90.63, 137.46));
         assert!(parse_perftest("Couldn't connect to 127.0.0.1:18515\n", false).is_none());
+    }
+
+    #[test]
+    fn lnet_bulk_line_parses() {
+        let out = "lnet_bulk: peer 0: 4 puts 4 gets 8388608 bytes depth 8\n\
+                   lnet_bulk: OK client peers 8 transfers 64 bytes 67108864 MB/s 157.0 transfers/s 149.7 depth 63 verified\n";
+        assert_eq!(parse_lnet_bulk(out), Some((157.0, 149.7)));
+        assert_eq!(parse_lnet_bulk("lnet_bulk: FAILED client: 3 of 64 transfers\n"), None);
     }
 
     #[test]
