@@ -403,6 +403,43 @@ if [ -x "$ex/lnet_bulk" ]; then
 else
   result "lnet_bulk" fail "$ex/lnet_bulk missing: run scripts/build-examples.sh"
 fi
+# xrc_job, the XRC seeds' MPI-style job: P processes per device ("node"), one XRC domain per node
+# shared through a file, an XRC SRQ per process, one XRC send QP per process and remote node; the
+# target QPs made by one process per node that then exits (or is killed) before the all-to-all
+# rounds; at the end a send to a node whose last process left fails with RETRY_EXC_ERR.
+xjob() { # name expect-regex args...
+  local name="$1" want="$2"
+  shift 2
+  local log="$logs/${name// /_}.log"
+  timeout 120 "$ex/xrc_job" "$@" >"$log" 2>&1
+  local rc=$?
+  if grep -qE "$want" "$log" && { [ "$rc" = 0 ] || [[ "$want" == *FAILED* ]]; }; then
+    result "$name ($(grep -oE 'messages [0-9]+ checked|FAILED.*' "$log" | head -n 1))" ok
+  else
+    result "$name" fail "rc=$rc; $(tail -n 2 "$log" | tr '\n' ' ')"
+  fi
+}
+if [ -x "$ex/xrc_job" ] && "$bin" up srdma2 --addr "$addr2" >/dev/null; then
+  xjob "xrc_job 3 nodes x 3 processes, target QPs' maker exits" \
+    "^xrc_job: OK nodes 3 procs 3 rounds 5 messages 270 checked.*maker exited; late sender transport retry counter exceeded" \
+    --devices srdma0,srdma1,srdma2 --procs 3 --rounds 5
+  xjob "xrc_job 2 nodes x 4 processes, target QPs' maker killed" \
+    "^xrc_job: OK nodes 2 procs 4 rounds 3 messages 96 checked.*maker killed; late sender transport retry counter exceeded" \
+    --devices srdma0,srdma2 --procs 4 --rounds 3 --kill
+  "$bin" down srdma2 >/dev/null 2>&1
+  # The same job on devices with upstream Linux's lifetime (a target QP dies with the last handle
+  # of the process that made it): the first round fails, which is what the seeds set out to fix.
+  if "$bin" up srdma2 --addr "$addr2" --xrc-tgt-lifetime last-close >/dev/null &&
+    "$bin" up srdma3 --addr "${SOFTRDMA_TEST_ADDR3:-127.0.0.4}" --xrc-tgt-lifetime last-close >/dev/null; then
+    xjob "xrc_job on devices with --xrc-tgt-lifetime last-close fails" \
+      "^xrc_job: FAILED .*round 0: send completion: transport retry counter exceeded" \
+      --devices srdma2,srdma3 --procs 2 --rounds 1
+  fi
+  "$bin" down srdma2 >/dev/null 2>&1
+  "$bin" down srdma3 >/dev/null 2>&1
+else
+  result "xrc_job" fail "$ex/xrc_job missing (scripts/build-examples.sh) or srdma2 did not start"
+fi
 single "ibv_devices" "srdma0.*[0-9a-f]{16}" ibv_devices
 # `softrdma exec` puts the shim on the library path itself (none set here).
 single "softrdma exec -- ibv_devinfo -l" "srdma0.*srdma1|srdma1.*srdma0" env -u LD_LIBRARY_PATH bash -c \
