@@ -406,7 +406,8 @@ fi
 # xrc_job, the XRC seeds' MPI-style job: P processes per device ("node"), one XRC domain per node
 # shared through a file, an XRC SRQ per process, one XRC send QP per process and remote node; the
 # target QPs made by one process per node that then exits (or is killed) before the all-to-all
-# rounds; at the end a send to a node whose last process left fails with RETRY_EXC_ERR.
+# rounds; at the end a send to a node whose last process left fails with RETRY_EXC_ERR. QP numbers
+# out of band, or through rdma_cm (--cm).
 xjob() { # name expect-regex args...
   local name="$1" want="$2"
   shift 2
@@ -426,6 +427,13 @@ if [ -x "$ex/xrc_job" ] && "$bin" up srdma2 --addr "$addr2" >/dev/null; then
   xjob "xrc_job 2 nodes x 4 processes, target QPs' maker killed" \
     "^xrc_job: OK nodes 2 procs 4 rounds 3 messages 96 checked.*maker killed; late sender transport retry counter exceeded" \
     --devices srdma0,srdma2 --procs 4 --rounds 3 --kill
+  # The same with the send QPs connected through rdma_cm (RDMA_PS_IB XRC, target QPN in the REP).
+  xjob "xrc_job --cm 3 nodes x 3 processes, maker exits" \
+    "^xrc_job: OK nodes 3 procs 3 rounds 5 messages 270 checked.*setup rdma_cm; maker exited; late sender transport retry" \
+    --devices srdma0,srdma1,srdma2 --procs 3 --rounds 5 --cm
+  xjob "xrc_job --cm 2 nodes x 4 processes, maker killed" \
+    "^xrc_job: OK nodes 2 procs 4 rounds 3 messages 96 checked.*setup rdma_cm; maker killed; late sender transport retry" \
+    --devices srdma1,srdma2 --procs 4 --rounds 3 --cm --kill
   "$bin" down srdma2 >/dev/null 2>&1
   # The same job on devices with upstream Linux's lifetime (a target QP dies with the last handle
   # of the process that made it): the first round fails, which is what the seeds set out to fix.

@@ -11,17 +11,18 @@
  * - when the last process of a node closes the domain, its target QPs are gone: a late sender
  *   gets IBV_WC_RETRY_EXC_ERR.
  *
- *   xrc_job [--devices D1,D2,...] [--procs P] [--rounds R] [--kill]
+ *   xrc_job [--devices D1,D2,...] [--procs P] [--rounds R] [--kill] [--cm]
  *
- * Default devices: every device libibverbs lists. The processes are forked; they exchange QP and
- * SRQ numbers out of band over TCP on 127.0.0.1 with the launcher (the analogue of an MPI
- * runtime's modex). Each round is an all-to-all exchange in which every message is checked
- * (sender, receiver, round, payload).
+ * Default devices: every device libibverbs lists. The processes are forked; they exchange SRQ
+ * numbers (and without --cm, QP numbers) out of band over TCP on 127.0.0.1 with the launcher (the
+ * analogue of an MPI runtime's modex). With --cm the send QPs connect to the target QPs through
+ * rdma_cm instead (RDMA_PS_IB, XRC: rdma_create_ep with IBV_QPT_XRC_SEND on one side, a listener
+ * making each XRC_RECV QP in the node's shared domain on the other; the target QPN travels in the
+ * REP). Each round is an all-to-all exchange in which every message is checked (sender,
+ * receiver, round, payload).
  *
  * Output: one final line "xrc_job: OK nodes M procs P rounds R messages N checked, ..." and exit
  * 0, or "xrc_job: FAILED <why>" and exit 1.
- *
- * Connection setup through rdma_cm (RDMA_PS_IB, XRC) is not written yet: --cm says so and fails.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -41,6 +42,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
 
 #define MAXN 8
 #define MAXP 8
@@ -69,7 +71,7 @@ struct report {
 	char why[160];
 };
 
-static int nodes, procs = 2, rounds = 4, kill_maker;
+static int nodes, procs = 2, rounds = 4, kill_maker, use_cm, cm_port;
 static char devname[MAXN][64];
 static char xrcd_path[MAXN][256];
 
@@ -119,6 +121,7 @@ struct proc {
 	char *buf; /* receive slots, then send slots */
 	int slots;
 	struct ibv_qp *ini[MAXN];
+	struct rdma_cm_id *ini_id[MAXN]; /* --cm */
 	struct report rep;
 	struct table t;
 };
@@ -146,13 +149,36 @@ static struct ibv_context *open_dev(const char *name)
 	return c;
 }
 
+/* With --cm: librdmacm's own context of the device (a QP an rdma_cm ID makes lives there, so
+ * the domain, SRQ and CQs it uses must too). */
+static struct ibv_context *cm_dev(const char *name)
+{
+	int n;
+	struct ibv_context **l = rdma_get_devices(&n), *c = NULL;
+	for (int i = 0; l && i < n; i++)
+		if (!strcmp(ibv_get_device_name(l[i]->device), name))
+			c = l[i];
+	if (l)
+		rdma_free_devices(l);
+	return c;
+}
+
+/* A node's IPv4 address from its GID (::ffff:a.b.c.d on RoCEv2). */
+static void gid_addr(const uint8_t *gid, struct sockaddr_in *a, int port)
+{
+	memset(a, 0, sizeof(*a));
+	a->sin_family = AF_INET;
+	a->sin_port = htons((uint16_t)port);
+	memcpy(&a->sin_addr, gid + 12, 4);
+}
+
 /* The device, the node's XRC domain (the shared file), PD and CQ. */
 static int open_node(struct proc *p)
 {
 	struct ibv_xrcd_init_attr xa = { .comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS,
 					  .oflags = O_CREAT };
 	union ibv_gid gid;
-	if (!(p->ctx = open_dev(devname[p->node]))) {
+	if (!(p->ctx = use_cm ? cm_dev(devname[p->node]) : open_dev(devname[p->node]))) {
 		why(p, "cannot open device %s", devname[p->node]);
 		return -1;
 	}
@@ -277,7 +303,7 @@ static int worker_setup(struct proc *p)
 			why(p, "ibv_post_srq_recv failed");
 			return -1;
 		}
-	for (int n = 0; n < nodes; n++) {
+	for (int n = 0; n < nodes && !use_cm; n++) {
 		if (n == p->node)
 			continue;
 		struct ibv_qp_init_attr_ex qa = { .qp_type = IBV_QPT_XRC_SEND, .send_cq = p->cq, .recv_cq = p->cq,
@@ -401,6 +427,75 @@ static int worker_late(struct proc *p)
 	return -1;
 }
 
+/* --cm: the send QP to node `n` through rdma_cm, as librdmacm's XRC support makes it
+ * (rdma_create_ep with IBV_QPT_XRC_SEND in RDMA_PS_IB; a synchronous ID). */
+static int cm_connect(struct proc *p, int n)
+{
+	struct sockaddr_in src, dst;
+	struct rdma_addrinfo hints = { .ai_port_space = RDMA_PS_IB, .ai_qp_type = IBV_QPT_XRC_SEND }, *res;
+	struct rdma_cm_id *id;
+	gid_addr(p->rep.gid, &src, 0);
+	gid_addr(p->t.gid[n], &dst, cm_port + n);
+	hints.ai_src_addr = (struct sockaddr *)&src;
+	hints.ai_src_len = sizeof(src);
+	hints.ai_dst_addr = (struct sockaddr *)&dst;
+	hints.ai_dst_len = sizeof(dst);
+	if (rdma_getaddrinfo(NULL, NULL, &hints, &res)) {
+		why(p, "rdma_getaddrinfo for node %d: %s", n, strerror(errno));
+		return -1;
+	}
+	struct ibv_qp_init_attr qa = { .send_cq = p->cq, .recv_cq = p->cq, .qp_type = IBV_QPT_XRC_SEND };
+	qa.cap.max_send_wr = (uint32_t)procs + 2;
+	qa.cap.max_send_sge = 1;
+	int rc = rdma_create_ep(&id, res, p->pd, &qa);
+	rdma_freeaddrinfo(res);
+	if (rc) {
+		why(p, "rdma_create_ep (XRC_SEND) for node %d: %s", n, strerror(errno));
+		return -1;
+	}
+	if (id->verbs != p->ctx) {
+		why(p, "rdma_cm chose another device for node %d", n);
+		return -1;
+	}
+	/* A short ACK timeout, as ini_connect's (the late sender gives up within ~70 ms). */
+	uint8_t t = 12;
+	rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof(t));
+	struct rdma_conn_param cp = { .retry_count = 3, .rnr_retry_count = 7 };
+	if (rdma_connect(id, &cp)) {
+		why(p, "rdma_connect to node %d: %s", n, strerror(errno));
+		return -1;
+	}
+	p->ini[n] = id->qp;
+	p->ini_id[n] = id;
+	return 0;
+}
+
+/* Leaves the job: every object destroyed, the XRC domain closed last. The device answers each
+ * call in order, so once the node's last ibv_close_xrcd has returned, its domain and target QPs
+ * are gone (a process that just exits leaves the same to the device's cleanup, which finishes a
+ * moment after the process is reaped). */
+static void worker_leave(struct proc *p)
+{
+	for (int n = 0; n < nodes; n++) {
+		if (p->ini_id[n])
+			rdma_destroy_ep(p->ini_id[n]);
+		else if (p->ini[n])
+			ibv_destroy_qp(p->ini[n]);
+	}
+	if (p->srq)
+		ibv_destroy_srq(p->srq);
+	if (p->cq)
+		ibv_destroy_cq(p->cq);
+	if (p->mr)
+		ibv_dereg_mr(p->mr);
+	if (p->pd)
+		ibv_dealloc_pd(p->pd);
+	if (p->xrcd && ibv_close_xrcd(p->xrcd))
+		fprintf(stderr, "xrc_job: process %d.%d: ibv_close_xrcd: %s\n", p->node, p->rank, strerror(errno));
+	if (!use_cm && p->ctx)
+		ibv_close_device(p->ctx);
+}
+
 static void worker(struct proc *p)
 {
 	int c;
@@ -416,7 +511,8 @@ static void worker(struct proc *p)
 			p->rep.ok = 1;
 			for (int n = 0; n < nodes && p->rep.ok; n++)
 				if (n != p->node)
-					p->rep.ok = ini_connect(p, p->ini[n], p->t.tgt[n][p->node][p->rank], p->t.gid[n]) == 0;
+					p->rep.ok = use_cm ? cm_connect(p, n) == 0 :
+							     ini_connect(p, p->ini[n], p->t.tgt[n][p->node][p->rank], p->t.gid[n]) == 0;
 			break;
 		case C_ROUND: {
 			int round;
@@ -429,10 +525,11 @@ static void worker(struct proc *p)
 			p->rep.ok = worker_late(p) == 0;
 			break;
 		case C_EXIT:
-		default:
-			/* Exit without tearing down: the device cleans up after a process, as the kernel's
-			 * uverbs does; the XRC domain closes with our last reference. */
+			worker_leave(p);
+			full_write(p->sock, &p->rep, sizeof(p->rep));
 			_exit(0);
+		default:
+			_exit(1);
 		}
 		full_write(p->sock, &p->rep, sizeof(p->rep));
 	}
@@ -440,15 +537,65 @@ static void worker(struct proc *p)
 }
 
 /* The node's target-QP maker: a target QP for every send QP of the other nodes' processes. */
+/* --cm: the node's listener (an XRC_RECV passive ID, as rdma_xserver -c x makes it: the kernel's
+ * rdma_cm takes an XRC REQ only on a listener of that QP type); each connection request gets an
+ * XRC_RECV QP in the node's shared domain and is accepted (the REP carries its number). Returns
+ * once every send QP of the other nodes is connected. */
+static int cm_serve(struct proc *p, struct rdma_cm_id *listen)
+{
+	for (int n = 0; n < (nodes - 1) * procs; n++) {
+		struct rdma_cm_id *id;
+		if (rdma_get_request(listen, &id)) {
+			why(p, "rdma_get_request: %s", strerror(errno));
+			return -1;
+		}
+		struct ibv_qp_init_attr_ex qa = { .qp_type = IBV_QPT_XRC_RECV, .comp_mask = IBV_QP_INIT_ATTR_XRCD,
+						  .xrcd = p->xrcd };
+		if (id->verbs != p->ctx || rdma_create_qp_ex(id, &qa)) {
+			why(p, "rdma_create_qp_ex (XRC_RECV): %s", strerror(errno));
+			return -1;
+		}
+		struct rdma_conn_param cp = { .retry_count = 3, .rnr_retry_count = 7 };
+		if (rdma_accept(id, &cp)) {
+			why(p, "rdma_accept: %s", strerror(errno));
+			return -1;
+		}
+	}
+	return 0;
+}
+
 static void maker(struct proc *p)
 {
 	int c;
+	struct rdma_cm_id *listen = NULL;
 	p->rep.node = p->node;
 	p->rep.rank = -1;
 	p->rep.ok = open_node(p) == 0;
+	if (p->rep.ok && use_cm) {
+		struct sockaddr_in a;
+		struct rdma_addrinfo hints = { .ai_flags = RAI_PASSIVE, .ai_port_space = RDMA_PS_IB,
+					       .ai_qp_type = IBV_QPT_XRC_RECV },
+				     *res = NULL;
+		gid_addr(p->rep.gid, &a, cm_port + p->node);
+		hints.ai_src_addr = (struct sockaddr *)&a;
+		hints.ai_src_len = sizeof(a);
+		if (rdma_getaddrinfo(NULL, NULL, &hints, &res) || rdma_create_ep(&listen, res, NULL, NULL) ||
+		    rdma_listen(listen, 64)) {
+			why(p, "rdma_cm listener on port %d: %s", cm_port + p->node, strerror(errno));
+			p->rep.ok = 0;
+		}
+		if (res)
+			rdma_freeaddrinfo(res);
+	}
 	full_write(p->sock, &p->rep, sizeof(p->rep));
 	if (full_read(p->sock, &c, sizeof(c)) || c != C_TABLE || full_read(p->sock, &p->t, sizeof(p->t)))
 		_exit(1);
+	if (use_cm) {
+		p->rep.ok = cm_serve(p, listen) == 0;
+		full_write(p->sock, &p->rep, sizeof(p->rep));
+		full_read(p->sock, &c, sizeof(c));
+		_exit(0);
+	}
 	p->rep.ok = 1;
 	for (int m = 0; m < nodes && p->rep.ok; m++) {
 		if (m == p->node)
@@ -539,8 +686,11 @@ static int failf(const char *fmt, ...)
 
 static void end(struct child *k, int how_kill)
 {
+	struct report r;
 	if (how_kill)
 		kill(k->pid, SIGKILL);
+	else if (k->rank >= 0)
+		ask(k, C_EXIT, NULL, 0, &r); /* a worker answers once it has left */
 	else
 		ask(k, C_EXIT, NULL, 0, NULL);
 	waitpid(k->pid, NULL, 0);
@@ -564,11 +714,9 @@ int main(int argc, char **argv)
 		case 'p': procs = atoi(optarg); break;
 		case 'r': rounds = atoi(optarg); break;
 		case 'k': kill_maker = 1; break;
-		case 'c':
-			printf("xrc_job: FAILED --cm (connecting through rdma_cm, RDMA_PS_IB XRC) is not written yet\n");
-			return 1;
+		case 'c': use_cm = 1; break;
 		default:
-			fprintf(stderr, "usage: xrc_job [--devices D1,D2,...] [--procs P] [--rounds R] [--kill]\n");
+			fprintf(stderr, "usage: xrc_job [--devices D1,D2,...] [--procs P] [--rounds R] [--kill] [--cm]\n");
 			return 2;
 		}
 	}
@@ -589,6 +737,7 @@ int main(int argc, char **argv)
 	for (int n = 0; n < nodes; n++)
 		snprintf(xrcd_path[n], sizeof(xrcd_path[0]), "/tmp/xrc_job-%d-%s.xrcd", (int)getpid(), devname[n]);
 
+	cm_port = 20000 + (int)(getpid() % 2000) * 8;
 	int lfd = socket(AF_INET, SOCK_STREAM, 0);
 	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
 	if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, sizeof(a)) || listen(lfd, 64))
@@ -614,29 +763,52 @@ int main(int argc, char **argv)
 				t.ini[k->node][k->rank][n] = r.ini[n];
 		}
 	}
-	/* The makers create and connect the target QPs, then go. */
-	for (int i = 0; i < nkids; i++) {
-		struct child *k = &kids[i];
-		if (k->rank >= 0)
-			continue;
-		if (ask(k, C_TABLE, &t, sizeof(t), &r) || !r.ok)
-			return failf("node %d's target QPs: %s", k->node, r.why);
-		for (int m = 0; m < nodes; m++)
-			for (int p = 0; p < procs; p++)
-				t.tgt[k->node][m][p] = r.tgt[m][p];
-	}
-	for (int i = 0; i < nkids; i++)
-		if (kids[i].rank < 0)
-			end(&kids[i], kill_maker);
-	printf("xrc_job: every node's target QPs made by one process, which then %s\n",
-	       kill_maker ? "was killed (SIGKILL)" : "exited");
-	/* The workers connect their send QPs to target QPs whose maker is gone. */
-	for (int i = 0; i < nkids; i++) {
-		struct child *k = &kids[i];
-		if (k->gone)
-			continue;
-		if (ask(k, C_TABLE, &t, sizeof(t), &r) || !r.ok)
-			return failf("process %d.%d connecting: %s", k->node, k->rank, r.why);
+	if (use_cm) {
+		/* The makers listen and make a target QP for each connection request; the workers
+		 * connect through rdma_cm; then the makers go. */
+		for (int i = 0; i < nkids; i++)
+			if (kids[i].rank < 0 && ask(&kids[i], C_TABLE, &t, sizeof(t), NULL))
+				return failf("node %d's maker is gone", kids[i].node);
+		for (int i = 0; i < nkids; i++) {
+			struct child *k = &kids[i];
+			if (k->rank >= 0 && (ask(k, C_TABLE, &t, sizeof(t), &r) || !r.ok))
+				return failf("process %d.%d connecting through rdma_cm: %s", k->node, k->rank, r.why);
+		}
+		for (int i = 0; i < nkids; i++) {
+			struct child *k = &kids[i];
+			if (k->rank < 0 && (full_read(k->fd, &r, sizeof(r)) || !r.ok))
+				return failf("node %d's rdma_cm target QPs: %s", k->node, r.why);
+		}
+		for (int i = 0; i < nkids; i++)
+			if (kids[i].rank < 0)
+				end(&kids[i], kill_maker);
+		printf("xrc_job: every node's target QPs made through rdma_cm by one process, which then %s\n",
+		       kill_maker ? "was killed (SIGKILL)" : "exited");
+	} else {
+		/* The makers create and connect the target QPs, then go. */
+		for (int i = 0; i < nkids; i++) {
+			struct child *k = &kids[i];
+			if (k->rank >= 0)
+				continue;
+			if (ask(k, C_TABLE, &t, sizeof(t), &r) || !r.ok)
+				return failf("node %d's target QPs: %s", k->node, r.why);
+			for (int m = 0; m < nodes; m++)
+				for (int p = 0; p < procs; p++)
+					t.tgt[k->node][m][p] = r.tgt[m][p];
+		}
+		for (int i = 0; i < nkids; i++)
+			if (kids[i].rank < 0)
+				end(&kids[i], kill_maker);
+		printf("xrc_job: every node's target QPs made by one process, which then %s\n",
+		       kill_maker ? "was killed (SIGKILL)" : "exited");
+		/* The workers connect their send QPs to target QPs whose maker is gone. */
+		for (int i = 0; i < nkids; i++) {
+			struct child *k = &kids[i];
+			if (k->gone)
+				continue;
+			if (ask(k, C_TABLE, &t, sizeof(t), &r) || !r.ok)
+				return failf("process %d.%d connecting: %s", k->node, k->rank, r.why);
+		}
 	}
 	uint64_t checked = 0;
 	struct timespec t0, t1;
@@ -686,8 +858,8 @@ int main(int argc, char **argv)
 	long xrc_send = (long)nodes * procs * (nodes - 1), xrc_recv = xrc_send;
 	long rc = (long)nodes * procs * (nodes - 1) * procs;
 	printf("xrc_job: OK nodes %d procs %d rounds %d messages %" PRIu64 " checked in %.3f s; QPs: %ld XRC send + %ld "
-	       "XRC target, RC would need %ld connections (%ld QPs); maker %s; late sender %s\n",
-	       nodes, procs, rounds, checked, dt, xrc_send, xrc_recv, rc / 2, rc,
+	       "XRC target, RC would need %ld connections (%ld QPs); setup %s; maker %s; late sender %s\n",
+	       nodes, procs, rounds, checked, dt, xrc_send, xrc_recv, rc / 2, rc, use_cm ? "rdma_cm" : "out of band",
 	       kill_maker ? "killed" : "exited", ibv_wc_status_str(IBV_WC_RETRY_EXC_ERR));
 	return 0;
 }
