@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 
+use crate::bench_parse::{parse_cmtime, parse_fi, parse_lnet_bulk, parse_perftest, parse_ucx, parse_udpbench, Perf};
 use crate::bench_scale;
 
 #[derive(clap::Args)]
@@ -165,60 +166,6 @@ impl Drop for Devices {
     }
 }
 
-/// One perftest result row.
-#[derive(Clone, Copy, Debug, Default)]
-struct Perf {
-    /// Bandwidth tests: average MiB/s and million messages/s.
-    mib_s: f64,
-    mpps: f64,
-    /// Latency tests (perftest's one-way figures): typical (median) and 99th percentile, us.
-    lat_p50: f64,
-    lat_p99: f64,
-}
-
-/// Parses the row under perftest's "#bytes" header.
-fn parse_perftest(out: &str, lat: bool) -> Option<Perf> {
-    let mut rows = out.lines().skip_while(|l| !l.contains("#bytes")).skip(1);
-    let row = rows.find(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))?;
-    let f: Vec<f64> = row.split_whitespace().filter_map(|x| x.parse().ok()).collect();
-    if lat {
-        // bytes iters t_min t_max t_typical t_avg t_stdev p99 p99.9
-        (f.len() >= 8).then(|| Perf { lat_p50: f[4], lat_p99: f[7], ..Perf::default() })
-    } else {
-        // bytes iters peak avg msgrate
-        (f.len() >= 5).then(|| Perf { mib_s: f[3], mpps: f[4], ..Perf::default() })
-    }
-}
-
-/// `KEY=VALUE` fields of udpbench's RESULT line.
-fn parse_udpbench(out: &str) -> Option<BTreeMap<String, f64>> {
-    let line = out.lines().find(|l| l.starts_with("RESULT "))?;
-    Some(
-        line.split_whitespace()
-            .filter_map(|kv| kv.split_once('='))
-            .filter_map(|(k, v)| v.parse().ok().map(|v| (k.to_owned(), v)))
-            .collect(),
-    )
-}
-
-/// ucx_perftest's final row (-f): iterations, p50, avg, overall (us), MiB/s avg, overall, msg/s
-/// avg, overall.
-fn parse_ucx(out: &str) -> Option<Vec<f64>> {
-    out.lines()
-        .rev()
-        .map(|l| l.split_whitespace().filter_map(|x| x.parse::<f64>().ok()).collect::<Vec<_>>())
-        .find(|f| f.len() == 8 && !out.is_empty())
-}
-
-/// fi_pingpong's result row: bytes, #sent, #ack, total, time, MB/s (10^6), us/xfer (one way),
-/// Mxfers/s.
-fn parse_fi(out: &str) -> Option<(f64, f64)> {
-    let row = out.lines().skip_while(|l| !l.starts_with("bytes")).nth(1)?;
-    let f: Vec<&str> = row.split_whitespace().collect();
-    Some((f.get(5)?.parse().ok()?, f.get(6)?.parse().ok()?))
-}
-
-/// lnet_bulk's final line: `lnet_bulk: OK client ... MB/s X transfers/s Y ...` -> (X, Y).
 /// The devices' retransmitted packets, summed (`softrdma stat --json`), or None.
 fn retransmitted(exe: &Path, devs: &[&str]) -> Option<u64> {
     let mut n = 0;
@@ -228,31 +175,6 @@ fn retransmitted(exe: &Path, devs: &[&str]) -> Option<u64> {
         n += v["retransmitted_pkts"].as_u64()?;
     }
     Some(n)
-}
-
-fn parse_lnet_bulk(out: &str) -> Option<(f64, f64)> {
-    let line = out.lines().find(|l| l.starts_with("lnet_bulk: OK client"))?;
-    let w: Vec<&str> = line.split_whitespace().collect();
-    let after = |k: &str| w.iter().position(|x| *x == k).and_then(|i| w.get(i + 1)).and_then(|v| v.parse().ok());
-    Some((after("MB/s")?, after("transfers/s")?))
-}
-
-/// cmtime's table: `step : total ms  max ms  min us  us / conn` per step; the per-connection
-/// figure under the step's name, and the connect step's total as `connect_total_ms`.
-fn parse_cmtime(out: &str) -> Option<BTreeMap<String, f64>> {
-    let mut m = BTreeMap::new();
-    for line in out.lines() {
-        let Some((name, rest)) = line.split_once(':') else { continue };
-        let v: Vec<f64> = rest.split_whitespace().filter_map(|x| x.parse().ok()).collect();
-        if v.len() == 4 {
-            let name = name.trim().to_owned();
-            if name == "connect" {
-                m.insert("connect_total_ms".into(), v[0]);
-            }
-            m.insert(name, v[3]);
-        }
-    }
-    m.contains_key("connect").then_some(m)
 }
 
 fn which(prog: &str) -> bool {
@@ -951,49 +873,6 @@ fn write_section(file: &Path, md: &str) -> Result<()> {
 #[cfg(test)]
 mod test {
     use super::*;
-
-    #[test]
-    fn perftest_rows_parse() {
-        let bw = " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n 65536      1000             364.47             333.75 \t\t   0.005340\n";
-        let p = parse_perftest(bw, false).unwrap();
-        assert_eq!((p.mib_s, p.mpps), (333.75, 0.005340));
-        let lat = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] \n 2       1000          57.54          652.79       90.63    \t       87.82       \t21.76  \t\t137.46  \t\t652.79 \n";
-        let p = parse_perftest(lat, true).unwrap();
-        assert_eq!((p.lat_p50, p.lat_p99), (90.63, 137.46));
-        assert!(parse_perftest("Couldn't connect to 127.0.0.1:18515\n", false).is_none());
-    }
-
-    #[test]
-    fn lnet_bulk_line_parses() {
-        let out = "lnet_bulk: peer 0: 4 puts 4 gets 8388608 bytes depth 8\n\
-                   lnet_bulk: OK client peers 8 transfers 64 bytes 67108864 MB/s 157.0 transfers/s 149.7 depth 63 verified\n";
-        assert_eq!(parse_lnet_bulk(out), Some((157.0, 149.7)));
-        assert_eq!(parse_lnet_bulk("lnet_bulk: FAILED client: 3 of 64 transfers\n"), None);
-    }
-
-    #[test]
-    fn cmtime_rows_parse() {
-        let out = "step              total ms     max ms     min us  us / conn\n\
-                   create id    :        1.09       0.09       0.00       1.09\n\
-                   resolve addr :       57.48       0.20      32.00      57.48\n\
-                   connect      :      503.88     400.56    4080.00     503.88\n";
-        let m = parse_cmtime(out).unwrap();
-        assert_eq!(
-            (m["create id"], m["resolve addr"], m["connect"], m["connect_total_ms"]),
-            (1.09, 57.48, 503.88, 503.88)
-        );
-        assert!(parse_cmtime("step : total\nrdma_create_id: No such device\n").is_none());
-    }
-
-    #[test]
-    fn peer_rows_parse() {
-        let u = "|     Test     | # iterations | 50.0%ile | average | overall |  average |  overall |  average  |  overall  |\n+----+\n                      100000      4.222     4.620     4.620       13.21      13.21      216472      216472\n";
-        assert_eq!(parse_ucx(u).unwrap()[6], 216472.0);
-        let f = "bytes   #sent   #ack     total       time     MB/sec    usec/xfer   Mxfers/sec\n2       10k     =10k     39k         0.13s      0.31       6.52       0.15\n";
-        assert_eq!(parse_fi(f), Some((0.31, 6.52)));
-        let r = parse_udpbench("x\nRESULT lat mode=busy rtt_p50_ns=5629 oneway_p50_ns=2814\n").unwrap();
-        assert_eq!(r["oneway_p50_ns"], 2814.0);
-    }
 
     #[test]
     fn the_section_is_replaced_not_repeated() {

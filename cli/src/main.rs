@@ -24,6 +24,7 @@
 //! subcommands.
 
 mod bench;
+mod bench_parse;
 mod bench_scale;
 mod demo;
 mod device_cmd;

@@ -292,6 +292,15 @@ pub(crate) fn device_removed(cma: &super::Cma, dev: &Arc<CmDev>) {
     }
 }
 
+/// The ID listens on `dev`: a device ID with the bound address, listening with `backlog`.
+fn listen_on(id: &Id, st: &mut IdState, dev: &Arc<CmDev>, bound: SocketAddr, backlog: u32) -> Result<(), Errno> {
+    let p = place(id, st, dev)?;
+    cm_call(dev, &Request::CmSetAddrs { id: p.id, local: Some(bound), remote: None, tos: st.tos }, &[])
+        .or_else(|e| if e.0 == libc::EINVAL { Ok(Response::Ok) } else { Err(e) })?;
+    cm_call(dev, &Request::CmListen { id: p.id, backlog }, &[])?;
+    Ok(())
+}
+
 /// A device started after the program's first rdma_cm call: every wildcard listener listens on it
 /// too, as the kernel's cma_add_one has each listener bound to a wildcard address listen on a new
 /// ib_device (cma_listen_on_dev).
@@ -306,12 +315,7 @@ pub(crate) fn device_added(cma: &super::Cma, dev: &Arc<CmDev>) {
             continue;
         }
         let backlog = st.backlog;
-        let r = place(id, &mut st, dev).and_then(|pl| {
-            let set = Request::CmSetAddrs { id: pl.id, local: Some(bound), remote: None, tos: st.tos };
-            cm_call(dev, &set, &[]).or_else(|e| if e.0 == libc::EINVAL { Ok(Response::Ok) } else { Err(e) })?;
-            cm_call(dev, &Request::CmListen { id: pl.id, backlog }, &[])
-        });
-        if let Err(e) = r {
+        if let Err(e) = listen_on(id, &mut st, dev, bound, backlog) {
             // The kernel logs and goes on when a listen on a new device fails.
             eprintln!("softrdma: rdma_cm: listening on new device {} failed: errno {}", dev.name, e.0);
         }
@@ -909,10 +913,7 @@ pub unsafe extern "C" fn rdma_listen(id: *mut c::rdma_cm_id, backlog: c_int) -> 
         };
         let b = backlog.max(0) as u32;
         for d in &devs {
-            let p = place(i, &mut st, d)?;
-            cm_call(d, &Request::CmSetAddrs { id: p.id, local: Some(bound), remote: None, tos: st.tos }, &[])
-                .or_else(|e| if e.0 == libc::EINVAL { Ok(Response::Ok) } else { Err(e) })?;
-            cm_call(d, &Request::CmListen { id: p.id, backlog: b }, &[])?;
+            listen_on(i, &mut st, d, bound, b)?;
         }
         st.listening = true;
         st.backlog = b;
