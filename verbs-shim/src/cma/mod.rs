@@ -182,8 +182,7 @@ fn watch(cma: &'static Cma) {
         }
         let mut look = notify.is_none();
         if let Some(w) = &notify {
-            if fds[alive.len()].revents != 0 {
-                w.drain();
+            if fds[alive.len()].revents != 0 && w.drain() {
                 look_until = Some(std::time::Instant::now() + NEW_DEVICE_GRACE);
             }
         }
@@ -220,11 +219,36 @@ impl DirWatch {
         (w >= 0).then_some(DirWatch { fd })
     }
 
-    fn drain(&self) {
+    /// Reads every pending event; whether one names a device socket (`NAME.sock`): other files
+    /// of the runtime dir (port locks, logs) are no reason to look.
+    fn drain(&self) -> bool {
         let mut buf = [0u8; 4096];
-        // SAFETY: reads into our buffer from our non-blocking descriptor.
-        while unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
+        let mut sock = false;
+        loop {
+            // SAFETY: reads into our buffer from our non-blocking descriptor.
+            let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 {
+                return sock;
+            }
+            sock |= names_a_socket(&buf[..n as usize]);
+        }
     }
+}
+
+/// Whether a buffer of `struct inotify_event`s (wd, mask, cookie, len, then `len` bytes of
+/// NUL-padded name) names a file ending in `.sock`.
+fn names_a_socket(mut b: &[u8]) -> bool {
+    const HEADER: usize = 16;
+    while b.len() >= HEADER {
+        let len = u32::from_ne_bytes([b[12], b[13], b[14], b[15]]) as usize;
+        let Some(name) = b.get(HEADER..HEADER + len) else { return false };
+        let name = name.split(|c| *c == 0).next().unwrap_or_default();
+        if name.ends_with(b".sock") {
+            return true;
+        }
+        b = &b[HEADER + len..];
+    }
+    false
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -483,5 +507,31 @@ pub(crate) fn sockaddr_to(a: SocketAddr, out: *mut u8) {
                 (*s).sin6_addr.s6_addr = v6.ip().octets();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names_a_socket;
+
+    fn event(name: &str, pad: usize) -> Vec<u8> {
+        let len = (name.len() + pad) as u32;
+        let mut e = vec![0u8; 12];
+        e.extend_from_slice(&len.to_ne_bytes());
+        e.extend_from_slice(name.as_bytes());
+        e.extend(std::iter::repeat_n(0u8, pad));
+        e
+    }
+
+    #[test]
+    fn only_device_sockets_count() {
+        assert!(names_a_socket(&event("srdma3.sock", 5)));
+        assert!(!names_a_socket(&event("cm-ports", 8)));
+        let mut two = event("srdma3.log", 6);
+        two.extend(event("srdma3.sock", 5));
+        assert!(names_a_socket(&two));
+        // A truncated record is no socket (and no panic).
+        assert!(!names_a_socket(&event("srdma3.sock", 5)[..20]));
+        assert!(!names_a_socket(&[]));
     }
 }
