@@ -200,6 +200,19 @@ impl Pair {
 
     /// A whole RC connection: (active ID, passive ID, listener).
     fn connected(&mut self) -> (IdHandle, IdHandle, IdHandle) {
+        let (a, b, l) = self.replied();
+        let now = self.now;
+        self.a.establish(now, a).unwrap();
+        self.drive();
+        assert_eq!(self.event(Side::B).kind, CmEventKind::Established);
+        assert_eq!(self.a.state(a), Some(IdState::Established));
+        assert_eq!(self.b.state(b), Some(IdState::Established));
+        (a, b, l)
+    }
+
+    /// An RC connection up to the active side's CONNECT_RESPONSE (REQ and REP delivered, no RTU
+    /// yet): (active ID, passive ID, listener).
+    fn replied(&mut self) -> (IdHandle, IdHandle, IdHandle) {
         let l = self.listen(PS_TCP, QpType::Rc, 0);
         let a = self.dial(PS_TCP, QpType::Rc, SPORT, req_param(0x100, b"hello"));
         self.drive();
@@ -209,11 +222,6 @@ impl Pair {
         self.b.accept(now, req.id, rep_param(0x200)).unwrap();
         self.drive();
         assert_eq!(self.event(Side::A).kind, CmEventKind::ConnectResponse);
-        self.a.establish(now, a).unwrap();
-        self.drive();
-        assert_eq!(self.event(Side::B).kind, CmEventKind::Established);
-        assert_eq!(self.a.state(a), Some(IdState::Established));
-        assert_eq!(self.b.state(req.id), Some(IdState::Established));
         (a, req.id, l)
     }
 
@@ -531,13 +539,7 @@ fn lost_rep_is_resent() {
 #[test]
 fn lost_rtu_is_recovered_through_a_duplicate_rep() {
     let mut p = Pair::new();
-    p.listen(PS_TCP, QpType::Rc, 0);
-    let a = p.dial(PS_TCP, QpType::Rc, SPORT, req_param(0x100, b"hello"));
-    p.drive();
-    let b = p.event(Side::B).id;
-    p.b.accept(p.now, b, rep_param(0x200)).unwrap();
-    p.drive();
-    assert_eq!(p.event(Side::A).kind, CmEventKind::ConnectResponse);
+    let (a, b, _) = p.replied();
     p.a.establish(p.now, a).unwrap();
     let mut rtus = 0;
     let mut lose_first_rtu = |s: &Sent| {
@@ -618,13 +620,7 @@ fn duplicate_req_gets_mra_and_holds_the_req_timer() {
 #[test]
 fn rep_resent_while_the_consumer_decides_gets_mra() {
     let mut p = Pair::new();
-    p.listen(PS_TCP, QpType::Rc, 0);
-    let a = p.dial(PS_TCP, QpType::Rc, SPORT, req_param(0x100, b"hello"));
-    p.drive();
-    let b = p.event(Side::B).id;
-    p.b.accept(p.now, b, rep_param(0x200)).unwrap();
-    p.drive();
-    assert_eq!(p.event(Side::A).kind, CmEventKind::ConnectResponse);
+    let (a, _, _) = p.replied();
     assert_eq!(p.a.state(a), Some(IdState::RepRcvd));
     // The active consumer is slow: the REP is resent once its timer runs out.
     p.advance(REP_TIMEOUT);
