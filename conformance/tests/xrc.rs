@@ -266,6 +266,53 @@ fn upstream_policy_destroys_the_tgt_qp_when_its_last_handle_closes_on_exit() {
     assert!(p.b.query_qp(t.tgt).is_err(), "upstream: gone with its last handle");
 }
 
+/// OFED 1.4/1.5 `ibv_create_xrc_rcv_qp` / `ibv_reg_xrc_rcv_qp` / `ibv_unreg_xrc_rcv_qp`: the
+/// receive QP lives while any registered process does ("persists until the last process
+/// registered for the QP calls ibv_unreg_xrc_rcv_qp"), whatever the device's policy.
+#[test]
+fn registered_rcv_qp_goes_with_its_last_registration() {
+    let mut p = Pair::new(12);
+    let t = target(&mut p.b, 42, 1);
+    let (q, h1) = p.b.create_xrc_tgt_qp_with(OWNER, t.xrcd, Some(XrcPolicy::DestroyOnLastClose)).unwrap();
+    let x2 = p.b.open_xrcd(2, Some(42), false, false).unwrap();
+    let h2 = p.b.open_qp(2, x2, q).unwrap();
+    let x3 = p.b.open_xrcd(3, Some(42), false, false).unwrap();
+    let h3 = p.b.open_qp(3, x3, q).unwrap();
+    // The creator unregisters, process 2 exits: process 3 still holds it.
+    p.b.release_qp_handle(q, h1).unwrap();
+    p.b.release_owner(2);
+    assert!(p.b.query_qp(q).is_ok(), "registered by process 3");
+    assert_eq!(p.b.release_qp_handle(q, h2), Err(VerbsError::Inval), "process 2's registration went with it");
+    p.b.release_qp_handle(q, h3).unwrap();
+    assert!(p.b.query_qp(q).is_err(), "the last registration went: so did the QP");
+    // The domain itself is still open (processes 1 and 3).
+    assert!(p.b.open_qp(3, x3, t.tgt).is_ok());
+}
+
+/// The seed's `ibv_alloc_xrc_rcv_qp`: the device owns the receive QP (no handle, no user
+/// object); it persists until the XRC domain's reference count reaches zero, even on a device
+/// whose policy for ordinary target QPs is upstream's last-close.
+#[test]
+fn allocated_rcv_qp_lives_until_the_domain_goes() {
+    let mut p = Pair::new(13);
+    p.b.set_xrc_policy(XrcPolicy::DestroyOnLastClose);
+    let t = target(&mut p.b, 42, 1);
+    let ini = initiator(&mut p.a);
+    let (q, h) = p.b.create_xrc_tgt_qp_with(OWNER, t.xrcd, Some(XrcPolicy::LiveWithDomain)).unwrap();
+    let t = Target { tgt: q, handle: h, ..t };
+    connect(&mut p, &ini, &t, 20);
+    p.b.release_qp_handle(q, h).unwrap();
+    assert!(p.b.is_unowned_tgt_qp(q));
+    assert!(one_send(&mut p, &t, &ini, 1), "alive with no handle");
+    // Another process opens the domain; the allocator exits; traffic still flows.
+    let _x2 = p.b.open_xrcd(2, Some(42), false, false).unwrap();
+    p.b.release_owner(OWNER);
+    assert!(p.b.query_qp(q).is_ok(), "the domain is still referenced by process 2");
+    assert!(one_send(&mut p, &t, &ini, 2), "alive after its allocator went");
+    p.b.release_owner(2);
+    assert!(p.b.query_qp(q).is_err(), "the domain's last reference went: so did the QP");
+}
+
 #[test]
 fn open_qp_in_another_domain_is_refused() {
     let mut p = Pair::new(11);

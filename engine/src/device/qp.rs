@@ -182,6 +182,9 @@ pub(crate) struct Qp {
     pub(crate) xrcd: Option<super::XrcdId>,
     /// XRC target QPs: the open handles and their owners (`ibv_open_qp`).
     pub(crate) handles: Vec<(u32, crate::memory::Owner)>,
+    /// XRC target QPs made with their own lifetime rule (OFED's XRC verbs), which then holds
+    /// whatever the device's policy is; `None` follows the device.
+    pub(crate) tgt_lifetime: Option<super::XrcPolicy>,
     /// UD/UC: the message being dropped after a gap (UC), the multicast groups (later).
     pub(crate) drop_msg: bool,
     pub(crate) attr: QpAttr,
@@ -244,6 +247,7 @@ impl Qp {
             srq: init.srq,
             xrcd: None,
             handles: Vec::new(),
+            tgt_lifetime: None,
             drop_msg: false,
             attr: QpAttr::default(),
             sq: VecDeque::new(),

@@ -218,6 +218,19 @@ impl<M: Memory> Device<M> {
     /// Creates an XRC target QP in a domain (`ibv_create_qp_ex` with IBV_QPT_XRC_RECV); returns
     /// the QPN and the creator's handle.
     pub fn create_xrc_tgt_qp(&mut self, owner: Owner, xrcd: XrcdId) -> Result<(Qpn, u32), VerbsError> {
+        self.create_xrc_tgt_qp_with(owner, xrcd, None)
+    }
+
+    /// Creates an XRC target QP with its own lifetime rule instead of the device's: OFED's
+    /// `ibv_create_xrc_rcv_qp` (the QP goes when its last registered process unregisters or
+    /// exits: [`XrcPolicy::DestroyOnLastClose`]) and the seed's `ibv_alloc_xrc_rcv_qp` (the QP
+    /// belongs to the domain and goes only with it: [`XrcPolicy::LiveWithDomain`]).
+    pub fn create_xrc_tgt_qp_with(
+        &mut self,
+        owner: Owner,
+        xrcd: XrcdId,
+        lifetime: Option<XrcPolicy>,
+    ) -> Result<(Qpn, u32), VerbsError> {
         if !self.xrcds.get(&xrcd).is_some_and(|d| d.refs.contains(&owner)) {
             return Err(VerbsError::Inval);
         }
@@ -236,6 +249,7 @@ impl<M: Memory> Device<M> {
         qp.send_cq = None;
         qp.recv_cq = None;
         qp.xrcd = Some(xrcd);
+        qp.tgt_lifetime = lifetime;
         let h = self.next_id();
         qp.handles.push((h, owner));
         self.qps.insert(qpn, qp);
@@ -268,6 +282,26 @@ impl<M: Memory> Device<M> {
         Ok(())
     }
 
+    /// Lets go of a target QP handle the way a process going away does (`ibv_unreg_xrc_rcv_qp`;
+    /// the creating handle of `ibv_alloc_xrc_rcv_qp`): the QP stays unless its lifetime rule
+    /// (its own, else the device's) destroys it with its last handle.
+    pub fn release_qp_handle(&mut self, qpn: Qpn, handle: u32) -> Result<(), VerbsError> {
+        let policy = self.xrc_policy;
+        let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::Inval)?;
+        let i = qp.handles.iter().position(|(h, _)| *h == handle).ok_or(VerbsError::Inval)?;
+        qp.handles.remove(i);
+        if qp.handles.is_empty() && qp.tgt_lifetime.unwrap_or(policy) == XrcPolicy::DestroyOnLastClose {
+            self.qps.remove(&qpn);
+        }
+        Ok(())
+    }
+
+    /// Whether `qpn` is an XRC target QP that no process holds a handle on (one the
+    /// device owns: its async events have nobody to go to).
+    pub fn is_unowned_tgt_qp(&self, qpn: Qpn) -> bool {
+        self.qps.get(&qpn).is_some_and(|q| q.xrcd.is_some() && q.handles.is_empty())
+    }
+
     /// The open handles of a target QP and their owners.
     pub fn qp_handles(&self, qpn: Qpn) -> Vec<(u32, Owner)> {
         self.qps.get(&qpn).map(|q| q.handles.clone()).unwrap_or_default()
@@ -282,7 +316,7 @@ impl<M: Memory> Device<M> {
         for qp in self.qps.values_mut() {
             let before = qp.handles.len();
             qp.handles.retain(|(_, o)| *o != owner);
-            if before > 0 && qp.handles.is_empty() && policy == XrcPolicy::DestroyOnLastClose {
+            if before > 0 && qp.handles.is_empty() && qp.tgt_lifetime.unwrap_or(policy) == XrcPolicy::DestroyOnLastClose {
                 gone.push(qp.qpn);
             }
         }
