@@ -998,18 +998,18 @@ impl State {
     fn route_events(&mut self) {
         while let Some(e) = self.dev.poll_event() {
             let owner = match e {
-                AsyncEvent::CommEst(q)
-                | AsyncEvent::SqDrained(q)
-                | AsyncEvent::QpFatal(q)
-                | AsyncEvent::QpReqErr(q)
-                | AsyncEvent::QpAccessErr(q)
-                | AsyncEvent::LastWqeReached(q) => self.owner_of(|o| o.qps.contains(&q)),
                 AsyncEvent::CqErr(c) => self.owner_of(|o| o.cqs.contains(&c)),
                 AsyncEvent::SrqLimitReached(s) => self.owner_of(|o| o.srqs.contains(&s)),
+                _ => event_qp(e).and_then(|q| self.owner_of(|o| o.qps.contains(&q))),
             };
             if let Some(c) = owner.and_then(|o| self.clients.get_mut(&o)) {
                 c.events.push_back(ClientEvent { event: e, handle: None });
                 let _ = c.event_fd.write(1);
+            } else if let Some(q) = event_qp(e).filter(|q| self.dev.is_unowned_tgt_qp(*q)) {
+                // A receive QP the device owns (the seed's ibv_alloc_xrc_rcv_qp): nobody to
+                // deliver to, so its events go to the device's log, as the kernel's went to
+                // /var/log/messages.
+                tracing::warn!(qpn = q.value(), event = ?e, "async event of a device-owned XRC receive QP");
             }
         }
         while let Some(h) = self.dev.poll_handle_event() {
@@ -1422,6 +1422,22 @@ impl State {
                 self.objs(o).handles.insert((qpn, h));
                 ok(R::QpHandle(qpn, h))
             }
+            Request::CreateXrcRcvQp { xrcd, lifetime } => {
+                if !self.objs(o).xrcds.contains(&xrcd) {
+                    return Err(VerbsError::Inval);
+                }
+                let (qpn, h) = self.dev.create_xrc_tgt_qp_with(o, xrcd, Some(lifetime))?;
+                self.objs(o).handles.insert((qpn, h));
+                ok(R::QpHandle(qpn, h))
+            }
+            Request::ReleaseQpHandle { qpn, handle } => {
+                if !self.objs(o).handles.contains(&(qpn, handle)) {
+                    return Err(VerbsError::Inval);
+                }
+                self.dev.release_qp_handle(qpn, handle)?;
+                self.objs(o).handles.remove(&(qpn, handle));
+                ok(R::Ok)
+            }
             Request::OpenQp { xrcd, qpn } => {
                 if !self.objs(o).xrcds.contains(&xrcd) {
                     return Err(VerbsError::Inval);
@@ -1658,6 +1674,19 @@ impl State {
     }
 }
 
+/// The QP an affiliated async event names.
+fn event_qp(e: AsyncEvent) -> Option<softrdma_engine::wire::Qpn> {
+    match e {
+        AsyncEvent::CommEst(q)
+        | AsyncEvent::SqDrained(q)
+        | AsyncEvent::QpFatal(q)
+        | AsyncEvent::QpReqErr(q)
+        | AsyncEvent::QpAccessErr(q)
+        | AsyncEvent::LastWqeReached(q) => Some(q),
+        AsyncEvent::CqErr(_) | AsyncEvent::SrqLimitReached(_) => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1699,3 +1728,4 @@ mod tests {
         assert!(matches!(call(&h, bad.owner, Request::AllocPd), Response::Err(VerbsError::Inval)));
     }
 }
+

@@ -13,7 +13,9 @@ use std::os::unix::net::UnixStream;
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
 use serde::{Deserialize, Serialize};
 use softrdma_engine::cm::{CmCounters, ConnParam, IdInfo, InitQpAttr};
-use softrdma_engine::device::{AsyncEvent, Counters, CqId, Limits, MrKeys, PdId, QpAttr, QpInit, SrqAttr, XrcdId};
+use softrdma_engine::device::{
+    AsyncEvent, Counters, CqId, Limits, MrKeys, PdId, QpAttr, QpInit, SrqAttr, XrcPolicy, XrcdId,
+};
 use softrdma_engine::verbs::{Access, AttrMask, Mtu, QpState, QpType, VerbsError};
 use softrdma_engine::wire::Qpn;
 use softrdma_engine::wr::{RecvWr, SendWr, WorkCompletion};
@@ -21,7 +23,7 @@ use softrdma_engine::wr::{RecvWr, SendWr, WorkCompletion};
 pub use crate::arena::RingDesc;
 
 /// The protocol version; `Hello` with another one is refused.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 
 /// A request of the device to a client's memory helper (the fallback of design D3 where the
 /// kernel refuses cross-process access: the client serves its own memory on a socket pair).
@@ -351,6 +353,22 @@ pub enum Request {
     GetAsyncEvent,
     /// Counters (`softrdma stat`).
     Stats,
+    /// OFED's XRC receive QPs: a target QP with its own lifetime rule (`ibv_create_xrc_rcv_qp`:
+    /// the registrations'; `ibv_alloc_xrc_rcv_qp`: the domain's).
+    CreateXrcRcvQp {
+        /// Domain.
+        xrcd: XrcdId,
+        /// The lifetime rule.
+        lifetime: XrcPolicy,
+    },
+    /// Lets go of a target QP handle as an exiting process does (`ibv_unreg_xrc_rcv_qp`; the
+    /// creating handle of `ibv_alloc_xrc_rcv_qp`), so the QP's lifetime rule decides.
+    ReleaseQpHandle {
+        /// The QP.
+        qpn: Qpn,
+        /// The handle.
+        handle: u32,
+    },
 }
 
 /// A send queue ring entry: the work request and, for IBV_SEND_INLINE, its data, copied by the

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use serde::{Deserialize, Serialize};
-pub use softrdma_engine::device::{CqId, MrKeys, PdId, QpAttr, QpCaps, QpInit, SrqAttr, XrcdId};
+pub use softrdma_engine::device::{CqId, MrKeys, PdId, QpAttr, QpCaps, QpInit, SrqAttr, XrcPolicy, XrcdId};
 pub use softrdma_engine::verbs::{Access, AttrMask, Mtu, QpState, QpType, VerbsError, WcOpcode, WcStatus};
 pub use softrdma_engine::wire::Qpn;
 pub use softrdma_engine::wr::{RecvWr, SendOp, SendWr, Sge, UdDest, WorkCompletion};
@@ -1117,6 +1117,23 @@ impl QueuePair {
         })
     }
 
+    /// Lets go of an XRC target QP handle the way an exiting process does
+    /// (`ibv_unreg_xrc_rcv_qp`): the QP stays unless its lifetime rule ends it with its last
+    /// handle. Not for other QPs (EINVAL).
+    #[allow(clippy::result_large_err)]
+    pub fn release(self) -> std::result::Result<(), (Self, Error)> {
+        let Some(handle) = self.handle else {
+            return Err((self, Error::Verbs(VerbsError::Inval)));
+        };
+        let req = Request::ReleaseQpHandle { qpn: self.qpn, handle };
+        let ctx = self.ctx.clone();
+        // SAFETY: `me` is never used again; its fields are dropped exactly once.
+        destroy_now(self, &ctx, req, |me| unsafe {
+            std::ptr::drop_in_place(&mut me.ctx);
+            std::ptr::drop_in_place(&mut me.state);
+        })
+    }
+
     fn purge_completions(&self) {
         let cqs: Vec<CqId> = self.cqs.iter().flatten().copied().collect();
         self.ctx.inner.purge(self.qpn.value(), &cqs);
@@ -1383,6 +1400,11 @@ impl XrcDomain {
         destroy_now(self, &ctx, req, |me| unsafe { std::ptr::drop_in_place(&mut me.ctx) })
     }
 
+    /// The device's number for this domain (OFED's `ibv_xrc_domain.handle`).
+    pub fn id(&self) -> XrcdId {
+        self.id
+    }
+
     /// `ibv_create_srq_ex` of type XRC in this domain.
     pub fn create_srq(&self, pd: &ProtectionDomain, cq: &CompletionQueue, attr: SrqAttr) -> Result<SharedReceiveQueue> {
         match self.ctx.inner.call(Request::CreateXrcSrq { xrcd: self.id, pd: pd.id, cq: cq.id, attr })? {
@@ -1395,26 +1417,23 @@ impl XrcDomain {
 
     /// `ibv_create_qp_ex` of type XRC_RECV: a target QP bound to this domain.
     pub fn create_tgt_qp(&self) -> Result<QueuePair> {
-        match self.ctx.inner.call(Request::CreateXrcTgtQp(self.id))? {
-            Response::QpHandle(qpn, h) => Ok(QueuePair {
-                ctx: self.ctx.clone(),
-                qpn,
-                qp_type: QpType::XrcTgt,
-                handle: Some(h),
-                sq: None,
-                rq: None,
-                caps: QpCaps::default(),
-                pd: PdId(0),
-                cqs: [None, None],
-                state: std::sync::Mutex::new(QpState::Reset),
-            }),
-            _ => unexpected(),
-        }
+        self.tgt_handle(Request::CreateXrcTgtQp(self.id))
     }
 
     /// `ibv_open_qp`: a handle on an existing target QP of this domain.
     pub fn open_qp(&self, qpn: u32) -> Result<QueuePair> {
-        match self.ctx.inner.call(Request::OpenQp { xrcd: self.id, qpn: Qpn::new(qpn) })? {
+        self.tgt_handle(Request::OpenQp { xrcd: self.id, qpn: Qpn::new(qpn) })
+    }
+
+    /// OFED's XRC receive QP: a target QP whose lifetime is `lifetime` whatever the device's
+    /// policy (`ibv_create_xrc_rcv_qp`: [`XrcPolicy::DestroyOnLastClose`], the QP goes with its
+    /// last registration; `ibv_alloc_xrc_rcv_qp`: [`XrcPolicy::LiveWithDomain`]).
+    pub fn create_rcv_qp(&self, lifetime: XrcPolicy) -> Result<QueuePair> {
+        self.tgt_handle(Request::CreateXrcRcvQp { xrcd: self.id, lifetime })
+    }
+
+    fn tgt_handle(&self, req: Request) -> Result<QueuePair> {
+        match self.ctx.inner.call(req)? {
             Response::QpHandle(qpn, h) => Ok(QueuePair {
                 ctx: self.ctx.clone(),
                 qpn,

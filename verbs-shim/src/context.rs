@@ -28,6 +28,9 @@ pub(crate) struct Ctx {
     /// handles by handle), CQs, SRQs. Values are the C object's address.
     pub(crate) qps: Mutex<HashMap<u32, usize>>,
     pub(crate) tgt_handles: Mutex<HashMap<u32, usize>>,
+    /// OFED XRC receive QP registrations (`ibv_create/reg_xrc_rcv_qp`): handle -> QPN. Their
+    /// events carry IBV_XRC_QP_EVENT_FLAG and the QP number, as OFED delivered them.
+    pub(crate) xrc_rcv: Mutex<HashMap<u32, u32>>,
     pub(crate) cqs: Mutex<HashMap<u32, usize>>,
     pub(crate) srqs: Mutex<HashMap<u32, usize>>,
     /// IBV_EVENT_DEVICE_FATAL was reported.
@@ -97,6 +100,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ffi::ibv_device) -> *mut f
             dev,
             qps: Default::default(),
             tgt_handles: Default::default(),
+            xrc_rcv: Default::default(),
             cqs: Default::default(),
             srqs: Default::default(),
             fatal_reported: AtomicBool::new(false),
@@ -444,6 +448,9 @@ pub unsafe extern "C" fn ibv_get_pkey_index(context: *mut ffi::ibv_context, port
 /// The C object an async event names in this context, or None when the program no longer has it.
 fn event_element(ctx: &Ctx, e: &ClientEvent) -> Option<(ffi::ibv_event_type, ffi::ibv_async_event__bindgen_ty_1)> {
     use ffi::ibv_async_event__bindgen_ty_1 as El;
+    if let Some(qpn) = e.handle.and_then(|h| lock(&ctx.xrc_rcv).get(&h).copied()) {
+        return crate::ofed_xrc::rcv_qp_event(e.event, qpn);
+    }
     let qp = |qpn: softrdma_engine::wire::Qpn| -> Option<El> {
         let p = match e.handle {
             Some(h) => lock(&ctx.tgt_handles).get(&h).copied(),

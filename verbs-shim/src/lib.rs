@@ -50,6 +50,7 @@ mod context;
 mod cq;
 mod device;
 mod mem;
+mod ofed_xrc;
 mod qp;
 mod rdmacm;
 mod rdmacm_addr;

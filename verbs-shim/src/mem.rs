@@ -428,20 +428,29 @@ unsafe extern "C" fn open_xrcd(
         if a.comp_mask & need != need || a.comp_mask & !(ffi::IBV_XRCD_INIT_ATTR_RESERVED - 1) != 0 {
             return Err(EINVAL);
         }
-        let create = a.oflags & libc::O_CREAT != 0;
-        let exclusive = a.oflags & libc::O_EXCL != 0;
-        let inner = if a.fd == -1 {
-            ctx.dev.open_xrcd(None, create, exclusive)?
-        } else {
-            if a.fd < 0 {
-                return Err(Errno(libc::EBADF));
-            }
-            // Borrowed: the program keeps its descriptor.
-            let f = ManuallyDrop::new(File::from_raw_fd(a.fd));
-            ctx.dev.open_xrcd(Some(&f), create, exclusive)?
-        };
+        let inner = open_domain(ctx, a.fd, a.oflags)?;
         Ok(into_c(Xrcd { xrcd: ffi::ibv_xrcd { context }, inner: Some(inner) }) as *mut ffi::ibv_xrcd)
     })
+}
+
+/// The device's XRC domain for `ibv_open_xrcd` / OFED's `ibv_open_xrc_domain`: the one of the
+/// file `fd` names, or a private one for fd -1 (which needs O_CREAT: the kernel's EAGAIN when
+/// there is nothing to open, ib_uverbs_open_xrcd).
+pub(crate) unsafe fn open_domain(ctx: &Ctx, fd: c_int, oflags: c_int) -> Result<XrcDomain, Errno> {
+    let create = oflags & libc::O_CREAT != 0;
+    let exclusive = oflags & libc::O_EXCL != 0;
+    if fd == -1 {
+        if !create {
+            return Err(Errno(libc::EAGAIN));
+        }
+        return Ok(ctx.dev.open_xrcd(None, create, exclusive)?);
+    }
+    if fd < 0 {
+        return Err(Errno(libc::EBADF));
+    }
+    // Borrowed: the program keeps its descriptor.
+    let f = ManuallyDrop::new(File::from_raw_fd(fd));
+    Ok(ctx.dev.open_xrcd(Some(&f), create, exclusive)?)
 }
 
 unsafe extern "C" fn close_xrcd(xrcd: *mut ffi::ibv_xrcd) -> c_int {

@@ -40,6 +40,8 @@ pub(crate) struct Qp {
     /// Created with send_ops_flags: `ibv_qp_to_qp_ex` gives the extended QP.
     extended: bool,
     build: std::sync::Mutex<Build>,
+    /// An OFED IBV_QPT_XRC QP: its `struct ibv_xrc_domain` (for `ibv_query_qp`'s legacy tail).
+    ofed_xrcd: *mut c_void,
 }
 
 pub(crate) fn qp_of<'a>(p: *mut ffi::ibv_qp) -> Result<&'a Qp, Errno> {
@@ -52,6 +54,12 @@ pub(crate) fn qp_of<'a>(p: *mut ffi::ibv_qp) -> Result<&'a Qp, Errno> {
 impl Qp {
     fn inner(&self) -> &QueuePair {
         self.inner.as_ref().expect("checked by qp_of")
+    }
+
+    /// Marks an OFED IBV_QPT_XRC QP: the type the program asked for, and its domain.
+    pub(crate) fn set_ofed_xrc(&mut self, xrcd: *mut c_void) {
+        self.ex.qp_base.qp_type = crate::ofed_xrc::IBV_QPT_XRC;
+        self.ofed_xrcd = xrcd;
     }
 }
 
@@ -104,21 +112,21 @@ fn caps_of(c: &ffi::ibv_qp_cap, ctx: &Ctx) -> Result<QpCaps, Errno> {
     })
 }
 
-struct Create<'a> {
-    context: *mut ffi::ibv_context,
-    qp_context: *mut c_void,
-    pd: *mut ffi::ibv_pd,
-    send_cq: *mut ffi::ibv_cq,
-    recv_cq: *mut ffi::ibv_cq,
-    srq: *mut ffi::ibv_srq,
-    cap: &'a mut ffi::ibv_qp_cap,
-    qp_type: ffi::ibv_qp_type,
-    sq_sig_all: c_int,
-    xrcd: *mut ffi::ibv_xrcd,
-    extended: bool,
+pub(crate) struct Create<'a> {
+    pub(crate) context: *mut ffi::ibv_context,
+    pub(crate) qp_context: *mut c_void,
+    pub(crate) pd: *mut ffi::ibv_pd,
+    pub(crate) send_cq: *mut ffi::ibv_cq,
+    pub(crate) recv_cq: *mut ffi::ibv_cq,
+    pub(crate) srq: *mut ffi::ibv_srq,
+    pub(crate) cap: &'a mut ffi::ibv_qp_cap,
+    pub(crate) qp_type: ffi::ibv_qp_type,
+    pub(crate) sq_sig_all: c_int,
+    pub(crate) xrcd: *mut ffi::ibv_xrcd,
+    pub(crate) extended: bool,
 }
 
-unsafe fn create(a: Create<'_>) -> Result<*mut Qp, Errno> {
+pub(crate) unsafe fn create(a: Create<'_>) -> Result<*mut Qp, Errno> {
     let ctx = ctx_of(a.context)?;
     let ty = QpType::from_ibv(a.qp_type).ok_or(Errno(libc::EOPNOTSUPP))?;
     let inner = if ty == QpType::XrcTgt {
@@ -171,6 +179,7 @@ unsafe fn create(a: Create<'_>) -> Result<*mut Qp, Errno> {
         init: InitInfo { cap: *a.cap, sq_sig_all: a.sq_sig_all },
         extended: a.extended,
         build: Default::default(),
+        ofed_xrcd: std::ptr::null_mut(),
     });
     match handle {
         Some(h) => lock(&ctx.tgt_handles).insert(h, qp as usize),
@@ -188,6 +197,9 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ffi::ibv_pd, attr: *mut ffi::ibv
             // A target QP belongs to an XRC domain: ibv_create_qp_ex with IBV_QP_INIT_ATTR_XRCD.
             // (ibv_create_qp_ex with only IBV_QP_INIT_ATTR_PD comes here, so XRC_SEND does.)
             return Err(EINVAL);
+        }
+        if a.qp_type == crate::ofed_xrc::IBV_QPT_XRC {
+            return crate::ofed_xrc::create_xrc_qp(pd, attr);
         }
         let qp = create(Create {
             context: p.pd.context,
@@ -303,6 +315,7 @@ unsafe extern "C" fn open_qp(context: *mut ffi::ibv_context, attr: *mut ffi::ibv
             init: InitInfo { cap: Default::default(), sq_sig_all: 0 },
             extended: false,
             build: Default::default(),
+            ofed_xrcd: std::ptr::null_mut(),
         });
         lock(&ctx.tgt_handles).insert(h, qp as usize);
         Ok(qp as *mut ffi::ibv_qp)
@@ -379,24 +392,30 @@ fn uverbs_mask(qp_type: ffi::ibv_qp_type, mask: AttrMask) -> AttrMask {
     }
 }
 
+/// `ibv_modify_qp`'s checks and the call, for a QP of type `qp_type` (upstream's numbering).
+pub(crate) fn modify(q: &QueuePair, qp_type: ffi::ibv_qp_type, a: &ffi::ibv_qp_attr, mask: c_int) -> Result<(), Errno> {
+    // Every ibv_qp_attr_mask bit (IBV_QP_STATE ... IBV_QP_DEST_QPN, IBV_QP_RATE_LIMIT).
+    let known = ((1u32 << 21) - 1) | AttrMask::RATE_LIMIT.0;
+    if mask as u32 & !known != 0 {
+        return Err(EINVAL);
+    }
+    let mask = uverbs_mask(qp_type, AttrMask(mask as u32));
+    if mask.intersects(AttrMask::ALT_PATH | AttrMask::PATH_MIG_STATE) {
+        // Automatic path migration needs a second path; there is one port and one path.
+        return Err(Errno(libc::EOPNOTSUPP));
+    }
+    let qa = qp_attr_of(a, mask)?;
+    q.modify(&qa, mask)?;
+    Ok(())
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ffi::ibv_qp, attr: *mut ffi::ibv_qp_attr, mask: c_int) -> c_int {
     errno_call(|| {
         let q = qp_of(qp)?;
         let a = nonnull(attr)?;
-        // Every ibv_qp_attr_mask bit (IBV_QP_STATE ... IBV_QP_DEST_QPN, IBV_QP_RATE_LIMIT).
-        let known = ((1u32 << 21) - 1) | AttrMask::RATE_LIMIT.0;
-        if mask as u32 & !known != 0 {
-            return Err(EINVAL);
-        }
-        let mask = uverbs_mask((*qp).qp_type, AttrMask(mask as u32));
-        if mask.intersects(AttrMask::ALT_PATH | AttrMask::PATH_MIG_STATE) {
-            // Automatic path migration needs a second path; there is one port and one path.
-            return Err(Errno(libc::EOPNOTSUPP));
-        }
-        let qa = qp_attr_of(a, mask)?;
-        q.inner().modify(&qa, mask)?;
-        if mask.contains(AttrMask::STATE) {
+        modify(q.inner(), crate::ofed_xrc::upstream_type((*qp).qp_type), a, mask)?;
+        if mask & ffi::IBV_QP_STATE as c_int != 0 {
             (*qp).state = a.qp_state;
         }
         Ok(())
@@ -429,6 +448,18 @@ pub(crate) fn qp_attr_to_c(a: &softrdma_engine::device::QpAttr) -> ffi::ibv_qp_a
     out
 }
 
+/// What `ibv_query_qp` reports for a QP in state `st` with attributes `a`.
+pub(crate) fn query_to_c(st: QpState, a: &QpAttr, cap: ffi::ibv_qp_cap) -> ffi::ibv_qp_attr {
+    let mut out = qp_attr_to_c(a);
+    out.qp_state = st.to_ibv();
+    out.cur_qp_state = st.to_ibv();
+    out.path_mig_state = ffi::IBV_MIG_MIGRATED;
+    out.cap = cap;
+    out.ah_attr.grh.hop_limit = 1;
+    out.port_num = 1;
+    out
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_qp(
     qp: *mut ffi::ibv_qp,
@@ -441,13 +472,13 @@ pub unsafe extern "C" fn ibv_query_qp(
         let out = nonnull(attr)?;
         let (st, a) = q.inner().query()?;
         (*qp).state = st.to_ibv();
-        *out = qp_attr_to_c(&a);
-        out.qp_state = st.to_ibv();
-        out.cur_qp_state = st.to_ibv();
-        out.path_mig_state = ffi::IBV_MIG_MIGRATED;
-        out.cap = q.init.cap;
-        out.ah_attr.grh.hop_limit = 1;
-        out.port_num = 1;
+        *out = query_to_c(st, &a, q.init.cap);
+        if !q.ofed_xrcd.is_null() {
+            if let Some(i) = (init as *mut crate::ofed_xrc::QpInitAttr).as_mut() {
+                // An OFED program's ibv_qp_init_attr, which has the XRC domain after sq_sig_all.
+                i.xrc_domain = q.ofed_xrcd;
+            }
+        }
         if let Some(i) = init.as_mut() {
             let b = &(*qp);
             *i = ffi::ibv_qp_init_attr {
@@ -566,7 +597,7 @@ unsafe extern "C" fn post_send(
         let mut conv_err = None;
         let mut p = wr;
         while let Some(w) = p.as_ref() {
-            match send_wr(w, (*qp).qp_type) {
+            match send_wr(w, crate::ofed_xrc::upstream_type((*qp).qp_type)) {
                 Ok(s) => items.push((s, p)),
                 Err(Errno(e)) => {
                     conv_err = Some((e, p));
@@ -663,7 +694,7 @@ pub unsafe extern "C" fn ibv_detach_mcast(qp: *mut ffi::ibv_qp, gid: *const ffi:
 
 // Shared receive queues.
 
-fn srq_attr(a: &ffi::ibv_srq_attr, ctx: &Ctx) -> Result<SrqAttr, Errno> {
+pub(crate) fn srq_attr(a: &ffi::ibv_srq_attr, ctx: &Ctx) -> Result<SrqAttr, Errno> {
     let l = ctx.info.limits;
     if a.max_wr == 0 || a.max_wr > l.max_qp_wr || a.max_sge > l.max_sge || a.srq_limit > a.max_wr {
         return Err(EINVAL);
@@ -671,7 +702,7 @@ fn srq_attr(a: &ffi::ibv_srq_attr, ctx: &Ctx) -> Result<SrqAttr, Errno> {
     Ok(SrqAttr { max_wr: a.max_wr, max_sge: a.max_sge, srq_limit: a.srq_limit })
 }
 
-unsafe fn new_srq(
+pub(crate) unsafe fn new_srq(
     context: *mut ffi::ibv_context,
     pd: *mut ffi::ibv_pd,
     srq_context: *mut c_void,

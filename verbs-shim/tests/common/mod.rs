@@ -72,6 +72,20 @@ pub fn compile_c(shim: &Path, name: &str, dir: &Path) -> PathBuf {
 
 /// [`compile_c`] with more libraries after -libverbs (e.g. `-lrdmacm`).
 pub fn compile_c_with(shim: &Path, name: &str, dir: &Path, libs: &[&str]) -> PathBuf {
+    let mut args = vec![format!("-L{}", shim.display()), "-libverbs".to_string()];
+    args.extend(libs.iter().map(|l| l.to_string()));
+    compile_c_args(name, dir, &args)
+}
+
+/// Compiles `tests/abi/NAME.c` with the shim's headers (`-I<shim>/include`) and linked with the
+/// shim's own libibverbs.so.1, for programs that call what only it exports (OFED's XRC verbs).
+pub fn compile_c_on_shim(shim: &Path, name: &str, dir: &Path) -> PathBuf {
+    let args = [format!("-I{}", shim.join("include").display()), shim.join("libibverbs.so.1").display().to_string()];
+    compile_c_args(name, dir, &args)
+}
+
+/// `cc -O1 -Wall -Werror tests/abi/NAME.c -o DIR/NAME ARGS...`.
+fn compile_c_args(name: &str, dir: &Path, args: &[String]) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/abi").join(format!("{name}.c"));
     let bin = dir.join(name);
     let cc = std::env::var_os("CC").filter(|c| !c.is_empty()).unwrap_or_else(|| "cc".into());
@@ -80,9 +94,7 @@ pub fn compile_c_with(shim: &Path, name: &str, dir: &Path, libs: &[&str]) -> Pat
         .arg(&src)
         .arg("-o")
         .arg(&bin)
-        .arg(format!("-L{}", shim.display()))
-        .arg("-libverbs")
-        .args(libs)
+        .args(args)
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", cc.to_string_lossy()));
     assert!(o.status.success(), "compiling {} failed:\n{}", src.display(), text(&o));
