@@ -448,6 +448,32 @@ if [ -x "$ex/xrc_job" ] && "$bin" up srdma2 --addr "$addr2" >/dev/null; then
 else
   result "xrc_job" fail "$ex/xrc_job missing (scripts/build-examples.sh) or srdma2 did not start"
 fi
+# xrc_legacy, the seed "make receiving XRC QP independent of any one user process" through OFED's
+# XRC verbs (softrdma/ofed_xrc.h): process A allocates the receive QP (ibv_alloc_xrc_rcv_qp) and
+# exits; B and C receive on their XRC SRQs through it; after the last close the QP is dead. Also on
+# a device whose ordinary target QPs die with their last handle (the seed's QP is the domain's).
+xleg() { # name args...
+  local name="$1"
+  shift
+  local log="$logs/${name// /_}.log"
+  timeout 120 "$ex/xrc_legacy" "$@" >"$log" 2>&1
+  local rc=$?
+  if [ "$rc" = 0 ] && grep -qE "^xrc_legacy: OK .*by a process that exited; 2 processes received [0-9]+ messages checked.*late send transport retry counter exceeded" "$log"; then
+    result "$name ($(grep -oE 'received [0-9]+ messages checked' "$log"))" ok
+  else
+    result "$name" fail "rc=$rc; $(tail -n 2 "$log" | tr '\n' ' ')"
+  fi
+}
+if [ -x "$ex/xrc_legacy" ]; then
+  xleg "xrc_legacy (OFED XRC verbs) across two devices" --device srdma0 --sender-device srdma1 --messages 400
+  if "$bin" up srdma2 --addr "$addr2" --xrc-tgt-lifetime last-close >/dev/null; then
+    xleg "xrc_legacy on one device with --xrc-tgt-lifetime last-close" --device srdma2 --sender-device srdma2 \
+      --messages 100
+  fi
+  "$bin" down srdma2 >/dev/null 2>&1
+else
+  result "xrc_legacy" fail "$ex/xrc_legacy missing: run scripts/build-examples.sh"
+fi
 single "ibv_devices" "srdma0.*[0-9a-f]{16}" ibv_devices
 # `softrdma exec` puts the shim on the library path itself (none set here).
 single "softrdma exec -- ibv_devinfo -l" "srdma0.*srdma1|srdma1.*srdma0" env -u LD_LIBRARY_PATH bash -c \
