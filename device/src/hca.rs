@@ -1728,4 +1728,3 @@ mod tests {
         assert!(matches!(call(&h, bad.owner, Request::AllocPd), Response::Err(VerbsError::Inval)));
     }
 }
-

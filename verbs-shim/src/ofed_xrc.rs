@@ -316,10 +316,7 @@ pub unsafe extern "C" fn ibv_query_xrc_rcv_qp(
         let (st, a) = d.with_rcv_qp(xrc_qp_num, |q| Ok(q.query()?))?;
         *out = query_to_c(st, &a, Default::default());
         if let Some(i) = (init_attr as *mut QpInitAttr).as_mut() {
-            *i = QpInitAttr {
-                base: ffi::ibv_qp_init_attr { qp_type: IBV_QPT_XRC, ..Default::default() },
-                xrc_domain,
-            };
+            *i = QpInitAttr { base: ffi::ibv_qp_init_attr { qp_type: IBV_QPT_XRC, ..Default::default() }, xrc_domain };
         }
         Ok(())
     })

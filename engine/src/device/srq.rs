@@ -316,7 +316,8 @@ impl<M: Memory> Device<M> {
         for qp in self.qps.values_mut() {
             let before = qp.handles.len();
             qp.handles.retain(|(_, o)| *o != owner);
-            if before > 0 && qp.handles.is_empty() && qp.tgt_lifetime.unwrap_or(policy) == XrcPolicy::DestroyOnLastClose {
+            if before > 0 && qp.handles.is_empty() && qp.tgt_lifetime.unwrap_or(policy) == XrcPolicy::DestroyOnLastClose
+            {
                 gone.push(qp.qpn);
             }
         }
