@@ -4,6 +4,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 
+use super::sidr::sidr_status;
 use super::{
     backlog_of, mad_buf, reject, roce_path, service_id, Cm, CmError, CmEventKind, ConnParam, Ece, Id, IdHandle,
     IdState, OutMad, Peer,
@@ -11,8 +12,8 @@ use super::{
 use crate::time::{Duration, Instant};
 use crate::verbs::{Mtu, QpType};
 use crate::wire::{
-    CmDrepRepr, CmDreqRepr, CmMadRepr, CmMessage, CmMraRepr, CmRejRepr, CmRepRepr, CmReqRepr, CmRtuRepr, CmSidrRepRepr,
-    CmaHdrPacket, CmaHdrRepr, REJ_PRIVATE_DATA_LEN, REP_PRIVATE_DATA_LEN, REQ_PRIVATE_DATA_LEN,
+    CmDrepRepr, CmDreqRepr, CmMadRepr, CmMessage, CmMraRepr, CmRejRepr, CmRepRepr, CmReqRepr, CmRtuRepr, CmaHdrPacket,
+    CmaHdrRepr, REJ_PRIVATE_DATA_LEN, REP_PRIVATE_DATA_LEN, REQ_PRIVATE_DATA_LEN,
 };
 
 /// REQ private data left for the consumer after the 36-byte IP header (IBTA 12.6.5: 92 bytes).
@@ -40,13 +41,13 @@ fn transport_of(t: QpType) -> Option<(u8, u8)> {
 }
 
 impl Cm {
-    fn tid(&mut self, comm_id: u32) -> u64 {
+    pub(super) fn tid(&mut self, comm_id: u32) -> u64 {
         // cm_form_tid: the MAD agent's high half, and the comm ID as the kernel holds it (its
         // big-endian bytes read in CPU order).
         (u64::from(self.cfg.seed as u32 & 0xff | 1) << 32) | u64::from(comm_id.swap_bytes())
     }
 
-    fn send(&mut self, dst: IpAddr, tid: u64, msg: CmMessage) -> Option<OutMad> {
+    pub(super) fn send(&mut self, dst: IpAddr, tid: u64, msg: CmMessage) -> Option<OutMad> {
         self.send_with(dst, tid, 0, msg)
     }
 
@@ -75,6 +76,7 @@ impl Cm {
     /// a DREQ after it.
     fn resend_interval(&self, h: IdHandle) -> Duration {
         match self.ids.get(&h) {
+            Some(id) if id.qp_type == QpType::Ud => self.sidr_timeout(),
             Some(id) if id.passive => self.cfg.timer(id.peer_response_timeout),
             _ => self.req_timeout(),
         }
@@ -82,6 +84,9 @@ impl Cm {
 
     /// Sends a REQ for an ID with resolved addresses (`rdma_connect`).
     pub fn connect(&mut self, now: Instant, h: IdHandle, p: ConnParam) -> Result<(), CmError> {
+        if self.id(h)?.qp_type == QpType::Ud {
+            return self.sidr_connect(now, h, p);
+        }
         let ack = self.cfg.packet_lifetime + 1;
         let comm = self.alloc_comm_id();
         let (cfg_timeout, retries, guid) = (self.cfg.cm_response_timeout, self.cfg.max_cm_retries, self.cfg.ca_guid);
@@ -155,6 +160,9 @@ impl Cm {
 
     /// Accepts a connection request (`rdma_accept` on the passive side): sends REP.
     pub fn accept(&mut self, now: Instant, h: IdHandle, p: ConnParam) -> Result<(), CmError> {
+        if self.id(h)?.qp_type == QpType::Ud {
+            return self.sidr_reply(h, sidr_status::OK, p);
+        }
         let (guid, delay, retries) = (self.cfg.ca_guid, self.cfg.target_ack_delay, self.cfg.max_cm_retries);
         let id = self.id(h)?;
         if id.state != IdState::ReqRcvd {
@@ -229,6 +237,11 @@ impl Cm {
     /// `rdma_reject`: REJ for a received REQ (or REP), reason 28 (or another, e.g. 35 for ECE).
     pub fn reject(&mut self, _now: Instant, h: IdHandle, private_data: &[u8], reason: u16) -> Result<(), CmError> {
         let id = self.id(h)?;
+        if id.qp_type == QpType::Ud {
+            // cma_reject of a UD ID: SIDR_REP "reject" with the private data.
+            let p = ConnParam { private_data: private_data.to_vec(), ..Default::default() };
+            return self.sidr_reply(h, sidr_status::REJECT, p);
+        }
         let msg = match id.state {
             IdState::ReqRcvd => REJ_MSG_REQ,
             IdState::RepRcvd => REJ_MSG_REP,
@@ -289,7 +302,12 @@ impl Cm {
 
     /// `rdma_disconnect`: DREQ on an established connection, DREP to a received DREQ.
     pub fn disconnect(&mut self, now: Instant, h: IdHandle) -> Result<(), CmError> {
-        let state = self.id(h)?.state;
+        let id = self.id(h)?;
+        if id.qp_type == QpType::Ud {
+            // A UD "connection" is no connection: nothing to tear down on the wire.
+            return Ok(());
+        }
+        let state = id.state;
         match state {
             IdState::Established | IdState::RepSent | IdState::RepRcvd => {
                 self.send_dreq(now, h);
@@ -352,7 +370,16 @@ impl Cm {
     /// `rdma_destroy_id`: what the kernel's cm_destroy_id sends for the ID's state; a connection
     /// that must still finish (DREQ retries, timewait) lives on without its consumer.
     pub fn destroy(&mut self, now: Instant, h: IdHandle) -> Result<(), CmError> {
-        let state = self.id(h)?.state;
+        let id = self.id(h)?;
+        let state = id.state;
+        if id.qp_type == QpType::Ud {
+            // cm_destroy_id: a SIDR_REQ the consumer holds is rejected; anything else just goes.
+            if state == IdState::ReqRcvd {
+                let _ = self.sidr_reply(h, sidr_status::REJECT, ConnParam::default());
+            }
+            self.remove(h);
+            return Ok(());
+        }
         match state {
             IdState::ReqSent => {
                 // REJ "timeout" with our CA GUID as the additional information.
@@ -488,17 +515,10 @@ impl Cm {
             CmMessage::Dreq(dreq) => self.handle_dreq(now, src, tid, dreq),
             CmMessage::Drep(drep) => self.handle_drep(now, drep),
             CmMessage::SidrReq(sreq) => {
-                // UD service ID resolution is not served yet (rdma_cm part 2): answer as the
-                // kernel answers a SIDR_REQ with no listener, "unsupported" (status 1).
-                let rep = CmSidrRepRepr {
-                    request_id: sreq.request_id,
-                    status: 1,
-                    service_id: sreq.service_id,
-                    ..Default::default()
-                };
-                self.send(src, tid, CmMessage::SidrRep(rep));
+                self.handle_sidr_req(now, src, tid, sreq);
                 true
             }
+            CmMessage::SidrRep(srep) => self.handle_sidr_rep(srep),
             _ => false,
         };
         if !handled {
@@ -639,6 +659,7 @@ impl Cm {
             qp_num: req.local_qpn,
             // cm_format_req_event: the REQ's ECE.
             ece: Ece { vendor_id: req.vendor_id, attr_mod },
+            qkey: 0,
         };
         let _ = now;
         self.event(h, CmEventKind::ConnectRequest, 0, Some(lh), param);
@@ -709,6 +730,7 @@ impl Cm {
             qp_num: id.peer.qpn,
             // cm_format_rep_event: the REP's ECE.
             ece: Ece { vendor_id: rep.vendor_id, attr_mod },
+            qkey: 0,
         };
         self.by_remote.insert((src, rep.local_comm_id), h);
         self.by_peer_qp.insert(key, h);

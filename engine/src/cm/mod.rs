@@ -14,7 +14,9 @@
 //! delay 15 (rxe's), timewait 2^(lifetime + 1 - 8) ms.
 
 mod conn;
+mod sidr;
 pub use conn::REQ_USER_DATA_LEN;
+pub use sidr::{sidr_status, SIDR_REQ_USER_DATA_LEN};
 #[cfg(test)]
 mod tests;
 
@@ -155,6 +157,8 @@ pub type IdHandle = u32;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum CmEventKind {
+    /// RDMA_CM_EVENT_ADDR_ERROR (1): here, a SIDR_REP with a Q_Key the ID cannot take.
+    AddrError,
     /// RDMA_CM_EVENT_CONNECT_REQUEST (4): a REQ for a listener; the event's ID is new.
     ConnectRequest,
     /// RDMA_CM_EVENT_CONNECT_RESPONSE (5): a REP on the active side.
@@ -177,6 +181,7 @@ impl CmEventKind {
     /// The `rdma_cm_event_type` value.
     pub const fn to_rdma(self) -> u32 {
         match self {
+            CmEventKind::AddrError => 1,
             CmEventKind::ConnectRequest => 4,
             CmEventKind::ConnectResponse => 5,
             CmEventKind::ConnectError => 6,
@@ -213,6 +218,8 @@ pub struct ConnParam {
     /// Enhanced Connection Establishment: what this side sends in a REQ or REP (a call), what
     /// the peer's carried (an event).
     pub ece: Ece,
+    /// UD (SIDR): the peer's Q_Key in an ESTABLISHED event (`param.ud.qkey`).
+    pub qkey: u32,
 }
 
 /// ECE on the wire (Linux `struct ib_cm_ece`): the vendor in the REQ's and REP's Vendor ID

@@ -1295,3 +1295,5 @@ fn rep_goes_to_the_paths_gid_not_the_ip_headers_address() {
     let rep = p.b.poll_mad().expect("the REP");
     assert_eq!(rep.dst, A_IP, "the REP follows the path's GID");
 }
+
+mod sidr;
