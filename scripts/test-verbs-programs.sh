@@ -178,17 +178,21 @@ cm_rping "rping 60000 B" "$addr1" 10 60000
 # reuses the IDs it destroyed, so the run fails (the same happens against the kernel's rdma_cm:
 # INTEROP.md). Such a run, and only such a run, is tried again, at most 3 times in all; the
 # result line says when it took more than one.
-cm_perf() { # program (server on srdma0, client connecting to its address; no -g: with -R it means multicast)
-  local prog="$1" attempt src crc
-  local slog="$logs/$prog-R.server.log" clog="$logs/$prog-R.client.log"
+cm_perf() { # program [port space [flags]] (server on srdma0, client connecting to its address; no -g: with -R it means multicast)
+  local prog="$1" ps="${2:-TCP}" attempt src crc
+  shift
+  [ $# -gt 0 ] && shift
+  local tag="$prog -R${*:+ $*}"
+  local slog="$logs/${tag// /_}.server.log" clog="$logs/${tag// /_}.client.log"
   for attempt in 1 2 3; do
     port=$((port + 1))
-    timeout 60 "$prog" -R -d srdma0 -p "$port" -n 200 >"$slog" 2>&1 &
+    timeout 60 "$prog" -R "$@" -d srdma0 -p "$port" -n 200 >"$slog" 2>&1 &
     local spid=$!
-    wait_listen "$port"
-    timeout 60 "$prog" -R -d srdma0 -p "$port" -n 200 "$addr0" >"$clog" 2>&1
+    wait_listen "$port" "$ps"
+    timeout 60 "$prog" -R "$@" -d srdma0 -p "$port" -n 200 "$addr0" >"$clog" 2>&1
     crc=$?
-    if [ "$crc" != 0 ] && grep -q "RDMA_CM_EVENT_REJECTED; error: 8" "$clog"; then
+    # (For UD the late listener shows as a SIDR_REP "unsupported": UNREACHABLE, status 1.)
+    if [ "$crc" != 0 ] && grep -qE "RDMA_CM_EVENT_REJECTED; error: 8|RDMA_CM_EVENT_UNREACHABLE; error: 1\." "$clog"; then
       kill "$spid" 2>/dev/null
       wait "$spid" 2>/dev/null
       src=race
@@ -201,13 +205,17 @@ cm_perf() { # program (server on srdma0, client connecting to its address; no -g
   local note=""
   [ "$attempt" -gt 1 ] && note=" (attempt $attempt: perftest's data listener came late before)"
   if [ "$src" = 0 ] && [ "$crc" = 0 ] && grep -qE "^ +[0-9]+ +200 " "$clog"; then
-    result "$prog -R$note" ok
+    result "$tag$note" ok
   else
-    result "$prog -R" fail "server rc=$src client rc=$crc after $attempt attempts; $(tail -q -n 2 "$slog" "$clog" | tr '\n' ' ')"
+    result "$tag" fail "server rc=$src client rc=$crc after $attempt attempts; $(tail -q -n 2 "$slog" "$clog" | tr '\n' ' ')"
   fi
 }
 for prog in ib_send_bw ib_write_bw ib_read_bw ib_atomic_bw ib_send_lat ib_write_lat; do
   cm_perf "$prog"
+done
+# UD through rdma_cm: the data QP's number and Q_Key come back in a SIDR_REP (RDMA_PS_UDP).
+for prog in ib_send_bw ib_send_lat; do
+  cm_perf "$prog" UDP -c UD
 done
 # rdma_server / rdma_client: synchronous IDs, rdma_getaddrinfo, rdma_create_ep, rdma_get_request,
 # rdma_accept with no conn_param, and the rdma_verbs.h helpers on id->pd and the CQs librdmacm made.
@@ -286,6 +294,53 @@ cm_pair "cmtime -c 1000 across two devices" TCP 1 "" "^connect +:" \
   cmtime -p @P -- cmtime -s "$addr0" -b "$addr1" -p @P -c 1000
 [ -f "$logs/cmtime_-c_1000_across_two_devices.client.log.1" ] &&
   sed -n '/^step/,$p' "$logs/cmtime_-c_1000_across_two_devices.client.log.1" | sed 's/^/    cmtime: /'
+# udaddy: UD "connections" through SIDR (RDMA_PS_UDP, port 7174): the SIDR_REP gives the client
+# the server's QPN and Q_Key (ESTABLISHED's param.ud, with the address vector toward it); the
+# server answers each datagram through ibv_create_ah_from_wc and the Q_Key it reads back with
+# ibv_query_qp.
+udaddy_pair() { # name server-args... -- client-args...
+  local name="$1"
+  shift
+  local -a srv=()
+  while [ "$1" != "--" ]; do srv+=("$1"); shift; done
+  shift
+  local f="${name//[^A-Za-z0-9._-]/_}"
+  local slog="$logs/$f.server.log" clog="$logs/$f.client.log" why=""
+  timeout 60 udaddy "${srv[@]}" >"$slog" 2>&1 &
+  local spid=$!
+  wait_listen 7174 UDP || why="server never listened; "
+  timeout 60 udaddy "$@" >"$clog" 2>&1 || why+="client rc=$?; "
+  wait "$spid" || why+="server rc=$?; "
+  grep -q "data transfers complete" "$slog" || why+="server did not complete; "
+  grep -q "return status 0" "$clog" || why+="client did not return 0; "
+  if [ -z "$why" ]; then
+    result "$name" ok
+  else
+    result "$name" fail "$why$(tail -q -n 2 "$slog" "$clog" | tr '\n' ' ')"
+  fi
+}
+udaddy_pair "udaddy one device" -b "$addr0" -- -s "$addr0"
+udaddy_pair "udaddy -c 10 across two devices" -b "$addr0" -c 10 -- -s "$addr0" -b "$addr1" -c 10
+# No server: the peer's CM answers the SIDR_REQ with status 1 (unsupported) at once, which
+# librdmacm reports as RDMA_CM_EVENT_UNREACHABLE, status 1.
+log="$logs/udaddy-no-server.log"
+timeout 20 udaddy -s "$addr1" -b "$addr0" >"$log" 2>&1
+rc=$?
+if [ "$rc" != 0 ] && grep -q "RDMA_CM_EVENT_UNREACHABLE, error: 1" "$log"; then
+  result "udaddy with no server: UNREACHABLE status 1 (SIDR unsupported)" ok
+else
+  result "udaddy with no server: UNREACHABLE status 1" fail "rc=$rc; $(tail -n 2 "$log" | tr '\n' ' ')"
+fi
+# RDMA_PS_IPOIB on a RoCE port: the Q_Key is the IPoIB broadcast group's, which only an IB SA
+# knows; the kernel fails rdma_init_qp_attr, so rdma_create_qp, with ENODEV (cma_set_qkey).
+log="$logs/udaddy-ipoib.log"
+timeout 20 udaddy -s "$addr0" -b "$addr1" -p 0x2 >"$log" 2>&1
+rc=$?
+if [ "$rc" != 0 ] && grep -q "unable to create QP: No such device" "$log"; then
+  result "udaddy -p 0x2 (RDMA_PS_IPOIB): QP creation fails with ENODEV, as the kernel's on RoCE" ok
+else
+  result "udaddy -p 0x2 (RDMA_PS_IPOIB): ENODEV" fail "rc=$rc; $(tail -n 2 "$log" | tr '\n' ' ')"
+fi
 # A client with no server: the peer's CM answers the REQ with REJ 8 (invalid service ID) at once,
 # which librdmacm reports as RDMA_CM_EVENT_REJECTED, status 8.
 log="$logs/rping-no-server.log"

@@ -135,6 +135,9 @@ pub enum CmError {
     /// EOPNOTSUPP.
     #[error("operation not supported (EOPNOTSUPP)")]
     NotSupp,
+    /// ENODEV: what needs an IB subnet administrator on a RoCE port (RDMA_PS_IPOIB's Q_Key).
+    #[error("no subnet administrator on a RoCE port (ENODEV)")]
+    NoDev,
 }
 
 impl CmError {
@@ -146,6 +149,7 @@ impl CmError {
             CmError::AddrInUse => 98,
             CmError::NoMem => 12,
             CmError::NotSupp => 95,
+            CmError::NoDev => 19,
         }
     }
 }
@@ -655,6 +659,12 @@ impl Cm {
     /// The QP attributes for moving the ID's QP to `state` (`rdma_init_qp_attr`).
     pub fn init_qp_attr(&self, h: IdHandle, state: QpState) -> Result<InitQpAttr, CmError> {
         let id = self.ids.get(&h).filter(|i| !i.orphan).ok_or(CmError::NoEnt)?;
+        if id.ps == PS_IPOIB {
+            // cma_set_qkey: an RDMA_PS_IPOIB ID's Q_Key is the IPoIB broadcast group's, which
+            // only the IB SA knows (ib_sa_get_mcmember_rec); a RoCE port has no SA client, so
+            // the kernel fails with -ENODEV, and with it rdma_create_qp (cma.c:1233-1237).
+            return Err(CmError::NoDev);
+        }
         let mut a = QpAttr { qp_state: state, ..QpAttr::default() };
         let mut mask = AttrMask::STATE;
         let connected = id.local_comm_id != 0;

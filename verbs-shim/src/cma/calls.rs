@@ -471,6 +471,23 @@ pub unsafe extern "C" fn rdma_resolve_addr(
     })
 }
 
+/// The address vector toward a UD peer as the kernel makes it from a RoCE path
+/// (ib_init_ah_attr_from_path): global, the peer's GID, the path's hop limit, traffic class and
+/// flow label, GID index 0 of port 1.
+fn ud_ah_attr(local: SocketAddr, remote: SocketAddr, tos: u8) -> ffi::ibv_ah_attr {
+    let r = path_record(local, remote, tos, 0);
+    let mut a = ffi::ibv_ah_attr::default();
+    a.is_global = 1;
+    a.port_num = 1;
+    a.sl = r.sl;
+    a.grh.dgid.raw = softrdma_device::proto::gid_of(remote.ip());
+    a.grh.hop_limit = r.hop_limit;
+    a.grh.traffic_class = r.traffic_class;
+    a.grh.flow_label = u32::from_be(r.flow_label);
+    a.grh.sgid_index = 0;
+    a
+}
+
 fn path_record(local: SocketAddr, remote: SocketAddr, tos: u8, mtu: u8) -> c::ibv_sa_path_rec {
     let mut r: c::ibv_sa_path_rec = unsafe { std::mem::zeroed() };
     r.sgid.raw = softrdma_device::proto::gid_of(local.ip());
@@ -847,6 +864,7 @@ fn conn_param_in(i: &Id, cid: &c::rdma_cm_id, p: *mut c::rdma_conn_param, passiv
             srq,
             qp_num: qpn,
             ece,
+            qkey: 0,
         });
     }
     // SAFETY: the caller's conn_param.
@@ -867,6 +885,7 @@ fn conn_param_in(i: &Id, cid: &c::rdma_cm_id, p: *mut c::rdma_conn_param, passiv
         srq: if qp.is_null() { p.srq != 0 } else { srq },
         qp_num: if qp.is_null() { p.qp_num } else { qpn },
         ece,
+        qkey: 0,
     })
 }
 
@@ -879,7 +898,14 @@ pub unsafe extern "C" fn rdma_connect(id: *mut c::rdma_cm_id, conn_param: *mut c
             return Err(EINVAL);
         }
         let param = conn_param_in(i, cid, conn_param, false)?;
-        if param.private_data.len() > softrdma_engine::cm::REQ_USER_DATA_LEN {
+        // A UD ID connects through SIDR (180 bytes of its private data are the consumer's), the
+        // others through a REQ (56).
+        let max = if lock(&i.st).qp_type == QpType::Ud {
+            softrdma_engine::cm::SIDR_REQ_USER_DATA_LEN
+        } else {
+            softrdma_engine::cm::REQ_USER_DATA_LEN
+        };
+        if param.private_data.len() > max {
             return Err(EINVAL);
         }
         let p = first(&lock(&i.st))?;
@@ -930,12 +956,20 @@ pub unsafe extern "C" fn rdma_accept(id: *mut c::rdma_cm_id, conn_param: *mut c:
         let i = id_of(id)?;
         let cid = id_mut(id)?;
         let param = conn_param_in(i, cid, conn_param, true)?;
-        if param.private_data.len() > softrdma_engine::wire::REP_PRIVATE_DATA_LEN {
+        let ud = lock(&i.st).qp_type == QpType::Ud;
+        let max = if ud {
+            softrdma_engine::wire::SIDR_REP_PRIVATE_DATA_LEN
+        } else {
+            softrdma_engine::wire::REP_PRIVATE_DATA_LEN
+        };
+        if param.private_data.len() > max {
             return Err(EINVAL);
         }
         let p = first(&lock(&i.st))?;
         let qp = cid.qp as *mut ffi::ibv_qp;
-        if !qp.is_null() {
+        // A UD QP is in RTS from rdma_create_qp on (ucma_init_ud_qp); accepting answers the
+        // SIDR_REQ with its number.
+        if !qp.is_null() && !ud {
             if let Err(e) = qp_to_rts(i, qp, Some((param.responder_resources, param.initiator_depth))) {
                 let _ = cm_call(&p.dev, &Request::CmReject { id: p.id, private_data: vec![], reason: 28 }, &[]);
                 return Err(e);
@@ -1297,11 +1331,22 @@ fn deliver(rec: CmRecord) -> Result<Option<Box<Event>>, Errno> {
                 }
             }
         }
-        REJECTED | UNREACHABLE | CONNECT_ERROR => qp_to_err(cid.qp as _),
+        REJECTED | UNREACHABLE | CONNECT_ERROR if lock(&i.st).qp_type != QpType::Ud => qp_to_err(cid.qp as _),
         DEVICE_REMOVAL => {}
         _ => {}
     }
-    if matches!(rec.event, CONNECT_REQUEST | CONNECT_RESPONSE | ESTABLISHED | REJECTED) || !private.is_empty() {
+    let ud = lock(&i.st).qp_type == QpType::Ud;
+    if ud {
+        // ucma_copy_ud_event: the peer's QPN and Q_Key (ESTABLISHED after SIDR) and the address
+        // vector toward it; a CONNECT_REQUEST carries the private data only (cma_ib_req_handler).
+        ev.param.ud.qp_num = rec.param.qp_num;
+        ev.param.ud.qkey = rec.param.qkey;
+        if rec.event == ESTABLISHED {
+            if let (Some(lo), Some(re)) = (rec.local, rec.remote) {
+                ev.param.ud.ah_attr = ud_ah_attr(lo, re, lock(&i.st).tos);
+            }
+        }
+    } else if matches!(rec.event, CONNECT_REQUEST | CONNECT_RESPONSE | ESTABLISHED | REJECTED) || !private.is_empty() {
         ev.param.conn.responder_resources = rec.param.responder_resources;
         ev.param.conn.initiator_depth = rec.param.initiator_depth;
         ev.param.conn.flow_control = u8::from(rec.param.flow_control);
@@ -1601,7 +1646,7 @@ pub unsafe extern "C" fn rdma_leave_multicast(_id: *mut c::rdma_cm_id, _addr: *m
     not_yet("rdma_leave_multicast")
 }
 
-/// Multicast joins and UD (SIDR) connections are rdma_cm part 2: they fail with ENOSYS and say so.
+/// Multicast joins are rdma_cm part 2: they fail with ENOSYS and say so.
 fn not_yet(name: &str) -> c_int {
     static SAID: std::sync::Once = std::sync::Once::new();
     SAID.call_once(|| eprintln!("softrdma: {name}: rdma_cm multicast is not implemented yet (ENOSYS)"));

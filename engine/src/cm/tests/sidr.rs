@@ -204,3 +204,16 @@ fn a_sidr_rep_with_a_foreign_qkey_is_an_address_error() {
     assert_eq!(p.a.counters().mads_unmatched, before + 1);
     assert!(p.events(Side::A).is_empty());
 }
+
+#[test]
+fn an_ipoib_id_has_no_qp_attributes_on_roce() {
+    // cma_set_qkey for RDMA_PS_IPOIB asks the SA for the broadcast group's Q_Key; a RoCE port
+    // has none: rdma_init_qp_attr (and so rdma_create_qp) fails with -ENODEV.
+    let mut p = Pair::new();
+    let h = p.a.create_id(PS_IPOIB, QpType::Ud);
+    assert_eq!(p.a.init_qp_attr(h, QpState::Init), Err(CmError::NoDev));
+    assert_eq!(CmError::NoDev.errno(), 19);
+    let u = p.a.create_id(PS_UDP, QpType::Ud);
+    let a = p.a.init_qp_attr(u, QpState::Init).unwrap();
+    assert_eq!((a.attr.qkey, a.mask.contains(AttrMask::QKEY)), (RDMA_UDP_QKEY, true));
+}
