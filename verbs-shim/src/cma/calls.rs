@@ -476,10 +476,7 @@ pub unsafe extern "C" fn rdma_resolve_addr(
 /// flow label, GID index 0 of port 1.
 fn ud_ah_attr(local: SocketAddr, remote: SocketAddr, tos: u8) -> ffi::ibv_ah_attr {
     let r = path_record(local, remote, tos, 0);
-    let mut a = ffi::ibv_ah_attr::default();
-    a.is_global = 1;
-    a.port_num = 1;
-    a.sl = r.sl;
+    let mut a = ffi::ibv_ah_attr { is_global: 1, port_num: 1, sl: r.sl, ..Default::default() };
     a.grh.dgid.raw = softrdma_device::proto::gid_of(remote.ip());
     a.grh.hop_limit = r.hop_limit;
     a.grh.traffic_class = r.traffic_class;
