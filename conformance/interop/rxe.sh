@@ -372,13 +372,14 @@ echo "== rdma_cm: the kernel's (rdma_cm and ib_cm over rdma_rxe) and softrdma's,
 # hold CM MADs both ways, every one decoded (`softrdma pcap decode --json` gives a `cm` object per
 # MAD on QP1, with an `error` when it is not a valid CM MAD), and every packet a valid ICRC.
 cm_start=$SECONDS cm_runs=0
-# cm_listening SIDE PORT: waits until an rdma_cm listener (RDMA_PS_TCP) on SIDE holds PORT.
+# cm_listening SIDE PORT: waits until an rdma_cm listener (RDMA_PS_TCP or RDMA_PS_UDP) on SIDE
+# holds PORT.
 cm_listening() {
   case $1 in
     rxe) guest "$work/listening" "cm-listening $2 30" ;;
     *) for _ in $(seq 300); do
         for d in srdma0 srdma1; do
-          "$bin" cm-ids $d 2>/dev/null | grep -qE "state LISTEN ps TCP .*src-addr [^ ]*:$2 " && return 0
+          "$bin" cm-ids $d 2>/dev/null | grep -qE "state LISTEN ps (TCP|UDP) .*src-addr [^ ]*:$2 " && return 0
         done
         sleep 0.1
       done
@@ -439,7 +440,8 @@ cm_run() {
   if [ ${#sargs[@]} -gt 0 ]; then
     on "$server" "$slog" "${sargs[@]}" &
     spid=$!
-    cm_listening "$server" "$port" || { why="the server never listened; "; kill "$spid" 2>/dev/null; }
+    # (listen_port: a program with a fixed port, udaddy's 7174.)
+    cm_listening "$server" "${listen_port:-$port}" || { why="the server never listened; "; kill "$spid" 2>/dev/null; }
   else
     : >"$slog" # no server: the client's REQ finds no listener
   fi
@@ -545,6 +547,24 @@ for pair in "rxe softrdma" "softrdma rxe"; do
   port=0 # cm_run takes the next port: 1
   cm_run "rping no server" "$1" "$2" rejected_ok -- rping -c -a @S -p @P -C 1
   port=$port_was
+done
+# udaddy: UD through SIDR (RDMA_PS_UDP, its fixed port 7174). The SIDR_REQ/SIDR_REP pair gives
+# the client the server's QPN and Q_Key; the server answers each datagram through
+# ibv_create_ah_from_wc and the Q_Key it reads with ibv_query_qp. With no server, the peer's CM
+# answers SIDR_REP status 1 (unsupported: cm_sidr_req_handler) and the client hears UNREACHABLE,
+# status 1.
+udaddy_ok() {
+  echo "server \"data transfers complete\", client \"return status 0\""
+  [ "$1" = 0 ] && [ "$2" = 0 ] && grep -q "data transfers complete" "$3" && grep -q "return status 0" "$4"
+}
+unsupported_ok() {
+  echo "\"$(grep -o "RDMA_CM_EVENT_UNREACHABLE, error: [0-9]*" "$4" | head -1)\" after $cm_ms ms"
+  [ "$2" != 0 ] && grep -q "RDMA_CM_EVENT_UNREACHABLE, error: 1$" "$4" && [ "$cm_ms" -lt 3000 ]
+}
+for pair in "rxe softrdma" "softrdma rxe"; do
+  set -- $pair
+  listen_port=7174 cm_run udaddy "$1" "$2" udaddy_ok udaddy -b @S -- udaddy -s @S
+  listen_port=7174 cm_run "udaddy no server" "$1" "$2" unsupported_ok -- udaddy -s @S
 done
 [ "$cm_runs" = 0 ] || echo "($cm_runs rdma_cm runs in $((SECONDS - cm_start)) s)"
 

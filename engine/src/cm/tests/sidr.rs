@@ -180,26 +180,15 @@ fn a_sidr_rep_with_a_foreign_qkey_is_an_address_error() {
     // (RDMA_CM_EVENT_ADDR_ERROR).
     let mut p = Pair::new();
     let a = p.dial(PS_UDP, QpType::Ud, SPORT, ud_param(0x11, b""));
-    let req = sidr_req(
-        &p.a.poll_mad()
-            .map(|m| Sent {
-                at: p.now,
-                from: Side::A,
-                dst: m.dst,
-                repr: CmMadRepr::parse(&m.mad).unwrap(),
-                fate: Fate::Drop,
-            })
-            .unwrap(),
-    );
-    let rep = CmSidrRepRepr { request_id: req.request_id, status: 0, qpn: 9, qkey: 0x1111, ..Default::default() };
-    let mut mad = vec![0u8; MAD_LEN];
-    CmMadRepr { tid: 1, attr_mod: 0, msg: CmMessage::SidrRep(rep) }.emit(&mut mad).unwrap();
-    let now = p.now;
-    p.a.handle_mad(now, B_IP, &mad);
+    answer_a(&mut p, sidr_status::OK, 0x1111);
     let ev = p.event(Side::A);
     assert_eq!((ev.id, ev.kind, ev.status), (a, CmEventKind::AddrError, -22));
     // A SIDR_REP for no request is counted, not acted on.
     let before = p.a.counters().mads_unmatched;
+    let rep = CmSidrRepRepr { request_id: 0x0bad, status: 0, qpn: 9, qkey: RDMA_UDP_QKEY, ..Default::default() };
+    let mut mad = vec![0u8; MAD_LEN];
+    CmMadRepr { tid: 1, attr_mod: 0, msg: CmMessage::SidrRep(rep) }.emit(&mut mad).unwrap();
+    let now = p.now;
     p.a.handle_mad(now, B_IP, &mad);
     assert_eq!(p.a.counters().mads_unmatched, before + 1);
     assert!(p.events(Side::A).is_empty());
@@ -216,4 +205,59 @@ fn an_ipoib_id_has_no_qp_attributes_on_roce() {
     let u = p.a.create_id(PS_UDP, QpType::Ud);
     let a = p.a.init_qp_attr(u, QpState::Init).unwrap();
     assert_eq!((a.attr.qkey, a.mask.contains(AttrMask::QKEY)), (RDMA_UDP_QKEY, true));
+}
+
+/// Sends `rep` to A as if from B, for A's outstanding SIDR_REQ.
+fn answer_a(p: &mut Pair, status: u8, qkey: u32) {
+    let m = p.a.poll_mad().expect("A's SIDR_REQ");
+    let req = match CmMadRepr::parse(&m.mad).unwrap().msg {
+        CmMessage::SidrReq(r) => r,
+        m => panic!("not a SIDR_REQ: {m:?}"),
+    };
+    let rep = CmSidrRepRepr { request_id: req.request_id, status, qpn: 9, qkey, ..Default::default() };
+    let mut mad = vec![0u8; MAD_LEN];
+    CmMadRepr { tid: 1, attr_mod: 0, msg: CmMessage::SidrRep(rep) }.emit(&mut mad).unwrap();
+    let now = p.now;
+    p.a.handle_mad(now, B_IP, &mad);
+}
+
+#[test]
+fn every_sidr_failure_status_reaches_the_consumer_as_unreachable() {
+    // cma_sidr_rep_handler: any status but 0 is UNREACHABLE with the status itself (no QP 3,
+    // redirect 4, unsupported class version 5, as other CMs may send them).
+    for status in [sidr_status::NO_QP, sidr_status::REDIRECT, sidr_status::UNSUPPORTED_VERSION] {
+        let mut p = Pair::new();
+        let a = p.dial(PS_UDP, QpType::Ud, SPORT, ud_param(0x11, b""));
+        answer_a(&mut p, status, 0);
+        let ev = p.event(Side::A);
+        assert_eq!((ev.id, ev.kind, ev.status), (a, CmEventKind::Unreachable, i32::from(status)));
+        assert_eq!(p.a.state(a), Some(IdState::Closed));
+        assert_eq!(p.a.poll_timeout(), None, "no more resends");
+    }
+}
+
+#[test]
+fn a_sidr_req_without_a_valid_ip_header_is_rejected() {
+    // cma_ib_req_handler cannot read the IP header (cma_save_net_info fails): the IB CM ID is
+    // destroyed, which rejects the request (status 2); the consumer hears nothing.
+    let mut p = Pair::new();
+    p.listen(PS_UDP, QpType::Ud, 0);
+    let req = CmSidrReqRepr {
+        request_id: 77,
+        pkey: 0xffff,
+        service_id: service_id(PS_UDP, PORT),
+        private_data: vec![0x55; 40], // version byte 0x55: not rdma_cm's header
+    };
+    let mut mad = vec![0u8; MAD_LEN];
+    CmMadRepr { tid: 5, attr_mod: 0, msg: CmMessage::SidrReq(req) }.emit(&mut mad).unwrap();
+    let now = p.now;
+    p.b.handle_mad(now, A_IP, &mad);
+    p.drive();
+    let rep = sidr_rep(&p.sent(CmAttr::SidrRep)[0]);
+    assert_eq!((rep.request_id, rep.status), (77, sidr_status::REJECT));
+    assert!(p.events(Side::B).is_empty());
+    // A truncated SIDR_REQ is counted malformed and answered by nothing.
+    let before = p.b.counters().mads_malformed;
+    p.b.handle_mad(now, A_IP, &mad[..40]);
+    assert_eq!(p.b.counters().mads_malformed, before + 1);
 }
