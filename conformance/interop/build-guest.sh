@@ -92,7 +92,7 @@ copy_bin() { # SOURCE DEST (relative to the initramfs root)
 }
 for b in ibv_devinfo ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong \
   ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat ib_read_lat ib_send_lat ib_atomic_lat \
-  rping ucmatose; do
+  rping ucmatose udaddy mckey; do
   copy_bin "ustage/usr/bin/$b" "usr/bin/$b"
 done
 # rping ends its threads with pthread_exit/pthread_cancel, for which glibc loads libgcc_s at run
