@@ -245,13 +245,23 @@ pub(crate) fn stat(name: &str, json: bool) -> Result<ExitCode> {
         ("cm_events_dropped", desk.events_dropped),
         ("cm_calls_refused", desk.calls_refused),
     ];
+    let Response::McastGroups(groups) = c.call(&Request::McastGroups, &[])?.0 else {
+        bail!("unexpected answer from {name}")
+    };
     if json {
-        let m: serde_json::Map<String, serde_json::Value> =
+        let mut m: serde_json::Map<String, serde_json::Value> =
             rows.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
+        m.insert("mcast_groups".into(), serde_json::to_value(&groups)?);
         println!("{}", serde_json::Value::Object(m));
     } else {
         for (k, v) in rows {
             println!("{k:<24}{v}");
+        }
+        // rdma_cm multicast: each group, its members on this device, and whether the device is
+        // a member of the IP group (the kernel's IGMP membership).
+        for g in &groups {
+            let ip = if g.ip_member { "yes" } else { "no" };
+            println!("mcast_group             {} full {} send_only {} ip_member {ip}", g.group, g.full, g.send_only);
         }
     }
     Ok(ExitCode::SUCCESS)

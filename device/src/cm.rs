@@ -266,6 +266,27 @@ impl CmDesk {
         self.channels.values().any(|c| !c.backlog.is_empty())
     }
 
+    /// The owner of an ID, if it has one.
+    pub(crate) fn owner_of(&self, id: IdHandle) -> Option<u32> {
+        self.ids.get(&id).map(|e| e.owner)
+    }
+
+    /// An event the device makes for an ID itself (RDMA_CM_EVENT_MULTICAST_JOIN): to the ID's
+    /// channel, with `listen_user` carrying `tag`.
+    pub(crate) fn push(&mut self, dev: &Device<ProcessMemory>, device: &str, id: IdHandle, rec: CmRecord, tag: u64) {
+        let Some(entry) = self.ids.get(&id) else { return };
+        let (local, _) = dev.cm_ref().addrs(id).unwrap_or((None, None));
+        let rec = CmRecord { device: device.to_owned(), id, user: entry.user, listen_user: tag, local, ..rec };
+        let Some(frame) = rec.to_frame() else { return };
+        let Some(ch) = self.channels.get_mut(&entry.channel) else { return };
+        if ch.backlog.len() >= MAX_BACKLOG {
+            self.events_dropped += 1;
+            return;
+        }
+        ch.backlog.push_back(frame);
+        self.flush();
+    }
+
     /// A departed client: its IDs are destroyed as ucma's close destroys them, its channels go.
     pub(crate) fn detach(&mut self, dev: &mut Device<ProcessMemory>, now: Instant, owner: u32) {
         let mine: Vec<IdHandle> = self.ids.iter().filter(|(_, e)| e.owner == owner).map(|(h, _)| *h).collect();

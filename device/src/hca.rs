@@ -274,6 +274,8 @@ struct State {
     cqs: HashMap<CqId, CqWatch>,
     /// Shared XRC domain files by (st_dev, st_ino), kept open while their domain lives.
     xrcd_files: HashMap<(u64, u64), File>,
+    /// rdma_cm multicast joins and the IP group memberships behind them.
+    groups: crate::mcast::Groups,
     buf: Vec<u8>,
     io: IoCounters,
     gso: Gso,
@@ -398,6 +400,7 @@ impl Hca {
             next_channel: 1,
             cqs: HashMap::new(),
             xrcd_files: HashMap::new(),
+            groups: Default::default(),
             buf: vec![0u8; 4096 + 256],
             io: IoCounters::default(),
             gso: Gso {
@@ -566,7 +569,7 @@ fn run(sh: &Shared) {
         if sh.stop.load(Ordering::SeqCst) {
             return;
         }
-        let (timeout, udp_fd, spinning_now) = {
+        let (timeout, udp_fd, spinning_now, group_fds) = {
             let mut st = sh.lock();
             let before = st.io.ring_wqes + st.io.udp_rcvd;
             st.pump();
@@ -587,13 +590,16 @@ fn run(sh: &Shared) {
             let cm_retry = st.cm.has_backlog().then(|| now + softrdma_engine::time::Duration::from_millis(1));
             let next = [st.dev.poll_timeout(), st.delayed.peek().map(|d| d.0.at), cm_retry].into_iter().flatten().min();
             let t = if spinning { Some(0) } else { next.map(|t| t.saturating_since(now).as_nanos()) };
-            (t, st.udp.as_raw_fd(), spinning)
+            (t, st.udp.as_raw_fd(), spinning, st.groups.fds())
         };
         let ts = timeout.map(|ns| nix::sys::time::TimeSpec::from_duration(std::time::Duration::from_nanos(ns)));
-        // SAFETY-free: the fd stays open as long as `sh` (the state owns the socket).
+        // SAFETY-free: the fds stay open as long as `sh` (the state owns the sockets; a group
+        // socket closed meanwhile by a leave only makes this poll see POLLNVAL).
         let udp_b = unsafe_borrow(udp_fd);
-        let mut fds = [PollFd::new(udp_b, PollFlags::POLLIN), PollFd::new(sh.wake.as_fd(), PollFlags::POLLIN)];
+        let mut fds = vec![PollFd::new(udp_b, PollFlags::POLLIN), PollFd::new(sh.wake.as_fd(), PollFlags::POLLIN)];
+        fds.extend(group_fds.iter().map(|f| PollFd::new(unsafe_borrow(*f), PollFlags::POLLIN)));
         let _ = nix::poll::ppoll(&mut fds, ts, None);
+        let group_readable = fds[2..].iter().any(|f| f.revents().is_some_and(|r| r.contains(PollFlags::POLLIN)));
         if spinning_now && spin_yields() {
             // While spinning, let the other runnable threads (the clients' pollers, the peer
             // device) have the CPU between two looks: on a machine with fewer cores than busy
@@ -606,6 +612,13 @@ fn run(sh: &Shared) {
             let _ = sh.wake.read();
         }
         received = false;
+        if group_readable {
+            let mut st = sh.lock();
+            if st.receive_groups() > 0 {
+                st.pump();
+                received = true;
+            }
+        }
         if readable {
             // Batch by batch, releasing the lock in between so clients' calls get in.
             for _ in 0..64 {
@@ -1037,6 +1050,72 @@ impl State {
         }
     }
 
+    /// `rdma_join_multicast_ex` on a RoCEv2 port (cma_iboe_join_multicast): a UD ID bound or
+    /// resolved, an IPv4 group; the device takes part in the group (IP membership for a full
+    /// member) and the ID hears RDMA_CM_EVENT_MULTICAST_JOIN with the group's QPN 0xFFFFFF and
+    /// the port space's Q_Key.
+    fn mcast_join(&mut self, owner: u32, id: u32, group: IpAddr, send_only: bool, user: u64) -> Response {
+        if self.cm.owner_of(id) != Some(owner) {
+            return Response::CmErr(libc::ENOENT);
+        }
+        let ok_state = self.dev.cm_ref().ids().into_iter().any(|i| {
+            i.id == id && i.qp_type == QpType::Ud && i.state == softrdma_engine::cm::IdState::Idle && i.local.is_some()
+        });
+        if !ok_state {
+            return Response::CmErr(libc::EINVAL);
+        }
+        let (iface, port) = (self.addr(), self.udp.port());
+        if let Err(e) = self.groups.join(owner, id, group, send_only, iface, port) {
+            return Response::CmErr(e);
+        }
+        let rec = crate::proto::CmRecord {
+            device: String::new(),
+            id: 0,
+            user: 0,
+            listen_user: 0,
+            event: MULTICAST_JOIN,
+            status: 0,
+            param: softrdma_engine::cm::ConnParam {
+                qp_num: Qpn::MULTICAST.value(),
+                qkey: softrdma_engine::cm::RDMA_UDP_QKEY,
+                ..Default::default()
+            },
+            local: None,
+            remote: Some(std::net::SocketAddr::new(group, 0)),
+        };
+        let name = self.name.clone();
+        self.cm.push(&self.dev, &name, id, rec, user);
+        Response::Ok
+    }
+
+    /// Group datagrams the member sockets hold, into the engine as from the wire.
+    fn receive_groups(&mut self) -> usize {
+        let now = self.now();
+        let addr = self.addr();
+        let mut buf = std::mem::take(&mut self.buf);
+        if buf.len() < 65536 {
+            buf.resize(65536, 0);
+        }
+        let State { groups, dev, tap, io, epoch, .. } = self;
+        let n = groups.receive(&mut buf, 64, &mut |from, g, data| {
+            // Our own sends come back through the kernel's multicast loopback; the device
+            // already delivered them internally.
+            if from.ip() == addr {
+                return;
+            }
+            io.udp_rcvd += 1;
+            let dst = IpAddr::V4(g);
+            if let Some(t) = tap.as_mut() {
+                let _ = t.write(epoch.elapsed().as_nanos() as u64, from.ip(), dst, from.port(), data, None);
+            }
+            let meta = RecvMeta { src: from.ip(), src_port: from.port(), ip_id: None, dst: Some(dst) };
+            trace_packet("rx", data);
+            dev.handle_packet(now, meta, data);
+        });
+        self.buf = buf;
+        n
+    }
+
     fn owner_of(&self, f: impl Fn(&Objects) -> bool) -> Option<u32> {
         self.clients.iter().find(|(_, c)| f(&c.objects)).map(|(o, _)| *o)
     }
@@ -1046,6 +1125,26 @@ impl State {
     }
 
     fn call(&mut self, owner: u32, req: Request, fds: Vec<OwnedFd>) -> (Response, Vec<Arc<EventFd>>) {
+        match req {
+            Request::CmJoin { id, group, send_only, user } => {
+                return (self.mcast_join(owner, id, group, send_only, user), Vec::new());
+            }
+            Request::CmLeave { id, group } => {
+                if self.cm.owner_of(id) != Some(owner) {
+                    return (Response::CmErr(libc::ENOENT), Vec::new());
+                }
+                let r = match self.groups.leave(owner, id, group) {
+                    Ok(()) => Response::Ok,
+                    Err(e) => Response::CmErr(e),
+                };
+                return (r, Vec::new());
+            }
+            Request::CmDestroyId(id) => {
+                // rdma_destroy_id leaves the ID's groups (cma_leave_mc_groups).
+                self.groups.drop_where(|o, i| o == owner && i == id);
+            }
+            _ => {}
+        }
         if crate::cm::CmDesk::handles(&req) {
             let now = self.now();
             return (self.cm.call(&mut self.dev, now, owner, req, fds), Vec::new());
@@ -1471,6 +1570,7 @@ impl State {
                 ok(R::Event(c.events.pop_front()))
             }
             Request::Stats => ok(R::Stats(*self.dev.counters(), self.io_stats())),
+            Request::McastGroups => ok(R::McastGroups(self.groups.info())),
             // Routed to the CM in `call` before this match.
             _ => Err(VerbsError::Inval),
         }
@@ -1636,6 +1736,7 @@ impl State {
         // rdma_cm IDs first, as ucma's close: established connections get their DREQ.
         let now = self.now();
         self.cm.detach(&mut self.dev, now, owner);
+        self.groups.drop_where(|o, _| o == owner);
         let ob = c.objects;
         for (q, g) in &ob.mcast {
             let _ = self.dev.detach_mcast(*q, *g);
@@ -1673,6 +1774,9 @@ impl State {
         self.reap_xrcd_files();
     }
 }
+
+/// RDMA_CM_EVENT_MULTICAST_JOIN.
+const MULTICAST_JOIN: u32 = 12;
 
 /// The QP an affiliated async event names.
 fn event_qp(e: AsyncEvent) -> Option<softrdma_engine::wire::Qpn> {

@@ -17,6 +17,7 @@ mod cm;
 pub mod daemon;
 pub mod faults;
 pub mod hca;
+pub mod mcast;
 pub mod memory;
 pub mod proto;
 pub mod runtime;

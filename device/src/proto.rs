@@ -23,7 +23,7 @@ use softrdma_engine::wr::{RecvWr, SendWr, WorkCompletion};
 pub use crate::arena::RingDesc;
 
 /// The protocol version; `Hello` with another one is refused.
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 
 /// A request of the device to a client's memory helper (the fallback of design D3 where the
 /// kernel refuses cross-process access: the client serves its own memory on a socket pair).
@@ -369,6 +369,27 @@ pub enum Request {
         /// The handle.
         handle: u32,
     },
+    /// `rdma_join_multicast_ex`: the ID joins an IPv4 group; the device joins the IP group for
+    /// the first full member and answers with RDMA_CM_EVENT_MULTICAST_JOIN on the ID's channel.
+    CmJoin {
+        /// ID.
+        id: u32,
+        /// The group.
+        group: IpAddr,
+        /// A send-only full member (no IP membership, no attach).
+        send_only: bool,
+        /// The client's handle of the join (it comes back in the event's `listen_user`).
+        user: u64,
+    },
+    /// The multicast groups (`softrdma stat`).
+    McastGroups,
+    /// `rdma_leave_multicast`.
+    CmLeave {
+        /// ID.
+        id: u32,
+        /// The group.
+        group: IpAddr,
+    },
 }
 
 /// A send queue ring entry: the work request and, for IBV_SEND_INLINE, its data, copied by the
@@ -528,6 +549,8 @@ pub enum Response {
     CmStats(CmCounters, CmDeskStats),
     /// The device's rdma_cm IDs, each with its owner's process ID (-1: none, or gone).
     CmIds(Vec<(IdInfo, i32)>),
+    /// The device's multicast groups and their members (`softrdma stat`).
+    McastGroups(Vec<crate::mcast::GroupInfo>),
 }
 
 /// The device's side of the CM, for `softrdma stat`.
@@ -590,7 +613,8 @@ pub struct CmRecord {
     pub id: u32,
     /// The client's handle for the ID (0: a new connection ID, see `listen_user`).
     pub user: u64,
-    /// For CONNECT_REQUEST: the client's handle of the listener.
+    /// For CONNECT_REQUEST: the client's handle of the listener; for MULTICAST_JOIN: the
+    /// client's handle of the join.
     pub listen_user: u64,
     /// `enum rdma_cm_event_type`.
     pub event: u32,

@@ -28,4 +28,4 @@ pub mod sim;
 pub mod udp;
 pub mod workload;
 
-pub use udp::{active_mtu, interface_mtu, RoceUdp, UdpConfig, UdpError, UdpStats};
+pub use udp::{active_mtu, interface_mtu, GroupSocket, RoceUdp, UdpConfig, UdpError, UdpStats};

@@ -645,6 +645,15 @@ fn new_socket(local: SocketAddr) -> Result<Socket, UdpError> {
     } else {
         set_int_option(&socket, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO)
             .map_err(|e| setup_error(local, "setting IP_MTU_DISCOVER", e))?;
+        if let IpAddr::V4(a) = local.ip() {
+            if !a.is_unspecified() {
+                // Multicast UD SENDs leave through the device's own interface with TTL 64, as
+                // rxe's do (rxe_net.c); the host's other devices hear them through the kernel's
+                // multicast loopback.
+                let _ = socket.set_multicast_if_v4(&a);
+                let _ = socket.set_multicast_ttl_v4(64);
+            }
+        }
     }
     let _ = socket.set_send_buffer_size(SOCKET_BUFFER_BYTES);
     Ok(socket)
@@ -1002,5 +1011,52 @@ mod tests {
     fn endpoint_is_send() {
         fn send<T: Send>() {}
         send::<RoceUdp>();
+    }
+}
+
+/// A member socket of one IPv4 multicast group: bound to the group's address and the RoCE port
+/// (a socket bound to the device's unicast address never receives group datagrams), joined on
+/// the device's interface (IP_ADD_MEMBERSHIP: the kernel sends the IGMP report and programs the
+/// 01:00:5e filter), hearing only its own group (IP_MULTICAST_ALL off). Dropping it leaves the
+/// group.
+#[derive(Debug)]
+pub struct GroupSocket {
+    sock: Socket,
+    group: Ipv4Addr,
+}
+
+impl GroupSocket {
+    /// Joins `group` on the interface of `iface` (the device's address), receiving on `port`.
+    pub fn join(group: Ipv4Addr, iface: Ipv4Addr, port: u16) -> io::Result<GroupSocket> {
+        if !group.is_multicast() {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        let sock = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+        sock.set_reuse_address(true)?;
+        sock.set_nonblocking(true)?;
+        sock.bind(&SockAddr::from(SocketAddr::new(IpAddr::V4(group), port)))?;
+        sock.join_multicast_v4(&group, &iface)?;
+        set_int_option(&sock, libc::IPPROTO_IP, libc::IP_MULTICAST_ALL, 0)?;
+        Ok(GroupSocket { sock, group })
+    }
+
+    /// The group.
+    pub fn group(&self) -> Ipv4Addr {
+        self.group
+    }
+
+    /// One datagram (non-blocking: `WouldBlock` when none waits): its length and sender.
+    pub fn recv(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
+        // SAFETY: an initialized byte buffer viewed as MaybeUninit for socket2's recv_from.
+        let b = unsafe { &mut *(buf as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) };
+        let (n, from) = self.sock.recv_from(b)?;
+        let from = from.as_socket().ok_or_else(|| io::Error::from_raw_os_error(libc::EAFNOSUPPORT))?;
+        Ok((n, from))
+    }
+}
+
+impl AsRawFd for GroupSocket {
+    fn as_raw_fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
     }
 }

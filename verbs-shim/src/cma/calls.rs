@@ -15,7 +15,7 @@ use softrdma_engine::verbs::{QpState, QpType};
 
 use super::{
     api, channel_of, cm_call, cma, id_of, lock, ports, sockaddr_from, sockaddr_to, Channel, CmDev, Event, Id, IdState,
-    Placement,
+    Mc, Placement,
 };
 use crate::cma_ffi as c;
 use crate::{ffi, minus1_call, ptr_call, set_errno, Errno, EINVAL};
@@ -31,6 +31,8 @@ const UNREACHABLE: u32 = 7;
 const REJECTED: u32 = 8;
 const ESTABLISHED: u32 = 9;
 const DEVICE_REMOVAL: u32 = 11;
+const MULTICAST_JOIN: u32 = 12;
+const MULTICAST_ERROR: u32 = 13;
 
 /// Whether the program's ID wants the QP type's CM semantics.
 fn qp_type_of(t: u32) -> Option<QpType> {
@@ -96,6 +98,7 @@ fn new_id(
             own_xrcd: std::ptr::null_mut(),
             local_ece: (0, 0),
             remote_ece: (0, 0),
+            mcs: Vec::new(),
         }),
         outstanding: Mutex::new(0),
         acked: Condvar::new(),
@@ -1333,7 +1336,36 @@ fn deliver(rec: CmRecord) -> Result<Option<Box<Event>>, Errno> {
         _ => {}
     }
     let ud = lock(&i.st).qp_type == QpType::Ud;
-    if ud {
+    let mut mc_context = None;
+    if rec.event == MULTICAST_JOIN {
+        // ucma_copy_ud_event + ucma_process_join: the group's QPN and Q_Key, the address vector
+        // toward the group (the MGID ::ffff:G, hop limit 64), the join's context as the private
+        // data; a full member's QP is attached to the group here.
+        let mut st = lock(&i.st);
+        let Some(mc) = st.mcs.iter_mut().find(|m| m.handle == rec.listen_user) else { return Ok(None) };
+        mc_context = Some(mc.context);
+        let group = mc.group;
+        let mgid = softrdma_device::proto::gid_of(group);
+        let mut ah = ffi::ibv_ah_attr { is_global: 1, port_num: 1, ..Default::default() };
+        ah.grh.dgid.raw = mgid;
+        ah.grh.hop_limit = 64;
+        ev.param.ud.ah_attr = ah;
+        ev.param.ud.qp_num = rec.param.qp_num;
+        ev.param.ud.qkey = rec.param.qkey;
+        let qp = cid.qp as *mut ffi::ibv_qp;
+        if !qp.is_null() && !mc.send_only {
+            let gid = ffi::ibv_gid { raw: mgid };
+            // SAFETY: libibverbs on the ID's QP.
+            let r = unsafe { (api().attach_mcast)(qp, &gid, 0) };
+            if r == 0 {
+                mc.attached = true;
+            } else {
+                ev.event = MULTICAST_ERROR as _;
+                ev.status = -1;
+                set_errno(r);
+            }
+        }
+    } else if ud {
         // ucma_copy_ud_event: the peer's QPN and Q_Key (ESTABLISHED after SIDR) and the address
         // vector toward it; a CONNECT_REQUEST carries the private data only (cma_ib_req_handler).
         ev.param.ud.qp_num = rec.param.qp_num;
@@ -1359,6 +1391,9 @@ fn deliver(rec: CmRecord) -> Result<Option<Box<Event>>, Errno> {
     let len = if rec.param.private_data.is_empty() { 0 } else { e.private.len() };
     e.c.param.conn.private_data_len = len.min(255) as u8;
     e.c.param.conn.private_data = if len == 0 { std::ptr::null() } else { e.private.as_ptr() as *const c_void };
+    if let Some(ctx) = mc_context {
+        e.c.param.ud.private_data = ctx as *const c_void;
+    }
     e.c.id = idp;
     *lock(&i.outstanding) += 1;
     Ok(Some(e))
@@ -1622,31 +1657,79 @@ pub unsafe extern "C" fn rdma_destroy_srq(id: *mut c::rdma_cm_id) {
 
 #[no_mangle]
 pub unsafe extern "C" fn rdma_join_multicast(
-    _id: *mut c::rdma_cm_id,
-    _addr: *mut libc::sockaddr,
-    _context: *mut c_void,
+    id: *mut c::rdma_cm_id,
+    addr: *mut libc::sockaddr,
+    context: *mut c_void,
 ) -> c_int {
-    not_yet("rdma_join_multicast")
+    minus1_call(|| {
+        join(id, addr, false, context)?;
+        Ok(0)
+    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn rdma_join_multicast_ex(
-    _id: *mut c::rdma_cm_id,
-    _attr: *mut c::rdma_cm_join_mc_attr_ex,
-    _context: *mut c_void,
+    id: *mut c::rdma_cm_id,
+    attr: *mut c::rdma_cm_join_mc_attr_ex,
+    context: *mut c_void,
 ) -> c_int {
-    not_yet("rdma_join_multicast_ex")
+    minus1_call(|| {
+        let a = crate::nonnull(attr)?;
+        // librdmacm's checks, in its order.
+        if a.comp_mask >= c::RDMA_CM_JOIN_MC_ATTR_RESERVED {
+            return Err(Errno(libc::ENOTSUP));
+        }
+        if a.comp_mask & c::RDMA_CM_JOIN_MC_ATTR_ADDRESS == 0
+            || a.comp_mask & c::RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS == 0
+            || a.join_flags >= c::RDMA_MC_JOIN_FLAG_RESERVED
+        {
+            return Err(EINVAL);
+        }
+        join(id, a.addr as *mut libc::sockaddr, a.join_flags == c::RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER, context)?;
+        Ok(0)
+    })
+}
+
+/// rdma_join_multicast2: the ID's device joins the group; RDMA_CM_EVENT_MULTICAST_JOIN follows on
+/// the ID's channel, where the QP is attached (ucma_process_join).
+fn join(id: *mut c::rdma_cm_id, addr: *mut libc::sockaddr, send_only: bool, context: *mut c_void) -> Result<(), Errno> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let i = id_of(id)?;
+    let group = sockaddr_from(addr).ok_or(EINVAL)?.ip();
+    let mut st = lock(&i.st);
+    // The kernel's rdma_join_multicast: a UD ID whose address is bound or resolved.
+    if st.qp_type != QpType::Ud || st.bound.is_none() {
+        return Err(EINVAL);
+    }
+    let p = first(&st)?;
+    let handle = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    st.mcs.push(Mc { handle, group, context, send_only, attached: false });
+    drop(st);
+    if let Err(e) = cm_call(&p.dev, &Request::CmJoin { id: p.id, group, send_only, user: handle }, &[]) {
+        lock(&i.st).mcs.retain(|m| m.handle != handle);
+        return Err(e);
+    }
+    Ok(())
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn rdma_leave_multicast(_id: *mut c::rdma_cm_id, _addr: *mut libc::sockaddr) -> c_int {
-    not_yet("rdma_leave_multicast")
-}
-
-/// Multicast joins are rdma_cm part 2: they fail with ENOSYS and say so.
-fn not_yet(name: &str) -> c_int {
-    static SAID: std::sync::Once = std::sync::Once::new();
-    SAID.call_once(|| eprintln!("softrdma: {name}: rdma_cm multicast is not implemented yet (ENOSYS)"));
-    set_errno(libc::ENOSYS);
-    -1
+pub unsafe extern "C" fn rdma_leave_multicast(id: *mut c::rdma_cm_id, addr: *mut libc::sockaddr) -> c_int {
+    minus1_call(|| {
+        let i = id_of(id)?;
+        let group = sockaddr_from(addr).ok_or(EINVAL)?.ip();
+        let mut st = lock(&i.st);
+        // librdmacm: a group this ID did not join is EADDRNOTAVAIL.
+        let k = st.mcs.iter().position(|m| m.group == group).ok_or(Errno(libc::EADDRNOTAVAIL))?;
+        let mc = st.mcs.remove(k);
+        let p = first(&st)?;
+        drop(st);
+        let qp = id_mut(id)?.qp as *mut ffi::ibv_qp;
+        if mc.attached && !qp.is_null() {
+            let gid = ffi::ibv_gid { raw: softrdma_device::proto::gid_of(group) };
+            // SAFETY: libibverbs on the ID's QP.
+            unsafe { (api().detach_mcast)(qp, &gid, 0) };
+        }
+        cm_call(&p.dev, &Request::CmLeave { id: p.id, group }, &[])?;
+        Ok(0)
+    })
 }

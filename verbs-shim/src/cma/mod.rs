@@ -386,6 +386,19 @@ pub(crate) struct Placement {
 }
 
 /// What librdmacm keeps of an ID beside the C structure.
+/// One multicast join of an ID.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Mc {
+    /// This process's number for it (it comes back in the join's event).
+    pub(crate) handle: u64,
+    pub(crate) group: std::net::IpAddr,
+    /// The program's context (the join event's `param.ud.private_data`).
+    pub(crate) context: *mut std::ffi::c_void,
+    pub(crate) send_only: bool,
+    /// The QP was attached to the group when the join completed.
+    pub(crate) attached: bool,
+}
+
 pub(crate) struct IdState {
     pub(crate) handle: u64,
     pub(crate) sync: bool,
@@ -420,6 +433,8 @@ pub(crate) struct IdState {
     pub(crate) own_xrcd: *mut ffi::ibv_xrcd,
     pub(crate) local_ece: (u32, u32),
     pub(crate) remote_ece: (u32, u32),
+    /// Multicast joins (rdma_join_multicast_ex): what librdmacm keeps per join.
+    pub(crate) mcs: Vec<Mc>,
 }
 
 /// `struct rdma_cm_id` and librdmacm's state.

@@ -34,6 +34,8 @@ pub(crate) struct Api {
     pub(crate) create_srq: unsafe extern "C" fn(*mut ffi::ibv_pd, *mut ffi::ibv_srq_init_attr) -> *mut ffi::ibv_srq,
     pub(crate) destroy_srq: unsafe extern "C" fn(*mut ffi::ibv_srq) -> c_int,
     pub(crate) query_device: unsafe extern "C" fn(*mut ffi::ibv_context, *mut ffi::ibv_device_attr) -> c_int,
+    pub(crate) attach_mcast: unsafe extern "C" fn(*mut ffi::ibv_qp, *const ffi::ibv_gid, u16) -> c_int,
+    pub(crate) detach_mcast: unsafe extern "C" fn(*mut ffi::ibv_qp, *const ffi::ibv_gid, u16) -> c_int,
 }
 
 fn lookup<T: Copy>(name: &CStr, fallback: T) -> T {
@@ -66,5 +68,7 @@ pub(crate) fn api() -> &'static Api {
         create_srq: lookup(c"ibv_create_srq", crate::qp::ibv_create_srq as _),
         destroy_srq: lookup(c"ibv_destroy_srq", crate::qp::ibv_destroy_srq as _),
         query_device: lookup(c"ibv_query_device", crate::context::ibv_query_device as _),
+        attach_mcast: lookup(c"ibv_attach_mcast", crate::qp::ibv_attach_mcast as _),
+        detach_mcast: lookup(c"ibv_detach_mcast", crate::qp::ibv_detach_mcast as _),
     })
 }
