@@ -164,7 +164,7 @@ pub(crate) fn device_attr(info: &DeviceInfo) -> ffi::ibv_device_attr {
     a.max_qp_init_rd_atom = c_int::from(l.max_qp_init_rd_atom);
     a.atomic_cap = ffi::IBV_ATOMIC_HCA;
     a.max_mw = 1 << 16;
-    a.max_mcast_grp = 8192;
+    a.max_mcast_grp = softrdma_device::mcast::MAX_GROUPS as c_int;
     a.max_mcast_qp_attach = 56;
     a.max_total_mcast_qp_attach = 0x70000;
     a.max_ah = 1 << 15;

@@ -84,6 +84,78 @@ static void *destroy_thread(void *arg)
 	return NULL;
 }
 
+/* Multicast joins that must fail (cma.c rdma_join_multicast, librdmacm), and the group limit. */
+static void mcast_bad_input(const struct sockaddr_in *dev)
+{
+	struct rdma_cm_id *u, *t;
+	struct rdma_cm_event *ev;
+	struct sockaddr_in g, src = *dev;
+	int rc, k, joined = 0, limit_errno = 0;
+
+	src.sin_port = 0;
+	memset(&g, 0, sizeof(g));
+	g.sin_family = AF_INET;
+	rdma_create_id(ch, &u, NULL, RDMA_PS_UDP);
+	/* An unbound ID cannot join (the kernel: not ADDR_BOUND or ADDR_RESOLVED). */
+	inet_pton(AF_INET, "239.9.8.7", &g.sin_addr);
+	errno = 0;
+	rc = rdma_join_multicast(u, (struct sockaddr *)&g, NULL);
+	check(rc == -1 && errno == EINVAL, "join on an unbound ID is EINVAL", "rc %d errno %d", rc, errno);
+	rdma_bind_addr(u, (struct sockaddr *)&src);
+	/* A unicast address is no group. */
+	struct sockaddr_in uni = *dev;
+
+	errno = 0;
+	rc = rdma_join_multicast(u, (struct sockaddr *)&uni, NULL);
+	check(rc == -1 && errno == EINVAL, "join of a unicast address is EINVAL", "rc %d errno %d", rc, errno);
+	/* A connected-mode ID cannot join. */
+	rdma_create_id(ch, &t, NULL, RDMA_PS_TCP);
+	rdma_bind_addr(t, (struct sockaddr *)&src);
+	errno = 0;
+	rc = rdma_join_multicast(t, (struct sockaddr *)&g, NULL);
+	check(rc == -1 && errno == EINVAL, "join on an RC (RDMA_PS_TCP) ID is EINVAL", "rc %d errno %d", rc, errno);
+	rdma_destroy_id(t);
+	/* Leaving a group never joined. */
+	errno = 0;
+	rc = rdma_leave_multicast(u, (struct sockaddr *)&g);
+	check(rc == -1 && errno == EADDRNOTAVAIL, "leave of a group never joined is EADDRNOTAVAIL", "rc %d errno %d",
+	      rc, errno);
+	/* A good join: the event gives QPN 0xFFFFFF, the Q_Key and the join's context. */
+	rc = rdma_join_multicast(u, (struct sockaddr *)&g, (void *)0x77);
+	if ((ev = expect(RDMA_CM_EVENT_MULTICAST_JOIN, "MULTICAST_JOIN"))) {
+		check(ev->param.ud.qp_num == 0xffffff && ev->param.ud.qkey == 0x01234567 &&
+			      ev->param.ud.private_data == (void *)0x77 && ev->param.ud.ah_attr.is_global &&
+			      ev->param.ud.ah_attr.grh.dgid.raw[10] == 0xff && ev->param.ud.ah_attr.grh.dgid.raw[12] == 239,
+		      "MULTICAST_JOIN: QPN 0xFFFFFF, Q_Key 0x01234567, the context, MGID ::ffff:G",
+		      "qpn 0x%x qkey 0x%x ctx %p", ev->param.ud.qp_num, ev->param.ud.qkey, ev->param.ud.private_data);
+		rdma_ack_cm_event(ev);
+	}
+	rc = rdma_leave_multicast(u, (struct sockaddr *)&g);
+	check(rc == 0, "leave of the joined group", "rc %d errno %d", rc, errno);
+	/* 1,000 groups: the device's limit (max_mcast_grp) is an error, not a crash. */
+	for (k = 0; k < 1000; k++) {
+		g.sin_addr.s_addr = htonl(0xef0a0000u + (unsigned)k); /* 239.10.x.y */
+		if (rdma_join_multicast(u, (struct sockaddr *)&g, NULL)) {
+			limit_errno = errno;
+			break;
+		}
+		joined++;
+		if ((ev = expect(RDMA_CM_EVENT_MULTICAST_JOIN, "MULTICAST_JOIN of many")))
+			rdma_ack_cm_event(ev);
+	}
+	check(joined > 0 && joined < 1000 && limit_errno == ENOMEM, "1,000 joins stop at the device's group limit (ENOMEM)",
+	      "joined %d errno %d", joined, limit_errno);
+	rdma_destroy_id(u); /* leaves them all */
+	rdma_create_id(ch, &u, NULL, RDMA_PS_UDP);
+	rdma_bind_addr(u, (struct sockaddr *)&src);
+	g.sin_addr.s_addr = htonl(0xef0a0000u);
+	rc = rdma_join_multicast(u, (struct sockaddr *)&g, NULL);
+	if (rc == 0 && (ev = expect(RDMA_CM_EVENT_MULTICAST_JOIN, "MULTICAST_JOIN after destroy")))
+		rdma_ack_cm_event(ev);
+	check(rc == 0, "destroying the ID left its groups: a join works again", "rc %d errno %d", rc, errno);
+	rdma_destroy_id(u);
+}
+
 int main(int argc, char **argv)
 {
 	struct rdma_cm_id *l, *x, *c, *r;
@@ -260,6 +332,7 @@ int main(int argc, char **argv)
 	if (c)
 		rdma_destroy_id(c);
 	rdma_destroy_id(l);
+	mcast_bad_input(&a);
 	rdma_destroy_event_channel(ch);
 	printf("# %d checks, %d failed\n", n_checks, n_failures);
 	return n_failures;
