@@ -341,6 +341,88 @@ if [ "$rc" != 0 ] && grep -q "unable to create QP: No such device" "$log"; then
 else
   result "udaddy -p 0x2 (RDMA_PS_IPOIB): ENODEV" fail "rc=$rc; $(tail -n 2 "$log" | tr '\n' ' ')"
 fi
+# mckey: rdma_cm multicast (RDMA_PS_UDP). Receivers join group G as full members (librdmacm
+# attaches their QPs), a sender joins and sends to QPN 0xFFFFFF with the group's Q_Key; the
+# device joins the IP group for its first full member (the host's /proc/net/igmp lists it) and
+# leaves with its last. `softrdma stat` lists each group with its member counts.
+mc_members() { # device group: its full members ("" when the device has no such group)
+  "$bin" stat "$1" 2>/dev/null | awk -v g="$2" '$1 == "mcast_group" && $2 == g {print $4}'
+}
+mc_wait() { # device group count ("" = the group is gone)
+  for _ in $(seq 100); do [ "$(mc_members "$1" "$2")" = "$3" ] && return 0; sleep 0.1; done
+  return 1
+}
+igmp_has() { # group: whether the host is a member of it on some interface
+  grep -q "$(printf '%02X%02X%02X%02X' $(echo "$1" | awk -F. '{print $4, $3, $2, $1}'))" /proc/net/igmp
+}
+mc_ok() { # log
+  grep -q "data transfers complete" "$1" && grep -q "return status 0" "$1"
+}
+mck() { # name sender-addr sender-flags receiver-addr...
+  local name="$1" saddr="$2" sflags="$3"
+  shift 3
+  local g="239.$((RANDOM % 200 + 20)).$((RANDOM % 250)).$((RANDOM % 250 + 1))" why="" k=0 pids=()
+  local f="${name//[^A-Za-z0-9._-]/_}"
+  for r in "$@"; do
+    k=$((k + 1))
+    timeout 30 mckey -m "$g" -b "$r" -C 10 >"$logs/$f.r$k.log" 2>&1 &
+    pids+=($!)
+  done
+  for r in "$@"; do
+    local d=srdma0
+    [ "$r" = "$addr1" ] && d=srdma1
+    mc_wait "$d" "$g" "$(printf '%s\n' "$@" | grep -cx "$r")" || why+="receivers on $d never joined; "
+  done
+  timeout 30 mckey -m "$g" -b "$saddr" -s -C 10 $sflags >"$logs/$f.s.log" 2>&1 || why+="sender rc=$?; "
+  mc_ok "$logs/$f.s.log" || why+="sender did not complete; "
+  k=0
+  for p in "${pids[@]}"; do
+    k=$((k + 1))
+    wait "$p" || why+="receiver $k rc=$?; "
+    mc_ok "$logs/$f.r$k.log" || why+="receiver $k did not get its 10 messages; "
+  done
+  if [ -z "$why" ]; then
+    result "$name" ok
+  else
+    result "$name" fail "$why$(tail -q -n 2 "$logs/$f".*.log | tr '\n' ' ')"
+  fi
+}
+mck "mckey one device: two receiver processes, one sender" "$addr0" "" "$addr0" "$addr0"
+mck "mckey across two devices: receivers on both" "$addr0" "" "$addr1" "$addr0"
+mck "mckey -o: a send-only sender" "$addr0" "-o" "$addr1" "$addr1"
+# The seed's reference counting: two processes on one device join; one leaves; the other keeps
+# receiving and the device stays in the IP group; the last leaving takes the device out of it; a
+# process killed while joined counts as leaving.
+g="239.$((RANDOM % 200 + 20)).77.$((RANDOM % 250 + 1))" why=""
+timeout 30 mckey -m "$g" -b "$addr1" -C 10 >"$logs/mc-ref.a.log" 2>&1 &
+pa=$!
+timeout 30 mckey -m "$g" -b "$addr1" -C 20 >"$logs/mc-ref.b.log" 2>&1 &
+pb=$!
+mc_wait srdma1 "$g" 2 || why+="never 2 members; "
+igmp_has "$g" || why+="the device did not join the IP group; "
+timeout 30 mckey -m "$g" -b "$addr0" -s -C 10 >"$logs/mc-ref.s1.log" 2>&1 || why+="sender 1 failed; "
+wait "$pa" || why+="receiver A rc=$?; "
+mc_wait srdma1 "$g" 1 || why+="A's leave did not leave 1 member ($(mc_members srdma1 "$g")); "
+"$bin" stat srdma1 | grep -q "mcast_group  *$g full 1 send_only 0 ip_member yes" || why+="stat does not show 1 member in the IP group; "
+igmp_has "$g" || why+="the device left the IP group while B is a member; "
+timeout 30 mckey -m "$g" -b "$addr0" -s -C 10 >"$logs/mc-ref.s2.log" 2>&1 || why+="sender 2 failed; "
+wait "$pb" || why+="receiver B rc=$?; "
+mc_ok "$logs/mc-ref.b.log" || why+="B did not get its 20 messages; "
+mc_wait srdma1 "$g" "" || why+="the group outlived its last member; "
+igmp_has "$g" && why+="the device is still in the IP group after the last leave; "
+# (No `timeout` around it: the SIGKILL is for mckey itself.)
+mckey -m "$g" -b "$addr1" -C 100 >"$logs/mc-ref.c.log" 2>&1 &
+pc=$!
+mc_wait srdma1 "$g" 1 || why+="C never joined; "
+kill -9 "$pc" 2>/dev/null
+wait "$pc" 2>/dev/null
+mc_wait srdma1 "$g" "" || why+="a killed member still counts; "
+igmp_has "$g" && why+="the device stayed in the IP group after its member was killed; "
+if [ -z "$why" ]; then
+  result "mckey reference counting: one of two leaves, the other receives; last leave and kill -9 leave the IP group" ok
+else
+  result "mckey reference counting" fail "$why$(tail -q -n 2 "$logs"/mc-ref.*.log | tr '\n' ' ')"
+fi
 # A client with no server: the peer's CM answers the REQ with REJ 8 (invalid service ID) at once,
 # which librdmacm reports as RDMA_CM_EVENT_REJECTED, status 8.
 log="$logs/rping-no-server.log"
