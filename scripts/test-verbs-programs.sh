@@ -390,6 +390,7 @@ mck() { # name sender-addr sender-flags receiver-addr...
 mck "mckey one device: two receiver processes, one sender" "$addr0" "" "$addr0" "$addr0"
 mck "mckey across two devices: receivers on both" "$addr0" "" "$addr1" "$addr0"
 mck "mckey -o: a send-only sender" "$addr0" "-o" "$addr1" "$addr1"
+mck "mckey -l: IBV_QP_CREATE_BLOCK_SELF_MCAST_LB on the sender, a receiver on its device" "$addr0" "-l" "$addr0"
 # The seed's reference counting: two processes on one device join; one leaves; the other keeps
 # receiving and the device stays in the IP group; the last leaving takes the device out of it; a
 # process killed while joined counts as leaving.

@@ -343,3 +343,39 @@ fn ah_from_the_grh_slot_answers_the_sender() {
     p.drive(STEPS);
     assert_eq!(p.a.poll_cq(a.cq, 16).iter().filter(|w| w.wr_id == 2).count(), 1, "the answer arrived");
 }
+
+#[test]
+fn a_qp_that_blocks_self_multicast_loopback_does_not_hear_its_own_sends() {
+    // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB (what `mckey -l` sets): the device's own multicast SEND
+    // coming back (its address, the QP as DETH's source QP) skips that QP but reaches the
+    // device's other attached QPs.
+    let mut p = Pair::new(16);
+    let a = ud_qp(&mut p.a, 5);
+    let a2 = ud_qp(&mut p.a, 5);
+    let group: std::net::IpAddr = "239.1.2.4".parse().unwrap();
+    p.a.attach_mcast(a.qpn, group).unwrap();
+    p.a.attach_mcast(a2.qpn, group).unwrap();
+    p.a.set_block_self_mcast_lb(a.qpn).unwrap();
+    assert_eq!(p.a.set_block_self_mcast_lb(Qpn::new(0x77_7777)), Err(VerbsError::Inval));
+    for (i, q) in [&a, &a2].iter().enumerate() {
+        p.a.post_recv(
+            q.qpn,
+            RecvWr { wr_id: 10 + i as u64, sg_list: sge(q.lkey, BASE + 0x4000 * (i as u64 + 1), 256) },
+        )
+        .unwrap();
+    }
+    p.fill(0, BASE, b"loop?");
+    let mut w = SendWr::new(1, SendOp::Send, sge(a.lkey, BASE, 5));
+    w.ud = Some(UdDest { dest: group, remote_qpn: Qpn::MULTICAST.value(), remote_qkey: 5 });
+    p.a.post_send(a.qpn, w).unwrap();
+    let now = p.now;
+    let mut buf = vec![0u8; 9000];
+    let t = p.a.poll_transmit(now, &mut buf).expect("the multicast SEND");
+    assert_eq!(t.dst, group);
+    // The device's loopback hands its own packet back.
+    let meta = softrdma_engine::device::RecvMeta { src: ADDR_A, src_port: t.src_port, ip_id: None, dst: Some(group) };
+    p.a.handle_packet(now, meta, &buf[..t.len]);
+    let got: Vec<u64> = p.a.poll_cq(a2.cq, 16).iter().filter(|w| w.wr_id >= 10).map(|w| w.wr_id).collect();
+    assert_eq!(got, vec![11], "the other attached QP hears it");
+    assert!(p.a.poll_cq(a.cq, 16).iter().all(|w| w.wr_id != 10), "the sender's own QP does not");
+}

@@ -1571,6 +1571,11 @@ impl State {
             }
             Request::Stats => ok(R::Stats(*self.dev.counters(), self.io_stats())),
             Request::McastGroups => ok(R::McastGroups(self.groups.info())),
+            Request::BlockSelfMcastLb(qpn) => {
+                mine!(qps, qpn);
+                self.dev.set_block_self_mcast_lb(qpn)?;
+                ok(R::Ok)
+            }
             // Routed to the CM in `call` before this match.
             _ => Err(VerbsError::Inval),
         }

@@ -383,6 +383,8 @@ pub enum Request {
     },
     /// The multicast groups (`softrdma stat`).
     McastGroups,
+    /// IBV_QP_CREATE_BLOCK_SELF_MCAST_LB on a UD QP just created.
+    BlockSelfMcastLb(Qpn),
     /// `rdma_leave_multicast`.
     CmLeave {
         /// ID.

@@ -1309,6 +1309,13 @@ impl QueuePair {
         Ok(())
     }
 
+    /// IBV_QP_CREATE_BLOCK_SELF_MCAST_LB (UD): this QP's own multicast sends are not delivered
+    /// to it.
+    pub fn block_self_mcast_lb(&self) -> Result<()> {
+        self.ctx.inner.call(Request::BlockSelfMcastLb(self.qpn))?;
+        Ok(())
+    }
+
     /// `ibv_detach_mcast` (UD).
     pub fn detach_mcast(&self, group: IpAddr) -> Result<()> {
         self.ctx.inner.call(Request::DetachMcast { qpn: self.qpn, group })?;

@@ -249,7 +249,14 @@ unsafe extern "C" fn create_qp_ex(
         }
         let unsupported =
             ffi::IBV_QP_INIT_ATTR_MAX_TSO_HEADER | ffi::IBV_QP_INIT_ATTR_IND_TABLE | ffi::IBV_QP_INIT_ATTR_RX_HASH;
-        if m & unsupported != 0 || (m & ffi::IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0) {
+        let create_flags = if m & ffi::IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 { a.create_flags } else { 0 };
+        let block_self = ffi::IBV_QP_CREATE_BLOCK_SELF_MCAST_LB;
+        // The one creation flag this device has: a UD QP that does not hear its own multicast
+        // sends (what `mckey -l` asks for).
+        if m & unsupported != 0
+            || create_flags & !block_self != 0
+            || (create_flags != 0 && a.qp_type != ffi::IBV_QPT_UD)
+        {
             return Err(Errno(libc::EOPNOTSUPP));
         }
         let extended = m & ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
@@ -277,6 +284,12 @@ unsafe extern "C" fn create_qp_ex(
             xrcd,
             extended,
         })?;
+        if create_flags & block_self != 0 {
+            if let Err(e) = (*qp).inner().block_self_mcast_lb() {
+                ibv_destroy_qp(qp as *mut ffi::ibv_qp);
+                return Err(e.into());
+            }
+        }
         Ok(qp as *mut ffi::ibv_qp)
     })
 }

@@ -812,6 +812,16 @@ impl<M: Memory> Device<M> {
         Ok(())
     }
 
+    /// Sets IBV_QP_CREATE_BLOCK_SELF_MCAST_LB on a UD QP (EINVAL for other types).
+    pub fn set_block_self_mcast_lb(&mut self, qpn: Qpn) -> Result<(), VerbsError> {
+        let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::Inval)?;
+        if qp.qp_type != QpType::Ud {
+            return Err(VerbsError::Inval);
+        }
+        qp.block_self_mcast_lb = true;
+        Ok(())
+    }
+
     /// Detaches a QP from a group (`ibv_detach_mcast`); EINVAL if it was not attached.
     pub fn detach_mcast(&mut self, qpn: Qpn, group: IpAddr) -> Result<(), VerbsError> {
         let m = self.mcast.get_mut(&group).ok_or(VerbsError::Inval)?;
@@ -943,8 +953,14 @@ impl<M: Memory> Device<M> {
             if members.is_empty() {
                 self.counters.malformed += 1;
             }
+            // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB: a QP that asked for it does not hear its own
+            // sends (this device's address and the QP as DETH's source QP).
+            let own = (meta.src == self.config.addr).then(|| pkt.deth().map(|d| d.src_qp())).flatten();
             for q in members {
                 if let Some(qp) = self.qps.get_mut(&q) {
+                    if qp.block_self_mcast_lb && own == Some(q) {
+                        continue;
+                    }
                     let mut ctx = ctx!(self, now);
                     ctx.dst = dst;
                     if qp.handle_packet(&mut ctx, meta.src, &pkt) {

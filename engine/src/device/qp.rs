@@ -185,6 +185,8 @@ pub(crate) struct Qp {
     /// XRC target QPs made with their own lifetime rule (OFED's XRC verbs), which then holds
     /// whatever the device's policy is; `None` follows the device.
     pub(crate) tgt_lifetime: Option<super::XrcPolicy>,
+    /// UD: IBV_QP_CREATE_BLOCK_SELF_MCAST_LB, its own multicast sends are not delivered to it.
+    pub(crate) block_self_mcast_lb: bool,
     /// UD/UC: the message being dropped after a gap (UC), the multicast groups (later).
     pub(crate) drop_msg: bool,
     pub(crate) attr: QpAttr,
@@ -248,6 +250,7 @@ impl Qp {
             xrcd: None,
             handles: Vec::new(),
             tgt_lifetime: None,
+            block_self_mcast_lb: false,
             drop_msg: false,
             attr: QpAttr::default(),
             sq: VecDeque::new(),

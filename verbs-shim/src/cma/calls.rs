@@ -726,7 +726,10 @@ fn create_qp_inner(id: *mut c::rdma_cm_id, attr: &mut ffi::ibv_qp_init_attr_ex) 
             }
         }
     }
-    let qp = if t == QpType::XrcIni || t == QpType::XrcTgt {
+    // XRC QPs and QPs with creation flags (IBV_QP_CREATE_BLOCK_SELF_MCAST_LB, `mckey -l`) need
+    // the extended call.
+    let flags = attr.comp_mask & ffi::IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && attr.create_flags != 0;
+    let qp = if t == QpType::XrcIni || t == QpType::XrcTgt || flags {
         let v = vctx(cid.verbs);
         // SAFETY: the context's create_qp_ex op with a filled attribute.
         unsafe { (*v).create_qp_ex.map(|f| f(cid.verbs, attr)) }.unwrap_or(std::ptr::null_mut())
