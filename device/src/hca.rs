@@ -1296,6 +1296,12 @@ impl State {
             }
             Request::ResizeCq { cq, cqe, unpolled } => {
                 mine!(cqs, cq);
+                // Work the client posted before this call is carried out first, so that its
+                // completions count against the new size (ibv_resize_cq(3): EINVAL when the CQ
+                // holds more than `cqe`), as on hardware, where the WQEs posted microseconds
+                // before are long done; otherwise whether the resize fails would depend on when
+                // this thread last looked at the rings.
+                self.pump();
                 let c = self.clients.get_mut(&o).expect("checked");
                 let old = *c.cq_rings.get(&cq).ok_or(VerbsError::Inval)?;
                 // What sits in the old ring moves to the new one (the client holds the CQ while

@@ -792,3 +792,36 @@ fn ack_loss_spares_acks_and_only_acks() {
     // A resent READ supersedes a response still queued, so there may be fewer than three.
     assert!(faults_b.dropped >= 1, "no READ response was dropped: {faults_b:?}");
 }
+
+/// ibv_resize_cq(3) fails with EINVAL when the CQ holds more completions than the new size; the
+/// completions of sends posted just before the call count, as they would on hardware, however
+/// recently the device looked at the send ring.
+#[test]
+fn resize_counts_the_completions_of_work_posted_before_it() {
+    let (da, db) = (device("za", A, 47925, ""), device("zb", B, 47925, ""));
+    let (a, b) = (side(&da, QpType::Ud), side(&db, QpType::Ud));
+    let o = ConnectOptions::default();
+    a.qp.connect(0, &b.qp.endpoint(0), &o).unwrap();
+    b.qp.connect(0, &a.qp.endpoint(0), &o).unwrap();
+    let ah = AddressHandle { dest: B };
+    for round in 0..20u64 {
+        let wrs = (0..6)
+            .map(|i| {
+                let mut wr = SendWr::new(round * 8 + i, SendOp::Send, vec![a.mr.sge(0..64)]);
+                wr.ud = Some(ah.ud(b.qp.qpn(), o.qkey));
+                wr
+            })
+            .collect();
+        a.qp.post_send(wrs).unwrap();
+        let r = a.cq.resize(1);
+        assert!(
+            matches!(r, Err(Error::Verbs(VerbsError::Inval))),
+            "round {round}: resize to 1 with 6 sends posted gave {r:?}"
+        );
+        let done = a.cq.wait(6, T).unwrap();
+        assert_eq!(done.len(), 6, "round {round}");
+        assert!(done.iter().all(|w| w.status == WcStatus::Success));
+        // Empty again: any size goes.
+        a.cq.resize(if round % 2 == 0 { 7 } else { 256 }).unwrap();
+    }
+}
