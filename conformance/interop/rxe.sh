@@ -566,6 +566,27 @@ for pair in "rxe softrdma" "softrdma rxe"; do
   listen_port=7174 cm_run udaddy "$1" "$2" udaddy_ok udaddy -b @S -- udaddy -s @S
   listen_port=7174 cm_run "udaddy no server" "$1" "$2" unsupported_ok -- udaddy -s @S
 done
+# RDMA_PS_IPOIB on a RoCE port: an IPoIB ID takes only an InfiniBand-link-layer address
+# (cma_acquire_dev_by_src_ip), so resolving the address fails. Each side's udaddy client with
+# -p 0x2 must fail the same way (no server is needed: it fails before connecting).
+for bound in no yes; do
+  ipoib_label="udaddy -p 0x2 (RDMA_PS_IPOIB)$([ $bound = yes ] && echo " -b own address") fails the same way on both sides"
+  if [ -n "$only" ] && ! echo "$ipoib_label" | grep -qE "$only"; then continue; fi
+  rb=() sb=()
+  [ $bound = yes ] && rb=(-b "$(side_ip rxe)") sb=(-b "$(side_ip softrdma)")
+  on rxe "$logs/ipoib.rxe.log" udaddy -s "$(side_ip softrdma)" "${rb[@]}" -p 0x2
+  rrc=$?
+  on softrdma "$logs/ipoib.softrdma.log" udaddy -s "$(side_ip rxe)" "${sb[@]}" -p 0x2
+  src=$?
+  pat="event: RDMA_CM_EVENT_[A-Z_]*, error: -*[0-9]*|unable to create QP: .*|failure getting addr.*"
+  rmsg=$(grep -oE "$pat" "$logs/ipoib.rxe.log" | head -1)
+  smsg=$(grep -oE "$pat" "$logs/ipoib.softrdma.log" | head -1)
+  if [ "$rrc" != 0 ] && [ "$src" != 0 ] && [ -n "$rmsg" ] && [ "$rmsg" = "$smsg" ]; then
+    result ok "$ipoib_label (\"$rmsg\")"
+  else
+    result fail "$ipoib_label: rxe rc=$rrc: $(tr '\n' '|' < "$logs/ipoib.rxe.log"); softrdma rc=$src: $(tr '\n' '|' < "$logs/ipoib.softrdma.log")"
+  fi
+done
 [ "$cm_runs" = 0 ] || echo "($cm_runs rdma_cm runs in $((SECONDS - cm_start)) s)"
 
 faults="loss=0.03,dup=0.03,reorder=0.03,seed=$seed"

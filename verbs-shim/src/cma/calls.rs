@@ -387,6 +387,11 @@ fn bind_inner(id: &Id, cid: &mut c::rdma_cm_id, addr: SocketAddr) -> Result<(), 
     } else {
         Some(cma.dev_by_addr(addr.ip()).ok_or(Errno(libc::EADDRNOTAVAIL))?)
     };
+    if dev.is_some() && st.ps == PS_IPOIB {
+        // cma_acquire_dev_by_src_ip: an RDMA_PS_IPOIB ID takes only an IPoIB (InfiniBand link
+        // layer) address; a RoCE device's address is EINVAL.
+        return Err(EINVAL);
+    }
     let (res, port) = ports::reserve(st.ps, addr)?;
     let bound = SocketAddr::new(addr.ip(), port);
     st.bound = Some(bound);
@@ -423,6 +428,20 @@ pub unsafe extern "C" fn rdma_resolve_addr(
         let dst = sockaddr_from(dst_addr).ok_or(EINVAL)?;
         let cma = cma()?;
         let src = sockaddr_from(src_addr);
+        if lock(&i.st).ps == PS_IPOIB && !src.is_some_and(|s| !s.ip().is_unspecified()) {
+            // The kernel binds the ID to the wildcard and, the address resolved, fails to take a
+            // RoCE device for it (cma_acquire_dev_by_src_ip: EINVAL for RDMA_PS_IPOIB off an
+            // IPoIB netdev): ADDR_ERROR with status -EINVAL. (With a source address given, the
+            // bind itself fails: EINVAL from this call.)
+            if lock(&i.st).bound.is_none() {
+                bind_inner(i, cid, SocketAddr::new(softrdma_engine::cm::unspecified_like(dst.ip()), 0))?;
+            }
+            let st = lock(&i.st);
+            post_local(i, &st, ADDR_ERROR, -libc::EINVAL)?;
+            drop(st);
+            complete(id)?;
+            return Ok(0);
+        }
         if lock(&i.st).bound.is_none() {
             // The source: the one given, else the address the host's routing picks for the
             // destination; when that address has no device but the destination is a device's
