@@ -428,7 +428,7 @@ pub unsafe extern "C" fn rdma_resolve_addr(
         let dst = sockaddr_from(dst_addr).ok_or(EINVAL)?;
         let cma = cma()?;
         let src = sockaddr_from(src_addr);
-        if lock(&i.st).ps == PS_IPOIB && !src.is_some_and(|s| !s.ip().is_unspecified()) {
+        if lock(&i.st).ps == PS_IPOIB && src.is_none_or(|s| s.ip().is_unspecified()) {
             // The kernel binds the ID to the wildcard and, the address resolved, fails to take a
             // RoCE device for it (cma_acquire_dev_by_src_ip: EINVAL for RDMA_PS_IPOIB off an
             // IPoIB netdev): ADDR_ERROR with status -EINVAL. (With a source address given, the
