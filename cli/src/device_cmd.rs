@@ -60,6 +60,11 @@ pub(crate) struct DeviceArgs {
     /// silent peer give up in about a second; for tests. 1 is the kernel's timing.
     #[arg(long, default_value_t = 1.0)]
     pub(crate) cm_timer_scale: f64,
+    /// Seconds a path rdma_resolve_route looked up (route and neighbour tables) stays in the
+    /// device's path record cache; 0 turns the cache off. Route, address, link and neighbour
+    /// changes drop entries earlier.
+    #[arg(long, default_value_t = 30)]
+    pub(crate) path_cache_ttl: u64,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy)]
@@ -105,6 +110,7 @@ impl DeviceArgs {
             bail!("--cm-timer-scale {}: use a factor above 0 and at most 1000", self.cm_timer_scale);
         }
         c.cm_timer_permille = ((self.cm_timer_scale * 1000.0).round() as u32).max(1);
+        c.path_cache_ttl = std::time::Duration::from_secs(self.path_cache_ttl);
         Ok(c)
     }
 
@@ -131,6 +137,7 @@ impl DeviceArgs {
         }
         a.extend(["--cm-response-timeout".into(), self.cm_response_timeout.to_string()]);
         a.extend(["--cm-timer-scale".into(), self.cm_timer_scale.to_string()]);
+        a.extend(["--path-cache-ttl".into(), self.path_cache_ttl.to_string()]);
         a
     }
 }
@@ -244,6 +251,15 @@ pub(crate) fn stat(name: &str, json: bool) -> Result<ExitCode> {
         ("cm_channels", desk.channels),
         ("cm_events_dropped", desk.events_dropped),
         ("cm_calls_refused", desk.calls_refused),
+        // The path record cache: route steps answered from it, looked up, and what dropped entries.
+        ("path_cache_entries", desk.paths.entries),
+        ("path_cache_hits", desk.paths.hits),
+        ("path_cache_misses", desk.paths.misses),
+        ("path_cache_expired", desk.paths.expired),
+        ("path_cache_invalidated", desk.paths.invalidated),
+        ("path_cache_unresolved", desk.paths.unresolved),
+        ("path_lookups_failed", desk.paths.failed),
+        ("paths_set_explicitly", desk.paths.explicit),
     ];
     let Response::McastGroups(groups) = c.call(&Request::McastGroups, &[])?.0 else {
         bail!("unexpected answer from {name}")

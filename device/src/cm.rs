@@ -13,6 +13,7 @@ use softrdma_engine::device::Device;
 use softrdma_engine::time::Instant;
 
 use crate::memory::ProcessMemory;
+use crate::paths::PathCache;
 use crate::proto::{CmDeskStats, CmRecord, Request, Response, CM_RECORD_LEN};
 
 /// Most frames a channel holds back while its pipe is full (the client does not read): beyond
@@ -42,6 +43,8 @@ pub(crate) struct CmDesk {
     pub(crate) events_dropped: u64,
     /// Calls refused (bad ID, wrong owner, wrong state).
     pub(crate) calls_refused: u64,
+    /// Route lookups and their cache.
+    pub(crate) paths: PathCache,
 }
 
 fn err(e: CmError) -> Response {
@@ -49,6 +52,11 @@ fn err(e: CmError) -> Response {
 }
 
 impl CmDesk {
+    /// A desk whose route steps use `paths`.
+    pub(crate) fn with_paths(paths: PathCache) -> CmDesk {
+        CmDesk { paths, ..CmDesk::default() }
+    }
+
     /// Whether the request is one of the CM's.
     pub(crate) fn handles(req: &Request) -> bool {
         matches!(
@@ -68,6 +76,8 @@ impl CmDesk {
                 | Request::CmNotify(_)
                 | Request::CmSetAckTimeout { .. }
                 | Request::CmInitQpAttr { .. }
+                | Request::CmResolveRoute(_)
+                | Request::CmSetRoute { .. }
                 | Request::CmStats
                 | Request::CmList
         )
@@ -177,6 +187,50 @@ impl CmDesk {
                     .collect();
                 return Response::CmIds(rows);
             }
+            Request::CmResolveRoute(id) => {
+                let r = self.owned(owner, id).and_then(|()| dev.cm().route_key(id));
+                let (local, remote, tos) = match r {
+                    Ok(k) => k,
+                    Err(e) => {
+                        self.calls_refused += 1;
+                        return err(e);
+                    }
+                };
+                let now = std::time::Instant::now();
+                let found = self.paths.open().and_then(|()| self.paths.resolve(local.ip(), remote.ip(), tos, now));
+                let (info, cached) = match found {
+                    Ok(f) => f,
+                    // No route (ENETUNREACH, EHOSTUNREACH...): the route step's error.
+                    Err(e) => return Response::CmErr(e.raw_os_error().unwrap_or(libc::EHOSTUNREACH)),
+                };
+                // cma_resolve_iboe_route: GIDs from the addresses, the route's hop limit, the ToS
+                // as traffic class (SL 0: no VLAN priority map), the port's MTU and rate, packet
+                // lifetime 18 (CMA_IBOE_PACKET_LIFETIME), the flow label hashed from the ports.
+                let cfg = dev.cm().config();
+                let route = softrdma_engine::cm::Route {
+                    sgid: softrdma_engine::cm::ip_to_gid(local.ip()),
+                    dgid: softrdma_engine::cm::ip_to_gid(remote.ip()),
+                    hop_limit: info.hop_limit,
+                    traffic_class: tos,
+                    sl: 0,
+                    flow_label: softrdma_engine::cm::flow_label(local.port(), remote.port()),
+                    mtu: cfg.mtu as u8,
+                    rate: 0,
+                    packet_life_time: cfg.packet_lifetime,
+                };
+                return match dev.cm().set_route(id, route.clone()) {
+                    Ok(()) => Response::CmRoute { route, cached, lladdr: info.lladdr },
+                    Err(e) => {
+                        self.calls_refused += 1;
+                        err(e)
+                    }
+                };
+            }
+            Request::CmSetRoute { id, route } => self.owned(owner, id).and_then(|()| {
+                dev.cm().set_route(id, route)?;
+                self.paths.count_explicit();
+                Ok(())
+            }),
             Request::CmStats => {
                 let cm = dev.cm();
                 let desk = CmDeskStats {
@@ -185,6 +239,7 @@ impl CmDesk {
                     channels: self.channels.len() as u64,
                     events_dropped: self.events_dropped,
                     calls_refused: self.calls_refused,
+                    paths: self.paths.stats(),
                 };
                 return Response::CmStats(cm.counters().clone(), desk);
             }

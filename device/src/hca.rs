@@ -78,6 +78,8 @@ pub struct HcaConfig {
     pub cm_response_timeout: u8,
     /// Scale of the CM's timers in 1/1000 (1000: the kernel's; tests shorten them).
     pub cm_timer_permille: u32,
+    /// How long a looked-up path stays in the path record cache (zero: not cached).
+    pub path_cache_ttl: std::time::Duration,
 }
 
 impl HcaConfig {
@@ -98,6 +100,7 @@ impl HcaConfig {
             gso: false,
             cm_response_timeout: 20,
             cm_timer_permille: 1000,
+            path_cache_ttl: crate::paths::DEFAULT_TTL,
         }
     }
 }
@@ -393,7 +396,7 @@ impl Hca {
             tap,
             epoch: std::time::Instant::now(),
             clients: HashMap::new(),
-            cm: crate::cm::CmDesk::default(),
+            cm: crate::cm::CmDesk::with_paths(crate::paths::PathCache::new(cfg.path_cache_ttl)),
             name: cfg.name.clone(),
             next_owner: 1,
             channels: HashMap::new(),

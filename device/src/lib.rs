@@ -19,6 +19,7 @@ pub mod faults;
 pub mod hca;
 pub mod mcast;
 pub mod memory;
+pub mod paths;
 pub mod proto;
 pub mod runtime;
 pub mod server;

@@ -23,7 +23,7 @@ use softrdma_engine::wr::{RecvWr, SendWr, WorkCompletion};
 pub use crate::arena::RingDesc;
 
 /// The protocol version; `Hello` with another one is refused.
-pub const VERSION: u32 = 5;
+pub const VERSION: u32 = 6;
 
 /// A request of the device to a client's memory helper (the fallback of design D3 where the
 /// kernel refuses cross-process access: the client serves its own memory on a socket pair).
@@ -345,6 +345,16 @@ pub enum Request {
         /// The state to move to.
         state: QpState,
     },
+    /// `rdma_resolve_route`: the device looks the ID's path up (or finds it in its path
+    /// cache) and gives the ID that route; answered with `Response::CmRoute`.
+    CmResolveRoute(u32),
+    /// `RDMA_OPTION_IB_PATH`: the application's own path record becomes the ID's route.
+    CmSetRoute {
+        /// ID.
+        id: u32,
+        /// The route.
+        route: softrdma_engine::cm::Route,
+    },
     /// The CM's counters.
     CmStats,
     /// Every rdma_cm ID of the device (`softrdma cm-ids`).
@@ -549,6 +559,16 @@ pub enum Response {
     CmQpAttr(InitQpAttr),
     /// The CM's counters and the device's CM bookkeeping.
     CmStats(CmCounters, CmDeskStats),
+    /// The route `CmResolveRoute` found: the path record, whether the path cache had it, and the
+    /// neighbour's link-layer address.
+    CmRoute {
+        /// The route the ID got.
+        route: softrdma_engine::cm::Route,
+        /// From the cache (no lookup).
+        cached: bool,
+        /// The next hop's link-layer address (the path record's DMAC).
+        lladdr: Vec<u8>,
+    },
     /// The device's rdma_cm IDs, each with its owner's process ID (-1: none, or gone).
     CmIds(Vec<(IdInfo, i32)>),
     /// The device's multicast groups and their members (`softrdma stat`).
@@ -571,6 +591,8 @@ pub struct CmDeskStats {
     /// CM calls refused: an ID that does not exist or belongs to another client, or a call the
     /// ID's state does not allow.
     pub calls_refused: u64,
+    /// The path record cache (rdma_resolve_route).
+    pub paths: crate::paths::PathStats,
 }
 
 /// The device layer's counters (`softrdma stat`).

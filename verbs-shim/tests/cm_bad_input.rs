@@ -46,7 +46,7 @@ fn librdmacm_bad_calls_fail_with_the_kernels_errno_and_harm_nothing() {
         .expect("run cm_bad_input");
     let report = text(&o);
     assert!(o.status.success(), "cm_bad_input: {}\n{report}", o.status);
-    assert!(report.contains("# 32 checks, 0 failed"), "{report}");
+    assert!(report.contains("# 43 checks, 0 failed"), "{report}");
 
     let s = Command::new(&exe)
         .args(["stat", DEVICE, "--json"])
@@ -56,9 +56,14 @@ fn librdmacm_bad_calls_fail_with_the_kernels_errno_and_harm_nothing() {
     assert!(s.status.success(), "softrdma stat: {}", text(&s));
     let v: serde_json::Value = serde_json::from_slice(&s.stdout).expect("stat --json is JSON");
     let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("no {k} in {v}"));
-    // The consumer's reject and the request destroyed before its accept: two REJs; one
+    // The consumer's rejects (one for the IB_PATH connection) and the request destroyed before
+    // its accept: three REJs; one
     // connection established on each side; nothing malformed or lost on the way.
-    assert_eq!(n("cm_rejs_sent"), 2, "{v}");
+    assert_eq!(n("cm_rejs_sent"), 3, "{v}");
+    // Every route step goes to the same destination: one lookup, the rest from the path cache;
+    // the path the program set itself went around it.
+    assert_eq!((n("path_cache_misses"), n("path_cache_entries"), n("paths_set_explicitly")), (1, 1, 1), "{v}");
+    assert!(n("path_cache_hits") >= 1, "{v}");
     assert_eq!(n("cm_established"), 2, "{v}");
     assert_eq!((n("cm_mads_malformed"), n("cm_reqs_dropped"), n("cm_events_dropped")), (0, 0, 0), "{v}");
     println!("{report}");

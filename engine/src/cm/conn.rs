@@ -101,7 +101,16 @@ impl Cm {
         if p.private_data.len() > REQ_USER_DATA_LEN {
             return Err(CmError::Inval);
         }
-        let path = roce_path(local, remote, id.tos, id.ack_timeout.unwrap_or(ack));
+        // The route's path (rdma_resolve_route / RDMA_OPTION_IB_PATH); an ID connected without
+        // one (engine users that skip the route step) gets the RoCE path of its addresses.
+        let (path, mtu) = match &id.route {
+            Some(r) => {
+                let ack = id.ack_timeout.unwrap_or(r.packet_life_time.saturating_add(1));
+                let m = Mtu::from_ibv(u32::from(r.mtu)).map_or(mtu, |m| m.min(mtu));
+                (r.path(ack), m)
+            }
+            None => (roce_path(local, remote, id.tos, id.ack_timeout.unwrap_or(ack)), mtu),
+        };
         let mut private_data = vec![0u8; CmaHdrRepr::LEN];
         CmaHdrRepr { port: local.port(), src: local.ip(), dst: remote.ip() }
             .emit(&mut CmaHdrPacket::new_unchecked(&mut private_data[..]))
@@ -150,7 +159,9 @@ impl Cm {
         let tid = self.tid(comm);
         self.ids.get_mut(&h).expect("exists").tid = tid;
         self.by_comm.insert(comm, h);
-        let last = self.send_with(remote.ip(), tid, ece.attr_mod, CmMessage::Req(req));
+        // cm_send_req: the REQ goes where its primary path leads (cm_init_av_by_path).
+        let dst = self.ids.get(&h).and_then(|i| i.mad_dst()).unwrap_or(remote.ip());
+        let last = self.send_with(dst, tid, ece.attr_mod, CmMessage::Req(req));
         let timeout = self.req_timeout();
         let id = self.ids.get_mut(&h).expect("exists");
         id.last = last;

@@ -335,6 +335,53 @@ pub struct InitQpAttr {
     pub sl: u8,
 }
 
+/// The route of an active ID: the path record `rdma_resolve_route` produced (on RoCE the device
+/// builds it from the routing and neighbour tables, cma_resolve_iboe_route) or the application set
+/// (`RDMA_OPTION_IB_PATH`, rdma_set_ib_path). Its REQ carries it as the primary path, its MADs go
+/// to `dgid`, and the QP gets its MTU.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct Route {
+    /// Source GID.
+    pub sgid: [u8; 16],
+    /// Destination GID.
+    pub dgid: [u8; 16],
+    /// Hop limit.
+    pub hop_limit: u8,
+    /// Traffic class.
+    pub traffic_class: u8,
+    /// Service level.
+    pub sl: u8,
+    /// Flow label (20 bits).
+    pub flow_label: u32,
+    /// Path MTU (`enum ibv_mtu`, 1-5).
+    pub mtu: u8,
+    /// Static rate (`enum ibv_rate`; 0: the port's).
+    pub rate: u8,
+    /// Packet lifetime (4.096 us x 2^N): the REQ's local ACK timeout is one more, unless the ID's
+    /// RDMA_OPTION_ID_ACK_TIMEOUT says otherwise.
+    pub packet_life_time: u8,
+}
+
+impl Route {
+    /// The REQ's primary path for this route.
+    fn path(&self, local_ack_timeout: u8) -> CmPath {
+        CmPath {
+            local_lid: 0xffff,
+            remote_lid: 0xffff,
+            local_gid: self.sgid,
+            remote_gid: self.dgid,
+            flow_label: self.flow_label & 0xf_ffff,
+            packet_rate: self.rate & 0x3f,
+            traffic_class: self.traffic_class,
+            hop_limit: self.hop_limit,
+            sl: self.sl & 0xf,
+            subnet_local: false,
+            local_ack_timeout: local_ack_timeout.min(31),
+        }
+    }
+}
+
 /// What a REQ or REP told us about the path and the peer (kept for `init_qp_attr`; the depths
 /// and flags are what the peer offered, kept for inspection in tests and debugging).
 #[derive(Debug, Clone, Default)]
@@ -365,6 +412,8 @@ struct Id {
     tos: u8,
     /// RDMA_OPTION_ID_ACK_TIMEOUT.
     ack_timeout: Option<u8>,
+    /// The route (rdma_resolve_route, RDMA_OPTION_IB_PATH).
+    route: Option<Route>,
     /// Listener: its backlog and how many of its connections wait in REQ_RCVD.
     backlog: u32,
     pending: u32,
@@ -416,6 +465,7 @@ impl Id {
             remote: None,
             tos: 0,
             ack_timeout: None,
+            route: None,
             backlog: 0,
             pending: 0,
             parent: None,
@@ -618,6 +668,31 @@ impl Cm {
         id.local = local;
         id.remote = remote;
         id.tos = tos;
+        Ok(())
+    }
+
+    /// What a route lookup for the ID needs: its local and remote addresses and its ToS (the
+    /// addresses resolved, not yet connecting).
+    pub fn route_key(&self, h: IdHandle) -> Result<(SocketAddr, SocketAddr, u8), CmError> {
+        let id = self.ids.get(&h).filter(|i| !i.orphan).ok_or(CmError::NoEnt)?;
+        match (id.state, id.local, id.remote) {
+            (IdState::Idle, Some(l), Some(r)) => Ok((l, r, id.tos)),
+            _ => Err(CmError::Inval),
+        }
+    }
+
+    /// Gives an ID whose addresses are resolved its route (rdma_resolve_route, or the path an
+    /// application set with RDMA_OPTION_IB_PATH: rdma_set_ib_path requires ADDR_RESOLVED, else
+    /// EINVAL). An MTU outside 256-4096 is EINVAL.
+    pub fn set_route(&mut self, h: IdHandle, route: Route) -> Result<(), CmError> {
+        if Mtu::from_ibv(u32::from(route.mtu)).is_none() {
+            return Err(CmError::Inval);
+        }
+        let id = self.id(h)?;
+        if id.state != IdState::Idle || id.remote.is_none() || id.local.is_none() {
+            return Err(CmError::Inval);
+        }
+        id.route = Some(route);
         Ok(())
     }
 

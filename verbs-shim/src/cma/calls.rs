@@ -24,6 +24,7 @@ use crate::{ffi, minus1_call, ptr_call, set_errno, Errno, EINVAL};
 const ADDR_RESOLVED: u32 = 0;
 const ADDR_ERROR: u32 = 1;
 const ROUTE_RESOLVED: u32 = 2;
+const ROUTE_ERROR: u32 = 3;
 const CONNECT_REQUEST: u32 = 4;
 const CONNECT_RESPONSE: u32 = 5;
 const CONNECT_ERROR: u32 = 6;
@@ -526,22 +527,88 @@ fn path_record(local: SocketAddr, remote: SocketAddr, tos: u8, mtu: u8) -> c::ib
     r
 }
 
+/// The `ibv_sa_path_rec` librdmacm shows for a route.
+fn path_record_of(r: &softrdma_engine::cm::Route) -> c::ibv_sa_path_rec {
+    // SAFETY: a plain C struct; zero is a valid value of every field.
+    let mut p: c::ibv_sa_path_rec = unsafe { std::mem::zeroed() };
+    p.sgid.raw = r.sgid;
+    p.dgid.raw = r.dgid;
+    p.pkey = 0xffffu16.to_be();
+    p.hop_limit = r.hop_limit;
+    p.traffic_class = r.traffic_class;
+    p.flow_label = r.flow_label.to_be();
+    p.sl = r.sl;
+    p.mtu = r.mtu;
+    p.mtu_selector = 2;
+    p.rate = r.rate;
+    p.rate_selector = 2;
+    p.packet_life_time = r.packet_life_time;
+    p.packet_life_time_selector = 2;
+    p.reversible = 1;
+    p.numb_path = 1;
+    p
+}
+
+/// `struct ibv_path_data` (infiniband/sa.h): flags, reserved, then a 64-byte `struct
+/// ibv_path_record` in SA wire format.
+const PATH_DATA_LEN: usize = 72;
+/// IBV_PATH_FLAG_GMP | IBV_PATH_FLAG_PRIMARY | IBV_PATH_FLAG_BIDIRECTIONAL: the one entry the
+/// kernel takes (ucma_set_ib_path).
+const PATH_FLAGS_PRIMARY_GMP: u32 = 1 | 2 | (8 | 32);
+
+/// RDMA_OPTION_IB_PATH's records: the primary, bidirectional GMP one as a route, or EINVAL
+/// (ucma_set_ib_path: a length that is not a whole number of records, or no such record).
+fn route_from_path_data(data: &[u8]) -> Result<softrdma_engine::cm::Route, Errno> {
+    if data.is_empty() || data.len() % PATH_DATA_LEN != 0 {
+        return Err(EINVAL);
+    }
+    let rec = data
+        .chunks_exact(PATH_DATA_LEN)
+        .find(|d| u32::from_ne_bytes([d[0], d[1], d[2], d[3]]) == PATH_FLAGS_PRIMARY_GMP)
+        .ok_or(EINVAL)?;
+    let p = &rec[8..];
+    let gid = |o: usize| -> [u8; 16] { p[o..o + 16].try_into().expect("16 bytes") };
+    let fl_hop = u32::from_be_bytes([p[44], p[45], p[46], p[47]]);
+    Ok(softrdma_engine::cm::Route {
+        dgid: gid(8),
+        sgid: gid(24),
+        flow_label: (fl_hop >> 8) & 0xf_ffff,
+        hop_limit: fl_hop as u8,
+        traffic_class: p[48],
+        sl: (u16::from_be_bytes([p[52], p[53]]) & 0xf) as u8,
+        mtu: p[54] & 0x3f,
+        rate: p[55] & 0x3f,
+        packet_life_time: p[56] & 0x3f,
+    })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn rdma_resolve_route(id: *mut c::rdma_cm_id, _timeout_ms: c_int) -> c_int {
     minus1_call(|| {
         let i = id_of(id)?;
         let cid = id_mut(id)?;
         let mut st = lock(&i.st);
-        if !st.addr_resolved {
+        // rdma_resolve_route: ADDR_RESOLVED -> ROUTE_QUERY, else EINVAL (once routed, again).
+        if !st.addr_resolved || st.route_resolved {
             return Err(EINVAL);
         }
         let p = first(&st)?;
-        let local = SocketAddr::new(p.dev.addr, st.bound.ok_or(EINVAL)?.port());
-        let remote = st.remote.ok_or(EINVAL)?;
-        // RoCE has no SA: the path record is built here as the kernel's cma_resolve_iboe_route
-        // builds it.
-        let mtu = p.dev.conn.info.active_mtu as u8;
-        let mut rec = Box::new(path_record(local, remote, st.tos, mtu));
+        // RoCE has no SA: the device builds the path record from the routing and neighbour
+        // tables as the kernel's cma_resolve_iboe_route does, or takes it from its path cache.
+        let route = match cm_call(&p.dev, &Request::CmResolveRoute(p.id), &[]) {
+            Ok(Response::CmRoute { route, .. }) => route,
+            Ok(_) => return Err(Errno(libc::EPROTO)),
+            Err(Errno(e)) if e == libc::EINVAL || e == libc::ENOENT => return Err(Errno(e)),
+            Err(Errno(e)) => {
+                // No route to the destination: the route step fails as the kernel's work
+                // handler fails it (RDMA_CM_EVENT_ROUTE_ERROR with the error).
+                post_local(i, &st, ROUTE_ERROR, -e)?;
+                drop(st);
+                complete(id)?;
+                return Ok(0);
+            }
+        };
+        let mut rec = Box::new(path_record_of(&route));
         if let Some(t) = st.ack_timeout {
             rec.packet_life_time = t.saturating_sub(1);
         }
@@ -1188,8 +1255,29 @@ pub unsafe extern "C" fn rdma_set_option(
                 }
                 st.ack_timeout = Some(t);
             }
-            // A path record given by the application (RoCE: the kernel takes it as the route).
-            (c::RDMA_OPTION_IB, c::RDMA_OPTION_IB_PATH) => st.route_resolved = st.addr_resolved,
+            // A path record given by the application: on RoCE the kernel takes it as the route
+            // (rdma_set_ib_path, allowed once the address is resolved) and reports
+            // ROUTE_RESOLVED (ucma_set_ib_path).
+            (c::RDMA_OPTION_IB, c::RDMA_OPTION_IB_PATH) => {
+                // SAFETY: the caller gives optlen readable bytes at optval.
+                let data = unsafe { std::slice::from_raw_parts(optval as *const u8, optlen) };
+                let route = route_from_path_data(data)?;
+                if !st.addr_resolved || st.route_resolved {
+                    return Err(EINVAL);
+                }
+                let p = first(&st)?;
+                cm_call(&p.dev, &Request::CmSetRoute { id: p.id, route: route.clone() }, &[])?;
+                let cid = id_mut(id)?;
+                let mut rec = Box::new(path_record_of(&route));
+                cid.route.path_rec = &mut *rec as *mut c::ibv_sa_path_rec;
+                cid.route.num_paths = 1;
+                st.path = Some(rec);
+                st.route_resolved = true;
+                post_local(i, &st, ROUTE_RESOLVED, 0)?;
+                drop(st);
+                complete(id)?;
+                return Ok(0);
+            }
             _ => return Err(Errno(libc::ENOSYS)),
         }
         Ok(0)

@@ -17,7 +17,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <endian.h>
+#include <stdint.h>
 #include <rdma/rdma_cma.h>
+#include <infiniband/sa.h>
 
 #include "check.h"
 
@@ -154,6 +157,113 @@ static void mcast_bad_input(const struct sockaddr_in *dev)
 		rdma_ack_cm_event(ev);
 	check(rc == 0, "destroying the ID left its groups: a join works again", "rc %d errno %d", rc, errno);
 	rdma_destroy_id(u);
+}
+
+/*
+ * RDMA_OPTION_IB_PATH: the application's own path record becomes the route (the kernel's
+ * ucma_set_ib_path / rdma_set_ib_path on RoCE): EINVAL before the address is resolved, for a
+ * length that is not whole records, without a primary bidirectional GMP record, and once the
+ * route is set; otherwise ROUTE_RESOLVED, the record in id->route, and a REQ that carries it
+ * (the passive side's RTR attributes come from it).
+ */
+static void path_option(const struct sockaddr_in *dev, struct rdma_cm_id *listener)
+{
+	struct ibv_path_data pd[2];
+	struct rdma_cm_event *ev;
+	struct rdma_cm_id *id;
+	struct sockaddr_in dst = *dev;
+	uint8_t gid[16] = {0};
+	int rc;
+
+	if (!check(rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) == 0, "path option: create id", "%s", strerror(errno)))
+		return;
+	memset(pd, 0, sizeof(pd));
+	gid[10] = 0xff;
+	gid[11] = 0xff;
+	memcpy(&gid[12], &dev->sin_addr, 4);
+	for (int k = 0; k < 2; k++) {
+		memcpy(pd[k].path.dgid.raw, gid, 16);
+		memcpy(pd[k].path.sgid.raw, gid, 16);
+		pd[k].path.flowlabel_hoplimit = htobe32((0x2345u << 8) | 9);
+		pd[k].path.tclass = 0x20;
+		pd[k].path.reversible_numpath = 0x81;
+		pd[k].path.pkey = htobe16(0xffff);
+		pd[k].path.qosclass_sl = htobe16(2);
+		pd[k].path.mtu = (2 << 6) | IBV_MTU_512;
+		pd[k].path.rate = (2 << 6) | 0;
+		pd[k].path.packetlifetime = (2 << 6) | 10;
+	}
+	/* The first record is an alternate, the second the primary. */
+	pd[0].flags = IBV_PATH_FLAG_GMP | IBV_PATH_FLAG_ALTERNATE | IBV_PATH_FLAG_BIDIRECTIONAL;
+	pd[1].flags = IBV_PATH_FLAG_GMP | IBV_PATH_FLAG_PRIMARY | IBV_PATH_FLAG_BIDIRECTIONAL;
+	rc = rdma_set_option(id, RDMA_OPTION_IB, RDMA_OPTION_IB_PATH, pd, sizeof(pd));
+	check(rc == -1 && errno == EINVAL, "IB_PATH before the address is resolved is EINVAL", "rc %d errno %d", rc,
+	      errno);
+	if (rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 2000) ||
+	    !(ev = expect(RDMA_CM_EVENT_ADDR_RESOLVED, "path option: resolve addr"))) {
+		rdma_destroy_id(id);
+		return;
+	}
+	rdma_ack_cm_event(ev);
+	rc = rdma_set_option(id, RDMA_OPTION_IB, RDMA_OPTION_IB_PATH, pd, sizeof(pd) - 1);
+	check(rc == -1 && errno == EINVAL, "IB_PATH of a partial record is EINVAL", "rc %d errno %d", rc, errno);
+	rc = rdma_set_option(id, RDMA_OPTION_IB, RDMA_OPTION_IB_PATH, pd, sizeof(pd[0]));
+	check(rc == -1 && errno == EINVAL, "IB_PATH without a primary GMP record is EINVAL", "rc %d errno %d", rc,
+	      errno);
+	rc = rdma_set_option(id, RDMA_OPTION_IB, RDMA_OPTION_IB_PATH, pd, sizeof(pd));
+	if (!check(rc == 0, "IB_PATH with a primary record", "rc %d errno %d", rc, errno)) {
+		rdma_destroy_id(id);
+		return;
+	}
+	if ((ev = expect(RDMA_CM_EVENT_ROUTE_RESOLVED, "IB_PATH reports ROUTE_RESOLVED")))
+		rdma_ack_cm_event(ev);
+	{
+		struct ibv_sa_path_rec *r = id->route.path_rec;
+
+		check(id->route.num_paths == 1 && r && r->hop_limit == 9 && r->traffic_class == 0x20 &&
+			      r->mtu == IBV_MTU_512 && r->packet_life_time == 10 && r->sl == 2 &&
+			      be32toh(r->flow_label) == 0x2345 && !memcmp(r->dgid.raw, gid, 16),
+		      "id->route holds the record given", "num_paths %d hop %d tc %d mtu %d plt %d sl %d fl %#x",
+		      id->route.num_paths, r ? r->hop_limit : -1, r ? r->traffic_class : -1, r ? r->mtu : -1,
+		      r ? r->packet_life_time : -1, r ? r->sl : -1, r ? be32toh(r->flow_label) : 0);
+	}
+	rc = rdma_resolve_route(id, 2000);
+	check(rc == -1 && errno == EINVAL, "rdma_resolve_route after IB_PATH is EINVAL", "rc %d errno %d", rc, errno);
+	rc = rdma_set_option(id, RDMA_OPTION_IB, RDMA_OPTION_IB_PATH, pd, sizeof(pd));
+	check(rc == -1 && errno == EINVAL, "a second IB_PATH is EINVAL", "rc %d errno %d", rc, errno);
+	{
+		struct rdma_conn_param cp;
+
+		/* A QP number of its own: the earlier connection's (0x1234) is still in timewait, and
+		 * its REQ would be a stale connection. */
+		memset(&cp, 0, sizeof(cp));
+		cp.qp_num = 0x1235;
+		cp.retry_count = 7;
+		cp.rnr_retry_count = 7;
+		rc = rdma_connect(id, &cp);
+		check(rc == 0, "IB_PATH: connect", "rc %d errno %d", rc, errno);
+	}
+	if (rc == 0 && (ev = expect(RDMA_CM_EVENT_CONNECT_REQUEST, "IB_PATH: the REQ arrives"))) {
+		struct rdma_cm_id *r = ev->id;
+		struct ibv_qp_attr qa;
+		int mask = 0;
+
+		check(ev->listen_id == listener, "IB_PATH: the REQ reaches the listener", "another listener");
+		rdma_ack_cm_event(ev);
+		memset(&qa, 0, sizeof(qa));
+		qa.qp_state = IBV_QPS_RTR;
+		rc = rdma_init_qp_attr(r, &qa, &mask);
+		check(rc == 0 && qa.path_mtu == IBV_MTU_512 && qa.ah_attr.grh.hop_limit == 9 &&
+			      qa.ah_attr.grh.traffic_class == 0x20 && qa.ah_attr.grh.flow_label == 0x2345,
+		      "the passive side's RTR attributes come from the REQ's path",
+		      "rc %d mtu %d hop %d tc %d fl %#x", rc, qa.path_mtu, qa.ah_attr.grh.hop_limit,
+		      qa.ah_attr.grh.traffic_class, qa.ah_attr.grh.flow_label);
+		rdma_reject(r, NULL, 0);
+		if ((ev = expect(RDMA_CM_EVENT_REJECTED, "IB_PATH: the rejected REQ")))
+			rdma_ack_cm_event(ev);
+		rdma_destroy_id(r);
+	}
+	rdma_destroy_id(id);
 }
 
 int main(int argc, char **argv)
@@ -331,6 +441,7 @@ int main(int argc, char **argv)
 	}
 	if (c)
 		rdma_destroy_id(c);
+	path_option(&a, l);
 	rdma_destroy_id(l);
 	mcast_bad_input(&a);
 	rdma_destroy_event_channel(ch);
