@@ -290,10 +290,63 @@ cm_pair "rping -P persistent server, two clients" TCP 1 "" "^ping data: rdma-pin
   rping -s -P -a "$addr0" -p @P -C 10 -- rping -c -a "$addr0" -p @P -C 10 -v -V
 # cmtime: 1000 connections at once across two devices (a backlog of 0 is the kernel's default,
 # and REQs beyond it are dropped and retried, never rejected); its per-step table is in the log.
+pc_stat() { # device counter: one of `softrdma stat`'s rows
+  "$bin" stat "$1" 2>/dev/null | awk -v k="$2" '$1 == k {print $2}'
+}
+pc_before_hits=$(pc_stat srdma1 path_cache_hits 2>/dev/null) pc_before_misses=$(pc_stat srdma1 path_cache_misses 2>/dev/null)
 cm_pair "cmtime -c 1000 across two devices" TCP 1 "" "^connect +:" \
   cmtime -p @P -- cmtime -s "$addr0" -b "$addr1" -p @P -c 1000
 [ -f "$logs/cmtime_-c_1000_across_two_devices.client.log.1" ] &&
   sed -n '/^step/,$p' "$logs/cmtime_-c_1000_across_two_devices.client.log.1" | sed 's/^/    cmtime: /'
+# The path record cache (rdma_resolve_route): cmtime's 1000 connections to one destination,
+# twice, are one lookup on the client's device (srdma1) and hits for the rest.
+if [ -n "${pc_before_hits:-}" ]; then
+  pc_hits=$(($(pc_stat srdma1 path_cache_hits) - pc_before_hits))
+  pc_misses=$(($(pc_stat srdma1 path_cache_misses) - pc_before_misses))
+  if [ "$pc_misses" -le 1 ] && [ "$pc_hits" -ge 1999 ]; then
+    result "path cache: cmtime's 2000 route steps to one peer are $pc_misses lookup(s) and $pc_hits hits" ok
+  else
+    result "path cache: cmtime's route steps" fail "misses $pc_misses hits $pc_hits (want <= 1 and >= 1999)"
+  fi
+fi
+# Entries expire and go when a route changes: in a network namespace of our own (its routes
+# change, the host's do not), two devices, an rping server, and one-ping clients: the second is a
+# hit, a route added drops the entry (the device hears rtnetlink's notification) and the next is
+# a lookup again, and after the entry's lifetime (--path-cache-ttl 2) another lookup.
+if command -v unshare >/dev/null && command -v ip >/dev/null; then
+  pc_log="$logs/path-cache-netns.log"
+  uflag=-n
+  [ "$(id -u)" = 0 ] || uflag=-rn
+  timeout 120 unshare $uflag bash -c '
+    set -u
+    ip link set lo up || exit 3
+    rt=$(mktemp -d); chmod 700 "$rt"; export SOFTRDMA_RUNTIME_DIR=$rt
+    trap "\"$0\" down nsa >/dev/null 2>&1; \"$0\" down nsb >/dev/null 2>&1; kill %1 2>/dev/null; rm -rf \"$rt\"" EXIT
+    "$0" up nsa --addr 127.0.0.1 >/dev/null && "$0" up nsb --addr 127.0.0.2 --path-cache-ttl 2 >/dev/null || exit 4
+    st() { "$0" stat nsb | awk -v k="$1" "\$1 == k {print \$2}"; }
+    rping -s -P -a 127.0.0.1 -p 7471 >/dev/null 2>&1 &
+    for _ in $(seq 100); do "$0" cm-ids nsa | grep -q "state LISTEN" && break; sleep 0.1; done
+    one() { timeout 30 rping -c -a 127.0.0.1 -I 127.0.0.2 -p 7471 -C 1 -v >/dev/null 2>&1 || echo "rping failed"; }
+    one; one
+    echo "two: misses $(st path_cache_misses) hits $(st path_cache_hits)"
+    ip route add 10.77.0.0/24 dev lo
+    one
+    echo "route: invalidated $(st path_cache_invalidated) misses $(st path_cache_misses)"
+    sleep 2.2
+    one
+    echo "ttl: expired $(st path_cache_expired) misses $(st path_cache_misses)"
+  ' "$bin" >"$pc_log" 2>&1
+  pc_rc=$?
+  if [ "$pc_rc" = 0 ] && grep -q "^two: misses 1 hits 1$" "$pc_log" && grep -q "^route: invalidated 1 misses 2$" "$pc_log" &&
+    grep -q "^ttl: expired 1 misses 3$" "$pc_log" && ! grep -q "rping failed" "$pc_log"; then
+    result "path cache in a network namespace: hit, dropped by a route change, expired after --path-cache-ttl" ok
+  elif [ "$pc_rc" = 3 ] || grep -q "unshare: " "$pc_log"; then
+    # No network namespace here (a container without the capability): said, not hidden.
+    echo "skip  path cache in a network namespace: $(head -n 1 "$pc_log")"
+  else
+    result "path cache in a network namespace" fail "rc=$pc_rc; $(tr '\n' ' ' < "$pc_log")"
+  fi
+fi
 # udaddy: UD "connections" through SIDR (RDMA_PS_UDP, port 7174): the SIDR_REP gives the client
 # the server's QPN and Q_Key (ESTABLISHED's param.ud, with the address vector toward it); the
 # server answers each datagram through ibv_create_ah_from_wc and the Q_Key it reads back with
