@@ -587,6 +587,65 @@ for bound in no yes; do
     result fail "$ipoib_label: rxe rc=$rrc: $(tr '\n' '|' < "$logs/ipoib.rxe.log"); softrdma rc=$src: $(tr '\n' '|' < "$logs/ipoib.softrdma.log")"
   fi
 done
+# mckey: rdma_cm multicast (RDMA_PS_UDP) between the kernel's rdma_cm over rxe and softrdma. A
+# receiver on each side joins group G (a full member: its kernel, or its device, joins the IP
+# group, and the IGMP report crosses the bridge), then the sender on one side joins and sends 10
+# SEND_ONLY_WITH_IMM datagrams to QPN 0xFFFFFF at G (01:00:5e:... on the wire); both receivers must
+# get all 10. Capture on the guest's tap: the 10 datagrams to G from the sender, an IGMP join and
+# (the last member gone) leave for G from each side, every RoCE packet with a valid ICRC.
+igmp_hex() { printf '%02X%02X%02X%02X' $(echo "$1" | awk -F. '{print $4, $3, $2, $1}'); }
+mck_run() { # sender side
+  local snd=$1 g="239.$((RANDOM % 200 + 20)).$((RANDOM % 250)).$((RANDOM % 250 + 1))"
+  local label="mckey: sender on $snd, a receiver on rxe and one on softrdma"
+  if [ -n "$only" ] && ! echo "$label" | grep -qE "$only"; then return; fi
+  local base="mckey-from-$snd" why="" k
+  local pcap="$caps/$base.pcap"
+  ip netns exec "$ns" tcpdump -Z root --immediate-mode -B 65536 -s 9000 -i tap0 -U -w "$pcap" "udp port 4791 or igmp" 2>"$logs/$base.tcpdump.log" &
+  local td=$!
+  for _ in $(seq 50); do grep -q "listening on" "$logs/$base.tcpdump.log" && break; sleep 0.1; done
+  on rxe "$logs/$base.recv-rxe.log" mckey -m "$g" -b "$(side_ip rxe)" -C 10 &
+  local rp=$!
+  on softrdma "$logs/$base.recv-softrdma.log" mckey -m "$g" -b "$(side_ip softrdma)" -C 10 &
+  local sp=$!
+  # Both joined: the device lists G with a full member; the guest's kernel is in the IP group.
+  local joined=""
+  for _ in $(seq 100); do
+    "$bin" stat srdma0 2>/dev/null | awk -v g="$g" '$1 == "mcast_group" && $2 == g && $4 >= 1 {f=1} END {exit !f}' &&
+      guest "$work/igmp" "cat /proc/net/igmp" && grep -q "$(igmp_hex "$g")" "$work/igmp" && { joined=1; break; }
+    sleep 0.2
+  done
+  [ -n "$joined" ] || why+="the receivers never both joined; "
+  on "$snd" "$logs/$base.send.log" mckey -m "$g" -b "$(side_ip "$snd")" -s -C 10 || why+="sender rc=$?; "
+  grep -q "data transfers complete" "$logs/$base.send.log" || why+="the sender did not complete; "
+  wait "$rp" || why+="rxe receiver rc=$?; "
+  wait "$sp" || why+="softrdma receiver rc=$?; "
+  for k in rxe softrdma; do
+    grep -q "data transfers complete" "$logs/$base.recv-$k.log" || why+="the $k receiver did not get its 10; "
+  done
+  sleep 0.2
+  kill -INT "$td" 2>/dev/null
+  wait "$td" 2>/dev/null
+  local to_g igmp_s igmp_r check
+  to_g=$(tcpdump -r "$pcap" -n "src host $(side_ip "$snd") and dst host $g and udp dst port 4791" 2>/dev/null | wc -l)
+  # IGMPv3 reports: a join is a record "to_ex" (exclude none), the last member's leave "to_in".
+  local igmp_s igmp_r leave_s leave_r
+  igmp() { tcpdump -r "$pcap" -n -v igmp 2>/dev/null | grep -cE "^ *$1 > .*gaddr $g $2|^ *$1 > .*igmp v2 $3 $g"; }
+  igmp_s=$(igmp "$host_ip" to_ex report) igmp_r=$(igmp "$guest_ip" to_ex report)
+  leave_s=$(igmp "$host_ip" to_in leave) leave_r=$(igmp "$guest_ip" to_in leave)
+  [ "$to_g" = 10 ] || why+="$to_g datagrams to $g on the wire (want 10); "
+  [ "$igmp_s" -ge 1 ] && [ "$igmp_r" -ge 1 ] || why+="IGMP joins of $g: $igmp_s from softrdma, $igmp_r from rxe; "
+  [ "$leave_s" -ge 1 ] && [ "$leave_r" -ge 1 ] || why+="IGMP leaves of $g: $leave_s from softrdma, $leave_r from rxe; "
+  check=$("$bin" pcap check "$pcap" 2>&1)
+  echo "$check" | grep -q "verdict *OK" ||
+    why+="capture: $(echo "$check" | grep -E 'bad ICRC|malformed|verdict' | tr -s ' \n' ' '); "
+  if [ -z "$why" ]; then
+    result ok "$label (group $g: 10 datagrams each; IGMP joins $igmp_s+$igmp_r, leaves $leave_s+$leave_r; ICRC valid)"
+  else
+    result fail "$label: $why$(tail -q -n 2 "$logs/$base".*.log 2>/dev/null | tr '\n' ' ')"
+  fi
+}
+mck_run softrdma
+mck_run rxe
 [ "$cm_runs" = 0 ] || echo "($cm_runs rdma_cm runs in $((SECONDS - cm_start)) s)"
 
 faults="loss=0.03,dup=0.03,reorder=0.03,seed=$seed"
