@@ -379,3 +379,38 @@ fn a_qp_that_blocks_self_multicast_loopback_does_not_hear_its_own_sends() {
     assert_eq!(got, vec![11], "the other attached QP hears it");
     assert!(p.a.poll_cq(a.cq, 16).iter().all(|w| w.wr_id != 10), "the sender's own QP does not");
 }
+
+#[test]
+fn a_multicast_datagram_reaches_only_the_attached_qps_whose_qkey_matches() {
+    // IBTA 10.2.5 / rxe_rcv_mcast_pkt: a device hands a datagram for a group to each attached QP;
+    // each checks the Q_Key as for unicast, a mismatch is dropped and counted (qkey_violations).
+    let mut p = Pair::new(16);
+    let good = ud_qp(&mut p.a, 5);
+    let other = ud_qp(&mut p.a, 6);
+    let sender = ud_qp(&mut p.b, 5);
+    let group: std::net::IpAddr = "239.1.2.5".parse().unwrap();
+    p.a.attach_mcast(good.qpn, group).unwrap();
+    p.a.attach_mcast(other.qpn, group).unwrap();
+    for (i, q) in [&good, &other].iter().enumerate() {
+        p.a.post_recv(
+            q.qpn,
+            RecvWr { wr_id: 10 + i as u64, sg_list: sge(q.lkey, BASE + 0x4000 * (i as u64 + 1), 256) },
+        )
+        .unwrap();
+    }
+    p.fill(1, BASE, b"to the group");
+    let mut w = SendWr::new(1, SendOp::Send, sge(sender.lkey, BASE, 12));
+    w.ud = Some(UdDest { dest: group, remote_qpn: Qpn::MULTICAST.value(), remote_qkey: 5 });
+    p.b.post_send(sender.qpn, w).unwrap();
+    let now = p.now;
+    let mut buf = vec![0u8; 9000];
+    let t = p.b.poll_transmit(now, &mut buf).expect("the multicast SEND");
+    assert_eq!(t.dst, group);
+    let before = p.a.counters().qkey_violations;
+    let meta = softrdma_engine::device::RecvMeta { src: ADDR_B, src_port: t.src_port, ip_id: None, dst: Some(group) };
+    p.a.handle_packet(now, meta, &buf[..t.len]);
+    let got: Vec<(u64, u32)> = p.a.poll_cq(good.cq, 16).iter().map(|w| (w.wr_id, w.byte_len)).collect();
+    assert_eq!(got, vec![(10, 40 + 12)], "the QP with the group's Q_Key gets it (GRH slot + data)");
+    assert!(p.a.poll_cq(other.cq, 16).iter().all(|w| w.wr_id != 11), "the other Q_Key's QP does not");
+    assert_eq!(p.a.counters().qkey_violations, before + 1);
+}
