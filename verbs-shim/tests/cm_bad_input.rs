@@ -60,9 +60,12 @@ fn librdmacm_bad_calls_fail_with_the_kernels_errno_and_harm_nothing() {
     // its accept: three REJs; one
     // connection established on each side; nothing malformed or lost on the way.
     assert_eq!(n("cm_rejs_sent"), 3, "{v}");
-    // Every route step goes to the same destination: one lookup, the rest from the path cache;
-    // the path the program set itself went around it.
-    assert_eq!((n("path_cache_misses"), n("path_cache_entries"), n("paths_set_explicitly")), (1, 1, 1), "{v}");
+    // Every route step goes to the same destination: one lookup, the rest from the path cache
+    // (plus one more lookup per entry a change in the host's routes dropped meanwhile); the path
+    // the program set itself went around it.
+    let (misses, dropped) = (n("path_cache_misses"), n("path_cache_invalidated"));
+    assert!(misses >= 1 && misses <= 1 + dropped, "{v}");
+    assert_eq!((n("path_cache_entries"), n("paths_set_explicitly")), (1, 1), "{v}");
     assert!(n("path_cache_hits") >= 1, "{v}");
     assert_eq!(n("cm_established"), 2, "{v}");
     assert_eq!((n("cm_mads_malformed"), n("cm_reqs_dropped"), n("cm_events_dropped")), (0, 0, 0), "{v}");
