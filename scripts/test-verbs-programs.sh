@@ -293,7 +293,8 @@ cm_pair "rping -P persistent server, two clients" TCP 1 "" "^ping data: rdma-pin
 pc_stat() { # device counter: one of `softrdma stat`'s rows
   "$bin" stat "$1" 2>/dev/null | awk -v k="$2" '$1 == k {print $2}'
 }
-pc_before_hits=$(pc_stat srdma1 path_cache_hits 2>/dev/null) pc_before_misses=$(pc_stat srdma1 path_cache_misses 2>/dev/null)
+pc_before_hits=$(pc_stat srdma1 path_cache_hits) pc_before_misses=$(pc_stat srdma1 path_cache_misses)
+pc_before_dropped=$(pc_stat srdma1 path_cache_invalidated)
 cm_pair "cmtime -c 1000 across two devices" TCP 1 "" "^connect +:" \
   cmtime -p @P -- cmtime -s "$addr0" -b "$addr1" -p @P -c 1000
 [ -f "$logs/cmtime_-c_1000_across_two_devices.client.log.1" ] &&
@@ -303,10 +304,12 @@ cm_pair "cmtime -c 1000 across two devices" TCP 1 "" "^connect +:" \
 if [ -n "${pc_before_hits:-}" ]; then
   pc_hits=$(($(pc_stat srdma1 path_cache_hits) - pc_before_hits))
   pc_misses=$(($(pc_stat srdma1 path_cache_misses) - pc_before_misses))
-  if [ "$pc_misses" -le 1 ] && [ "$pc_hits" -ge 1999 ]; then
+  # (one more lookup allowed per entry a change in the host's routes dropped meanwhile)
+  pc_dropped=$(($(pc_stat srdma1 path_cache_invalidated) - pc_before_dropped))
+  if [ "$pc_misses" -le $((1 + pc_dropped)) ] && [ "$pc_hits" -ge $((1999 - pc_dropped)) ]; then
     result "path cache: cmtime's 2000 route steps to one peer are $pc_misses lookup(s) and $pc_hits hits" ok
   else
-    result "path cache: cmtime's route steps" fail "misses $pc_misses hits $pc_hits (want <= 1 and >= 1999)"
+    result "path cache: cmtime's route steps" fail "misses $pc_misses hits $pc_hits, $pc_dropped dropped by route changes (want <= 1 and >= 1999 but for those)"
   fi
 fi
 # Entries expire and go when a route changes: in a network namespace of our own (its routes
