@@ -279,6 +279,7 @@ impl CmDesk {
             (entry.channel, entry.user, 0)
         };
         let (local, remote) = dev.cm_ref().addrs(e.id).unwrap_or((None, None));
+        let route = if e.kind == CmEventKind::ConnectRequest { dev.cm_ref().passive_route(e.id) } else { None };
         let rec = CmRecord {
             device: device.to_owned(),
             id: e.id,
@@ -289,6 +290,7 @@ impl CmDesk {
             param: e.param,
             local,
             remote,
+            route,
         };
         let Some(frame) = rec.to_frame() else { return };
         let Some(ch) = self.channels.get_mut(&entry_channel) else { return };

@@ -1085,6 +1085,7 @@ impl State {
             },
             local: None,
             remote: Some(std::net::SocketAddr::new(group, 0)),
+            route: None,
         };
         let name = self.name.clone();
         self.cm.push(&self.dev, &name, id, rec, user);

@@ -650,6 +650,8 @@ pub struct CmRecord {
     pub local: Option<SocketAddr>,
     /// See `local`.
     pub remote: Option<SocketAddr>,
+    /// For CONNECT_REQUEST: the path the REQ carried (the new ID's `route.path_rec`).
+    pub route: Option<softrdma_engine::cm::Route>,
 }
 
 /// The size of a [`CmRecord`] frame in a channel's pipe.

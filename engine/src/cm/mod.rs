@@ -671,6 +671,26 @@ impl Cm {
         Ok(())
     }
 
+    /// The path a passive ID took from its REQ, as `id->route.path_rec` shows it (the kernel's
+    /// cma_ib_new_conn_id copies cm_format_paths_from_req's primary path): the GIDs seen from this
+    /// end, the REQ's hop limit, traffic class, SL, flow label, rate and MTU, and the packet
+    /// lifetime one below its local ACK timeout. None for an ID that did not come from a REQ.
+    pub fn passive_route(&self, h: IdHandle) -> Option<Route> {
+        let id = self.ids.get(&h).filter(|i| !i.orphan && i.passive)?;
+        let p = &id.path;
+        Some(Route {
+            sgid: p.local_gid,
+            dgid: p.remote_gid,
+            hop_limit: p.hop_limit,
+            traffic_class: p.traffic_class,
+            sl: p.sl,
+            flow_label: p.flow_label,
+            mtu: id.path_mtu as u8,
+            rate: p.packet_rate,
+            packet_life_time: p.local_ack_timeout.saturating_sub(1),
+        })
+    }
+
     /// What a route lookup for the ID needs: its local and remote addresses and its ToS (the
     /// addresses resolved, not yet connecting).
     pub fn route_key(&self, h: IdHandle) -> Result<(SocketAddr, SocketAddr, u8), CmError> {

@@ -1347,3 +1347,34 @@ fn a_routes_path_is_the_reqs_primary_path() {
     // Connecting, the ID takes no new route.
     assert_eq!(p.a.route_key(h2), Err(CmError::Inval));
 }
+
+/// cma_ib_new_conn_id / cm_format_paths_from_req: a passive ID's route is its REQ's primary path
+/// seen from its end (GIDs swapped), the packet lifetime one below the REQ's local ACK timeout;
+/// an active ID has none of this kind.
+#[test]
+fn a_passive_ids_route_is_its_reqs_path() {
+    let mut p = Pair::new();
+    p.listen(PS_TCP, QpType::Rc, 0);
+    let h = p.a.create_id(PS_TCP, QpType::Rc);
+    p.a.set_addrs(h, Some(sa(A_IP, SPORT)), Some(sa(B_IP, PORT)), 0).unwrap();
+    let route = Route {
+        sgid: gid([10, 0, 0, 1]),
+        dgid: gid([10, 0, 0, 2]),
+        hop_limit: 5,
+        traffic_class: 0x10,
+        sl: 1,
+        flow_label: 0x777,
+        mtu: Mtu::Mtu512 as u8,
+        rate: 0,
+        packet_life_time: 14,
+    };
+    p.a.set_route(h, route.clone()).unwrap();
+    let now = p.now;
+    p.a.connect(now, h, req_param(0x100, b"")).unwrap();
+    p.drive();
+    let req = p.event(Side::B);
+    assert_eq!(req.kind, CmEventKind::ConnectRequest);
+    let seen = p.b.passive_route(req.id).expect("a passive ID has its REQ's path");
+    assert_eq!(seen, Route { sgid: route.dgid, dgid: route.sgid, ..route });
+    assert_eq!(p.a.passive_route(h), None);
+}

@@ -181,6 +181,7 @@ fn post_local(id: &Id, st: &IdState, event: u32, status: i32) -> Result<(), Errn
         param: ConnParam::default(),
         local: None,
         remote: None,
+        route: None,
     });
     Ok(())
 }
@@ -1389,8 +1390,15 @@ fn deliver(rec: CmRecord) -> Result<Option<Box<Event>>, Errno> {
             st.remote_ece = (rec.param.ece.vendor_id, rec.param.ece.attr_mod);
             let ch = channel_of(l.c.channel)?.on(&dev)?;
             cm_call(&dev, &Request::CmMigrate { id: rec.id, channel: ch, user: st.handle }, &[])?;
-            if let (Some(lo), Some(re)) = (rec.local, rec.remote) {
-                let mut rec_path = Box::new(path_record(lo, re, 0, dev.conn.info.active_mtu as u8));
+            // The new ID's route is the path its REQ carried (cma_ib_new_conn_id), else (a
+            // device that did not send it) the RoCE path of the addresses.
+            let path = match (&rec.route, rec.local, rec.remote) {
+                (Some(r), _, _) => Some(path_record_of(r)),
+                (None, Some(lo), Some(re)) => Some(path_record(lo, re, 0, dev.conn.info.active_mtu as u8)),
+                _ => None,
+            };
+            if let Some(p) = path {
+                let mut rec_path = Box::new(p);
                 ncid.route.path_rec = &mut *rec_path as *mut _;
                 ncid.route.num_paths = 1;
                 st.path = Some(rec_path);

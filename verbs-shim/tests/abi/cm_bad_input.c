@@ -250,6 +250,19 @@ static void path_option(const struct sockaddr_in *dev, struct rdma_cm_id *listen
 
 		check(ev->listen_id == listener, "IB_PATH: the REQ reaches the listener", "another listener");
 		rdma_ack_cm_event(ev);
+		{
+			/* The passive ID's route is the REQ's path (cma_ib_new_conn_id), its packet
+			 * lifetime one below the REQ's local ACK timeout (10 + 1). */
+			struct ibv_sa_path_rec *pr = r->route.path_rec;
+
+			check(r->route.num_paths == 1 && pr && pr->hop_limit == 9 && pr->traffic_class == 0x20 &&
+				      pr->mtu == IBV_MTU_512 && pr->sl == 2 && pr->packet_life_time == 10 &&
+				      be32toh(pr->flow_label) == 0x2345 && !memcmp(pr->dgid.raw, gid, 16),
+			      "the passive ID's route is the REQ's path",
+			      "num_paths %d hop %d tc %d mtu %d sl %d plt %d fl %#x", r->route.num_paths,
+			      pr ? pr->hop_limit : -1, pr ? pr->traffic_class : -1, pr ? pr->mtu : -1,
+			      pr ? pr->sl : -1, pr ? pr->packet_life_time : -1, pr ? be32toh(pr->flow_label) : 0);
+		}
 		memset(&qa, 0, sizeof(qa));
 		qa.qp_state = IBV_QPS_RTR;
 		rc = rdma_init_qp_attr(r, &qa, &mask);
