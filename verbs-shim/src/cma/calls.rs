@@ -402,6 +402,10 @@ fn bind_inner(id: &Id, cid: &mut c::rdma_cm_id, addr: SocketAddr) -> Result<(), 
         let p = place(id, &mut st, &d)?;
         cm_call(&p.dev, &Request::CmSetAddrs { id: p.id, local: Some(bound), remote: None, tos: st.tos }, &[])?;
         cid.verbs = d.verbs;
+        // librdmacm's ucma_get_device: an ID on a device gets the device's default PD.
+        if cid.pd.is_null() {
+            cid.pd = default_pd(&d)? as _;
+        }
     }
     set_route_addrs(cid, Some(bound), None);
     Ok(())
@@ -487,6 +491,9 @@ pub unsafe extern "C" fn rdma_resolve_addr(
         st.remote = Some(dst);
         st.addr_resolved = true;
         cid.verbs = dev.verbs;
+        if cid.pd.is_null() {
+            cid.pd = default_pd(&dev)? as _;
+        }
         set_route_addrs(cid, Some(local), Some(dst));
         post_local(i, &st, ADDR_RESOLVED, 0)?;
         drop(st);
@@ -1405,6 +1412,9 @@ fn deliver(rec: CmRecord) -> Result<Option<Box<Event>>, Errno> {
             }
         }
         ncid.verbs = dev.verbs;
+        if ncid.pd.is_null() {
+            ncid.pd = default_pd(&dev)? as _;
+        }
         set_route_addrs(ncid, rec.local, rec.remote);
         if listener_sync {
             // A synchronous listener's requests get their own channel (rdma_get_request).
@@ -1589,7 +1599,9 @@ pub unsafe extern "C" fn rdma_get_request(listen: *mut c::rdma_cm_id, id: *mut *
         };
         if let Some(mut qa) = qp_init {
             let ncid = id_mut(nid)?;
-            ncid.pd = pd as _;
+            if !pd.is_null() {
+                ncid.pd = pd as _;
+            }
             // SAFETY: the new ID with the listener's QP attributes (rdma_create_ep's).
             if unsafe { rdma_create_qp(nid, pd, &mut qa) } != 0 {
                 let err = crate::last_errno();
@@ -1655,7 +1667,9 @@ pub unsafe extern "C" fn rdma_create_ep(
                 return Err(fail(Errno(crate::last_errno())));
             }
             if !qp_init_attr.is_null() {
-                id_mut(p)?.pd = pd as _;
+                if !pd.is_null() {
+                    id_mut(p)?.pd = pd as _;
+                }
                 // SAFETY: the caller's attributes.
                 if unsafe { rdma_create_qp(p, pd, qp_init_attr) } != 0 {
                     return Err(fail(Errno(crate::last_errno())));

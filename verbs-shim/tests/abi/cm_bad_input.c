@@ -205,6 +205,9 @@ static void path_option(const struct sockaddr_in *dev, struct rdma_cm_id *listen
 		return;
 	}
 	rdma_ack_cm_event(ev);
+	/* librdmacm's ucma_get_device: an ID bound to a device has the device's default PD. */
+	check(id->verbs && id->pd && id->pd->context == id->verbs, "a resolved ID has the device's default PD",
+	      "verbs %p pd %p", (void *)id->verbs, (void *)id->pd);
 	rc = rdma_set_option(id, RDMA_OPTION_IB, RDMA_OPTION_IB_PATH, pd, sizeof(pd) - 1);
 	check(rc == -1 && errno == EINVAL, "IB_PATH of a partial record is EINVAL", "rc %d errno %d", rc, errno);
 	rc = rdma_set_option(id, RDMA_OPTION_IB, RDMA_OPTION_IB_PATH, pd, sizeof(pd[0]));
