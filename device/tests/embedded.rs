@@ -435,6 +435,40 @@ fn completion_channel_events_and_solicited_only() {
     assert_eq!(scq.wait(3, T).unwrap().len(), 3);
 }
 
+/// UCX's ud_verbs arms its receive CQ solicited-only and sleeps on the channel; a UD datagram
+/// sent with IBV_SEND_SOLICITED must wake it (IBTA 11.4.2.2 applies to every service type).
+#[test]
+fn a_solicited_datagram_fires_a_solicited_only_ud_cq() {
+    let d = device("cu", A, 47922, "");
+    let ctx = Context::embedded(&d).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let ch = ctx.create_comp_channel().unwrap();
+    let rcq = ctx.create_cq(64, Some(&ch)).unwrap();
+    let scq = ctx.create_cq(64, None).unwrap();
+    let a = pd.qp_builder(QpType::Ud, &scq).build().unwrap();
+    let b = pd.qp_builder(QpType::Ud, &scq).recv_cq(&rcq).build().unwrap();
+    let o = ConnectOptions::default();
+    a.connect(0, &b.endpoint(0), &o).unwrap();
+    b.connect(0, &a.endpoint(0), &o).unwrap();
+    let mr = pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let recv = |id| RecvWr { wr_id: id, sg_list: vec![mr.sge(0..1024)] };
+    b.post_recv(vec![recv(1), recv(2)]).unwrap();
+    let send = |id, solicited| {
+        let mut w = SendWr::new(id, SendOp::Send, vec![mr.sge(2000..2008)]);
+        w.ud = Some(AddressHandle { dest: A }.ud(b.qpn(), o.qkey));
+        w.solicited = solicited;
+        w
+    };
+    rcq.req_notify(true).unwrap();
+    a.post_send(vec![send(10, false)]).unwrap();
+    assert_eq!(rcq.wait(1, T).unwrap().len(), 1);
+    assert_eq!(ch.get_cq_event(Some(Duration::from_millis(300))).unwrap(), None, "not solicited");
+    a.post_send(vec![send(11, true)]).unwrap();
+    assert_eq!(ch.get_cq_event(Some(T)).unwrap(), Some(rcq.id()), "a solicited datagram wakes the channel");
+    let w = rcq.wait(1, T).unwrap();
+    assert_eq!((w.len(), w[0].wr_id, w[0].grh), (1, 2, true));
+}
+
 #[test]
 fn ipv6_device_runs_rc_and_ud() {
     let six: IpAddr = "::1".parse().unwrap();

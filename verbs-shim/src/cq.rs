@@ -211,8 +211,22 @@ pub(crate) fn to_wc(w: &WorkCompletion) -> ffi::ibv_wc {
         wc_flags: flags,
         pkey_index: 0,
         slid: 0,
-        sl: 0,
+        sl: roce_packet_type(w),
         dlid_path_bits: 0,
+    }
+}
+
+/// What a RoCE UD receive reports in `ibv_wc.sl`: the network header type of the received
+/// packet, as ConnectX does (its CQE's L3 header type lands in the SL bits; the kernel reads it
+/// the same way to fill `ib_wc.network_hdr_type`): 2 for IPv4, 1 for IPv6, 0 for a RoCEv1 GRH.
+/// On RoCE there is no SL on the wire (the priority is in the VLAN tag or DSCP), and UCX's
+/// ud_verbs reads this value to know how long the destination GID in the GRH slot is (4 bytes
+/// for IPv4). Completions without a GRH slot report 0.
+fn roce_packet_type(w: &WorkCompletion) -> u8 {
+    match (w.grh, w.src) {
+        (true, Some(std::net::IpAddr::V4(_))) => 2,
+        (true, Some(std::net::IpAddr::V6(_))) => 1,
+        _ => 0,
     }
 }
 
@@ -448,5 +462,16 @@ mod tests {
         w.status = WcStatus::RemAccessErr;
         let c = to_wc(&w);
         assert_eq!((c.status, c.opcode, c.wc_flags), (ffi::IBV_WC_REM_ACCESS_ERR, ffi::IBV_WC_RDMA_READ, 0));
+    }
+
+    #[test]
+    fn ud_receives_report_the_network_header_type_in_sl() {
+        let mut w = wc(WcOpcode::Recv);
+        assert_eq!(to_wc(&w).sl, 0, "no GRH slot, no packet type");
+        w.grh = true;
+        w.src = Some("10.0.0.2".parse().unwrap());
+        assert_eq!(to_wc(&w).sl, 2, "RoCEv2 over IPv4");
+        w.src = Some("fe80::2".parse().unwrap());
+        assert_eq!(to_wc(&w).sl, 1, "RoCEv2 over IPv6");
     }
 }

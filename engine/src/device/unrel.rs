@@ -244,5 +244,9 @@ pub(crate) fn handle_ud<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, src: IpAdd
         grh: true,
         src: Some(src),
     };
+    // IBTA 11.4.2.2: a solicited-only armed CQ fires on a receive whose message had the
+    // Solicited Event bit, whatever the service type (UCX's ud_verbs sleeps on exactly this).
+    ctx.se = pkt.bth().solicited();
     ctx.complete(cq, wc);
+    ctx.se = false;
 }
