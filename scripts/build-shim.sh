@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the verbs shim: libibverbs.so.1, librdmacm.so.1, libmlx5.so.1 and libefa.so.1 in
-# target/<profile>/shim/ (with include/softrdma/ofed_xrc.h), from the softrdma-verbs-shim static
+# Builds the verbs shim: libibverbs.so.1, librdmacm.so.1, libmlx5.so.1 and libefa.so.1 (and their
+# unversioned .so names) in target/<profile>/shim/ (with include/softrdma/ofed_xrc.h), from the softrdma-verbs-shim static
 # library relinked with rdma-core's symbol versions (verbs-shim/maps/*.map; a Rust cdylib cannot
 # carry versioned symbols).
 # Usage: scripts/build-shim.sh [--debug]   (default: release, beside target/release/softrdma)
@@ -32,6 +32,9 @@ link libibverbs.so.1 ibverbs.map
 link librdmacm.so.1 rdmacm.map
 link libmlx5.so.1 mlx5.map
 link libefa.so.1 efa.map
+# The unversioned names too: NCCL and some middleware dlopen "libibverbs.so" / "libmlx5.so" first,
+# which would otherwise miss the shim directory and load the system's libraries.
+for l in libibverbs librdmacm libmlx5 libefa; do ln -sfn "$l.so.1" "$out/$l.so"; done
 # The header of the OFED XRC verbs the library also exports (verbs-shim/src/ofed_xrc.rs).
 mkdir -p "$out/include/softrdma"
 cp verbs-shim/include/softrdma/ofed_xrc.h "$out/include/softrdma/"

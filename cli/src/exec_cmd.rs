@@ -1,6 +1,7 @@
 //! `softrdma exec -- PROG ARGS...`: runs an unchanged verbs program on softrdma. The verbs shim
 //! (libibverbs.so.1, librdmacm.so.1, stub libmlx5.so.1 and libefa.so.1) goes first on
-//! LD_LIBRARY_PATH, and the default device starts unless a device already runs.
+//! LD_LIBRARY_PATH, the default device starts unless a device already runs, and the devices are
+//! presented in /dev and /sys in a private mount namespace (`present`).
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -30,21 +31,54 @@ pub(crate) fn shim_dir(exe: &Path) -> Result<PathBuf> {
     Ok(dir)
 }
 
-pub(crate) fn run(program: &[String]) -> Result<ExitCode> {
-    let Some((prog, args)) = program.split_first() else { bail!("usage: softrdma exec -- PROGRAM [ARGS...]") };
+pub(crate) fn run(program: &[String], present: bool) -> Result<ExitCode> {
+    if program.is_empty() {
+        bail!("usage: softrdma exec -- PROGRAM [ARGS...]");
+    }
     let exe = std::env::current_exe().context("finding the softrdma executable")?;
-    let shim = shim_dir(&exe)?;
+    shim_dir(&exe)?;
     let dir = runtime::runtime_dir()?;
     if runtime::list_devices(&dir).is_empty() {
         let addr = std::env::var("SOFTRDMA_DEFAULT_ADDR").unwrap_or_else(|_| DEFAULT_ADDR.to_owned());
         let args = vec!["--addr".to_owned(), addr];
         daemon::up(&exe, DEFAULT_DEVICE, &args)?;
     }
+    if present {
+        // Middleware looks for the device in /dev and /sys before it calls verbs.
+        if let Err(e) = crate::present::present(&dir, false) {
+            eprintln!(
+                "softrdma exec: the devices are not presented in /dev/infiniband and /sys/class/infiniband ({e:#}); \
+                 programs that look there (UCX, Open MPI, pyverbs' rdma_cm tests) will not find them"
+            );
+        }
+    }
+    exec_with_shim(program, &[])
+}
+
+/// `cluster exec`: the process is already in the host's network namespace; its device runs in
+/// `dir`. The presentation is not optional here (a cluster host is for middleware), and sysfs is
+/// mounted afresh so that /sys/class/net is the host's.
+pub(crate) fn exec_presented(program: &[String], dir: &Path) -> Result<ExitCode> {
+    crate::present::present(dir, true).context("presenting the host's device")?;
+    let env = [("SOFTRDMA_RUNTIME_DIR", dir.as_os_str()), ("SOFTRDMA_NO_AUTOSTART", "1".as_ref())];
+    exec_with_shim(program, &env)
+}
+
+/// Replaces this process with the program, the shim first on LD_LIBRARY_PATH.
+fn exec_with_shim(program: &[String], env: &[(&str, &std::ffi::OsStr)]) -> Result<ExitCode> {
+    let Some((prog, args)) = program.split_first() else { bail!("no program") };
+    let exe = std::env::current_exe().context("finding the softrdma executable")?;
+    let shim = shim_dir(&exe)?;
     let mut path = shim.into_os_string();
     if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|p| !p.is_empty()) {
         path.push(":");
         path.push(old);
     }
-    let err = Command::new(prog).args(args).env("LD_LIBRARY_PATH", path).env("SOFTRDMA_BIN", &exe).exec();
+    let mut c = Command::new(prog);
+    c.args(args).env("LD_LIBRARY_PATH", path).env("SOFTRDMA_BIN", &exe);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let err = c.exec();
     bail!("cannot run {prog}: {err}")
 }

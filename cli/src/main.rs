@@ -26,12 +26,14 @@
 mod bench;
 mod bench_parse;
 mod bench_scale;
+mod cluster;
 mod demo;
 mod device_cmd;
 mod exec_cmd;
 mod pcap_behaviour;
 mod pcap_cm;
 mod pcap_cmd;
+mod present;
 mod sample;
 mod sim;
 
@@ -63,12 +65,23 @@ enum Command {
         #[command(flatten)]
         args: device_cmd::DeviceArgs,
     },
-    /// Run an unchanged verbs program on softrdma: the verbs shim first on LD_LIBRARY_PATH, and
-    /// the default device (srdma0 on 127.0.0.1) started unless a device runs.
+    /// Run an unchanged verbs program on softrdma: the verbs shim first on LD_LIBRARY_PATH, the
+    /// default device (srdma0 on 127.0.0.1) started unless a device runs, and the devices
+    /// presented as the kernel would (/dev/infiniband, /sys/class/infiniband) in a private mount
+    /// namespace.
     Exec {
+        /// Do not present the devices in /dev and /sys (no namespaces).
+        #[arg(long)]
+        no_present: bool,
         /// The program and its arguments (after `--`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         program: Vec<String>,
+    },
+    /// A simulated cluster on this machine: N network-namespace hosts on one bridge, a
+    /// softrdma device on each (needs root).
+    Cluster {
+        #[command(subcommand)]
+        cmd: ClusterCmd,
     },
     /// Start a device in the background (unless it runs) and wait until it answers.
     Up {
@@ -118,6 +131,37 @@ enum Command {
     Pcap {
         #[command(subcommand)]
         command: PcapCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterCmd {
+    /// Create the hosts (network namespaces on one bridge) and start a device on each.
+    Up(cluster::UpArgs),
+    /// Remove the hosts, their devices and every process left in them (exit 0 when none is up).
+    Down,
+    /// List the hosts: index, namespace, address, device.
+    Status {
+        /// One JSON object: {"hosts": [{"index", "netns", "addr", "device", ...}]}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a program on a host (index, name or address) with its device presented.
+    Exec {
+        /// The host: 2, h2, srdc-h2 or its address.
+        host: String,
+        /// The program and its arguments (after `--`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        program: Vec<String>,
+    },
+    /// An rsh/ssh stand-in for launchers: joins the words into one command line and runs it
+    /// with `sh -c` on the host, as `cluster exec` runs programs.
+    Rsh {
+        /// The host: 2, h2, srdc-h2 or its address.
+        host: String,
+        /// The command line's words.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<String>,
     },
 }
 
@@ -183,7 +227,14 @@ fn main() -> ExitCode {
         Command::DemoWorker(a) => demo::worker(&a),
         Command::Daemon { name, args } => device_cmd::daemon(&name, &args),
         Command::Up { name, args } => device_cmd::up(&name, &args),
-        Command::Exec { program } => exec_cmd::run(&program),
+        Command::Exec { no_present, program } => exec_cmd::run(&program, !no_present),
+        Command::Cluster { cmd } => match cmd {
+            ClusterCmd::Up(a) => cluster::up(&a),
+            ClusterCmd::Down => cluster::down(),
+            ClusterCmd::Status { json } => cluster::status(json),
+            ClusterCmd::Exec { host, program } => cluster::exec(&host, &program),
+            ClusterCmd::Rsh { host, command } => cluster::rsh(&host, &command),
+        },
         Command::Down { name } => device_cmd::down(&name),
         Command::List { json } => device_cmd::list(json),
         Command::Stat { name, json } => device_cmd::stat(&name, json),

@@ -429,6 +429,41 @@ fn drain_eventfd(fd: BorrowedFd<'_>) {
     let _ = nix::unistd::read(fd, &mut b);
 }
 
+/// The next event of a queue the device keeps (`next` asks for it), waiting up to `timeout`
+/// (`None`: forever) on the queue's eventfd. The fd is kept readable exactly while events may
+/// wait, as the kernel's completion channel and async event fds are: programs put it in epoll
+/// (UCX's async thread does) and call the verbs only when it is readable, so an fd left readable
+/// with an empty queue would make them spin, and one drained with events left would make them
+/// sleep through those.
+fn next_event<T>(
+    fd: BorrowedFd<'_>,
+    hangup: Option<BorrowedFd<'_>>,
+    timeout: Option<Duration>,
+    mut next: impl FnMut() -> Result<Option<T>>,
+) -> Result<Option<T>> {
+    let deadline = timeout.map(|t| Instant::now() + t);
+    loop {
+        if let Some(e) = next()? {
+            return Ok(Some(e));
+        }
+        // The queue is empty: the fd must not stay readable. An event queued between the
+        // question and the drain lost its wake-up, so ask once more; if there was one, others
+        // may follow it, so the fd is made readable again (at worst one spurious wake-up).
+        if readable_now(fd) {
+            drain_eventfd(fd);
+            if let Some(e) = next()? {
+                let _ = nix::unistd::write(fd, &1u64.to_ne_bytes());
+                return Ok(Some(e));
+            }
+        }
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        if left == Some(Duration::ZERO) {
+            return Ok(None);
+        }
+        wait_readable(fd, hangup, left);
+    }
+}
+
 /// An open device.
 #[derive(Clone)]
 pub struct Context {
@@ -531,20 +566,11 @@ impl Context {
 
     /// `ibv_get_async_event`: waits up to `timeout` (`None`: forever) for the next async event.
     pub fn get_async_event(&self, timeout: Option<Duration>) -> Result<Option<ClientEvent>> {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        loop {
-            if let Response::Event(Some(e)) = self.inner.call(Request::GetAsyncEvent)? {
-                return Ok(Some(e));
-            }
-            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            if left == Some(Duration::ZERO) {
-                return Ok(None);
-            }
-            let fd = self.event_fd();
-            if wait_readable(fd, self.inner.hangup_fd(), left) && readable_now(fd) {
-                drain_eventfd(fd);
-            }
-        }
+        let next = || match self.inner.call(Request::GetAsyncEvent)? {
+            Response::Event(e) => Ok(e),
+            _ => unexpected(),
+        };
+        next_event(self.event_fd(), self.inner.hangup_fd(), timeout, next)
     }
 
     /// The fd that is readable while async events wait.
@@ -843,19 +869,11 @@ impl CompletionChannel {
 
     /// `ibv_get_cq_event`: waits up to `timeout` for the next CQ event; returns the CQ's id.
     pub fn get_cq_event(&self, timeout: Option<Duration>) -> Result<Option<CqId>> {
-        let deadline = timeout.map(|t| Instant::now() + t);
-        loop {
-            if let Response::CqEvent(Some(cq)) = self.ctx.inner.call(Request::GetCqEvent(self.id))? {
-                return Ok(Some(cq));
-            }
-            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            if left == Some(Duration::ZERO) {
-                return Ok(None);
-            }
-            if wait_readable(self.fd.as_fd(), self.ctx.inner.hangup_fd(), left) && readable_now(self.fd.as_fd()) {
-                drain_eventfd(self.fd.as_fd());
-            }
-        }
+        let next = || match self.ctx.inner.call(Request::GetCqEvent(self.id))? {
+            Response::CqEvent(cq) => Ok(cq),
+            _ => unexpected(),
+        };
+        next_event(self.fd.as_fd(), self.ctx.inner.hangup_fd(), timeout, next)
     }
 }
 

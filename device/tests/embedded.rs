@@ -467,6 +467,28 @@ fn a_solicited_datagram_fires_a_solicited_only_ud_cq() {
     assert_eq!(ch.get_cq_event(Some(T)).unwrap(), Some(rcq.id()), "a solicited datagram wakes the channel");
     let w = rcq.wait(1, T).unwrap();
     assert_eq!((w.len(), w[0].wr_id, w[0].grh), (1, 2, true));
+    // With no event left, the channel's fd is not readable once a non-blocking get has found
+    // the queue empty (programs that poll the fd would otherwise spin on it).
+    assert_eq!(ch.get_cq_event(Some(Duration::ZERO)).unwrap(), None);
+    assert!(!fd_readable(&ch), "an empty channel's fd stays quiet");
+    // An event makes it readable again, and it stays so until the event is taken.
+    b.post_recv(vec![recv(3)]).unwrap();
+    rcq.req_notify(false).unwrap();
+    a.post_send(vec![send(12, false)]).unwrap();
+    assert_eq!(rcq.wait(1, T).unwrap().len(), 1);
+    let until = std::time::Instant::now() + T;
+    while !fd_readable(&ch) && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(fd_readable(&ch), "a waiting event makes the fd readable");
+    assert_eq!(ch.get_cq_event(Some(Duration::ZERO)).unwrap(), Some(rcq.id()));
+    assert_eq!(ch.get_cq_event(Some(Duration::ZERO)).unwrap(), None);
+    assert!(!fd_readable(&ch));
+}
+
+fn fd_readable(fd: &impl std::os::fd::AsFd) -> bool {
+    let mut p = [nix::poll::PollFd::new(fd.as_fd(), nix::poll::PollFlags::POLLIN)];
+    nix::poll::poll(&mut p, nix::poll::PollTimeout::ZERO).unwrap() > 0
 }
 
 #[test]

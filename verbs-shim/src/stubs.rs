@@ -1,5 +1,6 @@
-//! Stub `libmlx5.so.1` and `libefa.so.1`: perftest links them directly, and pyverbs' provider
-//! bindings (imported by every pyverbs test module) resolve all their functions at load time.
+//! Stub `libmlx5.so.1` and `libefa.so.1`: perftest links them directly, pyverbs' provider
+//! bindings (imported by every pyverbs test module) and UCX's libuct_ib (under LD_BIND_NOW)
+//! resolve all their functions at load time.
 //! The device is neither a Mellanox nor an EFA device (its vendor id is not theirs), so programs
 //! take the plain verbs path; if they call a direct-verbs function anyway, it fails cleanly:
 //! NULL or EOPNOTSUPP, never a pretended success. The list is what those binaries import, with
@@ -64,6 +65,7 @@ unsupported_ptr!(
     mlx5dv_devx_alloc_msi_vector,
     mlx5dv_devx_alloc_uar,
     mlx5dv_devx_create_eq,
+    mlx5dv_devx_create_event_channel,
     mlx5dv_devx_obj_create,
     mlx5dv_devx_umem_reg,
     mlx5dv_devx_umem_reg_ex,
@@ -116,7 +118,10 @@ unsupported_int!(
     mlx5dv_devx_obj_destroy,
     mlx5dv_devx_obj_modify,
     mlx5dv_devx_obj_query,
+    mlx5dv_devx_qp_modify,
+    mlx5dv_devx_qp_query,
     mlx5dv_devx_query_eqn,
+    mlx5dv_devx_subscribe_devx_event,
     mlx5dv_devx_umem_dereg,
     mlx5dv_dr_action_destroy,
     mlx5dv_dr_domain_destroy,
@@ -145,6 +150,19 @@ unsupported_int!(
     mlx5dv_vfio_process_events,
 );
 
-unsupported_void!(mlx5dv_devx_free_uar, mlx5dv_dr_domain_allow_duplicate_rules, mlx5dv_free_var, mlx5dv_pp_free,);
+unsupported_void!(
+    mlx5dv_devx_destroy_event_channel,
+    mlx5dv_devx_free_uar,
+    mlx5dv_dr_domain_allow_duplicate_rules,
+    mlx5dv_free_var,
+    mlx5dv_pp_free,
+);
 
 unsupported_bool!(mlx5dv_is_supported,);
+
+/// `ssize_t mlx5dv_devx_get_event(...)`: -1 with errno, as a read would fail.
+#[no_mangle]
+pub extern "C" fn mlx5dv_devx_get_event() -> isize {
+    set_errno(libc::EOPNOTSUPP);
+    -1
+}
