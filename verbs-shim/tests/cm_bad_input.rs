@@ -46,7 +46,7 @@ fn librdmacm_bad_calls_fail_with_the_kernels_errno_and_harm_nothing() {
         .expect("run cm_bad_input");
     let report = text(&o);
     assert!(o.status.success(), "cm_bad_input: {}\n{report}", o.status);
-    assert!(report.contains("# 45 checks, 0 failed"), "{report}");
+    assert!(report.contains("# 47 checks, 0 failed"), "{report}");
 
     let s = Command::new(&exe)
         .args(["stat", DEVICE, "--json"])

@@ -387,7 +387,7 @@ fn bind_inner(id: &Id, cid: &mut c::rdma_cm_id, addr: SocketAddr) -> Result<(), 
     let dev = if addr.ip().is_unspecified() {
         None
     } else {
-        Some(cma.dev_by_addr(addr.ip()).ok_or(Errno(libc::EADDRNOTAVAIL))?)
+        Some(cma.dev_for_bind(addr.ip()).ok_or(Errno(libc::EADDRNOTAVAIL))?)
     };
     if dev.is_some() && st.ps == PS_IPOIB {
         // cma_acquire_dev_by_src_ip: an RDMA_PS_IPOIB ID takes only an IPoIB (InfiniBand link
@@ -1032,7 +1032,7 @@ pub unsafe extern "C" fn rdma_listen(id: *mut c::rdma_cm_id, backlog: c_int) -> 
             // device_added).
             cma.devs()
         } else {
-            vec![cma.dev_by_addr(bound.ip()).ok_or(Errno(libc::EADDRNOTAVAIL))?]
+            vec![cma.dev_for_bind(bound.ip()).ok_or(Errno(libc::EADDRNOTAVAIL))?]
         };
         let b = backlog.max(0) as u32;
         for d in &devs {

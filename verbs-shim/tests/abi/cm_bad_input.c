@@ -327,6 +327,29 @@ int main(int argc, char **argv)
 	check(rc == 0, "the same port in RDMA_PS_IB is free", "rc %d errno %d", rc, errno);
 	rdma_destroy_id(x);
 
+	/* cma_bind_loopback: a loopback address no device holds binds to the first device (libfabric
+	 * binds "localhost" this way); any other address without a device is EADDRNOTAVAIL. */
+	{
+		struct sockaddr_in lb = a, none = a;
+
+		lb.sin_port = 0;
+		inet_pton(AF_INET, "127.0.0.2", &lb.sin_addr);
+		none.sin_port = 0;
+		inet_pton(AF_INET, "192.0.2.1", &none.sin_addr);
+		rdma_create_id(ch, &x, NULL, RDMA_PS_TCP);
+		rc = rdma_bind_addr(x, (struct sockaddr *)&lb);
+		check(rc == 0 && x->verbs != NULL && x->verbs == l->verbs,
+		      "bind to a loopback address takes the first device", "rc %d errno %d verbs %p", rc, errno,
+		      (void *)x->verbs);
+		rdma_destroy_id(x);
+		rdma_create_id(ch, &x, NULL, RDMA_PS_TCP);
+		errno = 0;
+		rc = rdma_bind_addr(x, (struct sockaddr *)&none);
+		check(rc == -1 && errno == EADDRNOTAVAIL, "bind to an address of no device is EADDRNOTAVAIL",
+		      "rc %d errno %d", rc, errno);
+		rdma_destroy_id(x);
+	}
+
 	/* cma_connect_ib: private data beyond the REQ's 92 bytes less the 36-byte cma_hdr. */
 	c = resolved(&a);
 	if (!check(c != NULL, "resolve to the listener", "%s", strerror(errno)))
