@@ -59,6 +59,8 @@ struct State {
     subnet: String,
     mtu: u32,
     netem: Option<String>,
+    #[serde(default)]
+    faults: Option<String>,
 }
 
 /// `cluster up` options.
@@ -73,6 +75,11 @@ pub(crate) struct UpArgs {
     /// A netem qdisc on every host's interface (egress), e.g. "delay 50us loss 0.1%".
     #[arg(long)]
     netem: Option<String>,
+    /// Faults every host's device injects on transmit (the device's --faults, e.g.
+    /// "loss=0.005"): RoCE packets only, and available where netem is not (kernels without
+    /// sch_netem).
+    #[arg(long)]
+    faults: Option<String>,
     /// The hosts' /24 (the first three octets; host I gets .I).
     #[arg(long, default_value = "10.199.0.0")]
     subnet: Ipv4Addr,
@@ -154,7 +161,7 @@ pub(crate) fn up(a: &UpArgs) -> Result<ExitCode> {
     let hosts = r?;
     let dir = state_dir();
     fs::create_dir_all(&dir)?;
-    let state = State { hosts, subnet, mtu: a.mtu, netem: a.netem.clone() };
+    let state = State { hosts, subnet, mtu: a.mtu, netem: a.netem.clone(), faults: a.faults.clone() };
     fs::write(dir.join("state.json"), serde_json::to_string_pretty(&state)?)?;
     print_status(&state, false);
     Ok(ExitCode::SUCCESS)
@@ -190,7 +197,9 @@ fn build(a: &UpArgs, o: [u8; 4]) -> Result<Vec<Host>> {
             let mut c = Command::new("ip");
             c.args(["netns", "exec", &ns, "tc", "qdisc", "add", "dev", "eth0", "root", "netem"]);
             c.args(netem.split_whitespace());
-            run(&mut c).context("adding the netem qdisc (is the sch_netem module available?)")?;
+            run(&mut c).context(
+                "adding the netem qdisc (this kernel may lack sch_netem: --faults injects loss in the devices instead)",
+            )?;
         }
         let runtime_dir = state_dir().join(format!("h{i}"));
         fs::create_dir_all(&runtime_dir)?;
@@ -203,6 +212,7 @@ fn build(a: &UpArgs, o: [u8; 4]) -> Result<Vec<Host>> {
             .args(["netns", "exec", &h.netns])
             .arg(&exe)
             .args(["up", DEVICE, "--addr", &h.addr.to_string()])
+            .args(a.faults.iter().flat_map(|f| ["--faults", f.as_str()]))
             .env("SOFTRDMA_RUNTIME_DIR", &h.runtime_dir))
         .with_context(|| format!("starting {DEVICE} on host {}", h.index))?;
     }
@@ -285,7 +295,8 @@ fn print_status(s: &State, json: bool) {
                 })
             })
             .collect();
-        println!("{}", serde_json::json!({ "hosts": hosts, "subnet": s.subnet, "mtu": s.mtu, "netem": s.netem }));
+        let v = serde_json::json!({ "hosts": hosts, "subnet": s.subnet, "mtu": s.mtu, "netem": s.netem, "faults": s.faults });
+        println!("{v}");
         return;
     }
     println!(
