@@ -9,7 +9,8 @@
 # - ibverbs-utils, python3-pyverbs, perftest, rdmacm-utils: the unchanged programs and test suite
 #   that run on it (or, for rdma_cm programs, load on it and fail cleanly);
 # - ucx-utils, libfabric-bin: the peers `softrdma bench` compares against (UCX and libfabric
-#   over tcp), run by the suite's short bench;
+#   over tcp), run by the suite's short bench, and the middleware of scripts/test-cluster.sh
+#   (UCX and libfabric over softrdma on `softrdma cluster` hosts, which also need iproute2);
 # - qemu-system-x86, busybox-static, tcpdump, kmod, cpio, iproute2: the rdma_rxe guest of
 #   conformance/interop/rxe.sh (its kernel and rdma-core come from Debian packages it downloads).
 set -euo pipefail

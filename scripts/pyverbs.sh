@@ -156,38 +156,11 @@ fi
 # pyverbs' rdma_cm tests find the device's IP address through sysfs: the first entry of
 # /sys/class/infiniband/<dev>/device/net/ is its interface, and that interface's first address
 # the address (tests/base.py, _get_ip_mac); without it every test skips ("doesn't have net
-# interface"). softrdma presents no sysfs yet (that is `softrdma exec`'s device presentation, the
-# cluster issue), so these modules run in a private mount namespace (unshare -m as root, -Urm
-# otherwise) in which /sys/class is a tmpfs holding the real entries (bind mounts) plus that one
-# directory, naming the interface that carries 127.0.0.1. Where no namespace can be made, the
-# module runs as it is and its skips say why.
+# interface"). `softrdma exec` presents the device there (a private mount namespace; a user
+# namespace too for other users), so these modules run under it. Where no namespace can be made,
+# softrdma exec says so and the module runs as it is: its skips say why.
 sysfs_modules=" test_rdmacm "
-cat >"$work/present.sh" <<'PRESENT'
-set -e
-dev=$1 ifname=$2
-shift 2
-mount --make-rprivate /
-t=$(mktemp -d)
-mount -t tmpfs softrdma-sysfs "$t"
-for e in /sys/class/*; do
-  mkdir "$t/${e##*/}"
-  mount --bind "$e" "$t/${e##*/}"
-done
-mkdir -p "$t/infiniband/$dev/device/net/$ifname"
-mount --bind "$t" /sys/class
-exec "$@"
-PRESENT
-present=()
-lo_if=$(ip -o addr show to 127.0.0.1 2>/dev/null | awk '{print $2; exit}')
-if [ ! -e "/sys/class/infiniband/$dev" ] && [ -n "$lo_if" ] && command -v unshare >/dev/null; then
-  uflags=-m
-  [ "$(id -u)" = 0 ] || uflags=-Urm
-  if unshare $uflags bash "$work/present.sh" "$dev" "$lo_if" true 2>/dev/null; then
-    present=(unshare $uflags bash "$work/present.sh" "$dev" "$lo_if")
-  else
-    echo "pyverbs.sh: cannot make a mount namespace here: $sysfs_modules run without the device's sysfs entry" >&2
-  fi
-fi
+present=("$softrdma" exec --)
 
 # One run_tests.py per module, each under a timeout so that a hang cannot stall CI. `timeout`
 # signals its whole process group, so the suite's forked helper processes go too.

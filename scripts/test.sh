@@ -3,6 +3,7 @@
 #   unit, property and conformance tests (golden packets, real captures, tshark, ICRC oracle),
 #   command-line tests, lint, the verbs shim (its ABI test, unchanged rdma-core programs and
 #   perftest, the pyverbs suite), interop with Linux's rdma_rxe (conformance/interop/rxe.sh),
+#   middleware (UCX, libfabric) and perftest between `softrdma cluster` hosts (scripts/test-cluster.sh),
 #   a short `softrdma bench` (that the comparison runs end to end; its figures are not checked)
 #   and a short run of each fuzz target.
 # Environment: FUZZ_SECONDS (default 30) per fuzz target; 0 builds the targets without running.
@@ -44,6 +45,13 @@ if [ "$(id -u)" = 0 ]; then
   bash conformance/interop/rxe.sh
 else
   echo "SKIPPED: conformance/interop/rxe.sh needs root (a network namespace and a tap device); CI runs it as root"
+fi
+
+step "middleware on a simulated cluster (softrdma cluster: network-namespace hosts; needs root)"
+if [ "$(id -u)" = 0 ]; then
+  bash scripts/test-cluster.sh
+else
+  echo "SKIPPED: scripts/test-cluster.sh needs root (network namespaces, veth, a bridge); CI runs it as root"
 fi
 
 step "softrdma bench --quick (runs end to end; the table is printed, not written, not judged)"
