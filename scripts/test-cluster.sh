@@ -8,6 +8,7 @@
 #     tag_bw and ucp_put_bw with UCX_TLS=rc_v,self and ud_v,self between two hosts, without
 #     workaround variables;
 #   libfabric (Debian's libfabric-bin): fi_info -p verbs; fi_pingpong -p verbs -e dgram;
+#   pyverbs' test_rdmacm inside a host;
 #   ibv_rc_pingpong, ib_write_bw and rping between hosts;
 #   a 4-host cluster: UCX tag_lat between every pair of hosts;
 #   the set again with 0.5% loss on every host (netem, or the devices' --faults where the kernel
@@ -131,6 +132,22 @@ else
   result "ucx_info -d shows rc_verbs and ud_verbs on srdma0:1" fail "$(echo "$out" | grep -E 'Transport|Device' | tr '\n' ' ')"
 fi
 if on 1 fi_info -p verbs 2>&1 | grep -q "domain: srdma0"; then result "fi_info -p verbs lists srdma0" ok; else result "fi_info -p verbs lists srdma0" fail; fi
+
+# pyverbs' rdma_cm tests inside a host: they find the device's address through the presented
+# sysfs (device/net/eth0) and that interface's first address.
+pv=$(dpkg -L python3-pyverbs 2>/dev/null | grep '/tests/run_tests\.py$' | head -n 1)
+if [ -n "$pv" ]; then
+  cp -r "$(dirname "$pv")" "$logs/pyverbs-tests"
+  gunzip -f "$logs"/pyverbs-tests/*.gz 2>/dev/null
+  out=$(on 1 sh -c "cd '$logs/pyverbs-tests' && timeout 300 /usr/bin/python3 run_tests.py --dev srdma0 --port 1 --gid 0 -v test_rdmacm" 2>&1)
+  if echo "$out" | grep -qE "^Ran [1-9][0-9]* tests" && echo "$out" | grep -qx "OK"; then
+    result "pyverbs test_rdmacm in a cluster host ($(echo "$out" | grep -E '^Ran ' | cut -d' ' -f2) passed, none skipped)" ok
+  else
+    result "pyverbs test_rdmacm in a cluster host" fail "$(echo "$out" | tail -n 5 | tr '\n' ' ')"
+  fi
+else
+  result "pyverbs test_rdmacm in a cluster host" fail "python3-pyverbs ships no tests/run_tests.py"
+fi
 
 suite ""
 
