@@ -10,7 +10,9 @@
 #   libfabric (Debian's libfabric-bin): fi_info -p verbs; fi_pingpong -p verbs -e dgram;
 #   pyverbs' test_rdmacm inside a host;
 #   ibv_rc_pingpong, ib_write_bw and rping between hosts;
-#   a 4-host cluster: UCX tag_lat between every pair of hosts;
+#   a 4-host cluster: UCX tag_lat between every pair of hosts, Open MPI (pml ucx) over all four
+#     (scripts/cluster/mpi_check.c, launched through `cluster rsh`), and a host's device killed
+#     under a running MPI job (the job fails, the other hosts go on);
 #   the set again with 0.5% loss on every host (netem, or the devices' --faults where the kernel
 #     has no sch_netem): everything still completes.
 #
@@ -85,6 +87,7 @@ suite() { # tag: the two-host set
     ibv_rc_pingpong -d srdma0 -g 0 -m 1024 -n 500
   pair "ib_write_bw$t" 1 2 "^ 65536 +" ib_write_bw -d srdma0 -x 0 -n 200 -- ib_write_bw -d srdma0 -x 0 -n 200
   pair "rping$t" 1 2 "rdma-ping-19:" rping -s -a "$(addr 1)" -C 20 -V -- rping -c -C 20 -v -V -a
+  [ -z "$t" ] || mpi "Open MPI over UCX rc_verbs, 2 ranks$t" 2 4096 200
 }
 
 # --- the cluster's own behaviour ---
@@ -151,7 +154,36 @@ fi
 
 suite ""
 
-# --- four hosts: UCX between every pair ---
+# Open MPI (pml ucx over softrdma's rc_verbs), launched from host 1 with `cluster rsh` as its
+# rsh agent: scripts/cluster/mpi_check.c (ping-pong with checked data, MPI_Allreduce,
+# MPI_Alltoall) on one rank per host. OMPI_MCA_pml_ucx_devices=any: pml ucx otherwise ranks
+# itself low on a device whose driver is not mlx*.
+mpi_check=""
+if command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
+  mpi_check="$logs/mpi_check"
+  mpicc -O1 -Wall -o "$mpi_check" scripts/cluster/mpi_check.c || mpi_check=""
+fi
+mpi() { # name hosts [mpi_check args]
+  local name=$1 n=$2
+  shift 2
+  if [ -z "$mpi_check" ]; then
+    result "$name" fail "Open MPI (mpicc, mpirun) is not installed"
+    return
+  fi
+  : >"$logs/hostfile"
+  for i in $(seq "$n"); do echo "$(addr "$i") slots=1" >>"$logs/hostfile"; done
+  local out
+  out=$(on 1 timeout 180 mpirun --allow-run-as-root --mca plm_rsh_agent "$bin cluster rsh" --hostfile "$logs/hostfile" \
+    -np "$n" --mca pml ucx -x UCX_TLS=rc_v,self -x OMPI_MCA_pml_ucx_devices=any "$mpi_check" "$@" 2>&1)
+  local rc=$?
+  if [ "$rc" = 0 ] && echo "$out" | grep -q "^mpi_check: OK ($n ranks on $n hosts)"; then
+    result "$name ($(echo "$out" | grep -m1 '^pingpong' | sed 's/.*: //'))" ok
+  else
+    result "$name" fail "rc=$rc $(echo "$out" | grep -v setpgid | tail -n 4 | tr '\n' ' ')"
+  fi
+}
+
+# --- four hosts: UCX between every pair, MPI over all four ---
 "$bin" cluster down >/dev/null 2>&1
 if out=$("$bin" cluster up --hosts 4 2>&1); then
   for s in 1 2 3 4; do
@@ -160,6 +192,30 @@ if out=$("$bin" cluster up --hosts 4 2>&1); then
       ucx "UCX tag_lat rc_verbs host $c -> host $s (4 hosts)" "$s" "$c" rc_v,self -t tag_lat -n 200
     done
   done
+  mpi "Open MPI over UCX rc_verbs, 4 ranks on 4 hosts" 4
+  # A host's device killed under a running job: the job fails (not hangs), the other hosts'
+  # devices go on serving.
+  if [ -n "$mpi_check" ]; then
+    : >"$logs/hostfile2"
+    for i in 1 2; do echo "$(addr "$i") slots=1" >>"$logs/hostfile2"; done
+    on 1 timeout 120 mpirun --allow-run-as-root --mca plm_rsh_agent "$bin cluster rsh" --hostfile "$logs/hostfile2" \
+      -np 2 --mca pml ucx -x UCX_TLS=rc_v,self -x OMPI_MCA_pml_ucx_devices=any "$mpi_check" 65536 1000000 \
+      >"$logs/killed.log" 2>&1 &
+    job=$!
+    sleep 4
+    pid2=$(SOFTRDMA_RUNTIME_DIR=/run/softrdma-cluster/h2 "$bin" list --json | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["pid"])')
+    kill -KILL "$pid2"
+    t0=$(date +%s)
+    wait "$job"
+    jrc=$?
+    took=$(($(date +%s) - t0))
+    if [ "$jrc" != 0 ] && [ "$jrc" != 124 ]; then
+      result "MPI job fails when a host's device is killed (exit $jrc after ${took}s)" ok
+    else
+      result "MPI job fails when a host's device is killed" fail "exit $jrc after ${took}s: $(tail -n 3 "$logs/killed.log" | tr '\n' ' ')"
+    fi
+    ucx "UCX between the other hosts after host 2's device died" 3 4 rc_v,self -t tag_lat -n 200
+  fi
 else
   result "cluster up --hosts 4" fail "$out"
 fi
