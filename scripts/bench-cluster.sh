@@ -2,7 +2,8 @@
 # Middleware over softrdma against what users would pick instead, between the same two
 # `softrdma cluster` hosts in one run: UCX (ucx_perftest, UCP tag matching and put) over
 # softrdma's rc_verbs and ud_verbs vs UCX over tcp; the raw UDP round trip
-# (../shared/tools/udpbench, the physical limit; run inside a host) when it is there. Needs root.
+# (../shared/tools/udpbench, the physical limit; run inside a host) when it is there; and an MPI
+# ping-pong over Open MPI's pml ucx on softrdma vs its tcp btl. Needs root.
 # Usage: scripts/bench-cluster.sh [--iters N]   (prints a markdown table)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +33,27 @@ for tls in rc_v,self ud_v,self tcp; do
   put=$(perf "$tls" ucp_put_bw 65536 6)
   echo "| $tls | $lat | $bw | $put |"
 done
+# MPI ping-pong (scripts/cluster/mpi_check.c, 8 B, checked data) between the two hosts: Open MPI's
+# pml ucx over softrdma's rc_verbs vs its ob1 pml with the tcp btl.
+if command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
+  work=$(mktemp -d)
+  mpicc -O1 -o "$work/mpi_check" scripts/cluster/mpi_check.c
+  a2=$("$bin" cluster status --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["hosts"][1]["addr"])')
+  printf '%s slots=1\n%s slots=1\n' "$a1" "$a2" >"$work/hosts"
+  mpi() {
+    "$bin" cluster exec 1 -- timeout 300 mpirun --allow-run-as-root --mca plm_rsh_agent "$bin cluster rsh" \
+      --hostfile "$work/hosts" -np 2 "$@" "$work/mpi_check" 8 "$iters" 2>/dev/null |
+      sed -n 's/^pingpong rank 1: .*rtt \([0-9.]*\) us$/\1/p' || true
+  }
+  ucx_rtt=$(mpi --mca pml ucx -x UCX_TLS=rc_v,self -x OMPI_MCA_pml_ucx_devices=any)
+  tcp_rtt=$(mpi --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include eth0)
+  echo
+  echo "| MPI ping-pong 8 B (Open MPI) | round trip (us) |"
+  echo "| --- | ---: |"
+  echo "| pml ucx, UCX_TLS=rc_v,self (softrdma) | ${ucx_rtt:-failed} |"
+  echo "| pml ob1, btl tcp | ${tcp_rtt:-failed} |"
+  rm -rf "$work"
+fi
 ub=../shared/tools/udpbench
 if [ -d "$ub" ] && CARGO_TARGET_DIR="$PWD/target/udpbench" cargo build --release -q --manifest-path "$ub/Cargo.toml"; then
   echo
