@@ -377,6 +377,19 @@ fn route_source(dst: SocketAddr) -> Option<IpAddr> {
     s.local_addr().ok().map(|a| a.ip())
 }
 
+/// Why an address has no device, as the kernel's rdma_bind_addr says it: an address of no
+/// interface fails in cma_translate_addr (EADDRNOTAVAIL); an address of an interface without an
+/// RDMA device (127.0.0.1 on `lo`, or eth0's address with no device on it) fails in
+/// cma_acquire_dev_by_src_ip (ENODEV). (The kernel binds a loopback address to a device only when
+/// it resolves a loopback destination, cma_resolve_loopback, never at bind.)
+fn no_device(ip: IpAddr) -> Errno {
+    if UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok() {
+        Errno(libc::ENODEV)
+    } else {
+        Errno(libc::EADDRNOTAVAIL)
+    }
+}
+
 fn bind_inner(id: &Id, cid: &mut c::rdma_cm_id, addr: SocketAddr) -> Result<(), Errno> {
     let cma = cma()?;
     let mut st = lock(&id.st);
@@ -387,7 +400,7 @@ fn bind_inner(id: &Id, cid: &mut c::rdma_cm_id, addr: SocketAddr) -> Result<(), 
     let dev = if addr.ip().is_unspecified() {
         None
     } else {
-        Some(cma.dev_for_bind(addr.ip()).ok_or(Errno(libc::EADDRNOTAVAIL))?)
+        Some(cma.dev_by_addr(addr.ip()).ok_or_else(|| no_device(addr.ip()))?)
     };
     if dev.is_some() && st.ps == PS_IPOIB {
         // cma_acquire_dev_by_src_ip: an RDMA_PS_IPOIB ID takes only an IPoIB (InfiniBand link
@@ -1032,7 +1045,7 @@ pub unsafe extern "C" fn rdma_listen(id: *mut c::rdma_cm_id, backlog: c_int) -> 
             // device_added).
             cma.devs()
         } else {
-            vec![cma.dev_for_bind(bound.ip()).ok_or(Errno(libc::EADDRNOTAVAIL))?]
+            vec![cma.dev_by_addr(bound.ip()).ok_or(Errno(libc::EADDRNOTAVAIL))?]
         };
         let b = backlog.max(0) as u32;
         for d in &devs {

@@ -275,14 +275,6 @@ impl Cma {
         lock(&self.devs).iter().find(|d| d.addr == ip).cloned()
     }
 
-    /// The device an ID bound to `ip` belongs to: the device with that address, else, for a
-    /// loopback address, the first device (the kernel's cma_bind_loopback: binding to 127.0.0.1
-    /// or ::1 succeeds on any host with an RDMA device, which libfabric's verbs provider relies
-    /// on when it looks up "localhost").
-    pub(crate) fn dev_for_bind(&self, ip: IpAddr) -> Option<Arc<CmDev>> {
-        self.dev_by_addr(ip).or_else(|| ip.is_loopback().then(|| lock(&self.devs).first().cloned()).flatten())
-    }
-
     pub(crate) fn dev_by_verbs(&self, v: *mut ffi::ibv_context) -> Option<Arc<CmDev>> {
         lock(&self.devs).iter().find(|d| d.verbs == v).cloned()
     }
