@@ -80,6 +80,10 @@ pub(crate) struct UpArgs {
     /// sch_netem).
     #[arg(long)]
     faults: Option<String>,
+    /// The devices' max_cqe: ConnectX's 4194303 by default (the NICs middleware meets; libfabric's
+    /// ofi_rxm asks a 262144-entry CQ, beyond rxe's 32767, which a plain `softrdma up` keeps).
+    #[arg(long, default_value_t = softrdma_device::hca::MAX_CQE_LIMIT)]
+    max_cqe: u32,
     /// The hosts' /24 (the first three octets; host I gets .I).
     #[arg(long, default_value = "10.199.0.0")]
     subnet: Ipv4Addr,
@@ -141,6 +145,9 @@ pub(crate) fn up(a: &UpArgs) -> Result<ExitCode> {
     }
     if !(576..=65535).contains(&a.mtu) {
         bail!("--mtu takes 576 to 65535");
+    }
+    if !(1..=softrdma_device::hca::MAX_CQE_LIMIT).contains(&a.max_cqe) {
+        bail!("--max-cqe takes 1 to {}", softrdma_device::hca::MAX_CQE_LIMIT);
     }
     if let Some(s) = load()? {
         if s.hosts.iter().all(|h| netns_exists(&h.netns)) && netns_exists(SWITCH_NS) {
@@ -213,6 +220,7 @@ fn build(a: &UpArgs, o: [u8; 4]) -> Result<Vec<Host>> {
             .arg(&exe)
             .args(["up", DEVICE, "--addr", &h.addr.to_string()])
             .args(a.faults.iter().flat_map(|f| ["--faults", f.as_str()]))
+            .args(["--max-cqe", &a.max_cqe.to_string()])
             .env("SOFTRDMA_RUNTIME_DIR", &h.runtime_dir))
         .with_context(|| format!("starting {DEVICE} on host {}", h.index))?;
     }

@@ -65,6 +65,10 @@ pub(crate) struct DeviceArgs {
     /// changes drop entries earlier.
     #[arg(long, default_value_t = 30)]
     pub(crate) path_cache_ttl: u64,
+    /// Most entries of one CQ (max_cqe); default rxe's 32767, at most ConnectX's 4194303.
+    /// libfabric's ofi_rxm asks 1024 x universe size (262144 by default).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=softrdma_device::hca::MAX_CQE_LIMIT as i64))]
+    pub(crate) max_cqe: Option<u32>,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy)]
@@ -111,6 +115,7 @@ impl DeviceArgs {
         }
         c.cm_timer_permille = ((self.cm_timer_scale * 1000.0).round() as u32).max(1);
         c.path_cache_ttl = std::time::Duration::from_secs(self.path_cache_ttl);
+        c.max_cqe = self.max_cqe;
         Ok(c)
     }
 
@@ -138,6 +143,9 @@ impl DeviceArgs {
         a.extend(["--cm-response-timeout".into(), self.cm_response_timeout.to_string()]);
         a.extend(["--cm-timer-scale".into(), self.cm_timer_scale.to_string()]);
         a.extend(["--path-cache-ttl".into(), self.path_cache_ttl.to_string()]);
+        if let Some(m) = self.max_cqe {
+            a.extend(["--max-cqe".into(), m.to_string()]);
+        }
         a
     }
 }

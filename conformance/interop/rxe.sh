@@ -587,6 +587,23 @@ for bound in no yes; do
     result fail "$ipoib_label: rxe rc=$rrc: $(tr '\n' '|' < "$logs/ipoib.rxe.log"); softrdma rc=$src: $(tr '\n' '|' < "$logs/ipoib.softrdma.log")"
   fi
 done
+# rdma_bind_addr to addresses no RDMA device holds (examples/c/cm_bind_probe.c prints, per
+# address, the error or whether the bound ID got a device): 127.0.0.1 (loopback) and 192.0.2.1
+# (no interface). Each side must answer the same, device names aside.
+bind_label="rdma_bind_addr to 127.0.0.1 and 192.0.2.1 answers the same on both sides"
+if [ -z "$only" ] || echo "$bind_label" | grep -qE "$only"; then
+  on rxe "$logs/bind.rxe.log" cm_bind_probe 127.0.0.1 192.0.2.1
+  rrc=$?
+  on softrdma "$logs/bind.softrdma.log" cm_bind_probe 127.0.0.1 192.0.2.1
+  src=$?
+  rmsg=$(grep -E "^(127|192)" "$logs/bind.rxe.log" | sed 's/device .*/device/' | tr '\n' ';')
+  smsg=$(grep -E "^(127|192)" "$logs/bind.softrdma.log" | sed 's/device .*/device/' | tr '\n' ';')
+  if [ "$rrc" = 0 ] && [ "$src" = 0 ] && [ -n "$rmsg" ] && [ "$rmsg" = "$smsg" ]; then
+    result ok "$bind_label ($rmsg)"
+  else
+    result fail "$bind_label: rxe rc=$rrc: $(tr '\n' '|' <"$logs/bind.rxe.log"); softrdma rc=$src: $(tr '\n' '|' <"$logs/bind.softrdma.log")"
+  fi
+fi
 # mckey: rdma_cm multicast (RDMA_PS_UDP) between the kernel's rdma_cm over rxe and softrdma. A
 # receiver on each side joins group G (a full member: its kernel, or its device, joins the IP
 # group, and the IGMP report crosses the bridge), then the sender on one side joins and sends 10

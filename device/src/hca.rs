@@ -80,7 +80,14 @@ pub struct HcaConfig {
     pub cm_timer_permille: u32,
     /// How long a looked-up path stays in the path record cache (zero: not cached).
     pub path_cache_ttl: std::time::Duration,
+    /// Most entries of one CQ (`max_cqe`); None: rxe's 32767. A CQ's completion ring in the
+    /// client's arena takes 128 bytes per entry, so the limit is MAX_CQE_LIMIT.
+    pub max_cqe: Option<u32>,
 }
+
+/// The largest `max_cqe` a device takes: ConnectX's (2^22 - 1); one such CQ's ring is half the
+/// arena's ring space.
+pub const MAX_CQE_LIMIT: u32 = (1 << 22) - 1;
 
 impl HcaConfig {
     /// A device `name` on `addr` with the defaults: UDP 4791, MTU from the interface, no capture,
@@ -101,6 +108,7 @@ impl HcaConfig {
             cm_response_timeout: 20,
             cm_timer_permille: 1000,
             path_cache_ttl: crate::paths::DEFAULT_TTL,
+            max_cqe: None,
         }
     }
 }
@@ -362,6 +370,9 @@ impl Hca {
         dc.mtu = active_mtu;
         dc.icrc = cfg.icrc;
         dc.flow_ports = flow_ports;
+        if let Some(m) = cfg.max_cqe {
+            dc.limits.max_cqe = m.clamp(1, MAX_CQE_LIMIT);
+        }
         let mut dev = Device::new(dc, ProcessMemory::default());
         dev.set_xrc_policy(cfg.xrc_policy);
         {

@@ -86,6 +86,68 @@ struct Inner {
     /// give staging back) take turns, as libibverbs' providers lock a QP's send queue. Striped
     /// by ring.
     producers: [std::sync::Mutex<()>; 64],
+    /// Daemon devices: wakes the event fds when the device goes away.
+    hangup: Option<HangupWatch>,
+}
+
+/// When the device's connection hangs up (the daemon died or was stopped), makes the async event
+/// fd and every completion channel's fd readable, as the kernel's uverbs does when a device is
+/// removed or fails (IBV_EVENT_DEVICE_FATAL is queued, waiters wake): a program that sleeps in
+/// epoll on those fds (UCX's async thread, an MPI rank) then learns of it from the next verbs
+/// call instead of waiting forever. A thread of its own, blocked in poll; it ends with the
+/// context.
+struct HangupWatch {
+    stop: nix::sys::eventfd::EventFd,
+    fds: Arc<std::sync::Mutex<Vec<OwnedFd>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl HangupWatch {
+    fn start(watch: BorrowedFd<'_>, event: BorrowedFd<'_>) -> std::io::Result<HangupWatch> {
+        let watch = watch.try_clone_to_owned()?;
+        let fds = Arc::new(std::sync::Mutex::new(vec![event.try_clone_to_owned()?]));
+        let stop = nix::sys::eventfd::EventFd::from_value_and_flags(0, nix::sys::eventfd::EfdFlags::EFD_CLOEXEC)?;
+        let stop_fd = stop.as_fd().try_clone_to_owned()?;
+        let wake = fds.clone();
+        let thread = std::thread::Builder::new().name("softrdma-hup".into()).spawn(move || loop {
+            let mut p = [
+                PollFd::new(watch.as_fd(), PollFlags::empty()), // POLLHUP is always reported
+                PollFd::new(stop_fd.as_fd(), PollFlags::POLLIN),
+            ];
+            match nix::poll::poll(&mut p, PollTimeout::NONE) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => return,
+                Ok(_) => {}
+            }
+            if p[1].revents().is_some_and(|r| !r.is_empty()) {
+                return;
+            }
+            let gone = PollFlags::POLLHUP | PollFlags::POLLERR | PollFlags::POLLNVAL;
+            if p[0].revents().is_some_and(|r| r.intersects(gone)) {
+                for fd in wake.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+                    let _ = nix::unistd::write(fd, &1u64.to_ne_bytes());
+                }
+                return;
+            }
+        })?;
+        Ok(HangupWatch { stop, fds, thread: Some(thread) })
+    }
+
+    /// Also wakes `fd` (a completion channel's) when the device goes away.
+    fn add(&self, fd: BorrowedFd<'_>) {
+        if let Ok(fd) = fd.try_clone_to_owned() {
+            self.fds.lock().unwrap_or_else(|e| e.into_inner()).push(fd);
+        }
+    }
+}
+
+impl Drop for HangupWatch {
+    fn drop(&mut self) {
+        let _ = self.stop.write(1);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// Receives up to this size have their data staged by the device in the shared arena and
@@ -107,6 +169,12 @@ impl Inner {
         release: RingDesc,
     ) -> Result<Inner> {
         let arena = Arena::open(arena_fd).map_err(|_| VerbsError::NoMem)?;
+        let hangup = match &backend {
+            Backend::Daemon(c) => {
+                Some(HangupWatch::start(c.hangup_fd(), c.event_fd.as_fd()).map_err(|_| VerbsError::NoMem)?)
+            }
+            Backend::Embedded { .. } => None,
+        };
         Ok(Inner {
             backend,
             info,
@@ -120,6 +188,7 @@ impl Inner {
             cq_rings: Default::default(),
             pending: Default::default(),
             producers: std::array::from_fn(|_| std::sync::Mutex::new(())),
+            hangup,
         })
     }
 
@@ -535,7 +604,11 @@ impl Context {
     pub fn create_comp_channel(&self) -> Result<CompletionChannel> {
         match self.inner.call_fds(Request::CreateCompChannel, None)? {
             (Response::Channel(id), mut fds) if !fds.is_empty() => {
-                Ok(CompletionChannel { ctx: self.clone(), id, fd: fds.remove(0) })
+                let fd = fds.remove(0);
+                if let Some(h) = &self.inner.hangup {
+                    h.add(fd.as_fd());
+                }
+                Ok(CompletionChannel { ctx: self.clone(), id, fd })
             }
             _ => unexpected(),
         }

@@ -315,7 +315,7 @@ pub(crate) fn device_added(cma: &super::Cma, dev: &Arc<CmDev>) {
         // SAFETY: a live ID (see id_of).
         let id = unsafe { &*(p as *const Id) };
         let mut st = lock(&id.st);
-        let Some(bound) = st.bound.filter(|b| b.ip().is_unspecified()) else { continue };
+        let Some(bound) = st.bound.filter(|b| unattached(cma, b.ip())) else { continue };
         if !st.listening || st.on.iter().any(|pl| Arc::ptr_eq(&pl.dev, dev)) {
             continue;
         }
@@ -377,11 +377,14 @@ fn route_source(dst: SocketAddr) -> Option<IpAddr> {
     s.local_addr().ok().map(|a| a.ip())
 }
 
+/// An ID bound to `ip` belongs to no device: the wildcard, or a loopback address no device holds.
+fn unattached(cma: &super::Cma, ip: IpAddr) -> bool {
+    ip.is_unspecified() || (ip.is_loopback() && cma.dev_by_addr(ip).is_none())
+}
+
 /// Why an address has no device, as the kernel's rdma_bind_addr says it: an address of no
 /// interface fails in cma_translate_addr (EADDRNOTAVAIL); an address of an interface without an
-/// RDMA device (127.0.0.1 on `lo`, or eth0's address with no device on it) fails in
-/// cma_acquire_dev_by_src_ip (ENODEV). (The kernel binds a loopback address to a device only when
-/// it resolves a loopback destination, cma_resolve_loopback, never at bind.)
+/// RDMA device (eth0's address with no device on it) fails in cma_acquire_dev_by_src_ip (ENODEV).
 fn no_device(ip: IpAddr) -> Errno {
     if UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok() {
         Errno(libc::ENODEV)
@@ -396,8 +399,11 @@ fn bind_inner(id: &Id, cid: &mut c::rdma_cm_id, addr: SocketAddr) -> Result<(), 
     if st.bound.is_some() {
         return Err(EINVAL);
     }
-    // The kernel binds only to an address of an RDMA device (or the wildcard).
-    let dev = if addr.ip().is_unspecified() {
+    // The kernel binds only to an address of an RDMA device, the wildcard, or a loopback
+    // address: that one binds without a device, like the wildcard (measured against rxe:
+    // examples/c/cm_bind_probe.c in conformance/interop/rxe.sh; libfabric's verbs provider binds
+    // "localhost" and then takes its source addresses from the devices).
+    let dev = if unattached(cma, addr.ip()) {
         None
     } else {
         Some(cma.dev_by_addr(addr.ip()).ok_or_else(|| no_device(addr.ip()))?)
@@ -1040,9 +1046,10 @@ pub unsafe extern "C" fn rdma_listen(id: *mut c::rdma_cm_id, backlog: c_int) -> 
         }
         let mut st = lock(&i.st);
         let bound = st.bound.ok_or(EINVAL)?;
-        let devs: Vec<Arc<CmDev>> = if bound.ip().is_unspecified() {
+        let devs: Vec<Arc<CmDev>> = if unattached(cma, bound.ip()) {
             // A wildcard listener hears REQs on every device (and on each started later:
-            // device_added).
+            // device_added); so does one bound to a loopback address (cma_listen_on_all), which
+            // matches only REQs for that address.
             cma.devs()
         } else {
             vec![cma.dev_by_addr(bound.ip()).ok_or(Errno(libc::EADDRNOTAVAIL))?]

@@ -14,6 +14,7 @@
  * Exit status: the number of failures.
  */
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -117,6 +118,22 @@ int main(void)
 	alarm(20);
 
 	struct ibv_async_event ev;
+
+	/* As the kernel's uverbs on a device removal: the async event fd and the completion
+	 * channel's fd wake up, so a program sleeping in poll/epoll on them learns of it. */
+	stage = "poll on the async and completion channel fds";
+	{
+		struct pollfd p[2] = { { .fd = ctx->async_fd, .events = POLLIN }, { .fd = ch->fd, .events = POLLIN } };
+		int ready = 0;
+
+		for (int i = 0; i < 100 && ready < 2; i++) {
+			p[0].revents = p[1].revents = 0;
+			poll(p, 2, 100);
+			ready = !!(p[0].revents & POLLIN) + !!(p[1].revents & POLLIN);
+		}
+		check(ready == 2, "the async and completion channel fds wake when the device goes",
+		      "async revents %#x, channel revents %#x", p[0].revents, p[1].revents);
+	}
 
 	stage = "ibv_get_async_event (first)";
 	memset(&ev, 0, sizeof(ev));
