@@ -100,6 +100,8 @@ struct HangupWatch {
     stop: nix::sys::eventfd::EventFd,
     fds: Arc<std::sync::Mutex<Vec<OwnedFd>>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// The process that started the thread: a child forked since has no such thread to join.
+    pid: u32,
 }
 
 impl HangupWatch {
@@ -130,7 +132,7 @@ impl HangupWatch {
                 return;
             }
         })?;
-        Ok(HangupWatch { stop, fds, thread: Some(thread) })
+        Ok(HangupWatch { stop, fds, thread: Some(thread), pid: std::process::id() })
     }
 
     /// Also wakes `fd` (a completion channel's) when the device goes away.
@@ -143,6 +145,14 @@ impl HangupWatch {
 
 impl Drop for HangupWatch {
     fn drop(&mut self) {
+        if std::process::id() != self.pid {
+            // A forked child: the thread is the parent's (joining it would wait forever), and the
+            // stop eventfd is shared with the parent, whose watcher must go on.
+            if let Some(t) = self.thread.take() {
+                std::mem::forget(t);
+            }
+            return;
+        }
         let _ = self.stop.write(1);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
