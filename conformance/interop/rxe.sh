@@ -163,7 +163,17 @@ guest() {
   [ "$1" = --at ] && { at=$2; shift 2; }
   local file="$1"
   shift
-  inns bash -c 'exec 3<>"/dev/tcp/$0/7000" || exit 97; printf "%s\n" "$1" >&3; cat <&3' "$at" "$*" >"$file.raw" 2>&1
+  # A guest that stops answering (its own commands run under `timeout 120`) fails the checks
+  # that need it, fast, instead of holding the run forever.
+  if [ -e "$work/guest-hung" ]; then
+    echo "the guest stopped answering earlier" >"$file"
+    return 97
+  fi
+  inns timeout 300 bash -c 'exec 3<>"/dev/tcp/$0/7000" || exit 97; printf "%s\n" "$1" >&3; cat <&3' "$at" "$*" >"$file.raw" 2>&1
+  if [ $? = 124 ]; then
+    touch "$work/guest-hung"
+    echo "rxe.sh: the guest did not answer within 300 s; its console ends: $(tail -n 3 "$logs/guest.log" | tr '\n' '|')" >&2
+  fi
   local rc
   rc=$(sed -n 's/^AGENT-RC=//p' "$file.raw" | tail -n 1)
   grep -v '^AGENT-RC=' "$file.raw" >"$file"
