@@ -525,10 +525,13 @@ fn next_event<T>(
         if let Some(e) = next()? {
             return Ok(Some(e));
         }
-        // The queue is empty: the fd must not stay readable. An event queued between the
-        // question and the drain lost its wake-up, so ask once more; if there was one, others
-        // may follow it, so the fd is made readable again (at worst one spurious wake-up).
-        if readable_now(fd) {
+        // A non-blocking call (the fd is in the program's epoll set) that finds the queue empty:
+        // the fd must not stay readable. An event queued between the question and the drain
+        // lost its wake-up, so ask once more; if there was one, others may follow it, so the fd
+        // is made readable again (at worst one spurious wake-up). Blocking calls drain below,
+        // after their wait, as they always did (draining them here too made lnet_bulk's
+        // event threads stall the rxe interop run).
+        if timeout == Some(Duration::ZERO) && readable_now(fd) {
             drain_eventfd(fd);
             if let Some(e) = next()? {
                 let _ = nix::unistd::write(fd, &1u64.to_ne_bytes());
@@ -539,7 +542,9 @@ fn next_event<T>(
         if left == Some(Duration::ZERO) {
             return Ok(None);
         }
-        wait_readable(fd, hangup, left);
+        if wait_readable(fd, hangup, left) && readable_now(fd) {
+            drain_eventfd(fd);
+        }
     }
 }
 
