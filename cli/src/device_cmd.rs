@@ -229,6 +229,7 @@ pub(crate) fn stat(name: &str, json: bool) -> Result<ExitCode> {
         ("icrc_err", s.icrc_err),
         ("icrc_id_solved", s.icrc_id_solved),
         ("malformed", s.malformed),
+        ("unknown_qp", s.unknown_qp),
         ("qkey_violations", s.qkey_violations),
         ("xrc_srq_err", s.xrc_srq_err),
         ("udp_sent", io.udp_sent),

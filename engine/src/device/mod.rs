@@ -273,8 +273,13 @@ pub struct Counters {
     pub icrc_err: u64,
     /// Packets whose ICRC held only for an IPv4 ID other than the assumed one (IcrcPolicy::AnyIpv4Id).
     pub icrc_id_solved: u64,
-    /// Packets dropped as malformed (layout, unknown QP, wrong transport, wrong P_Key).
+    /// Packets dropped as malformed (layout, wrong transport, wrong P_Key).
     pub malformed: u64,
+    /// Well-formed packets with a valid ICRC dropped because no QP takes them (IBTA 9.6, the
+    /// transport header checks: an unknown or destroyed destination QP is discarded silently; or
+    /// a multicast group with no QP attached). Late retransmissions to a QP that has just been
+    /// destroyed land here, not in `malformed`.
+    pub unknown_qp: u64,
     /// XRC requests naming an SRQ that is not in the target QP's domain.
     pub xrc_srq_err: u64,
     /// UD datagrams dropped for a Q_Key that is not the QP's.
@@ -951,7 +956,7 @@ impl<M: Memory> Device<M> {
             // A multicast datagram goes to every UD QP attached to the group (IBTA 10.5).
             let members = self.mcast.get(&dst).cloned().unwrap_or_default();
             if members.is_empty() {
-                self.counters.malformed += 1;
+                self.counters.unknown_qp += 1;
             }
             // IBV_QP_CREATE_BLOCK_SELF_MCAST_LB: a QP that asked for it does not hear its own
             // sends (this device's address and the QP as DETH's source QP).
@@ -972,7 +977,7 @@ impl<M: Memory> Device<M> {
             return;
         }
         let Some(qp) = self.qps.get_mut(&qpn) else {
-            self.counters.malformed += 1;
+            self.counters.unknown_qp += 1;
             return;
         };
         let mut ctx = ctx!(self, now);
