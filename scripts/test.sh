@@ -37,6 +37,9 @@ bash scripts/build-examples.sh
 step "unchanged rdma-core programs on the shim"
 bash scripts/test-verbs-programs.sh
 
+step "an installed softrdma (cargo install --path cli; exec from outside the repository, shim unpacked from the binary)"
+bash scripts/test-install.sh
+
 step "rdma-core's pyverbs test suite on the shim"
 bash scripts/pyverbs.sh
 

@@ -9,6 +9,9 @@
 //!   memcpy, process_vm_readv/writev);
 //! - the peers a user would pick instead: UCX over tcp (ucx_perftest tag_bw, ucp_put_bw,
 //!   tag_lat) and libfabric's tcp provider (fi_pingpong);
+//! - middleware between two `softrdma cluster` hosts (root only; `bench_cluster`): UCX over
+//!   softrdma's rc_verbs and ud_verbs vs UCX tcp, and an Open MPI ping-pong over pml ucx on
+//!   softrdma vs its tcp btl;
 //! - the ratios of the targets.
 //!
 //! Everything runs one program at a time (the machine has two cores; a measurement must not
@@ -55,6 +58,10 @@ pub(crate) struct BenchArgs {
     /// RC QPs of the scale run (default 10,000; 1,000 with --quick).
     #[arg(long)]
     qps: Option<usize>,
+    /// Skip the middleware rows (UCX and MPI between two `softrdma cluster` hosts; they run only
+    /// as root, with no cluster already up).
+    #[arg(long)]
+    no_cluster: bool,
 }
 
 /// The Debian packages the comparison needs, by the program that tells whether one is there.
@@ -124,7 +131,7 @@ impl Drop for Procs {
 }
 
 /// Runs a command to its end (killed after `limit`); its status and output (stdout then stderr).
-fn run(cmd: &mut Command, limit: Duration) -> Result<(Option<i32>, String)> {
+pub(crate) fn run(cmd: &mut Command, limit: Duration) -> Result<(Option<i32>, String)> {
     let mut p = Procs::default();
     let i = p.spawn(cmd)?;
     Ok(p.finish(i, limit))
@@ -177,7 +184,7 @@ fn retransmitted(exe: &Path, devs: &[&str]) -> Option<u64> {
     Some(n)
 }
 
-fn which(prog: &str) -> bool {
+pub(crate) fn which(prog: &str) -> bool {
     std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()))
 }
 
@@ -214,7 +221,7 @@ fn ensure_packages(no_install: bool) -> Result<()> {
     Ok(())
 }
 
-fn nix_is_root() -> bool {
+pub(crate) fn nix_is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(1) == Some("0")))
@@ -257,18 +264,18 @@ fn udpbench(given: Option<&Path>, exe: &Path) -> Result<PathBuf> {
 
 /// What the table is made of: (group, what, value as text), plus the numbers the ratios use.
 #[derive(Default)]
-struct Table {
+pub(crate) struct Table {
     rows: Vec<(String, String, String)>,
-    v: BTreeMap<String, f64>,
+    pub(crate) v: BTreeMap<String, f64>,
 }
 
 impl Table {
-    fn row(&mut self, group: &str, what: impl Into<String>, value: impl Into<String>) {
+    pub(crate) fn row(&mut self, group: &str, what: impl Into<String>, value: impl Into<String>) {
         let (what, value) = (what.into(), value.into());
         eprintln!("  {group} | {what} | {value}");
         self.rows.push((group.to_owned(), what, value));
     }
-    fn get(&self, k: &str) -> Option<f64> {
+    pub(crate) fn get(&self, k: &str) -> Option<f64> {
         self.v.get(k).copied()
     }
 }
@@ -443,12 +450,12 @@ impl Runner<'_> {
 }
 
 /// A status and the output of a finished program.
-type Outcome = (Option<i32>, String);
+pub(crate) type Outcome = (Option<i32>, String);
 
 /// Starts `server`, then runs the client `client()` (for at most `client_limit`) until
 /// `retry(outcome, how long it took)` says the server was simply not listening yet, at most 50
 /// times; then gives the server `server_limit` to finish. The client's and the server's outcome.
-fn server_client(
+pub(crate) fn server_client(
     server: &mut Command,
     client: impl Fn() -> Command,
     client_limit: Duration,
@@ -474,7 +481,7 @@ fn failed_at_once(c: &Outcome, took: Duration) -> bool {
     c.0 != Some(0) && took < Duration::from_secs(3)
 }
 
-fn tail(s: &str) -> String {
+pub(crate) fn tail(s: &str) -> String {
     let lines: Vec<&str> = s.lines().collect();
     lines[lines.len().saturating_sub(4)..].join(" / ")
 }
@@ -515,7 +522,7 @@ fn now_utc() -> String {
 
 pub(crate) fn run_bench(a: &BenchArgs) -> Result<ExitCode> {
     let exe = std::env::current_exe().context("finding the softrdma executable")?;
-    let shim = crate::exec_cmd::shim_dir(&exe)?;
+    let shim = crate::shim::dir()?;
     ensure_packages(a.no_install)?;
     let ub = udpbench(a.udpbench.as_deref(), &exe)?;
     let qps = a.qps.unwrap_or(if a.quick { 1000 } else { 10_000 });
@@ -719,6 +726,11 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<ExitCode> {
         );
     }
     drop(devs);
+
+    // Middleware between two cluster hosts (root only).
+    if !a.no_cluster {
+        crate::bench_cluster::rows(&mut t, &exe, a.quick, &mut r.port);
+    }
 
     // The ratios of the targets.
     let ratio = |t: &mut Table, what: &str, ours: &str, theirs: &str, target: &str, ok: fn(f64) -> bool| {

@@ -152,7 +152,7 @@ impl DeviceArgs {
 
 pub(crate) fn daemon(name: &str, args: &DeviceArgs) -> Result<ExitCode> {
     let cfg = args.config(name)?;
-    daemon::run(cfg, |info| {
+    let r = daemon::run(cfg, |info| {
         println!(
             "softrdma: device {} on {} (UDP {}), active MTU {}, pid {}",
             info.name,
@@ -161,8 +161,16 @@ pub(crate) fn daemon(name: &str, args: &DeviceArgs) -> Result<ExitCode> {
             info.active_mtu.bytes(),
             info.pid
         );
-    })?;
-    Ok(ExitCode::SUCCESS)
+    });
+    match r {
+        // Another process runs or starts this device: a distinct status, which `up` reads as a
+        // start race it lost (the shared log file may have been truncated by then).
+        Err(e @ daemon::DaemonError::Running(_)) => {
+            eprintln!("softrdma: {e}");
+            Ok(ExitCode::from(daemon::EXIT_ALREADY_RUNNING))
+        }
+        r => r.map(|()| ExitCode::SUCCESS).map_err(Into::into),
+    }
 }
 
 pub(crate) fn up(name: &str, args: &DeviceArgs) -> Result<ExitCode> {

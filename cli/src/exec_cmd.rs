@@ -4,7 +4,7 @@
 //! presented in /dev and /sys in a private mount namespace (`present`).
 
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, ExitCode};
 
 use anyhow::{bail, Context, Result};
@@ -15,28 +15,13 @@ use softrdma_device::{daemon, runtime};
 const DEFAULT_DEVICE: &str = "srdma0";
 const DEFAULT_ADDR: &str = "127.0.0.1";
 
-/// Where the shim is: $SOFTRDMA_SHIM_DIR, else `shim/` beside this executable (what
-/// scripts/build-shim.sh makes in the cargo target directory).
-pub(crate) fn shim_dir(exe: &Path) -> Result<PathBuf> {
-    let dir = match std::env::var_os("SOFTRDMA_SHIM_DIR").filter(|d| !d.is_empty()) {
-        Some(d) => PathBuf::from(d),
-        None => exe.parent().context("the executable has no directory")?.join("shim"),
-    };
-    if !dir.join("libibverbs.so.1").is_file() {
-        bail!(
-            "the verbs shim is not built: {} has no libibverbs.so.1 (run scripts/build-shim.sh, or set SOFTRDMA_SHIM_DIR)",
-            dir.display()
-        );
-    }
-    Ok(dir)
-}
-
+/// Runs `program` on softrdma (the shim directory: `crate::shim::dir`).
 pub(crate) fn run(program: &[String], present: bool) -> Result<ExitCode> {
     if program.is_empty() {
         bail!("usage: softrdma exec -- PROGRAM [ARGS...]");
     }
     let exe = std::env::current_exe().context("finding the softrdma executable")?;
-    shim_dir(&exe)?;
+    crate::shim::dir()?;
     let dir = runtime::runtime_dir()?;
     if runtime::list_devices(&dir).is_empty() {
         let addr = std::env::var("SOFTRDMA_DEFAULT_ADDR").unwrap_or_else(|_| DEFAULT_ADDR.to_owned());
@@ -68,7 +53,7 @@ pub(crate) fn exec_presented(program: &[String], dir: &Path) -> Result<ExitCode>
 fn exec_with_shim(program: &[String], env: &[(&str, &std::ffi::OsStr)]) -> Result<ExitCode> {
     let Some((prog, args)) = program.split_first() else { bail!("no program") };
     let exe = std::env::current_exe().context("finding the softrdma executable")?;
-    let shim = shim_dir(&exe)?;
+    let shim = crate::shim::dir()?;
     let mut path = shim.into_os_string();
     if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|p| !p.is_empty()) {
         path.push(":");

@@ -24,6 +24,7 @@
 //! subcommands.
 
 mod bench;
+mod bench_cluster;
 mod bench_parse;
 mod bench_scale;
 mod cluster;
@@ -35,6 +36,7 @@ mod pcap_cm;
 mod pcap_cmd;
 mod present;
 mod sample;
+mod shim;
 mod sim;
 
 use std::path::PathBuf;
@@ -43,7 +45,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "softrdma", version, about = "A user-space RoCEv2 RDMA device")]
+#[command(
+    name = "softrdma",
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("SOFTRDMA_COMMIT"), ", shim ", env!("SOFTRDMA_SHIM_ID"), ")"),
+    about = "A user-space RoCEv2 RDMA device"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -77,6 +83,9 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         program: Vec<String>,
     },
+    /// Print the directory of the verbs shim `exec` uses (libibverbs.so.1, librdmacm.so.1, ...),
+    /// unpacking the copy this binary carries on first use; for LD_LIBRARY_PATH set by hand.
+    ShimPath,
     /// A simulated cluster on this machine: N network-namespace hosts on one bridge, a
     /// softrdma device on each (needs root).
     Cluster {
@@ -235,6 +244,10 @@ fn main() -> ExitCode {
             ClusterCmd::Exec { host, program } => cluster::exec(&host, &program),
             ClusterCmd::Rsh { host, command } => cluster::rsh(&host, &command),
         },
+        Command::ShimPath => shim::dir().map(|d| {
+            println!("{}", d.display());
+            ExitCode::SUCCESS
+        }),
         Command::Down { name } => device_cmd::down(&name),
         Command::List { json } => device_cmd::list(json),
         Command::Stat { name, json } => device_cmd::stat(&name, json),

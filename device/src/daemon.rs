@@ -94,6 +94,10 @@ pub fn log_path(dir: &Path, name: &str) -> PathBuf {
     dir.join(format!("{name}.log"))
 }
 
+/// The exit status of a `daemon` whose device another process already runs or starts (its
+/// lock file is held): EX_TEMPFAIL.
+pub const EXIT_ALREADY_RUNNING: u8 = 75;
+
 /// Starts device `name` in the background (`exe daemon --name NAME ARGS...`, detached in its own
 /// process group, output to NAME.log in the runtime dir) unless it already answers, and waits
 /// until it does.
@@ -124,9 +128,12 @@ pub fn up(exe: &Path, name: &str, args: &[String]) -> Result<DeviceInfo, DaemonE
             return Ok(Connection::connect_in(&dir, name)?.info);
         }
         if let Ok(Some(status)) = child.try_wait() {
-            // Lost a start race to another `up`? Then that one comes up.
+            // Lost a start race to another `up`? Then that one comes up. (Not told by the log
+            // alone: every racing `up` recreates the same log file, truncating what a loser wrote.)
             let text = fs::read_to_string(&log).unwrap_or_default();
-            if !text.contains("already running or starting") {
+            let lost_race =
+                status.code() == Some(i32::from(EXIT_ALREADY_RUNNING)) || text.contains("already running or starting");
+            if !lost_race {
                 return Err(DaemonError::StartFailed {
                     name: name.to_owned(),
                     why: format!("{status}: {}", text.trim()),

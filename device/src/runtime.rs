@@ -62,11 +62,13 @@ pub fn runtime_dir() -> Result<PathBuf, RuntimeError> {
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(io_err(&path)(e)),
     }
-    check_dir(&path)?;
+    check_private_dir(&path)?;
     Ok(path)
 }
 
-fn check_dir(path: &Path) -> Result<(), RuntimeError> {
+/// Checks a private directory: a real directory (not a symlink), owned by this user, mode 0700
+/// (no access for group or others). The runtime dir and the shim cache are such directories.
+pub fn check_private_dir(path: &Path) -> Result<(), RuntimeError> {
     let md = fs::symlink_metadata(path).map_err(io_err(path))?;
     let unsafe_dir = |why: String| RuntimeError::Unsafe { path: path.to_owned(), why };
     if !md.file_type().is_dir() {
@@ -157,13 +159,13 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let d = t.path().join("rt");
         fs::DirBuilder::new().mode(0o755).create(&d).unwrap();
-        let e = check_dir(&d).unwrap_err().to_string();
+        let e = check_private_dir(&d).unwrap_err().to_string();
         assert!(e.contains("0700"), "{e}");
         fs::set_permissions(&d, fs::Permissions::from_mode(0o700)).unwrap();
-        check_dir(&d).unwrap();
+        check_private_dir(&d).unwrap();
         let link = t.path().join("link");
         std::os::unix::fs::symlink(&d, &link).unwrap();
-        assert!(check_dir(&link).unwrap_err().to_string().contains("symlink"));
+        assert!(check_private_dir(&link).unwrap_err().to_string().contains("symlink"));
     }
 
     #[test]
