@@ -40,6 +40,9 @@ bash scripts/test-verbs-programs.sh
 step "an installed softrdma (cargo install --path cli; exec from outside the repository, shim unpacked from the binary)"
 bash scripts/test-install.sh
 
+step "the GitHub Actions action (action.yml's steps run as the runner would, no network)"
+bash scripts/test-action.sh
+
 step "rdma-core's pyverbs test suite on the shim"
 bash scripts/pyverbs.sh
 

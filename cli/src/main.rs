@@ -30,6 +30,7 @@ mod bench_scale;
 mod cluster;
 mod demo;
 mod device_cmd;
+mod doctor;
 mod exec_cmd;
 mod pcap_behaviour;
 mod pcap_cm;
@@ -83,6 +84,9 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
         program: Vec<String>,
     },
+    /// Check what softrdma needs of this machine (runtime dir, UDP port, multicast, namespaces,
+    /// ptrace scope, memlock, GSO/GRO) and say how to fix each problem; exit 1 on a failed check.
+    Doctor(doctor::DoctorArgs),
     /// Print the directory of the verbs shim `exec` uses (libibverbs.so.1, librdmacm.so.1, ...),
     /// unpacking the copy this binary carries on first use; for LD_LIBRARY_PATH set by hand.
     ShimPath,
@@ -244,6 +248,7 @@ fn main() -> ExitCode {
             ClusterCmd::Exec { host, program } => cluster::exec(&host, &program),
             ClusterCmd::Rsh { host, command } => cluster::rsh(&host, &command),
         },
+        Command::Doctor(a) => doctor::run(&a),
         Command::ShimPath => shim::dir().map(|d| {
             println!("{}", d.display());
             ExitCode::SUCCESS
