@@ -11,7 +11,8 @@
 # - ucx-utils, libfabric-bin: the peers `softrdma bench` compares against (UCX and libfabric
 #   over tcp), run by the suite's short bench, and the middleware of scripts/test-cluster.sh
 #   (UCX and libfabric over softrdma on `softrdma cluster` hosts, which also need iproute2);
-# - python3-yaml: scripts/test-action.sh reads action.yml;
+# - python3-yaml: scripts/test-action.sh reads action.yml; debootstrap: scripts/test-container.sh
+#   builds the image's Debian 12 base in a chroot (no container engine on CI machines);
 # - openmpi-bin, libopenmpi-dev: Open MPI's mpirun and mpicc for the MPI job of test-cluster.sh;
 # - qemu-system-x86, busybox-static, tcpdump, kmod, cpio, iproute2: the rdma_rxe guest of
 #   conformance/interop/rxe.sh (its kernel and rdma-core come from Debian packages it downloads).
@@ -21,7 +22,7 @@ command -v tshark >/dev/null 2>&1 || need+=(tshark)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 for pkg in libibverbs-dev librdmacm-dev libclang-dev python3-yaml ibverbs-utils python3-pyverbs perftest rdmacm-utils ucx-utils libfabric-bin openmpi-bin libopenmpi-dev \
-  qemu-system-x86 busybox-static tcpdump kmod cpio iproute2; do
+  qemu-system-x86 busybox-static tcpdump kmod cpio iproute2 debootstrap; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -43,6 +43,9 @@ bash scripts/test-install.sh
 step "the GitHub Actions action (action.yml's steps run as the runner would, no network)"
 bash scripts/test-action.sh
 
+step "the container image (Containerfile; without a container engine: its runtime stage in a chroot, as root)"
+bash scripts/test-container.sh
+
 step "rdma-core's pyverbs test suite on the shim"
 bash scripts/pyverbs.sh
 
