@@ -69,6 +69,10 @@ pub(crate) struct DeviceArgs {
     /// libfabric's ofi_rxm asks 1024 x universe size (262144 by default).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=softrdma_device::hca::MAX_CQE_LIMIT as i64))]
     pub(crate) max_cqe: Option<u32>,
+    /// End the device after this many seconds with no client attached (autostarted devices get
+    /// 300); 0 or absent: never. A device also ends when its socket file is removed.
+    #[arg(long)]
+    pub(crate) idle_exit: Option<u64>,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy)]
@@ -146,13 +150,17 @@ impl DeviceArgs {
         if let Some(m) = self.max_cqe {
             a.extend(["--max-cqe".into(), m.to_string()]);
         }
+        if let Some(i) = self.idle_exit {
+            a.extend(["--idle-exit".into(), i.to_string()]);
+        }
         a
     }
 }
 
 pub(crate) fn daemon(name: &str, args: &DeviceArgs) -> Result<ExitCode> {
     let cfg = args.config(name)?;
-    let r = daemon::run(cfg, |info| {
+    let idle = args.idle_exit.filter(|&s| s > 0).map(std::time::Duration::from_secs);
+    let r = daemon::run(cfg, idle, |info| {
         println!(
             "softrdma: device {} on {} (UDP {}), active MTU {}, pid {}",
             info.name,
@@ -169,7 +177,16 @@ pub(crate) fn daemon(name: &str, args: &DeviceArgs) -> Result<ExitCode> {
             eprintln!("softrdma: {e}");
             Ok(ExitCode::from(daemon::EXIT_ALREADY_RUNNING))
         }
-        r => r.map(|()| ExitCode::SUCCESS).map_err(Into::into),
+        Ok(softrdma_device::server::Ended::SocketGone) => {
+            eprintln!("softrdma: device {name}: its socket file was removed or replaced; ending");
+            Ok(ExitCode::SUCCESS)
+        }
+        Ok(softrdma_device::server::Ended::Idle) => {
+            eprintln!("softrdma: device {name}: no client for {} s; ending", args.idle_exit.unwrap_or(0));
+            Ok(ExitCode::SUCCESS)
+        }
+        Ok(softrdma_device::server::Ended::Stopped) => Ok(ExitCode::SUCCESS),
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -25,7 +25,8 @@ pub(crate) fn run(program: &[String], present: bool) -> Result<ExitCode> {
     let dir = runtime::runtime_dir()?;
     if runtime::list_devices(&dir).is_empty() {
         let addr = std::env::var("SOFTRDMA_DEFAULT_ADDR").unwrap_or_else(|_| DEFAULT_ADDR.to_owned());
-        let args = vec!["--addr".to_owned(), addr];
+        let idle = daemon::AUTOSTART_IDLE_EXIT.as_secs().to_string();
+        let args = vec!["--addr".to_owned(), addr, "--idle-exit".to_owned(), idle];
         daemon::up(&exe, DEFAULT_DEVICE, &args)?;
     }
     if present {

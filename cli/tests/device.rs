@@ -305,3 +305,54 @@ fn concurrent_ups_of_one_device_start_one_daemon() {
     let o = run(rt, &["list", "--json"]);
     assert_eq!(String::from_utf8_lossy(&o.stdout).lines().count(), 2);
 }
+
+/// Whether device `name`'s daemon still holds its lock (a process that ended released it).
+fn daemon_holds_lock(rt: &Path, name: &str) -> bool {
+    softrdma_device::runtime::lock_device(rt, name, false).unwrap().is_none()
+}
+
+fn wait_ended(rt: &Path, name: &str, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while daemon_holds_lock(rt, name) {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    true
+}
+
+#[test]
+fn a_device_whose_socket_file_is_removed_ends() {
+    let (_base, rt) = rtdir();
+    let rt = rt.as_path();
+    let _g = up(rt, "gone1", "127.0.0.1", 47941);
+    assert!(daemon_holds_lock(rt, "gone1"));
+    // No client can reach it any more (as when its runtime dir is deleted): it ends by itself.
+    std::fs::remove_file(rt.join("gone1.sock")).unwrap();
+    assert!(wait_ended(rt, "gone1", Duration::from_secs(5)), "the daemon outlived its socket");
+    let log = std::fs::read_to_string(rt.join("gone1.log")).unwrap();
+    assert!(log.contains("socket file was removed"), "{log}");
+}
+
+#[test]
+fn an_idle_device_ends_after_its_idle_time_but_not_while_a_client_is_attached() {
+    let (_base, rt) = rtdir();
+    let rt = rt.as_path();
+    let o = run(rt, &["up", "idle1", "--addr", "127.0.0.1", "--port", "47942", "--idle-exit", "1"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let _g = Up(rt, "idle1");
+    // A client attached: the device stays past its idle time.
+    let client = softrdma_device::client::Connection::connect_in(rt, "idle1").unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(daemon_holds_lock(rt, "idle1"), "ended with a client attached");
+    drop(client);
+    // The client gone: ended within its idle time (1 s) and the once-a-second check.
+    assert!(wait_ended(rt, "idle1", Duration::from_secs(5)), "an idle device did not end");
+    let log = std::fs::read_to_string(rt.join("idle1.log")).unwrap();
+    assert!(log.contains("no client for 1 s"), "{log}");
+    // A device started without --idle-exit does not end by itself.
+    let _g2 = up(rt, "idle2", "127.0.0.1", 47943);
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(daemon_holds_lock(rt, "idle2"));
+}

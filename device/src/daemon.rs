@@ -57,9 +57,15 @@ extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::SeqCst);
 }
 
-/// Runs a device until SIGTERM or SIGINT: takes its lock, binds UDP and the socket, serves
-/// clients. `ready` runs once the socket accepts.
-pub fn run(cfg: HcaConfig, ready: impl FnOnce(&DeviceInfo)) -> Result<(), DaemonError> {
+/// Runs a device until SIGTERM or SIGINT, or until its socket file is removed or replaced (no
+/// client could reach it any more: its runtime dir was deleted), or, with `idle_exit`, until it
+/// has had no client that long (what autostarted devices get): takes its lock, binds UDP and the
+/// socket, serves clients. `ready` runs once the socket accepts.
+pub fn run(
+    cfg: HcaConfig,
+    idle_exit: Option<Duration>,
+    ready: impl FnOnce(&DeviceInfo),
+) -> Result<server::Ended, DaemonError> {
     runtime::check_name(&cfg.name)?;
     let dir = runtime::runtime_dir()?;
     let Some(_lock) = runtime::lock_device(&dir, &cfg.name, false)? else {
@@ -82,12 +88,19 @@ pub fn run(cfg: HcaConfig, ready: impl FnOnce(&DeviceInfo)) -> Result<(), Daemon
         // SAFETY: the handler only stores to an atomic.
         let _ = unsafe { nix::sys::signal::sigaction(sig, &action) };
     }
+    let watch = server::Watch { socket: server::file_id(&sock_path).ok().map(|id| (sock_path.clone(), id)), idle_exit };
     ready(hca.info());
-    let r = server::serve(hca.clone(), listener, &STOP);
-    let _ = fs::remove_file(&sock_path);
+    let r = server::serve(hca.clone(), listener, &STOP, &watch);
+    // Only our own socket file is removed (a replaced one belongs to another device).
+    if watch.socket.as_ref().is_some_and(|(p, id)| server::file_id(p).ok() == Some(*id)) {
+        let _ = fs::remove_file(&sock_path);
+    }
     hca.stop();
     r.map_err(io_err("accept".into()))
 }
+
+/// How long an autostarted device (the shim's, `softrdma exec`'s) lives with no client.
+pub const AUTOSTART_IDLE_EXIT: Duration = Duration::from_secs(300);
 
 /// The log file of a background device.
 pub fn log_path(dir: &Path, name: &str) -> PathBuf {

@@ -517,6 +517,11 @@ impl Hca {
         self.shared.lock().clients.contains_key(&owner)
     }
 
+    /// How many clients are attached (`softrdma stat`'s own connection included while it asks).
+    pub fn client_count(&self) -> usize {
+        self.shared.lock().clients.len()
+    }
+
     /// Engine counters, device-layer counters and injected faults.
     pub fn counters(&self) -> (softrdma_engine::device::Counters, IoCounters, FaultCounts) {
         let st = self.shared.lock();

@@ -31,10 +31,66 @@ pub fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
-/// Accepts clients until `stop` is set (checked every 100 ms).
-pub fn serve(hca: Arc<Hca>, listener: UnixListener, stop: &AtomicBool) -> io::Result<()> {
+/// When a serving device ends by itself (besides `stop`).
+#[derive(Debug, Clone, Default)]
+pub struct Watch {
+    /// The device's socket file and its (device, inode): when the file is gone or another one is
+    /// in its place (its runtime dir was removed, a new device took the name), no client can
+    /// reach this device any more and it ends.
+    pub socket: Option<(std::path::PathBuf, (u64, u64))>,
+    /// End after this long with no client attached (an autostarted device: `--idle-exit`).
+    pub idle_exit: Option<std::time::Duration>,
+}
+
+/// Why `serve` returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// `stop` was set (SIGTERM, SIGINT).
+    Stopped,
+    /// The socket file was removed or replaced.
+    SocketGone,
+    /// No client for the idle time.
+    Idle,
+}
+
+/// The (device, inode) of a file, to tell it from a later one at the same path.
+pub fn file_id(path: &std::path::Path) -> io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(path)?;
+    Ok((m.dev(), m.ino()))
+}
+
+/// Accepts clients until `stop` is set (checked every 100 ms) or `watch` ends it (checked every
+/// second).
+pub fn serve(hca: Arc<Hca>, listener: UnixListener, stop: &AtomicBool, watch: &Watch) -> io::Result<Ended> {
     listener.set_nonblocking(true)?;
-    while !stop.load(Ordering::SeqCst) {
+    let mut last_check = std::time::Instant::now();
+    let mut idle_since: Option<std::time::Instant> = None;
+    loop {
+        if stop.load(Ordering::SeqCst) {
+            return Ok(Ended::Stopped);
+        }
+        let now = std::time::Instant::now();
+        if now.duration_since(last_check) >= std::time::Duration::from_secs(1) {
+            last_check = now;
+            if let Some((path, id)) = &watch.socket {
+                if file_id(path).ok() != Some(*id) {
+                    tracing::warn!(path = %path.display(), "the device's socket was removed or replaced: no client can reach it, ending");
+                    return Ok(Ended::SocketGone);
+                }
+            }
+            if let Some(limit) = watch.idle_exit {
+                if hca.client_count() == 0 {
+                    let since = *idle_since.get_or_insert(now);
+                    if now.duration_since(since) >= limit {
+                        tracing::info!(secs = limit.as_secs(), "no client for the idle time: ending");
+                        return Ok(Ended::Idle);
+                    }
+                } else {
+                    idle_since = None;
+                }
+            }
+        }
         match listener.accept() {
             Ok((sock, _)) => {
                 sock.set_nonblocking(false)?;
@@ -49,7 +105,6 @@ pub fn serve(hca: Arc<Hca>, listener: UnixListener, stop: &AtomicBool) -> io::Re
             Err(e) => return Err(e),
         }
     }
-    Ok(())
 }
 
 /// One client's connection, from Hello to the end.

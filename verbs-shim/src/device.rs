@@ -88,7 +88,9 @@ fn start_default() {
     }
     let exe = softrdma_exe();
     let addr = std::env::var("SOFTRDMA_DEFAULT_ADDR").unwrap_or_else(|_| DEFAULT_ADDR.to_owned());
-    let args = vec!["--addr".to_owned(), addr];
+    // An autostarted device ends after AUTOSTART_IDLE_EXIT with no client.
+    let idle = softrdma_device::daemon::AUTOSTART_IDLE_EXIT.as_secs().to_string();
+    let args = vec!["--addr".to_owned(), addr, "--idle-exit".to_owned(), idle];
     if let Err(e) = softrdma_device::daemon::up(&exe, DEFAULT_DEVICE, &args) {
         eprintln!("softrdma: no device is running and starting {DEFAULT_DEVICE} with {} failed: {e}", exe.display());
     }
