@@ -586,7 +586,7 @@ pub(crate) fn run(a: &DemoArgs) -> Result<ExitCode> {
             "rows": rows,
             "devices": stats.iter().zip(["srdma0", "srdma1"]).map(|((c, io), n)| serde_json::json!({
                 "name": n, "sent_pkts": c.sent_pkts, "rcvd_pkts": c.rcvd_pkts,
-                "retransmitted_pkts": c.retransmitted_pkts, "naks_sent": c.naks_sent.iter().sum::<u64>(),
+                "retransmitted_pkts": c.retransmitted_pkts, "naks_sent": c.naks_sent.total(),
                 "dropped_by_fault": io.dropped_by_fault, "icrc_err": c.icrc_err, "udp_sent": io.udp_sent,
                 "icrc_id_solved": c.icrc_id_solved,
             })).collect::<Vec<_>>(),
@@ -630,7 +630,7 @@ pub(crate) fn run(a: &DemoArgs) -> Result<ExitCode> {
                 c.sent_pkts,
                 c.rcvd_pkts,
                 c.retransmitted_pkts,
-                c.naks_sent.iter().sum::<u64>(),
+                c.naks_sent.total(),
                 io.dropped_by_fault,
                 c.icrc_err
             );

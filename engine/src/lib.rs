@@ -8,7 +8,8 @@
 //!   [`wire::Psn`] with modular ordering, and the ICRC.
 //! - [`device`]: one emulated HCA's objects (PD, MR, CQ, QP) and its transport engine, driven by
 //!   verbs calls, `handle_packet`, `handle_timeout` and polled with `poll_transmit`, `poll_cq`,
-//!   `poll_event`, `poll_timeout` (quinn-proto style). RC today; UC, UD, XRC and SRQ next.
+//!   `poll_event`, `poll_timeout` (quinn-proto style): RC, UC, UD (multicast too), XRC initiator
+//!   and target QPs, SRQs and XRC SRQs, memory windows.
 //! - [`cm`]: the connection manager behind QP1 (REQ/REP/RTU/REJ/MRA/DREQ/DREP, timers,
 //!   listeners), as the kernel's ib_cm + rdma_cm run it over RoCEv2.
 //! - [`modify`]: the modify_qp attribute-mask table (the Linux kernel's `qp_state_table`).

@@ -299,12 +299,12 @@ pub fn run_service(w: &Workload, service: Service) -> Result<Report, WorkloadErr
     report.icrc_dropped = c1.icrc_err + nodes[0].dev.counters().icrc_err;
     let c0 = *nodes[0].dev.counters();
     report.retransmitted_packets = c0.retransmitted_pkts;
-    let naks = |i: usize| c0.naks_sent[i] + c1.naks_sent[i];
-    report.naks_sent.insert("psn_sequence".into(), naks(0));
+    let (a, b) = (c0.naks_sent, c1.naks_sent);
+    report.naks_sent.insert("psn_sequence".into(), a.psn_sequence + b.psn_sequence);
     report.naks_sent.insert("rnr".into(), c0.send_rnr_err + c1.send_rnr_err);
-    report.naks_sent.insert("invalid_request".into(), naks(1));
-    report.naks_sent.insert("remote_access".into(), naks(2));
-    report.naks_sent.insert("remote_operational".into(), naks(3));
+    report.naks_sent.insert("invalid_request".into(), a.invalid_request + b.invalid_request);
+    report.naks_sent.insert("remote_access".into(), a.remote_access + b.remote_access);
+    report.naks_sent.insert("remote_operational".into(), a.remote_operational + b.remote_operational);
     match service {
         Service::Xrc { .. } => {
             let errs: u64 = report.completed_err.values().sum();

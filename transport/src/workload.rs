@@ -329,12 +329,12 @@ pub fn run(w: &Workload) -> Result<Report, WorkloadError> {
     let c1: Counters = *nodes[1].dev.counters();
     report.retransmitted_packets = c0.retransmitted_pkts + c1.retransmitted_pkts;
     report.icrc_dropped = c0.icrc_err + c1.icrc_err;
-    let naks = |i: usize| c0.naks_sent[i] + c1.naks_sent[i];
-    report.naks_sent.insert("psn_sequence".into(), naks(0));
+    let (a, b) = (c0.naks_sent, c1.naks_sent);
+    report.naks_sent.insert("psn_sequence".into(), a.psn_sequence + b.psn_sequence);
     report.naks_sent.insert("rnr".into(), c0.send_rnr_err + c1.send_rnr_err);
-    report.naks_sent.insert("invalid_request".into(), naks(1));
-    report.naks_sent.insert("remote_access".into(), naks(2));
-    report.naks_sent.insert("remote_operational".into(), naks(3));
+    report.naks_sent.insert("invalid_request".into(), a.invalid_request + b.invalid_request);
+    report.naks_sent.insert("remote_access".into(), a.remote_access + b.remote_access);
+    report.naks_sent.insert("remote_operational".into(), a.remote_operational + b.remote_operational);
     if report.corrupted_delivered > 0 {
         report.violations.push(format!("{} completions delivered corrupted data", report.corrupted_delivered));
     }

@@ -56,6 +56,7 @@ mod rdmacm;
 mod rdmacm_addr;
 mod strings;
 mod stubs;
+mod unsupported;
 
 pub use softrdma_engine::verbs::VerbsError;
 

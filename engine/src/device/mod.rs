@@ -235,6 +235,37 @@ pub struct Transmit {
     pub len: usize,
 }
 
+/// NAKs a responder sent, by AETH syndrome (IBTA 9.7.5.2.8, table 47).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct NaksSent {
+    /// PSN sequence error NAKs (one per gap: IBTA 9.7.5.1.2).
+    pub psn_sequence: u64,
+    /// Invalid request NAKs.
+    pub invalid_request: u64,
+    /// Remote access error NAKs.
+    pub remote_access: u64,
+    /// Remote operational error NAKs.
+    pub remote_operational: u64,
+}
+
+impl NaksSent {
+    /// All NAKs sent (RNR NAKs aside).
+    pub fn total(&self) -> u64 {
+        self.psn_sequence + self.invalid_request + self.remote_access + self.remote_operational
+    }
+
+    /// The counter of NAK code `code` (class C/B errors; PSN sequence errors count apart).
+    pub(crate) fn of(&mut self, code: crate::wire::NakCode) -> &mut u64 {
+        match code {
+            crate::wire::NakCode::PsnSequenceError => &mut self.psn_sequence,
+            crate::wire::NakCode::InvalidRequest => &mut self.invalid_request,
+            crate::wire::NakCode::RemoteAccessError => &mut self.remote_access,
+            _ => &mut self.remote_operational,
+        }
+    }
+}
+
 /// Counters with rxe's names (`/sys/class/infiniband/rxe0/ports/1/hw_counters`) plus ours.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
@@ -267,8 +298,8 @@ pub struct Counters {
     pub rdma_recvs: u64,
     /// SENDs sent.
     pub rdma_sends: u64,
-    /// NAKs sent, by kind: PSN sequence, invalid request, remote access, remote operational.
-    pub naks_sent: [u64; 4],
+    /// NAKs sent, by kind (RNR NAKs are `send_rnr_err`).
+    pub naks_sent: NaksSent,
     /// Packets dropped for a bad ICRC.
     pub icrc_err: u64,
     /// Packets whose ICRC held only for an IPv4 ID other than the assumed one (IcrcPolicy::AnyIpv4Id).

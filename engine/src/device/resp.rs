@@ -36,12 +36,7 @@ fn queue_ack(qp: &mut Qp, psn: Psn, syndrome: Syndrome) {
 
 /// A class C (or B) error: NAK, then the QP goes to ERR (IBTA 9.9.3: responder errors).
 fn nak_and_fail<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn, code: NakCode, event: fn(Qpn) -> AsyncEvent) {
-    let idx = match code {
-        NakCode::InvalidRequest => 1,
-        NakCode::RemoteAccessError => 2,
-        _ => 3,
-    };
-    ctx.counters.naks_sent[idx] += 1;
+    *ctx.counters.naks_sent.of(code) += 1;
     queue_ack(qp, psn, Syndrome::Nak(code));
     // The NAK still goes out: keep it across the flush.
     let out = std::mem::take(&mut qp.resp_out);
@@ -109,7 +104,7 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
         ctx.counters.out_of_seq_request += 1;
         if !qp.seq_nak_sent {
             qp.seq_nak_sent = true;
-            ctx.counters.naks_sent[0] += 1;
+            ctx.counters.naks_sent.psn_sequence += 1;
             let epsn = qp.epsn;
             queue_ack(qp, epsn, Syndrome::Nak(NakCode::PsnSequenceError));
         }
