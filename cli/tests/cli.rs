@@ -194,7 +194,7 @@ fn generate_round_trips_in_both_formats() {
         let out = softrdma(&["pcap", "check", &path]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
         let f = json_lines(&softrdma(&["pcap", "decode", &path, "--json"]));
-        assert_eq!(f.len(), 84);
+        assert_eq!(f.len(), 86);
     }
 }
 

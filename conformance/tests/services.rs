@@ -282,6 +282,9 @@ fn uc_has_no_read_or_atomic() {
         .a
         .post_send(a.qpn, SendWr::new(1, SendOp::Read { remote_addr: BASE, rkey: b.mr.rkey }, sge(a.mr.lkey, BASE, 8)));
     assert_eq!(r, Err(VerbsError::Inval));
+    // Nor ATOMIC WRITE (IBTA 1.5: RC and XRC only).
+    let op = SendOp::AtomicWrite { remote_addr: BASE, rkey: b.mr.rkey };
+    assert_eq!(p.a.post_send(a.qpn, SendWr::new(2, op, sge(a.mr.lkey, BASE, 8))), Err(VerbsError::Inval));
 }
 
 #[test]

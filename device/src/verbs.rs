@@ -432,6 +432,7 @@ impl Inner {
                 | SendOp::SendWithInv { .. }
                 | SendOp::Write { .. }
                 | SendOp::WriteWithImm { .. }
+                | SendOp::AtomicWrite { .. }
         );
         let len: usize = wr.sg_list.iter().map(|s| s.length as usize).sum();
         if !sends_data || len > GATHER_MAX || wr.sg_list.is_empty() {

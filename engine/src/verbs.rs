@@ -264,6 +264,8 @@ pub enum WcOpcode {
     BindMw = 5,
     /// IBV_WC_LOCAL_INV.
     LocalInv = 6,
+    /// IBV_WC_ATOMIC_WRITE.
+    AtomicWrite = 9,
     /// IBV_WC_RECV.
     Recv = 128,
     /// IBV_WC_RECV_RDMA_WITH_IMM.

@@ -86,6 +86,15 @@ pub enum SendOp {
         /// The R_Key to invalidate.
         rkey: u32,
     },
+    /// ATOMIC WRITE of 8 bytes (IBV_WR_ATOMIC_WRITE, IBTA 1.5): the value is the WR's data (an
+    /// 8-byte gather list or inline data), written at an 8-byte aligned remote address as one
+    /// store; RC and XRC only.
+    AtomicWrite {
+        /// Remote virtual address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key (needs REMOTE_WRITE).
+        rkey: u32,
+    },
     /// Atomic fetch and add of 8 bytes.
     FetchAdd {
         /// Remote virtual address (8-byte aligned).
@@ -106,6 +115,7 @@ impl SendOp {
             SendOp::Read { .. } => WcOpcode::RdmaRead,
             SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
             SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::AtomicWrite { .. } => WcOpcode::AtomicWrite,
             SendOp::BindMw { .. } => WcOpcode::BindMw,
             SendOp::LocalInv { .. } => WcOpcode::LocalInv,
         }
@@ -119,6 +129,12 @@ impl SendOp {
     /// Whether it is a local operation (no packet: bind, invalidate).
     pub const fn is_local(self) -> bool {
         matches!(self, SendOp::BindMw { .. } | SendOp::LocalInv { .. })
+    }
+
+    /// Whether it takes one of the initiator's max_rd_atomic slots: READ, the atomics and ATOMIC
+    /// WRITE (rxe's check_init_depth counts it too; the responder keeps a resource for each).
+    pub const fn uses_rd_atomic(self) -> bool {
+        self.is_read_or_atomic() || matches!(self, SendOp::AtomicWrite { .. })
     }
 
     /// Whether it is an atomic.

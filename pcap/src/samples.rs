@@ -281,7 +281,7 @@ mod test {
     fn every_sample_parses_with_a_good_icrc() {
         for seed in [1, 2, 3] {
             let s = every_opcode(seed);
-            assert_eq!(s.len(), 84);
+            assert_eq!(s.len(), 86);
             for x in &s {
                 let p = FrameRepr::parse(&x.frame).unwrap_or_else(|e| panic!("{}: {e}", x.name));
                 assert!(p.icrc_ok, "{}", x.name);

@@ -226,6 +226,7 @@ const SEND_OPS_SUPPORTED: u64 = (ffi::IBV_QP_EX_WITH_RDMA_WRITE
     | ffi::IBV_QP_EX_WITH_RDMA_READ
     | ffi::IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
     | ffi::IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
+    | ffi::IBV_QP_EX_WITH_ATOMIC_WRITE
     | ffi::IBV_QP_EX_WITH_LOCAL_INV
     | ffi::IBV_QP_EX_WITH_BIND_MW
     | ffi::IBV_QP_EX_WITH_SEND_WITH_INV) as u64;
@@ -550,6 +551,8 @@ unsafe fn send_wr(w: &ffi::ibv_send_wr, ty: ffi::ibv_qp_type) -> Result<SendWr, 
         ffi::IBV_WR_ATOMIC_FETCH_AND_ADD => {
             SendOp::FetchAdd { remote_addr: at.remote_addr, rkey: at.rkey, add: at.compare_add }
         }
+        // The 8 bytes to write are the WR's gather list (rxe takes them from sg_list).
+        ffi::IBV_WR_ATOMIC_WRITE => SendOp::AtomicWrite { remote_addr: rdma.remote_addr, rkey: rdma.rkey },
         ffi::IBV_WR_LOCAL_INV => SendOp::LocalInv { rkey: w.__bindgen_anon_1.invalidate_rkey },
         ffi::IBV_WR_BIND_MW => {
             let b = w.__bindgen_anon_2.bind_mw;
@@ -918,6 +921,11 @@ unsafe extern "C" fn wr_atomic_cmp_swp(qp: *mut ffi::ibv_qp_ex, rkey: u32, remot
 unsafe extern "C" fn wr_atomic_fetch_add(qp: *mut ffi::ibv_qp_ex, rkey: u32, remote_addr: u64, add: u64) {
     push(qp, SendOp::FetchAdd { remote_addr, rkey, add });
 }
+/// `ibv_wr_atomic_write`: the 8 bytes at `atomic_wr` are copied now, as the WR's inline data.
+unsafe extern "C" fn wr_atomic_write(qp: *mut ffi::ibv_qp_ex, rkey: u32, remote_addr: u64, atomic_wr: *const c_void) {
+    push(qp, SendOp::AtomicWrite { remote_addr, rkey });
+    set_inline(qp, &[(atomic_wr as *const u8, 8)]);
+}
 unsafe extern "C" fn wr_local_inv(qp: *mut ffi::ibv_qp_ex, rkey: u32) {
     push(qp, SendOp::LocalInv { rkey });
 }
@@ -996,6 +1004,7 @@ fn fill_ex(ex: &mut ffi::ibv_qp_ex) {
     ex.wr_rdma_read = Some(wr_rdma_read);
     ex.wr_atomic_cmp_swp = Some(wr_atomic_cmp_swp);
     ex.wr_atomic_fetch_add = Some(wr_atomic_fetch_add);
+    ex.wr_atomic_write = Some(wr_atomic_write);
     ex.wr_local_inv = Some(wr_local_inv);
     ex.wr_bind_mw = Some(wr_bind_mw);
     ex.wr_set_sge = Some(wr_set_sge);

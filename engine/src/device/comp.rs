@@ -158,7 +158,9 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
             | SendOp::SendWithImm { .. }
             | SendOp::SendWithInv { .. }
             | SendOp::Write { .. }
-            | SendOp::WriteWithImm { .. } => {
+            | SendOp::WriteWithImm { .. }
+            | SendOp::AtomicWrite { .. } => {
+                // ATOMIC WRITE is acknowledged by a plain ACK, as a WRITE (IBTA 1.5 9.4.6).
                 if after {
                     // A response for a later PSN acknowledges this WQE (IBTA 9.7.5.1.3: responses
                     // are in order, an ACK acknowledges every earlier request).

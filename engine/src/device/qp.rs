@@ -152,6 +152,8 @@ pub(crate) struct RdAtomic {
     pub(crate) first_psn: Psn,
     pub(crate) last_psn: Psn,
     pub(crate) atomic_orig: Option<u64>,
+    /// An ATOMIC WRITE (executed once; a duplicate is acknowledged, not executed again).
+    pub(crate) atomic_write: bool,
 }
 
 /// The message the responder is in the middle of.
@@ -560,9 +562,18 @@ impl Qp {
         if wr.op.is_atomic() && (len < 8 || wr.sg_list.is_empty()) {
             return Err(VerbsError::Inval);
         }
+        // ATOMIC WRITE carries exactly 8 bytes (IBTA 1.5 9.4.6; rxe takes 8), RC and XRC only.
+        if matches!(wr.op, crate::wr::SendOp::AtomicWrite { .. })
+            && (len != 8 || !matches!(self.qp_type, QpType::Rc | QpType::XrcIni))
+        {
+            return Err(VerbsError::Inval);
+        }
         let mut inline = None;
         if wr.inline {
-            if len > self.caps.max_inline_data || wr.op.is_read_or_atomic() {
+            // (ATOMIC WRITE's 8 bytes travel in the WR whatever max_inline_data is: rxe copies
+            // them into the WQE.)
+            let atomic_write = matches!(wr.op, crate::wr::SendOp::AtomicWrite { .. });
+            if (len > self.caps.max_inline_data && !atomic_write) || wr.op.is_read_or_atomic() {
                 return Err(VerbsError::Inval);
             }
             // Inline data is copied now, without lkey checks (IBV_SEND_INLINE), unless the
@@ -594,7 +605,9 @@ impl Qp {
             inline = Some(d);
         }
         let npkts = match wr.op {
-            crate::wr::SendOp::CompareSwap { .. } | crate::wr::SendOp::FetchAdd { .. } => 1,
+            crate::wr::SendOp::CompareSwap { .. }
+            | crate::wr::SendOp::FetchAdd { .. }
+            | crate::wr::SendOp::AtomicWrite { .. } => 1,
             _ => super::packets_for(len, self.mtu()),
         };
         let w = SendWqe { wr, inline, len, first_psn: Psn::new(0), npkts, started: false, done: None };

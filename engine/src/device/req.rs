@@ -136,6 +136,7 @@ fn opcode_for(op: SendOp, pkt: u32, npkts: u32) -> Opcode {
         SendOp::Read { .. } => Opcode::RC_RDMA_READ_REQUEST,
         SendOp::CompareSwap { .. } => Opcode::RC_COMPARE_SWAP,
         SendOp::FetchAdd { .. } => Opcode::RC_FETCH_ADD,
+        SendOp::AtomicWrite { .. } => Opcode::RC_ATOMIC_WRITE,
         // Local operations never reach the wire.
         SendOp::BindMw { .. } | SendOp::LocalInv { .. } => Opcode::RC_SEND_ONLY,
     }
@@ -145,11 +146,11 @@ fn opcode_for(op: SendOp, pkt: u32, npkts: u32) -> Opcode {
 /// initiator depth, IBTA 11.2.4.2 / rxe's req check) and fences wait for every earlier READ/atomic to complete.
 fn may_start(qp: &Qp, idx: usize) -> bool {
     let w = &qp.sq[idx];
-    let earlier = || qp.sq.iter().take(idx).filter(|e| e.started && e.done.is_none() && e.wr.op.is_read_or_atomic());
+    let earlier = || qp.sq.iter().take(idx).filter(|e| e.started && e.done.is_none() && e.wr.op.uses_rd_atomic());
     if w.wr.fence && earlier().next().is_some() {
         return false;
     }
-    if w.wr.op.is_read_or_atomic() && earlier().count() >= usize::from(qp.attr.max_rd_atomic) {
+    if w.wr.op.uses_rd_atomic() && earlier().count() >= usize::from(qp.attr.max_rd_atomic) {
         return false;
     }
     true
@@ -264,6 +265,7 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
         SendOp::FetchAdd { remote_addr, rkey, add } => {
             ib.atomiceth = Some(AtomicEthRepr { va: remote_addr, rkey, swap_add: add, compare: 0 })
         }
+        SendOp::AtomicWrite { remote_addr, rkey } => ib.reth = Some(RethRepr { va: remote_addr, rkey, dma_len: 8 }),
         _ => {}
     }
     let is_send = matches!(w.wr.op, SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. });

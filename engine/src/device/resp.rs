@@ -267,7 +267,12 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
             }
             let npkts = super::packets_for(len, qp.mtu());
             qp.msn = qp.msn.wrapping_add(1);
-            qp.rd_atomic.push_back(RdAtomic { first_psn: psn, last_psn: psn + (npkts - 1), atomic_orig: None });
+            qp.rd_atomic.push_back(RdAtomic {
+                first_psn: psn,
+                last_psn: psn + (npkts - 1),
+                atomic_orig: None,
+                atomic_write: false,
+            });
             let msn = qp.msn;
             qp.resp_out.push_back(RespOut::Read { psn, va, rkey, remaining: len, first: true, total: len, msn, pd });
             qp.epsn = psn + npkts;
@@ -295,10 +300,42 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
                 return nak_and_fail(qp, ctx, psn, NakCode::RemoteOperationalError, AsyncEvent::QpFatal);
             };
             qp.msn = qp.msn.wrapping_add(1);
-            qp.rd_atomic.push_back(RdAtomic { first_psn: psn, last_psn: psn, atomic_orig: Some(orig) });
+            qp.rd_atomic.push_back(RdAtomic {
+                first_psn: psn,
+                last_psn: psn,
+                atomic_orig: Some(orig),
+                atomic_write: false,
+            });
             let msn = qp.msn;
             qp.resp_out.push_back(RespOut::Atomic { psn, orig, msn });
             qp.epsn = psn + 1;
+            return;
+        }
+        OpKind::AtomicWrite => {
+            // IBTA 1.5 9.4.6 (ATOMIC WRITE), as rxe (rxe_resp.c) applies it: the QP and the
+            // region must allow REMOTE_WRITE; the RETH names exactly 8 bytes and 8 bytes follow;
+            // the address is 8-byte aligned (else an invalid request, as a misaligned atomic);
+            // it takes a responder resource (max_dest_rd_atomic) so that a duplicate is
+            // acknowledged without writing again; the answer is a plain ACK.
+            let Some(reth) = pkt.reth() else { return };
+            let (va, rkey, len) = (reth.va(), reth.rkey(), reth.dma_len());
+            let data = pkt.payload();
+            if len != 8 || data.len() != 8 || va % 8 != 0 {
+                return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
+            }
+            let Some(owner) = remote_ok(qp, ctx, pd, rkey, va, 8, Access::REMOTE_WRITE) else {
+                return nak_and_fail(qp, ctx, psn, NakCode::RemoteAccessError, AsyncEvent::QpAccessErr);
+            };
+            if !rd_atomic_slot(qp) {
+                return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
+            }
+            if ctx.mem.write(owner, va, data).is_err() {
+                return nak_and_fail(qp, ctx, psn, NakCode::RemoteOperationalError, AsyncEvent::QpFatal);
+            }
+            qp.msn = qp.msn.wrapping_add(1);
+            qp.rd_atomic.push_back(RdAtomic { first_psn: psn, last_psn: psn, atomic_orig: None, atomic_write: true });
+            qp.epsn = psn + 1;
+            queue_ack(qp, psn, ACK);
             return;
         }
         _ => return,
@@ -340,7 +377,12 @@ fn duplicate<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPacket<&[u8]>
             let Some((first, last)) = qp
                 .rd_atomic
                 .iter()
-                .find(|r| r.atomic_orig.is_none() && psn.distance(r.first_psn) >= 0 && r.last_psn.distance(psn) >= 0)
+                .find(|r| {
+                    r.atomic_orig.is_none()
+                        && !r.atomic_write
+                        && psn.distance(r.first_psn) >= 0
+                        && r.last_psn.distance(psn) >= 0
+                })
                 .map(|r| (r.first_psn, r.last_psn))
             else {
                 return;
@@ -370,6 +412,12 @@ fn duplicate<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPacket<&[u8]>
                 Some(i) => qp.resp_out.insert(i.min(qp.resp_out.len()), r),
                 None => qp.resp_out.push_back(r),
             }
+        }
+        OpKind::AtomicWrite => {
+            // Executed once already (IBTA 9.7.5.1.4: never twice): acknowledge it again, as
+            // rxe replays its resource with an ACK.
+            let last = qp.epsn - 1;
+            queue_ack(qp, last, ACK);
         }
         OpKind::CompareSwap | OpKind::FetchAdd => {
             // Replay the saved result; never execute an atomic twice (IBTA 9.7.5.1.4).

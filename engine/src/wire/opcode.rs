@@ -194,6 +194,9 @@ pub enum OpKind {
     CompareSwap,
     /// Atomic fetch and add.
     FetchAdd,
+    /// ATOMIC WRITE (IBTA 1.5, 9.4.6): 8 bytes written at an aligned address as one store,
+    /// acknowledged by a plain ACK.
+    AtomicWrite,
     /// Congestion notification.
     Cnp,
     /// RD RESYNC.
@@ -210,6 +213,7 @@ impl OpKind {
                 | OpKind::ReadRequest
                 | OpKind::CompareSwap
                 | OpKind::FetchAdd
+                | OpKind::AtomicWrite
                 | OpKind::Resync
         )
     }
@@ -340,6 +344,8 @@ impl Opcode {
     pub const RC_COMPARE_SWAP: Opcode = Opcode(0x13);
     /// `RC_FETCH_ADD` (0x14).
     pub const RC_FETCH_ADD: Opcode = Opcode(0x14);
+    /// `RC_ATOMIC_WRITE` (0x1d, IBTA 1.5).
+    pub const RC_ATOMIC_WRITE: Opcode = Opcode(0x1d);
     /// `RC_SEND_LAST_WITH_INVALIDATE` (0x16).
     pub const RC_SEND_LAST_WITH_INVALIDATE: Opcode = Opcode(0x16);
     /// `RC_SEND_ONLY_WITH_INVALIDATE` (0x17).
@@ -460,6 +466,8 @@ impl Opcode {
     pub const XRC_COMPARE_SWAP: Opcode = Opcode(0xb3);
     /// `XRC_FETCH_ADD` (0xb4).
     pub const XRC_FETCH_ADD: Opcode = Opcode(0xb4);
+    /// `XRC_ATOMIC_WRITE` (0xbd, IBTA 1.5).
+    pub const XRC_ATOMIC_WRITE: Opcode = Opcode(0xbd);
     /// `XRC_SEND_LAST_WITH_INVALIDATE` (0xb6).
     pub const XRC_SEND_LAST_WITH_INVALIDATE: Opcode = Opcode(0xb6);
     /// `XRC_SEND_ONLY_WITH_INVALIDATE` (0xb7).
@@ -502,7 +510,7 @@ impl fmt::Display for Opcode {
 
 /// Operations shared by RC, UC and XRC: low five opcode bits, name suffix, kind, position,
 /// headers (XRCETH is added for XRC requests), payload.
-const OPS: [(u8, &str, OpKind, Position, Headers, bool); 23] = {
+const OPS: [(u8, &str, OpKind, Position, Headers, bool); 24] = {
     use OpKind::*;
     use Position::*;
     const N: Headers = Headers::NONE;
@@ -533,11 +541,13 @@ const OPS: [(u8, &str, OpKind, Position, Headers, bool); 23] = {
         (0x14, "FETCH_ADD", FetchAdd, Only, Headers::ATOMICETH, false),
         (0x16, "SEND_LAST_WITH_INVALIDATE", Send, Last, Headers::IETH, true),
         (0x17, "SEND_ONLY_WITH_INVALIDATE", Send, Only, Headers::IETH, true),
+        // IBTA 1.5 (and Linux rxe since 6.2): RETH and exactly 8 bytes of payload.
+        (0x1d, "ATOMIC_WRITE", AtomicWrite, Only, R, true),
     ]
 };
 
 /// The name of every tabled opcode (listed whole: const string concatenation is not available).
-const NAMES: [(u8, &str); 83] = [
+const NAMES: [(u8, &str); 85] = [
     (0x00, "RC_SEND_FIRST"),
     (0x01, "RC_SEND_MIDDLE"),
     (0x02, "RC_SEND_LAST"),
@@ -561,6 +571,7 @@ const NAMES: [(u8, &str); 83] = [
     (0x14, "RC_FETCH_ADD"),
     (0x16, "RC_SEND_LAST_WITH_INVALIDATE"),
     (0x17, "RC_SEND_ONLY_WITH_INVALIDATE"),
+    (0x1d, "RC_ATOMIC_WRITE"),
     (0x20, "UC_SEND_FIRST"),
     (0x21, "UC_SEND_MIDDLE"),
     (0x22, "UC_SEND_LAST"),
@@ -619,6 +630,7 @@ const NAMES: [(u8, &str); 83] = [
     (0xb2, "XRC_ATOMIC_ACKNOWLEDGE"),
     (0xb3, "XRC_COMPARE_SWAP"),
     (0xb4, "XRC_FETCH_ADD"),
+    (0xbd, "XRC_ATOMIC_WRITE"),
     (0xb6, "XRC_SEND_LAST_WITH_INVALIDATE"),
     (0xb7, "XRC_SEND_ONLY_WITH_INVALIDATE"),
 ];
@@ -686,8 +698,8 @@ mod test {
     #[test]
     fn table_has_every_service() {
         let known: Vec<u8> = (0..=255u8).filter(|&o| Opcode(o).info().is_some()).collect();
-        // 23 RC, 12 UC, 22 RD, 2 UD, 1 CNP, 23 XRC.
-        assert_eq!(known.len(), 83);
+        // 24 RC, 12 UC, 22 RD, 2 UD, 1 CNP, 24 XRC.
+        assert_eq!(known.len(), 85);
         for &(op, name) in NAMES.iter() {
             assert_eq!(Opcode(op).name(), Some(name));
         }
