@@ -56,6 +56,9 @@ else
   echo "SKIPPED: conformance/interop/rxe.sh needs root (a network namespace and a tap device); CI runs it as root"
 fi
 
+step "isolation between users (root's device, an unprivileged uid; needs root)"
+bash scripts/test-isolation.sh
+
 step "middleware on a simulated cluster (softrdma cluster: network-namespace hosts; needs root)"
 if [ "$(id -u)" = 0 ]; then
   bash scripts/test-cluster.sh
