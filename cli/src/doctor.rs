@@ -198,8 +198,9 @@ fn namespaces() -> Check {
     let r = match unsafe { nix::unistd::fork() } {
         Ok(nix::unistd::ForkResult::Child) => {
             let code = if nix::sched::unshare(flags).is_ok() { 0 } else { 1 };
-            // SAFETY: _exit ends the child without running the parent's exit handlers.
-            unsafe { libc_exit(code) }
+            // SAFETY: _exit ends the forked child without unwinding or running the parent's exit
+            // handlers and buffers.
+            unsafe { nix::libc::_exit(code) }
         }
         Ok(nix::unistd::ForkResult::Parent { child }) => nix::sys::wait::waitpid(child, None).ok(),
         Err(_) => None,
@@ -227,12 +228,6 @@ fn namespaces() -> Check {
             )
         }
     }
-}
-
-/// `_exit(2)` through nix's re-export of libc.
-unsafe fn libc_exit(code: i32) -> ! {
-    // SAFETY: the caller is a forked child that must not unwind or flush the parent's buffers.
-    unsafe { nix::libc::_exit(code) }
 }
 
 fn ptrace_scope() -> Check {
