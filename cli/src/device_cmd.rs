@@ -11,7 +11,7 @@ use softrdma_device::daemon;
 use softrdma_device::hca::HcaConfig;
 use softrdma_device::proto::{Request, Response};
 use softrdma_device::runtime;
-use softrdma_engine::device::{IcrcPolicy, XrcPolicy};
+use softrdma_engine::device::{Behaviour, IcrcPolicy, XrcPolicy};
 use softrdma_engine::verbs::Mtu;
 
 /// How to run a device (the options of `daemon` and `up`).
@@ -53,9 +53,15 @@ pub(crate) struct DeviceArgs {
     #[arg(long)]
     pub(crate) no_gso: bool,
     /// The CM response timeout the device's REQs ask for (4.096 us x 2^N): 20 as Linux's rdma_cm
-    /// (a REQ to a silent peer is retried 15 times, ~98 s in all), 22 as Mellanox firmware sends.
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u8).range(0..=31))]
-    pub(crate) cm_response_timeout: u8,
+    /// (a REQ to a silent peer is retried 15 times, ~98 s in all), 22 as Mellanox firmware sends;
+    /// default: the profile's (20 for rxe, 22 for cx).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=31))]
+    pub(crate) cm_response_timeout: Option<u8>,
+    /// The wire choices the IBTA leaves open: `rxe` (Linux soft-RoCE) or `cx` (ConnectX as the
+    /// shared hardware captures show it: MigReq set, ACK credits counted, AckReq on a QP's first
+    /// packet, CM response timeout 22). INTEROP.md has the table.
+    #[arg(long, default_value = "rxe", value_parser = clap::builder::PossibleValuesParser::new(Behaviour::NAMES))]
+    pub(crate) profile: String,
     /// Scale of every CM timer (response timeouts, timewait), e.g. 0.01 to make a REQ to a
     /// silent peer give up in about a second; for tests. 1 is the kernel's timing.
     #[arg(long, default_value_t = 1.0)]
@@ -113,7 +119,9 @@ impl DeviceArgs {
         };
         c.seed = self.seed;
         c.gso = !self.no_gso;
-        c.cm_response_timeout = self.cm_response_timeout;
+        c.behaviour =
+            Behaviour::by_name(&self.profile).ok_or_else(|| anyhow::anyhow!("unknown profile {}", self.profile))?;
+        c.cm_response_timeout = self.cm_response_timeout.unwrap_or(profile_cm_response_timeout(c.behaviour));
         if !(self.cm_timer_scale > 0.0 && self.cm_timer_scale <= 1000.0) {
             bail!("--cm-timer-scale {}: use a factor above 0 and at most 1000", self.cm_timer_scale);
         }
@@ -144,7 +152,10 @@ impl DeviceArgs {
         if self.no_gso {
             a.push("--no-gso".into());
         }
-        a.extend(["--cm-response-timeout".into(), self.cm_response_timeout.to_string()]);
+        if let Some(t) = self.cm_response_timeout {
+            a.extend(["--cm-response-timeout".into(), t.to_string()]);
+        }
+        a.extend(["--profile".into(), self.profile.clone()]);
         a.extend(["--cm-timer-scale".into(), self.cm_timer_scale.to_string()]);
         a.extend(["--path-cache-ttl".into(), self.path_cache_ttl.to_string()]);
         if let Some(m) = self.max_cqe {
@@ -154,6 +165,16 @@ impl DeviceArgs {
             a.extend(["--idle-exit".into(), i.to_string()]);
         }
         a
+    }
+}
+
+/// The CM response timeout a profile's REQs carry: 20 as Linux's rdma_cm, 22 as ConnectX
+/// firmware (the REQs of write.pcap, read2.pcap, send.pcap: ../shared/reference/cm).
+pub(crate) fn profile_cm_response_timeout(b: Behaviour) -> u8 {
+    if b.name == softrdma_engine::device::ProfileName::Cx {
+        22
+    } else {
+        20
     }
 }
 

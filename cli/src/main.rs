@@ -35,6 +35,7 @@ mod exec_cmd;
 mod pcap_behaviour;
 mod pcap_cm;
 mod pcap_cmd;
+mod pcap_replay;
 mod present;
 mod sample;
 mod shim;
@@ -214,6 +215,31 @@ enum PcapCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Replay each RC/UC conversation of a capture against a softrdma engine device in virtual
+    /// time, and compare softrdma's answers (as responder) or packets (as requester) with the
+    /// recorded ones. Prints a line per conversation, each mismatch, and `replay: M of N answers
+    /// match (K conversations)`. Exit 0 when it ran (mismatches are findings), 1 with --strict
+    /// and a mismatch, 2 when the file cannot be read.
+    Replay {
+        /// The capture file.
+        file: PathBuf,
+        /// The side softrdma plays.
+        #[arg(long = "as", value_enum, default_value = "both")]
+        side: pcap_replay::As,
+        /// softrdma's behaviour profile (`rxe` or `cx`; see INTEROP.md).
+        #[arg(long, default_value = "rxe", value_parser = clap::builder::PossibleValuesParser::new(softrdma_engine::device::Behaviour::NAMES))]
+        profile: String,
+        /// Receive WQEs the replayed responder keeps posted for SENDs (default: inferred from the
+        /// recorded ACK credits, RNR NAKs, else 32).
+        #[arg(long)]
+        recv_depth: Option<usize>,
+        /// Exit 1 when any answer differs.
+        #[arg(long)]
+        strict: bool,
+        /// One JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Write a synthetic capture holding one packet of every opcode (seeded).
     Generate {
         /// The file to write.
@@ -265,6 +291,9 @@ fn main() -> ExitCode {
             PcapCommand::Check { file } => pcap_cmd::check(&file),
             PcapCommand::Behaviour { files, json } => pcap_cmd::behaviour(&files, json),
             PcapCommand::Generate { file, seed, pcapng } => pcap_cmd::generate(&file, seed, pcapng),
+            PcapCommand::Replay { file, side, profile, recv_depth, strict, json } => {
+                pcap_cmd::replay(&file, side, &profile, recv_depth, strict, json)
+            }
         },
     };
     match result {

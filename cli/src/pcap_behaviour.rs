@@ -100,6 +100,8 @@ pub(crate) struct Packet {
     pub(crate) net: Option<NetHeader>,
     /// The UDP checksum field (RoCEv2 only).
     pub(crate) udp_checksum: Option<u16>,
+    /// The transport bytes the capture holds (BTH to ICRC; fewer when the frame was cut).
+    pub(crate) ib_bytes: Vec<u8>,
 }
 
 /// The RoCE packets of one capture file, with counts of everything else.
@@ -123,9 +125,9 @@ impl Capture {
             self.not_roce += 1;
             return;
         };
-        let (net, udp_checksum) = match dissect(rec.linktype, &rec.data) {
-            Some(d) => (net_header(&d), d.udp_checksum),
-            None => (None, None),
+        let (net, udp_checksum, ib_bytes) = match dissect(rec.linktype, &rec.data) {
+            Some(d) => (net_header(&d), d.udp_checksum, d.ib_bytes.to_vec()),
+            None => (None, None, Vec::new()),
         };
         self.packets.push(Packet {
             frame: s.frame,
@@ -134,6 +136,7 @@ impl Capture {
             ib: ib.clone(),
             net,
             udp_checksum,
+            ib_bytes,
         });
     }
 }
@@ -450,13 +453,13 @@ pub(crate) struct Stats {
 
 /// What a packet is to the conversation analysis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Role {
+pub(crate) enum Role {
     Request,
     Response,
     Other,
 }
 
-fn role(op: Opcode) -> Role {
+pub(crate) fn role(op: Opcode) -> Role {
     match op.info().map(|i| i.kind) {
         Some(k) if k.is_request() => Role::Request,
         Some(OpKind::ReadResponse | OpKind::Acknowledge | OpKind::AtomicAcknowledge) => Role::Response,
@@ -507,7 +510,7 @@ pub(crate) struct Conversation {
     #[serde(skip)]
     psn_range: Option<(Psn, Psn)>,
     #[serde(skip)]
-    members: Vec<usize>,
+    pub(crate) members: Vec<usize>,
 }
 
 impl Conversation {
@@ -615,8 +618,7 @@ pub(crate) fn analyse(file: &str, cap: &Capture) -> FileReport {
         }
     }
     let annotations = annotate(cap, &usable);
-    let mut convs = group(cap, &usable);
-    convs.sort_by_key(|c| c.first_frame);
+    let mut convs = conversations(cap, &usable);
     for c in &mut convs {
         let t = r.transports.entry(c.transport).or_default();
         t.conversations += 1;
@@ -627,6 +629,14 @@ pub(crate) fn analyse(file: &str, cap: &Capture) -> FileReport {
     }
     r.conversations = convs;
     r
+}
+
+/// The conversations of the usable packets (`usable`: indices of packets with a BTH that are not
+/// malformed), in the order of their first packets.
+pub(crate) fn conversations(cap: &Capture, usable: &[usize]) -> Vec<Conversation> {
+    let mut convs = group(cap, usable);
+    convs.sort_by_key(|c| c.first_frame);
+    convs
 }
 
 /// IPv4 ID steps per host pair and per sending QP, in capture order.

@@ -288,6 +288,29 @@ pub(crate) fn behaviour(files: &[PathBuf], as_json: bool) -> Result<ExitCode> {
     Ok(if damaged { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 
+/// `softrdma pcap replay`.
+pub(crate) fn replay(
+    file: &Path,
+    side: crate::pcap_replay::As,
+    profile: &str,
+    recv_depth: Option<usize>,
+    strict: bool,
+    as_json: bool,
+) -> Result<ExitCode> {
+    let behaviour = softrdma_engine::device::Behaviour::by_name(profile)
+        .ok_or_else(|| anyhow::anyhow!("unknown profile {profile}"))?;
+    let opts = crate::pcap_replay::Options { side, behaviour, recv_depth };
+    let rep = crate::pcap_replay::replay_file(file, &opts)?;
+    let mut out = io::stdout().lock();
+    if as_json {
+        writeln!(out, "{}", serde_json::to_string(&rep)?)?;
+    } else {
+        write!(out, "{}", crate::pcap_replay::text(&rep))?;
+    }
+    out.flush()?;
+    Ok(if strict && rep.mismatches() > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
 /// Writes samples to a capture file, one microsecond apart.
 pub(crate) fn write_capture(path: &Path, frames: &[samples::Sample], pcapng: bool) -> Result<()> {
     let file = BufWriter::new(File::create(path).with_context(|| format!("cannot create {}", path.display()))?);

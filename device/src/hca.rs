@@ -22,7 +22,8 @@ use std::thread::JoinHandle;
 use nix::poll::{PollFd, PollFlags};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use softrdma_engine::device::{
-    ip_udp_header, AsyncEvent, CqId, Device, DeviceConfig, FlowPorts, IcrcPolicy, PdId, RecvMeta, Transmit, XrcPolicy,
+    ip_udp_header, AsyncEvent, Behaviour, CqId, Device, DeviceConfig, FlowPorts, IcrcPolicy, PdId, RecvMeta, Transmit,
+    XrcPolicy,
 };
 use softrdma_engine::time::Instant;
 use softrdma_engine::verbs::{Access, Mtu, QpType, VerbsError, WcOpcode};
@@ -76,6 +77,8 @@ pub struct HcaConfig {
     pub gso: bool,
     /// The CM response timeout put in REQs: 20 as Linux's rdma_cm, 22 as Mellanox OFED's.
     pub cm_response_timeout: u8,
+    /// The engine's wire choices (`softrdma_engine::device::profile`).
+    pub behaviour: Behaviour,
     /// Scale of the CM's timers in 1/1000 (1000: the kernel's; tests shorten them).
     pub cm_timer_permille: u32,
     /// How long a looked-up path stays in the path record cache (zero: not cached).
@@ -106,6 +109,7 @@ impl HcaConfig {
             seed: None,
             gso: false,
             cm_response_timeout: 20,
+            behaviour: Behaviour::RXE,
             cm_timer_permille: 1000,
             path_cache_ttl: crate::paths::DEFAULT_TTL,
             max_cqe: None,
@@ -370,6 +374,7 @@ impl Hca {
         dc.mtu = active_mtu;
         dc.icrc = cfg.icrc;
         dc.flow_ports = flow_ports;
+        dc.behaviour = cfg.behaviour;
         if let Some(m) = cfg.max_cqe {
             dc.limits.max_cqe = m.clamp(1, MAX_CQE_LIMIT);
         }

@@ -13,6 +13,7 @@
 
 mod comp;
 mod mw;
+pub mod profile;
 mod qp;
 mod req;
 mod resp;
@@ -23,6 +24,7 @@ use std::collections::VecDeque;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::net::IpAddr;
 
+pub use self::profile::{Behaviour, CreditPolicy, ProfileName};
 pub use self::qp::{QpAttr, QpCaps, QpInit};
 pub use self::srq::{SrqAttr, XrcPolicy, XrcdId};
 pub use self::unrel::{ah_from_grh, GRH_SLOT};
@@ -128,6 +130,8 @@ pub struct DeviceConfig {
     pub icrc: IcrcPolicy,
     /// UDP source ports.
     pub flow_ports: FlowPorts,
+    /// The wire choices the IBTA leaves open (`rxe` by default; [`profile`]).
+    pub behaviour: Behaviour,
 }
 
 impl DeviceConfig {
@@ -140,6 +144,7 @@ impl DeviceConfig {
             limits: Limits::default(),
             icrc: IcrcPolicy::Exact,
             flow_ports: FlowPorts::default(),
+            behaviour: Behaviour::RXE,
         }
     }
 }
@@ -375,6 +380,8 @@ pub(crate) struct Ctx<'a, M: Memory> {
     pub(crate) ip_id: u16,
     /// Whether a packet to the device's own address gets an ICRC.
     pub(crate) loopback_icrc: bool,
+    /// The device's wire choices.
+    pub(crate) behaviour: Behaviour,
 }
 
 impl<M: Memory> Ctx<'_, M> {
@@ -536,6 +543,7 @@ macro_rules! ctx {
             dst: $d.config.addr,
             ip_id: $d.ip_id,
             loopback_icrc: $d.loopback_icrc,
+            behaviour: $d.config.behaviour,
         }
     };
 }

@@ -38,6 +38,10 @@ pub(crate) fn emit<M: Memory>(
     if !fill(ctx, p.payload_mut()) {
         return None;
     }
+    if ctx.behaviour.mig_req {
+        // The profile's MigReq (before the ICRC, which covers it).
+        crate::wire::bth::Packet::new_unchecked(&mut buf[..len]).set_mig_req(true);
+    }
     let sport = ctx.flow_ports.port(qp_num);
     // Internal loopback without an ICRC when the transport asked for none (it hands the packet
     // back with handle_internal_packet, which does not check it).
@@ -219,8 +223,13 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
     qp.noack_pkts += 1;
     // Also ask for an ACK with the last packet the window lets out, or the requester would wait
     // for the ACK timer.
-    let ack_req =
-        !unacked && (last || qp.noack_pkts >= MAX_PKT_PER_ACK || psn.distance(qp.comp_psn) + 1 >= MAX_UNACKED_PSNS);
+    // The cx profile also asks on the first packet a QP sends (the PSN it was given at RTS).
+    let first_ever = ctx.behaviour.ack_req_first_packet && psn == Psn::new(qp.attr.sq_psn);
+    let ack_req = !unacked
+        && (last
+            || first_ever
+            || qp.noack_pkts >= MAX_PKT_PER_ACK
+            || psn.distance(qp.comp_psn) + 1 >= MAX_UNACKED_PSNS);
     if ack_req {
         qp.noack_pkts = 0;
     }

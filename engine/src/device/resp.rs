@@ -2,9 +2,11 @@
 //! resources and keys, executes it (placing SEND and WRITE data, answering READs and atomics),
 //! and acknowledges.
 //!
-//! Credits: every ACK carries the "invalid" credit code 0x1F ("no credit information"), as rxe
-//! does (IBTA 9.7.7.2.5 lets a responder not track credits; the requester then sends as if it
-//! had unlimited credits). RNR NAKs cover an empty receive queue.
+//! Credits: under the `rxe` profile every ACK carries the "invalid" credit code 0x1F ("no credit
+//! information"), as rxe does (IBTA 9.7.7.2.5 lets a responder not track credits; the requester
+//! then sends as if it had unlimited credits); under `cx` an ACK carries the receive WQEs the QP
+//! has left when it is sent ([`super::profile::CreditPolicy`]). RNR NAKs cover an empty receive
+//! queue.
 
 use super::qp::{InMsg, Qp, RdAtomic, RespOut};
 use super::req::{emit, walk_sges};
@@ -430,6 +432,19 @@ fn duplicate<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPacket<&[u8]>
     }
 }
 
+/// A positive ACK's credit field under the device's credit policy (IBTA 9.7.7.2.5): the receive
+/// WQEs the QP has left now, or 0x1F. NAKs keep their codes.
+fn with_credits<M: Memory>(qp: &Qp, ctx: &Ctx<'_, M>, syndrome: Syndrome) -> Syndrome {
+    match (syndrome, ctx.behaviour.credits) {
+        (Syndrome::Ack { .. }, super::profile::CreditPolicy::Count)
+            if qp.srq.is_none() && qp.qp_type != QpType::XrcTgt =>
+        {
+            Syndrome::Ack { credits: super::profile::credit_code(qp.rq.len()) }
+        }
+        _ => syndrome,
+    }
+}
+
 fn bth(qp: &Qp, opcode: Opcode, psn: Psn, payload: usize) -> BthRepr {
     BthRepr {
         opcode,
@@ -459,12 +474,12 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
     match out {
         RespOut::Ack { psn, syndrome, msn } => {
             let mut ib = IbRepr::new(bth(qp, xrc(Opcode::RC_ACKNOWLEDGE), psn, 0));
-            ib.aeth = Some(AethRepr { syndrome, msn: Msn::new(msn) });
+            ib.aeth = Some(AethRepr { syndrome: with_credits(qp, ctx, syndrome), msn: Msn::new(msn) });
             emit(ctx, qp.qpn, dest, buf, &ib, |_, _| true)
         }
         RespOut::Atomic { psn, orig, msn } => {
             let mut ib = IbRepr::new(bth(qp, xrc(Opcode::RC_ATOMIC_ACKNOWLEDGE), psn, 0));
-            ib.aeth = Some(AethRepr { syndrome: ACK, msn: Msn::new(msn) });
+            ib.aeth = Some(AethRepr { syndrome: with_credits(qp, ctx, ACK), msn: Msn::new(msn) });
             ib.atomicacketh = Some(AtomicAckEthRepr { orig_rem_data: orig });
             emit(ctx, qp.qpn, dest, buf, &ib, |_, _| true)
         }
@@ -481,7 +496,8 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
             let mut ib = IbRepr::new(bth(qp, xrc(opcode), psn, n as usize));
             ib.payload_len = n as usize;
             if first || last {
-                ib.aeth = Some(AethRepr { syndrome: ACK, msn: Msn::new(msn) });
+                let credits = ctx.behaviour.read_response_credits.unwrap_or(CREDITS_INVALID);
+                ib.aeth = Some(AethRepr { syndrome: Syndrome::Ack { credits }, msn: Msn::new(msn) });
             }
             let offset = total - remaining;
             let addr = va.wrapping_add(u64::from(offset));

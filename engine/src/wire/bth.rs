@@ -132,6 +132,12 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
             (u8::from(solicited) << 7) | (u8::from(mig_req) << 6) | ((pad_count & 3) << 4) | (tver & 0xf);
     }
 
+    /// Sets the MigReq bit alone.
+    pub fn set_mig_req(&mut self, v: bool) {
+        let b = &mut self.buffer.as_mut()[field::FLAGS];
+        *b = (*b & !0x40) | (u8::from(v) << 6);
+    }
+
     /// Sets the partition key.
     pub fn set_pkey(&mut self, v: u16) {
         be::set_u16(self.buffer.as_mut(), field::PKEY, v)

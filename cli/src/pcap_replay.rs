@@ -1,0 +1,1613 @@
+//! `softrdma pcap replay`: would softrdma have answered a recorded conversation the way the
+//! recorded implementation did?
+//!
+//! Each conversation of a capture (grouped as `pcap behaviour` groups them: the requests one
+//! address sends to one QP, with the responses coming back) is replayed in virtual time against a
+//! softrdma engine device set up to match it:
+//!
+//! - **as responder**: the engine plays the recorded responder. The recorded requests are fed to
+//!   it at their recorded times (relative to the conversation's first packet), and what it sends
+//!   back is compared with the recorded responses: READ responses and atomic ACKs packet by packet
+//!   (opcode, length, AETH, header fields, and the payload or original value where the trace
+//!   itself wrote those bytes); ACKs by what they acknowledge, since coalescing depends on timing:
+//!   a recorded ACK of PSN p matches when softrdma acknowledged p too (its MSN and credits are
+//!   compared when softrdma's ACK names the same PSN); a NAK matches a softrdma NAK of the same PSN
+//!   and code.
+//! - **as requester**: the engine plays the recorded requester. The work requests are inferred
+//!   from the recorded messages (boundaries, opcodes, lengths, RETH/AtomicETH operands and the
+//!   payload bytes), posted at the time of each message's first packet, the recorded responses are
+//!   fed back at their times, and the request packets softrdma sends are compared with the
+//!   recorded ones PSN by PSN (opcode, length, AckReq, header fields, operands, payload).
+//!
+//! The setup is read from the trace and every value says where it came from: QPNs from the
+//! packets (and the CM REQ/REP when captured), the starting PSN from the CM or from the first
+//! packet that starts a message, the path MTU from the CM REQ, else from the sizes of FIRST/MIDDLE
+//! packets, memory regions from the RETHs and AtomicETHs (the CM carries no keys), the receive
+//! queue depth from the recorded ACK credits.
+//!
+//! A conversation that cannot be replayed says why (RoCEv1, frames cut by the capture, a
+//! transport the engine does not model, one direction only, every request with a bad ICRC). A
+//! capture that lost request packets its responder did receive (the recorded responder
+//! acknowledged past them without a sequence NAK) is replayed up to the first such gap.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::net::IpAddr;
+use std::path::Path;
+
+use anyhow::Result;
+use serde::Serialize;
+use softrdma_engine::device::{
+    Behaviour, CqId, CreditPolicy, Device, DeviceConfig, MrKeys, PdId, QpAttr, QpCaps, QpInit, RecvMeta, SrqAttr,
+};
+use softrdma_engine::memory::{Memory, MemoryError, Owner};
+use softrdma_engine::time::{Duration, Instant};
+use softrdma_engine::verbs::{Access, AttrMask, Mtu, QpState, QpType};
+use softrdma_engine::wire::{
+    aeth, atomiceth, bth, reth, Headers, IbPacket, OpKind, Opcode, Position, Psn, Qpn, Syndrome,
+};
+use softrdma_engine::wr::{RecvWr, SendOp, SendWr, Sge};
+use softrdma_pcap::analyze::L3Kind;
+
+use crate::pcap_behaviour::{self, role, Capture, Conversation, Packet, Role};
+
+/// Which side softrdma plays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum As {
+    /// softrdma answers the recorded requests.
+    Responder,
+    /// softrdma sends the recorded messages.
+    Requester,
+    /// Both, one after the other.
+    Both,
+}
+
+/// How to replay.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Options {
+    /// Which side softrdma plays.
+    pub(crate) side: As,
+    /// softrdma's wire choices.
+    pub(crate) behaviour: Behaviour,
+    /// Receive WQEs kept posted for SENDs (`None`: inferred from the recorded credits).
+    pub(crate) recv_depth: Option<usize>,
+}
+
+/// One difference between the recording and softrdma.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub(crate) struct Mismatch {
+    /// The recorded packet's frame number (`None`: a packet softrdma sent that the recording
+    /// does not have).
+    pub(crate) frame: Option<u64>,
+    /// The PSN the difference is about.
+    pub(crate) psn: u32,
+    /// What differs.
+    pub(crate) field: String,
+    /// The recorded value.
+    pub(crate) recorded: String,
+    /// softrdma's value.
+    pub(crate) softrdma: String,
+}
+
+/// The replay of one conversation in one role.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ConversationReport {
+    /// Transport name (`RC`, `UC`, ...).
+    pub(crate) transport: &'static str,
+    /// The side softrdma played.
+    pub(crate) role: &'static str,
+    /// The address sending the requests.
+    pub(crate) requester: IpAddr,
+    /// The address answering.
+    pub(crate) responder: IpAddr,
+    /// The destination QP of the requests.
+    pub(crate) request_qp: Option<u32>,
+    /// The destination QP of the responses (the requester's QP).
+    pub(crate) response_qp: Option<u32>,
+    /// Frame number of its first packet.
+    pub(crate) first_frame: u64,
+    /// Recorded packets fed to softrdma.
+    pub(crate) packets_replayed: u64,
+    /// Packets softrdma sent.
+    pub(crate) packets_sent: u64,
+    /// Recorded answers compared.
+    pub(crate) answers_expected: u64,
+    /// Of those, the ones softrdma gave the same way.
+    pub(crate) answers_matched: u64,
+    /// Every difference.
+    pub(crate) mismatches: Vec<Mismatch>,
+    /// How the replay was set up: each value and where it came from.
+    pub(crate) setup: Vec<String>,
+    /// What was not compared, and why.
+    pub(crate) not_compared: Vec<String>,
+    /// Why the conversation could not be replayed at all.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) not_replayable: Option<String>,
+}
+
+/// The replay of a capture.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ReplayReport {
+    /// The file as given.
+    pub(crate) file: String,
+    /// softrdma's profile.
+    pub(crate) profile: String,
+    /// Frames read.
+    pub(crate) frames: u64,
+    /// RoCE packets among them.
+    pub(crate) roce_packets: u64,
+    /// Why the file ended early, if it did.
+    pub(crate) read_error: Option<String>,
+    /// Recorded answers compared, over all conversations.
+    pub(crate) answers_expected: u64,
+    /// Of those, the ones softrdma gave the same way.
+    pub(crate) answers_matched: u64,
+    /// Mismatches counted by field, over all conversations.
+    pub(crate) mismatch_fields: BTreeMap<String, u64>,
+    /// Per conversation and role.
+    pub(crate) conversations: Vec<ConversationReport>,
+}
+
+impl ReplayReport {
+    /// Mismatches over all conversations.
+    pub(crate) fn mismatches(&self) -> usize {
+        self.conversations.iter().map(|c| c.mismatches.len()).sum()
+    }
+}
+
+/// Replays a capture file.
+pub(crate) fn replay_file(path: &Path, opts: &Options) -> Result<ReplayReport> {
+    let cap = pcap_behaviour::load(path)?;
+    Ok(replay(&path.display().to_string(), &cap, opts))
+}
+
+/// Replays a loaded capture.
+pub(crate) fn replay(file: &str, cap: &Capture, opts: &Options) -> ReplayReport {
+    let usable: Vec<usize> = cap
+        .packets
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| !p.ib.is_malformed() && p.ib.headers.bth.is_some())
+        .map(|(i, _)| i)
+        .collect();
+    let convs = pcap_behaviour::conversations(cap, &usable);
+    let cm = CmFacts::gather(cap);
+    let mut out = Vec::new();
+    for c in &convs {
+        // QP1 traffic (CM MADs) sets replays up; it is not replayed itself.
+        if c.request_qp == Some(1) {
+            continue;
+        }
+        let sides: &[&'static str] = match opts.side {
+            As::Responder => &["responder"],
+            As::Requester => &["requester"],
+            As::Both => &["responder", "requester"],
+        };
+        for &side in sides {
+            out.push(replay_conversation(cap, c, &cm, opts, side));
+        }
+    }
+    let answers_expected = out.iter().map(|c| c.answers_expected).sum();
+    let answers_matched = out.iter().map(|c| c.answers_matched).sum();
+    let mut mismatch_fields = BTreeMap::new();
+    for m in out.iter().flat_map(|c| &c.mismatches) {
+        *mismatch_fields.entry(m.field.clone()).or_insert(0) += 1;
+    }
+    ReplayReport {
+        mismatch_fields,
+        file: file.to_string(),
+        profile: opts.behaviour.name.to_string(),
+        frames: cap.frames,
+        roce_packets: cap.packets.len() as u64,
+        read_error: cap.read_error.clone(),
+        answers_expected,
+        answers_matched,
+        conversations: out,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// What the CM messages of the capture say
+
+/// The REQ and REP of one connection: (requester address, requester QPN) -> facts.
+#[derive(Debug, Default)]
+struct CmFacts {
+    by_requester_qp: HashMap<(IpAddr, u32), CmConn>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct CmConn {
+    req_frame: u64,
+    /// The REQ's starting PSN (the requester's first PSN).
+    req_psn: u32,
+    /// The REQ's path MTU code (IBTA: 1 = 256 ... 5 = 4096).
+    mtu: u8,
+    /// The REQ's initiator depth (the requester's outstanding READs/atomics).
+    initiator_depth: u8,
+    /// The REP's frame, QPN and starting PSN.
+    rep: Option<(u64, u32, u32)>,
+}
+
+impl CmFacts {
+    fn gather(cap: &Capture) -> CmFacts {
+        use softrdma_engine::wire::cm::CmMessage;
+        let mut f = CmFacts::default();
+        // REQ local comm ID -> key, for the REP to find its REQ.
+        let mut by_comm: HashMap<u32, (IpAddr, u32)> = HashMap::new();
+        for p in &cap.packets {
+            let Some(Ok(mad)) = &p.ib.cm else { continue };
+            match &mad.msg {
+                CmMessage::Req(r) => {
+                    let key = (p.ib.src.to_canonical(), r.local_qpn);
+                    by_comm.insert(r.local_comm_id, key);
+                    f.by_requester_qp.insert(
+                        key,
+                        CmConn {
+                            req_frame: p.frame,
+                            req_psn: r.starting_psn,
+                            mtu: r.path_mtu,
+                            initiator_depth: r.initiator_depth,
+                            rep: None,
+                        },
+                    );
+                }
+                CmMessage::Rep(r) => {
+                    if let Some(conn) = by_comm.get(&r.remote_comm_id).and_then(|k| f.by_requester_qp.get_mut(k)) {
+                        conn.rep = Some((p.frame, r.local_qpn, r.starting_psn));
+                        // The passive side's sends are a conversation of their own.
+                        let conn = conn.clone();
+                        f.by_requester_qp.insert((p.ib.src.to_canonical(), r.local_qpn), conn);
+                    }
+                }
+                _ => {}
+            }
+        }
+        f
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory: sparse, remembering which bytes the trace itself defined
+
+const PAGE: u64 = 4096;
+/// At most this many 4 KiB pages per replay (256 MiB); beyond, accesses fail (the engine NAKs).
+const MAX_PAGES: usize = 1 << 16;
+
+struct Page {
+    data: Box<[u8; PAGE as usize]>,
+    known: Box<[bool; PAGE as usize]>,
+}
+
+/// Memory of the replayed device: pages made on first touch; each byte knows whether the trace
+/// defined it (written by a replayed WRITE/SEND/atomic, or set from a recorded payload).
+#[derive(Default)]
+struct SparseMemory {
+    pages: HashMap<u64, Page>,
+}
+
+impl SparseMemory {
+    fn page(&mut self, n: u64) -> Option<&mut Page> {
+        if !self.pages.contains_key(&n) && self.pages.len() >= MAX_PAGES {
+            return None;
+        }
+        Some(
+            self.pages.entry(n).or_insert_with(|| Page {
+                data: Box::new([0; PAGE as usize]),
+                known: Box::new([false; PAGE as usize]),
+            }),
+        )
+    }
+
+    fn each(&mut self, addr: u64, len: usize, mut f: impl FnMut(&mut Page, usize, usize, usize)) -> bool {
+        let mut done = 0usize;
+        while done < len {
+            let a = addr.wrapping_add(done as u64);
+            let off = (a % PAGE) as usize;
+            let n = (PAGE as usize - off).min(len - done);
+            let Some(p) = self.page(a / PAGE) else { return false };
+            f(p, off, done, n);
+            done += n;
+        }
+        true
+    }
+
+    /// Whether every byte of the range was defined by the trace.
+    fn known(&self, addr: u64, len: usize) -> bool {
+        (0..len as u64).all(|i| {
+            let a = addr.wrapping_add(i);
+            self.pages.get(&(a / PAGE)).is_some_and(|p| p.known[(a % PAGE) as usize])
+        })
+    }
+
+    fn set(&mut self, addr: u64, data: &[u8]) -> bool {
+        self.each(addr, data.len(), |p, off, at, n| {
+            p.data[off..off + n].copy_from_slice(&data[at..at + n]);
+            p.known[off..off + n].iter_mut().for_each(|k| *k = true);
+        })
+    }
+
+    fn get(&mut self, addr: u64, out: &mut [u8]) -> bool {
+        let len = out.len();
+        self.each(addr, len, |p, off, at, n| out[at..at + n].copy_from_slice(&p.data[off..off + n]))
+    }
+}
+
+impl Memory for SparseMemory {
+    fn read(&mut self, _owner: Owner, addr: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
+        let len = buf.len();
+        self.get(addr, buf).then_some(()).ok_or(MemoryError { addr, len })
+    }
+
+    fn write(&mut self, _owner: Owner, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+        self.set(addr, data).then_some(()).ok_or(MemoryError { addr, len: data.len() })
+    }
+
+    fn compare_swap(&mut self, owner: Owner, addr: u64, compare: u64, swap: u64) -> Result<u64, MemoryError> {
+        let mut b = [0u8; 8];
+        self.read(owner, addr, &mut b)?;
+        let old = u64::from_ne_bytes(b);
+        if old == compare {
+            self.write(owner, addr, &swap.to_ne_bytes())?;
+        }
+        Ok(old)
+    }
+
+    fn fetch_add(&mut self, owner: Owner, addr: u64, add: u64) -> Result<u64, MemoryError> {
+        let mut b = [0u8; 8];
+        self.read(owner, addr, &mut b)?;
+        let old = u64::from_ne_bytes(b);
+        self.write(owner, addr, &old.wrapping_add(add).to_ne_bytes())?;
+        Ok(old)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One conversation
+
+const OWNER: Owner = 1;
+/// Where the replay's own buffers live (receive buffers, a requester's message data): far from
+/// the addresses applications use.
+const LOCAL_BASE: u64 = 0x7e00_0000_0000;
+const LOCAL_LEN: u64 = 1 << 32;
+
+/// A recorded packet of the conversation.
+struct Rec<'a> {
+    p: &'a Packet,
+    opcode: Opcode,
+    psn: Psn,
+    kind: Option<OpKind>,
+    position: Option<Position>,
+}
+
+impl<'a> Rec<'a> {
+    fn new(p: &'a Packet) -> Option<Rec<'a>> {
+        let b = p.ib.headers.bth?;
+        let info = b.opcode.info();
+        Some(Rec { p, opcode: b.opcode, psn: b.psn, kind: info.map(|i| i.kind), position: info.map(|i| i.position) })
+    }
+
+    fn frame(&self) -> u64 {
+        self.p.frame
+    }
+
+    fn payload(&self) -> &[u8] {
+        let b = &self.p.ib_bytes[..];
+        match IbPacket::new_checked(b) {
+            Ok(p) => {
+                let start = p.header_len();
+                &b[start..start + p.payload().len()]
+            }
+            Err(_) => &[],
+        }
+    }
+}
+
+/// A packet softrdma sent, with its virtual send time.
+struct Sent {
+    bytes: Vec<u8>,
+    at: Instant,
+}
+
+impl Sent {
+    fn packet(&self) -> IbPacket<&[u8]> {
+        IbPacket::new_unchecked(&self.bytes[..])
+    }
+}
+
+fn report(c: &Conversation, role: &'static str) -> ConversationReport {
+    ConversationReport {
+        transport: c.transport,
+        role,
+        requester: c.requester,
+        responder: c.responder,
+        request_qp: c.request_qp,
+        response_qp: c.response_qps.iter().next().copied(),
+        first_frame: c.first_frame,
+        packets_replayed: 0,
+        packets_sent: 0,
+        answers_expected: 0,
+        answers_matched: 0,
+        mismatches: Vec::new(),
+        setup: Vec::new(),
+        not_compared: Vec::new(),
+        not_replayable: None,
+    }
+}
+
+fn replay_conversation(
+    cap: &Capture,
+    c: &Conversation,
+    cm: &CmFacts,
+    opts: &Options,
+    role: &'static str,
+) -> ConversationReport {
+    let mut r = report(c, role);
+    if let Err(why) = replayable(cap, c) {
+        r.not_replayable = Some(why);
+        return r;
+    }
+    let all: Vec<Rec<'_>> = c.members.iter().filter_map(|&i| Rec::new(&cap.packets[i])).collect();
+    let (reqs, resps): (Vec<Rec<'_>>, Vec<Rec<'_>>) =
+        all.into_iter().filter(|x| x.kind.is_some()).partition(|x| role_of(x) == Role::Request);
+    if let Err(why) = replay_role(&mut r, c, cm, opts, role, reqs, resps) {
+        r.not_replayable = Some(why);
+    }
+    r
+}
+
+fn role_of(x: &Rec<'_>) -> Role {
+    role(x.opcode)
+}
+
+/// Why a conversation cannot be replayed at all, if it cannot.
+fn replayable(cap: &Capture, c: &Conversation) -> Result<(), String> {
+    let members: Vec<&Packet> = c.members.iter().map(|&i| &cap.packets[i]).collect();
+    if members.iter().any(|p| p.ib.l3 == L3Kind::Grh) {
+        return Err("RoCEv1 (GRH over Ethernet): the engine speaks RoCEv2 only".into());
+    }
+    match c.transport {
+        "RC" | "UC" => {}
+        t => {
+            return Err(format!(
+                "transport {t}: replay models RC and UC conversations (UD and XRC replay are not built; DC and RD are not modelled)"
+            ))
+        }
+    }
+    if c.request_qp.is_none() {
+        return Err("one direction only: responses whose requests are not in the capture".into());
+    }
+    let cut = members.iter().filter(|p| p.truncated).count();
+    if cut > 0 {
+        return Err(format!("{cut} of {} frames were cut by the capture's snap length", members.len()));
+    }
+    let requests: Vec<&&Packet> =
+        members.iter().filter(|p| p.ib.headers.bth.is_some_and(|b| role(b.opcode) == Role::Request)).collect();
+    if !requests.is_empty() && requests.iter().all(|p| p.ib.has_bad_icrc()) {
+        return Err(format!(
+            "every request ({}) has a bad ICRC: the capture was altered after it was recorded (a receiver drops them all)",
+            requests.len()
+        ));
+    }
+    Ok(())
+}
+
+/// The engine side of one replay.
+struct Engine {
+    dev: Device<SparseMemory>,
+    cq: CqId,
+    qpn: Qpn,
+    now: Instant,
+    sent: Vec<Sent>,
+    buf: Vec<u8>,
+    completions: u64,
+}
+
+impl Engine {
+    fn run_until(&mut self, t: Instant) {
+        loop {
+            self.drain();
+            match self.dev.poll_timeout() {
+                Some(d) if d <= t => {
+                    self.now = self.now.max(d);
+                    self.dev.handle_timeout(self.now);
+                }
+                _ => break,
+            }
+        }
+        self.now = self.now.max(t);
+        self.drain();
+    }
+
+    fn drain(&mut self) {
+        while let Some(t) = self.dev.poll_transmit(self.now, &mut self.buf) {
+            self.sent.push(Sent { bytes: self.buf[..t.len].to_vec(), at: self.now });
+        }
+        loop {
+            let n = self.dev.poll_cq(self.cq, 64).len();
+            if n == 0 {
+                break;
+            }
+            self.completions += n as u64;
+        }
+    }
+
+    fn feed(&mut self, src: IpAddr, sport: u16, bytes: &[u8]) {
+        let meta = RecvMeta { src, src_port: sport, ip_id: None, dst: None };
+        // The analysis checked the recorded ICRC; the bytes were then rewritten (QPN, keys).
+        self.dev.handle_internal_packet(self.now, meta, bytes);
+        self.drain();
+    }
+}
+
+/// The path MTU: from the CM REQ, else from the FIRST/MIDDLE packets (they are exactly one MTU),
+/// else the smallest MTU the largest packet fits.
+fn infer_mtu(conn: Option<&CmConn>, reqs: &[Rec<'_>], resps: &[Rec<'_>]) -> (Mtu, String) {
+    if let Some(m) = conn.and_then(|c| Mtu::from_ibv(u32::from(c.mtu)).map(|m| (m, c.req_frame))) {
+        return (m.0, format!("path MTU {} from the CM REQ (frame {})", m.0.bytes(), m.1));
+    }
+    let multi = reqs
+        .iter()
+        .chain(resps)
+        .filter(|x| matches!(x.position, Some(Position::First | Position::Middle)))
+        .map(|x| (x.payload().len(), x.frame()))
+        .max();
+    if let Some((len, frame)) = multi {
+        let m = Mtu::at_most(len.max(256));
+        return (m, format!("path MTU {} from the FIRST/MIDDLE packet sizes (frame {frame})", m.bytes()));
+    }
+    let largest = reqs.iter().chain(resps).map(|x| x.payload().len()).max().unwrap_or(0);
+    let m = [Mtu::Mtu256, Mtu::Mtu512, Mtu::Mtu1024, Mtu::Mtu2048, Mtu::Mtu4096]
+        .into_iter()
+        .find(|m| m.bytes() >= largest)
+        .unwrap_or(Mtu::Mtu4096);
+    (m, format!("path MTU {} assumed: no multi-packet message; the largest payload is {largest} bytes", m.bytes()))
+}
+
+/// The 24-bit PSN order of two PSNs near each other.
+fn after(a: Psn, b: Psn) -> bool {
+    a.distance(b) > 0
+}
+
+fn name(op: Opcode) -> String {
+    op.info().map_or_else(|| format!("{:#04x}", op.0), |i| i.name.to_string())
+}
+
+fn syndrome_text(s: Syndrome) -> String {
+    match s {
+        Syndrome::Ack { credits } => format!("ACK credits {credits:#04x}"),
+        Syndrome::RnrNak { timer } => format!("RNR NAK timer {timer}"),
+        Syndrome::Nak(code) => format!("NAK {code:?}"),
+        Syndrome::Reserved(b) => format!("reserved {b:#04x}"),
+    }
+}
+
+/// Byte offsets of extension headers in a packet's bytes.
+fn header_at(bytes: &[u8], h: Headers) -> Option<usize> {
+    let op = Opcode(*bytes.first()?);
+    Some(bth::HEADER_LEN + op.info()?.offset_of(h)?)
+}
+
+/// Rewrites a recorded packet for the engine: destination QP, and a key through `keys`.
+fn rewrite(bytes: &[u8], dest_qp: Qpn, keys: &HashMap<u32, u32>) -> Vec<u8> {
+    let mut b = bytes.to_vec();
+    bth::Packet::new_unchecked(&mut b[..]).set_dest_qp(dest_qp);
+    for h in [Headers::RETH, Headers::ATOMICETH] {
+        if let Some(at) = header_at(&b, h) {
+            if h == Headers::RETH && b.len() >= at + reth::HEADER_LEN {
+                let mut p = reth::Packet::new_unchecked(&mut b[at..]);
+                if let Some(&k) = keys.get(&p.rkey()) {
+                    p.set_rkey(k);
+                }
+            }
+            if h == Headers::ATOMICETH && b.len() >= at + atomiceth::HEADER_LEN {
+                let mut p = atomiceth::Packet::new_unchecked(&mut b[at..]);
+                if let Some(&k) = keys.get(&p.rkey()) {
+                    p.set_rkey(k);
+                }
+            }
+        }
+    }
+    b
+}
+
+/// The header fields both sides' packets are compared on, named.
+fn header_fields(p: &IbPacket<&[u8]>) -> Vec<(&'static str, String)> {
+    let b = p.bth();
+    vec![
+        ("opcode", name(p.opcode())),
+        ("MigReq", u8::from(b.mig_req()).to_string()),
+        ("AckReq", u8::from(b.ack_req()).to_string()),
+        ("SE", u8::from(b.solicited()).to_string()),
+        ("PadCnt", b.pad_count().to_string()),
+        ("TVer", b.tver().to_string()),
+        ("P_Key", format!("{:#06x}", b.pkey())),
+        ("payload length", p.payload().len().to_string()),
+    ]
+}
+
+fn compare_fields(
+    r: &mut ConversationReport,
+    frame: Option<u64>,
+    psn: Psn,
+    rec: &[(&'static str, String)],
+    ours: &[(&'static str, String)],
+) -> bool {
+    let mut same = true;
+    for ((field, a), (_, b)) in rec.iter().zip(ours) {
+        if a != b {
+            same = false;
+            r.mismatches.push(Mismatch {
+                frame,
+                psn: psn.value(),
+                field: (*field).to_string(),
+                recorded: a.clone(),
+                softrdma: b.clone(),
+            });
+        }
+    }
+    same
+}
+
+fn recorded_packet<'a>(x: &'a Rec<'_>) -> Option<IbPacket<&'a [u8]>> {
+    IbPacket::new_checked(&x.p.ib_bytes[..]).ok()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn replay_role(
+    r: &mut ConversationReport,
+    c: &Conversation,
+    cm: &CmFacts,
+    opts: &Options,
+    role: &'static str,
+    reqs: Vec<Rec<'_>>,
+    resps: Vec<Rec<'_>>,
+) -> Result<(), String> {
+    let request_qp = c.request_qp.ok_or("no request QP")?;
+    if reqs.is_empty() {
+        return Err("one direction only: no requests captured".into());
+    }
+    let uc = c.transport == "UC";
+    if !uc && resps.is_empty() {
+        return Err("one direction only: the responder's packets are not in the capture".into());
+    }
+    let response_qp = r.response_qp;
+    let conn = response_qp.and_then(|q| cm.by_requester_qp.get(&(c.requester, q)));
+    // Requests with a bad ICRC: a receiver drops them, so the replay does too.
+    let bad = reqs.iter().filter(|x| x.p.ib.has_bad_icrc()).count();
+    if bad > 0 {
+        r.setup.push(format!("{bad} request packets with a bad ICRC left out, as a receiver drops them"));
+    }
+    let reqs: Vec<Rec<'_>> = reqs.into_iter().filter(|x| !x.p.ib.has_bad_icrc()).collect();
+    // Where the replay starts: the first packet that starts a message.
+    let start =
+        reqs.iter().position(|x| x.position.is_some_and(|p| p.starts())).ok_or("no message starts in the capture")?;
+    if start > 0 {
+        r.setup.push(format!(
+            "the capture starts mid-message: {start} request packets before frame {} left out",
+            reqs[start].frame()
+        ));
+    }
+    let reqs = &reqs[start..];
+    let first_psn = reqs[0].psn;
+    // The connection's two starting PSNs (REQ and REP); the first request carrying one of them
+    // means the capture holds the conversation from its start.
+    let setup_psn = conn.and_then(|k| {
+        if Psn::new(k.req_psn) == first_psn {
+            Some(("REQ", k.req_frame))
+        } else {
+            k.rep.filter(|rep| Psn::new(rep.2) == first_psn).map(|rep| ("REP", rep.0))
+        }
+    });
+    let from_start = setup_psn.is_some();
+    match setup_psn {
+        Some((msg, frame)) => r.setup.push(format!(
+            "requester QP {:#x}, starting PSN {} as in the CM {msg} (frame {frame}): the capture holds the conversation from its start",
+            response_qp.unwrap_or(0),
+            first_psn.value(),
+        )),
+        _ => r.setup.push(format!(
+            "starting PSN {} from the first packet that starts a message (frame {}){}",
+            first_psn.value(),
+            reqs[0].frame(),
+            if conn.is_some() { "; neither CM starting PSN: the capture misses the start" } else { "" }
+        )),
+    }
+    let (mtu, why) = infer_mtu(conn, reqs, &resps);
+    r.setup.push(why);
+    // Capture gaps: a request PSN beyond the next one expected, which the recorded responder
+    // did not NAK as a sequence error, was lost by the capture, not by the wire.
+    let seq_naks: Vec<Psn> = resps
+        .iter()
+        .filter_map(|x| x.p.ib.headers.aeth.filter(|a| matches!(a.syndrome, Syndrome::Nak(_))).map(|_| x.psn))
+        .collect();
+    let mut expect = first_psn;
+    let mut end = reqs.len();
+    for (i, x) in reqs.iter().enumerate() {
+        if after(x.psn, expect) && !seq_naks.contains(&expect) {
+            r.not_compared.push(format!(
+                "the capture misses request PSNs {}..{} before frame {} (the recorded responder received them: no sequence NAK), so the replay stops there",
+                expect.value(),
+                (x.psn + u32::MAX).value(),
+                x.frame()
+            ));
+            end = i;
+            break;
+        }
+        let span = match (x.kind, x.p.ib.headers.reth) {
+            (Some(OpKind::ReadRequest), Some(h)) => (h.dma_len as usize).div_ceil(mtu.bytes()).max(1) as u32,
+            _ => 1,
+        };
+        if !after(expect, x.psn + span) {
+            expect = x.psn + span;
+        }
+    }
+    let reqs = &reqs[..end];
+    if reqs.is_empty() {
+        return Err("the capture misses the packets before its first message".into());
+    }
+    let last_psn = expect;
+    // Answers to requests before the first one replayed answer nothing replayed.
+    let before = resps.iter().filter(|x| after(first_psn, x.psn)).count();
+    if before > 0 {
+        r.not_compared.push(format!("{before} responses to requests before the replay's first one"));
+    }
+    let resps: Vec<Rec<'_>> = resps.into_iter().filter(|x| !after(first_psn, x.psn)).collect();
+    let resps = &resps[..];
+    // Without the CM, the first recorded acknowledgement tells whether the responder counted its
+    // messages from the replay's first packet: its MSN equals the messages ending at or before
+    // its PSN (MSN starts at 0 when a connection starts, IBTA 9.7.5.1.1).
+    let from_start = from_start
+        || resps.iter().find_map(|x| x.p.ib.headers.aeth.map(|a| (x, a.msn.value()))).is_some_and(|(x, msn)| {
+            let ended = reqs
+                .iter()
+                .filter(|q| !after(q.psn, x.psn) && q.position.is_some_and(|p| p.ends()))
+                .map(|q| q.psn.value())
+                .collect::<std::collections::BTreeSet<_>>()
+                .len();
+            let ok = ended == msn as usize;
+            if ok {
+                r.setup.push(format!(
+                    "the capture holds the connection from its start: the first acknowledgement's MSN {msn} (frame {}) counts the messages from frame {}",
+                    x.frame(),
+                    reqs[0].frame()
+                ));
+            }
+            ok
+        });
+    let mut opts = *opts;
+    if !from_start && opts.behaviour.ack_req_first_packet && role == "requester" {
+        opts.behaviour.ack_req_first_packet = false;
+        r.setup.push(
+            "the profile's AckReq on a QP's first packet is off: the capture does not hold the connection's first packet"
+                .into(),
+        );
+    }
+    let opts = &opts;
+    match role {
+        "responder" => responder(r, c, opts, mtu, reqs, resps, request_qp, response_qp, from_start, last_psn),
+        _ => requester(r, c, opts, mtu, reqs, resps, request_qp, response_qp, conn, last_psn),
+    }
+}
+
+fn make_engine(addr: IpAddr, behaviour: Behaviour, mtu: Mtu) -> Engine {
+    let mut cfg = DeviceConfig::new(addr, 1);
+    cfg.mtu = mtu;
+    cfg.behaviour = behaviour;
+    let mut dev = Device::new(cfg, SparseMemory::default());
+    let cq = dev.create_cq(32767).expect("a CQ on a new device");
+    Engine { dev, cq, qpn: Qpn::new(0), now: Instant::ZERO, sent: Vec::new(), buf: vec![0; 8192], completions: 0 }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bring_up(
+    e: &mut Engine,
+    pd: PdId,
+    qp_type: QpType,
+    srq: Option<u32>,
+    peer: IpAddr,
+    peer_qpn: u32,
+    mtu: Mtu,
+    rq_psn: Psn,
+    sq_psn: Psn,
+    depth: u32,
+    rd_atomic: u8,
+    min_rnr_timer: u8,
+) -> Result<(), String> {
+    let caps = QpCaps { max_send_wr: 0x4000, max_recv_wr: depth, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    let qpn = e
+        .dev
+        .create_qp(QpInit { qp_type, pd, send_cq: e.cq, recv_cq: e.cq, caps, sq_sig_all: false, srq })
+        .map_err(|err| format!("create_qp: {err}"))?;
+    let attr = QpAttr {
+        port_num: 1,
+        pkey_index: 0,
+        qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+        path_mtu: mtu,
+        dest: peer,
+        dest_qp_num: peer_qpn,
+        rq_psn: rq_psn.value(),
+        max_dest_rd_atomic: rd_atomic,
+        min_rnr_timer,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        sq_psn: sq_psn.value(),
+        max_rd_atomic: rd_atomic,
+        ..QpAttr::default()
+    };
+    for (from, to) in [(QpState::Reset, QpState::Init), (QpState::Init, QpState::Rtr), (QpState::Rtr, QpState::Rts)] {
+        let mask = AttrMask::STATE | softrdma_engine::modify::required(qp_type, from, to).unwrap_or(AttrMask::STATE);
+        let a = QpAttr { qp_state: to, ..attr };
+        e.dev.modify_qp(qpn, &a, mask).map_err(|err| format!("modify_qp to {to:?}: {err}"))?;
+    }
+    e.qpn = qpn;
+    Ok(())
+}
+
+/// The memory regions the requests name (RETH and AtomicETH keys): per recorded rkey the range
+/// its operations cover.
+fn regions(reqs: &[Rec<'_>]) -> BTreeMap<u32, (u64, u64)> {
+    let mut m: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+    for x in reqs {
+        let h = &x.p.ib.headers;
+        let span = h.reth.map(|t| (t.rkey, t.va, u64::from(t.dma_len))).or(h.atomiceth.map(|t| (t.rkey, t.va, 8)));
+        if let Some((rkey, va, len)) = span {
+            let e = m.entry(rkey).or_insert((va, va.saturating_add(len.max(1))));
+            e.0 = e.0.min(va);
+            e.1 = e.1.max(va.saturating_add(len.max(1)));
+        }
+    }
+    m
+}
+
+fn time_of(x: &Rec<'_>, t0: u64) -> Instant {
+    Instant::ZERO + Duration::from_nanos(x.p.ts_ns.saturating_sub(t0))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn responder(
+    r: &mut ConversationReport,
+    c: &Conversation,
+    opts: &Options,
+    mtu: Mtu,
+    reqs: &[Rec<'_>],
+    resps: &[Rec<'_>],
+    request_qp: u32,
+    response_qp: Option<u32>,
+    from_start: bool,
+    last_psn: Psn,
+) -> Result<(), String> {
+    let uc = c.transport == "UC";
+    let mut e = make_engine(c.responder, opts.behaviour, mtu);
+    let pd = e.dev.alloc_pd(OWNER);
+    // Memory regions at the recorded addresses; the recorded keys are rewritten to the engine's.
+    let mut keys = HashMap::new();
+    for (rkey, (lo, hi)) in regions(reqs) {
+        let MrKeys { rkey: ours, .. } = e
+            .dev
+            .reg_mr(
+                pd,
+                lo,
+                hi - lo,
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+            )
+            .map_err(|err| format!("reg_mr for rkey {rkey:#x}: {err}"))?;
+        keys.insert(rkey, ours);
+        r.setup.push(format!("memory region {lo:#x}..{hi:#x} for rkey {rkey:#x}, from the RETH/AtomicETH operands"));
+    }
+    let recv_mr = e
+        .dev
+        .reg_mr(pd, LOCAL_BASE, LOCAL_LEN, Access::LOCAL_WRITE)
+        .map_err(|err| format!("reg_mr for receive buffers: {err}"))?;
+    // Receive queue: RNR NAKs in the recording mean the application ran out of receives, so
+    // receives are then posted one per SEND, just before it, except where the recorded
+    // responder had none; otherwise the queue is kept at a depth the recorded credits give.
+    // The ACKs' syndromes (READ responses and atomic ACKs carry credits by other rules).
+    let answers: Vec<(Psn, Syndrome)> = resps
+        .iter()
+        .filter(|x| x.kind == Some(OpKind::Acknowledge))
+        .filter_map(|x| x.p.ib.headers.aeth.map(|a| (x.psn, a.syndrome)))
+        .collect();
+    let rnr: Vec<Psn> = answers.iter().filter(|(_, s)| matches!(s, Syndrome::RnrNak { .. })).map(|(p, _)| *p).collect();
+    let counted = answers.iter().find_map(|(p, s)| match s {
+        Syndrome::Ack { credits } if *credits != aeth::CREDITS_INVALID => Some((*p, *credits)),
+        _ => None,
+    });
+    let all_invalid =
+        answers.iter().all(|(_, s)| !matches!(s, Syndrome::Ack { credits } if *credits != aeth::CREDITS_INVALID));
+    let depth = if let Some(d) = opts.recv_depth {
+        r.setup.push(format!("receive queue kept at {d} WQEs (--recv-depth)"));
+        d
+    } else if !rnr.is_empty() {
+        r.setup.push(format!(
+            "receives posted one per SEND just before it, none where the recorded responder sent an RNR NAK ({} of them)",
+            rnr.len()
+        ));
+        1
+    } else if let Some((psn, code)) = counted {
+        let d = aeth::credit_count(code).unwrap_or(0) as usize + 1;
+        r.setup.push(format!(
+            "receive queue kept at {d} WQEs: the first ACK with a credit count (PSN {}, code {code:#04x}) leaves {} after a SEND takes one",
+            psn.value(),
+            d - 1
+        ));
+        d
+    } else {
+        r.setup.push("receive queue kept at 32 WQEs (the recorded ACKs carry no credit count)".into());
+        32
+    };
+    let use_srq = !uc && all_invalid && opts.behaviour.credits == CreditPolicy::Count && !answers.is_empty();
+    let srq = if use_srq {
+        r.setup.push(
+            "the QP takes its receives from an SRQ: the recorded ACKs carry no credits, as a QP on an SRQ sends them"
+                .into(),
+        );
+        Some(
+            e.dev
+                .create_srq(pd, SrqAttr { max_wr: depth.max(1) as u32 * 2, max_sge: 1, srq_limit: 0 })
+                .map_err(|err| format!("create_srq: {err}"))?,
+        )
+    } else {
+        None
+    };
+    let min_rnr_timer = answers
+        .iter()
+        .find_map(|(_, s)| match s {
+            Syndrome::RnrNak { timer } => Some(*timer),
+            _ => None,
+        })
+        .unwrap_or(12);
+    if !rnr.is_empty() {
+        r.setup.push(format!("minimum RNR timer {min_rnr_timer} from the first recorded RNR NAK"));
+    }
+    let peer_qp = response_qp.unwrap_or(0);
+    if response_qp.is_none() {
+        r.setup.push("the requester's QPN is unknown (no responses, no CM): answers go to QP 0".into());
+    }
+    let rd_atomic = 16;
+    bring_up(
+        &mut e,
+        pd,
+        if uc { QpType::Uc } else { QpType::Rc },
+        srq,
+        c.requester,
+        peer_qp,
+        mtu,
+        reqs[0].psn,
+        Psn::new(0),
+        (depth as u32).max(1) * 2,
+        rd_atomic,
+        min_rnr_timer,
+    )?;
+    r.setup.push(format!(
+        "softrdma's QP {:#x} stands for the recorded QP {request_qp:#x} (the requests' destination QP is rewritten, keys too)",
+        e.qpn.value()
+    ));
+    let t0 = reqs.iter().chain(resps).map(|x| x.p.ts_ns).min().unwrap_or(0);
+    let mut posted: u64 = 0;
+    let post = |e: &mut Engine, posted: &mut u64| -> Result<(), String> {
+        let wr = RecvWr {
+            wr_id: *posted,
+            sg_list: vec![Sge { addr: LOCAL_BASE, length: u32::MAX >> 1, lkey: recv_mr.lkey }],
+        };
+        *posted += 1;
+        match srq {
+            Some(s) => e.dev.post_srq_recv(s, wr),
+            None => e.dev.post_recv(e.qpn, wr),
+        }
+        .map_err(|err| format!("post_recv: {err}"))
+    };
+    let queued = |e: &mut Engine| match srq {
+        Some(s) => e.dev.queued_srq_recvs_mut(s).map_or(0, |q| q.len()),
+        None => e.dev.queued_recvs_mut(e.qpn).map_or(0, |q| q.len()),
+    };
+    let mut rnr_left: HashMap<u32, usize> = HashMap::new();
+    for p in &rnr {
+        *rnr_left.entry(p.value()).or_insert(0) += 1;
+    }
+    let mut backwards = 0;
+    let mut last_ts = 0;
+    // Read requests fed: PSN -> (va, length), for the payload check of READ responses.
+    let mut reads: Vec<(Psn, u64, u32)> = Vec::new();
+    let mut known_atomics: HashMap<u32, bool> = HashMap::new();
+    for x in reqs {
+        if x.p.ts_ns < last_ts {
+            backwards += 1;
+        }
+        last_ts = last_ts.max(x.p.ts_ns);
+        e.run_until(time_of(x, t0).max(e.now));
+        // A SEND takes a receive at its first packet, a WRITE with immediate at its last.
+        let consumes = match x.kind {
+            Some(OpKind::Send) => x.position.is_some_and(|p| p.starts()),
+            Some(OpKind::Write) => x.p.ib.headers.immdt.is_some(),
+            _ => false,
+        };
+        if consumes {
+            if depth == 1 && !rnr.is_empty() {
+                // An RNR NAK of this PSN in the recording: the application had no receive the
+                // first time(s) the packet came.
+                let left = rnr_left.entry(x.psn.value()).or_insert(0);
+                if *left > 0 {
+                    *left -= 1;
+                } else if queued(&mut e) == 0 {
+                    post(&mut e, &mut posted)?;
+                }
+            } else {
+                while queued(&mut e) < depth {
+                    post(&mut e, &mut posted)?;
+                }
+            }
+        }
+        if x.kind == Some(OpKind::ReadRequest) {
+            if let Some(h) = x.p.ib.headers.reth {
+                reads.push((x.psn, h.va, h.dma_len));
+            }
+        }
+        if let Some(a) = x.p.ib.headers.atomiceth {
+            known_atomics.insert(x.psn.value(), e.dev.memory_ref().known(a.va, 8));
+        }
+        let bytes = rewrite(&x.p.ib_bytes, e.qpn, &keys);
+        e.feed(x.p.ib.src.to_canonical(), x.p.ib.sport.unwrap_or(0), &bytes);
+        r.packets_replayed += 1;
+    }
+    if backwards > 0 {
+        r.setup
+            .push(format!("{backwards} requests have capture times earlier than the one before: fed in capture order"));
+    }
+    // Let timers run out (an ACK still waiting, READ responses still going out).
+    let tail = resps.iter().map(|x| time_of(x, t0)).max().unwrap_or(e.now).max(e.now) + Duration::from_millis(100);
+    e.run_until(tail);
+    r.packets_sent = e.sent.len() as u64;
+    if uc {
+        r.not_compared.push(format!(
+            "UC has no answers on the wire; {} requests delivered, {} completions",
+            r.packets_replayed, e.completions
+        ));
+        return Ok(());
+    }
+    let resps: Vec<&Rec<'_>> = resps.iter().filter(|x| !after(x.psn, last_psn) || x.psn == last_psn).collect();
+    compare_answers(r, &e, &resps, first_psn_of(reqs), from_start, &reads, &known_atomics, mtu);
+    Ok(())
+}
+
+fn first_psn_of(reqs: &[Rec<'_>]) -> Psn {
+    reqs[0].psn
+}
+
+/// The responder comparison (see the module documentation).
+#[allow(clippy::too_many_arguments)]
+fn compare_answers(
+    r: &mut ConversationReport,
+    e: &Engine,
+    resps: &[&Rec<'_>],
+    first_psn: Psn,
+    from_start: bool,
+    reads: &[(Psn, u64, u32)],
+    known_atomics: &HashMap<u32, bool>,
+    mtu: Mtu,
+) {
+    let ours: Vec<&Sent> = e.sent.iter().collect();
+    let is_ack = |op: Opcode| op.info().is_some_and(|i| i.kind == OpKind::Acknowledge);
+    // softrdma's positive acknowledgements, in order: (PSN covered, the packet).
+    let our_acks: Vec<(Psn, &Sent)> = ours
+        .iter()
+        .filter(|s| {
+            let p = s.packet();
+            p.aeth().is_some_and(|a| matches!(a.syndrome(), Syndrome::Ack { .. }))
+        })
+        .map(|s| (s.packet().bth().psn(), *s))
+        .collect();
+    let mut used_data: Vec<bool> = vec![false; ours.len()];
+    let mut msn_offset: Option<i64> = if from_start { Some(0) } else { None };
+    if !from_start {
+        r.setup.push(
+            "MSN offset taken from the first ACK both name (the capture may start after the first messages)".into(),
+        );
+    }
+    let mut unknown_payload = 0;
+    for x in resps {
+        r.answers_expected += 1;
+        let Some(rp) = recorded_packet(x) else {
+            r.mismatches.push(Mismatch {
+                frame: Some(x.frame()),
+                psn: x.psn.value(),
+                field: "answer".into(),
+                recorded: "unreadable".into(),
+                softrdma: "-".into(),
+            });
+            continue;
+        };
+        let raeth = rp.aeth().map(|a| (a.syndrome(), a.msn().value()));
+        let ok = if is_ack(x.opcode) {
+            match raeth {
+                Some((Syndrome::Ack { credits }, msn)) => {
+                    // Acknowledged by softrdma too: an ACK (or the last READ response / an atomic
+                    // ACK) of this PSN or a later one.
+                    let cover = our_acks.iter().find(|(p, _)| !after(x.psn, *p));
+                    match cover {
+                        None => {
+                            r.mismatches.push(Mismatch {
+                                frame: Some(x.frame()),
+                                psn: x.psn.value(),
+                                field: "answer".into(),
+                                recorded: format!("ACK of PSN {} msn {msn}", x.psn.value()),
+                                softrdma: "never acknowledged".into(),
+                            });
+                            false
+                        }
+                        Some((p, s)) if *p == x.psn && is_ack(s.packet().opcode()) => {
+                            let sp = s.packet();
+                            let (ss, smsn) = sp
+                                .aeth()
+                                .map(|a| (a.syndrome(), a.msn().value()))
+                                .unwrap_or((Syndrome::Reserved(0), 0));
+                            let off = *msn_offset.get_or_insert(i64::from(msn) - i64::from(smsn));
+                            let mut rec = header_fields(&rp);
+                            let mut our = header_fields(&sp);
+                            rec.push(("MSN", msn.to_string()));
+                            our.push(("MSN", ((i64::from(smsn) + off) & 0xff_ffff).to_string()));
+                            rec.push(("syndrome", syndrome_text(Syndrome::Ack { credits })));
+                            our.push(("syndrome", syndrome_text(ss)));
+                            compare_fields(r, Some(x.frame()), x.psn, &rec, &our)
+                        }
+                        Some(_) => true, // coalesced into a later acknowledgement
+                    }
+                }
+                Some((s, _)) => {
+                    // A NAK: softrdma must NAK the same PSN the same way.
+                    let same = ours.iter().any(|o| {
+                        let op = o.packet();
+                        op.bth().psn() == x.psn && op.aeth().is_some_and(|a| a.syndrome() == s)
+                    });
+                    if !same {
+                        let theirs = ours
+                            .iter()
+                            .filter(|o| o.packet().bth().psn() == x.psn && o.packet().aeth().is_some())
+                            .map(|o| {
+                                syndrome_text(o.packet().aeth().map(|a| a.syndrome()).unwrap_or(Syndrome::Reserved(0)))
+                            })
+                            .collect::<Vec<_>>();
+                        r.mismatches.push(Mismatch {
+                            frame: Some(x.frame()),
+                            psn: x.psn.value(),
+                            field: "syndrome".into(),
+                            recorded: syndrome_text(s),
+                            softrdma: if theirs.is_empty() {
+                                "no answer for this PSN".into()
+                            } else {
+                                theirs.join(", ")
+                            },
+                        });
+                    }
+                    same
+                }
+                None => false,
+            }
+        } else {
+            // READ responses and atomic ACKs, packet by packet: the first unused one of the PSN.
+            let found = ours
+                .iter()
+                .enumerate()
+                .find(|(i, o)| !used_data[*i] && o.packet().bth().psn() == x.psn && !is_ack(o.packet().opcode()));
+            match found {
+                None => {
+                    r.mismatches.push(Mismatch {
+                        frame: Some(x.frame()),
+                        psn: x.psn.value(),
+                        field: "answer".into(),
+                        recorded: name(x.opcode),
+                        softrdma: "none".into(),
+                    });
+                    false
+                }
+                Some((i, o)) => {
+                    used_data[i] = true;
+                    let sp = o.packet();
+                    let mut rec = header_fields(&rp);
+                    let mut our = header_fields(&sp);
+                    if let (Some((rs, rmsn)), Some(a)) = (raeth, sp.aeth()) {
+                        let off = *msn_offset.get_or_insert(i64::from(rmsn) - i64::from(a.msn().value()));
+                        rec.push(("MSN", rmsn.to_string()));
+                        our.push(("MSN", ((i64::from(a.msn().value()) + off) & 0xff_ffff).to_string()));
+                        rec.push(("syndrome", syndrome_text(rs)));
+                        our.push(("syndrome", syndrome_text(a.syndrome())));
+                    }
+                    if x.kind == Some(OpKind::ReadResponse) {
+                        // The payload, where the trace itself wrote those bytes before the READ.
+                        let read = reads.iter().rev().find(|(p, _, len)| {
+                            !after(*p, x.psn)
+                                && x.psn.distance(*p) < (*len as usize).div_ceil(mtu.bytes()).max(1) as i32
+                        });
+                        match read {
+                            Some((p, va, _)) => {
+                                let off = x.psn.distance(*p) as u64 * mtu.bytes() as u64;
+                                if e.dev.memory_ref().known(va + off, rp.payload().len()) {
+                                    rec.push(("payload", digest(rp.payload())));
+                                    our.push(("payload", digest(sp.payload())));
+                                } else {
+                                    unknown_payload += 1;
+                                }
+                            }
+                            None => unknown_payload += 1,
+                        }
+                    }
+                    if let (Some(ra), Some(sa)) = (rp.atomicacketh(), sp.atomicacketh()) {
+                        if known_atomics.get(&x.psn.value()).copied().unwrap_or(false) {
+                            rec.push(("original value", format!("{:#x}", ra.orig_rem_data())));
+                            our.push(("original value", format!("{:#x}", sa.orig_rem_data())));
+                        } else {
+                            unknown_payload += 1;
+                        }
+                    }
+                    compare_fields(r, Some(x.frame()), x.psn, &rec, &our)
+                }
+            }
+        };
+        r.answers_matched += u64::from(ok);
+    }
+    if unknown_payload > 0 {
+        r.not_compared.push(format!(
+            "{unknown_payload} READ response payloads or atomic original values: the memory they come from was not written in the trace"
+        ));
+    }
+    // softrdma NAKs the recording does not have.
+    for o in &ours {
+        let p = o.packet();
+        let Some(a) = p.aeth() else { continue };
+        if matches!(a.syndrome(), Syndrome::Ack { .. }) {
+            continue;
+        }
+        let psn = p.bth().psn();
+        let recorded =
+            resps.iter().any(|x| x.psn == psn && x.p.ib.headers.aeth.is_some_and(|ra| ra.syndrome == a.syndrome()));
+        if !recorded {
+            r.mismatches.push(Mismatch {
+                frame: None,
+                psn: psn.value(),
+                field: "unexpected answer".into(),
+                recorded: "none".into(),
+                softrdma: format!("{} at {}", syndrome_text(a.syndrome()), o.at),
+            });
+        }
+    }
+    let _ = first_psn;
+}
+
+fn digest(b: &[u8]) -> String {
+    let crc = crc32fast::hash(b);
+    format!("{} bytes, crc32 {crc:08x}", b.len())
+}
+
+/// The requester replay (see the module documentation).
+#[allow(clippy::too_many_arguments)]
+fn requester(
+    r: &mut ConversationReport,
+    c: &Conversation,
+    opts: &Options,
+    mtu: Mtu,
+    reqs: &[Rec<'_>],
+    resps: &[Rec<'_>],
+    request_qp: u32,
+    response_qp: Option<u32>,
+    conn: Option<&CmConn>,
+    last_psn: Psn,
+) -> Result<(), String> {
+    let uc = c.transport == "UC";
+    let mut e = make_engine(c.requester, opts.behaviour, mtu);
+    let pd = e.dev.alloc_pd(OWNER);
+    let local = e
+        .dev
+        .reg_mr(pd, LOCAL_BASE, LOCAL_LEN, Access::LOCAL_WRITE)
+        .map_err(|err| format!("reg_mr for the message buffers: {err}"))?;
+    // The messages, from the first transmission of each PSN.
+    struct Msg {
+        op: SendOp,
+        len: u32,
+        data: Vec<u8>,
+        at: Instant,
+        solicited: bool,
+        first_frame: u64,
+        psn: Psn,
+    }
+    let t0 = reqs.iter().chain(resps).map(|x| x.p.ts_ns).min().unwrap_or(0);
+    let mut msgs: Vec<Msg> = Vec::new();
+    let mut firsts: BTreeMap<u32, &Rec<'_>> = BTreeMap::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut retransmitted = 0u64;
+    let mut open: Option<Msg> = None;
+    let mut unsupported = None;
+    for x in reqs {
+        if !seen.insert(x.psn.value()) {
+            retransmitted += 1;
+            continue;
+        }
+        firsts.insert(x.psn.value(), x);
+        let h = &x.p.ib.headers;
+        let pos = x.position.unwrap_or(Position::Only);
+        if pos.starts() {
+            if let Some(m) = open.take() {
+                msgs.push(m);
+            }
+            let imm = h.immdt.map(|i| i.imm);
+            let name = x.opcode.info().map_or("", |i| i.name);
+            let op = match x.kind {
+                Some(OpKind::Send) => match (imm, h.ieth) {
+                    (Some(imm), _) => SendOp::SendWithImm { imm },
+                    (None, Some(i)) => SendOp::SendWithInv { rkey: i.rkey },
+                    _ => SendOp::Send,
+                },
+                Some(OpKind::Write) => {
+                    let t = h.reth.ok_or("WRITE without RETH")?;
+                    // WRITE_ONLY_WITH_IMMEDIATE carries its ImmDt; FIRST does not: read it at LAST.
+                    if name.contains("IMMEDIATE") {
+                        SendOp::WriteWithImm { remote_addr: t.va, rkey: t.rkey, imm: imm.unwrap_or(0) }
+                    } else {
+                        SendOp::Write { remote_addr: t.va, rkey: t.rkey }
+                    }
+                }
+                Some(OpKind::ReadRequest) => {
+                    let t = h.reth.ok_or("READ without RETH")?;
+                    SendOp::Read { remote_addr: t.va, rkey: t.rkey }
+                }
+                Some(OpKind::CompareSwap) => {
+                    let t = h.atomiceth.ok_or("atomic without AtomicETH")?;
+                    SendOp::CompareSwap { remote_addr: t.va, rkey: t.rkey, compare: t.compare, swap: t.swap_add }
+                }
+                Some(OpKind::FetchAdd) => {
+                    let t = h.atomiceth.ok_or("atomic without AtomicETH")?;
+                    SendOp::FetchAdd { remote_addr: t.va, rkey: t.rkey, add: t.swap_add }
+                }
+                other => {
+                    unsupported = Some(format!("{other:?} ({})", name));
+                    break;
+                }
+            };
+            let len = match (x.kind, h.reth) {
+                (Some(OpKind::ReadRequest), Some(t)) => t.dma_len,
+                (Some(OpKind::CompareSwap | OpKind::FetchAdd), _) => 8,
+                _ => 0,
+            };
+            open = Some(Msg {
+                op,
+                len,
+                data: Vec::new(),
+                at: time_of(x, t0),
+                solicited: false,
+                first_frame: x.frame(),
+                psn: x.psn,
+            });
+        }
+        let Some(m) = open.as_mut() else { continue };
+        if matches!(x.kind, Some(OpKind::Send | OpKind::Write)) {
+            m.data.extend_from_slice(x.payload());
+            m.len = m.data.len() as u32;
+        }
+        if pos.ends() {
+            m.solicited = h.bth.is_some_and(|b| b.solicited);
+            if let (SendOp::WriteWithImm { imm, .. }, Some(i)) = (&mut m.op, h.immdt) {
+                *imm = i.imm;
+            }
+            if let (SendOp::Write { remote_addr, rkey }, Some(i)) = (m.op, h.immdt) {
+                m.op = SendOp::WriteWithImm { remote_addr, rkey, imm: i.imm };
+            }
+            if let (SendOp::Send, Some(i)) = (m.op, h.immdt) {
+                m.op = SendOp::SendWithImm { imm: i.imm };
+            }
+            msgs.push(open.take().expect("open message"));
+        }
+    }
+    if let Some(u) = unsupported {
+        return Err(format!("the requester's {u} messages are not replayed as work requests"));
+    }
+    if let Some(m) = open.take() {
+        r.not_compared
+            .push(format!("the last message (from frame {}) is unfinished in the capture: not posted", m.first_frame));
+    }
+    let rd_atomic = conn.map_or(16, |k| k.initiator_depth.max(1));
+    let peer_qpn = request_qp;
+    let first = reqs[0].psn;
+    bring_up(
+        &mut e,
+        pd,
+        if uc { QpType::Uc } else { QpType::Rc },
+        None,
+        c.responder,
+        peer_qpn,
+        mtu,
+        Psn::new(0),
+        first,
+        1,
+        rd_atomic,
+        12,
+    )?;
+    r.setup.push(format!(
+        "{} work requests inferred from the recorded messages (opcodes, lengths, operands, payloads), posted at their first packets' times; softrdma's QP {:#x} stands for the recorded QP {:#x}",
+        msgs.len(),
+        e.qpn.value(),
+        response_qp.unwrap_or(0)
+    ));
+    if retransmitted > 0 {
+        r.not_compared
+            .push(format!("{retransmitted} recorded retransmissions (softrdma's own resends depend on its timers)"));
+    }
+    // The PSNs each message takes.
+    let span = |m: &Msg| match m.op {
+        SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 1,
+        _ => softrdma_engine::device::packets_for(m.len, mtu.bytes() as u32),
+    };
+    // Events in time order: each message posted at its first packet's time; each response fed
+    // at its time, but never before the message it answers was posted (a capture's clock can
+    // put an ACK in the same microsecond as its request, or before it); at equal times, posts
+    // first.
+    let mut events: Vec<(Instant, u8, usize)> = msgs.iter().enumerate().map(|(k, m)| (m.at, 0, k)).collect();
+    for (i, x) in resps.iter().enumerate() {
+        let answered = msgs.iter().find(|m| !after(m.psn, x.psn) && after(m.psn + span(m), x.psn));
+        events.push((time_of(x, t0).max(answered.map_or(Instant::ZERO, |m| m.at)), 1, i));
+    }
+    events.sort_by_key(|&(t, kind, i)| (t, kind, i));
+    let mut addr = LOCAL_BASE;
+    let empty = HashMap::new();
+    for (t, kind, i) in events {
+        e.run_until(t.max(e.now));
+        if kind == 1 {
+            let x = &resps[i];
+            e.feed(x.p.ib.src.to_canonical(), x.p.ib.sport.unwrap_or(0), &rewrite(&x.p.ib_bytes, e.qpn, &empty));
+            r.packets_replayed += 1;
+            continue;
+        }
+        let m = &msgs[i];
+        let len = m.len.max(m.data.len() as u32);
+        if !e.dev.memory().set(addr, &m.data) {
+            return Err("the replay's memory limit (256 MiB of touched pages) was reached".into());
+        }
+        let sg_list = if len == 0 { Vec::new() } else { vec![Sge { addr, length: len, lkey: local.lkey }] };
+        addr += u64::from(len).div_ceil(64) * 64 + 64;
+        let wr = SendWr {
+            wr_id: i as u64,
+            op: m.op,
+            sg_list,
+            signaled: true,
+            fence: false,
+            solicited: m.solicited,
+            inline: false,
+            remote_srqn: 0,
+            ud: None,
+        };
+        e.dev
+            .post_send(e.qpn, wr)
+            .map_err(|err| format!("post_send of the message at frame {}: {err}", m.first_frame))?;
+        e.drain();
+    }
+    let end = e.now + Duration::from_millis(100);
+    e.run_until(end);
+    r.packets_sent = e.sent.len() as u64;
+    // Compare the first transmission of each PSN.
+    let mut ours: BTreeMap<u32, &Sent> = BTreeMap::new();
+    let mut our_resends = 0u64;
+    for s in &e.sent {
+        let psn = s.packet().bth().psn().value();
+        match ours.entry(psn) {
+            std::collections::btree_map::Entry::Occupied(_) => our_resends += 1,
+            std::collections::btree_map::Entry::Vacant(v) => {
+                v.insert(s);
+            }
+        }
+    }
+    if our_resends > 0 {
+        r.not_compared.push(format!("softrdma resent {our_resends} packets (its ACK timeout or a NAK)"));
+    }
+    let posted_psns: u32 = msgs.iter().map(span).sum();
+    let limit = first + posted_psns;
+    for (psn, x) in &firsts {
+        let psn = Psn::new(*psn);
+        if !after(limit, psn) || after(psn, last_psn) {
+            continue;
+        }
+        let Some(rp) = recorded_packet(x) else { continue };
+        r.answers_expected += 1;
+        let ok = match ours.get(&psn.value()) {
+            None => {
+                r.mismatches.push(Mismatch {
+                    frame: Some(x.frame()),
+                    psn: psn.value(),
+                    field: "request".into(),
+                    recorded: name(x.opcode),
+                    softrdma: "not sent".into(),
+                });
+                false
+            }
+            Some(s) => {
+                let sp = s.packet();
+                let mut rec = header_fields(&rp);
+                let mut our = header_fields(&sp);
+                if let (Some(a), Some(b)) = (rp.reth(), sp.reth()) {
+                    rec.push(("RETH", format!("va {:#x} rkey {:#x} len {}", a.va(), a.rkey(), a.dma_len())));
+                    our.push(("RETH", format!("va {:#x} rkey {:#x} len {}", b.va(), b.rkey(), b.dma_len())));
+                }
+                if let (Some(a), Some(b)) = (rp.atomiceth(), sp.atomiceth()) {
+                    rec.push((
+                        "AtomicETH",
+                        format!("va {:#x} rkey {:#x} {:#x} {:#x}", a.va(), a.rkey(), a.swap_add(), a.compare()),
+                    ));
+                    our.push((
+                        "AtomicETH",
+                        format!("va {:#x} rkey {:#x} {:#x} {:#x}", b.va(), b.rkey(), b.swap_add(), b.compare()),
+                    ));
+                }
+                if let (Some(a), Some(b)) = (rp.immdt(), sp.immdt()) {
+                    rec.push(("ImmDt", format!("{:#x}", a.imm())));
+                    our.push(("ImmDt", format!("{:#x}", b.imm())));
+                }
+                rec.push(("payload", digest(rp.payload())));
+                our.push(("payload", digest(sp.payload())));
+                compare_fields(r, Some(x.frame()), psn, &rec, &our)
+            }
+        };
+        r.answers_matched += u64::from(ok);
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Text
+
+/// The report as text: a line per conversation and role, its mismatches, then the summary line.
+pub(crate) fn text(rep: &ReplayReport) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{}: {} frames, {} RoCE packets; softrdma profile {}{}",
+        rep.file,
+        rep.frames,
+        rep.roce_packets,
+        rep.profile,
+        rep.read_error.as_ref().map(|e| format!("; the file ends early: {e}")).unwrap_or_default()
+    );
+    for c in &rep.conversations {
+        let qp = c.request_qp.map_or("-".into(), |q| format!("{q:#x}"));
+        let _ = write!(s, "  {} {} > {} qp {qp}, softrdma as {}: ", c.transport, c.requester, c.responder, c.role);
+        match &c.not_replayable {
+            Some(why) => {
+                let _ = writeln!(s, "not replayable: {why}");
+                continue;
+            }
+            None => {
+                let _ = writeln!(
+                    s,
+                    "{} packets replayed, {} sent; {} of {} answers match",
+                    c.packets_replayed, c.packets_sent, c.answers_matched, c.answers_expected
+                );
+            }
+        }
+        for line in &c.setup {
+            let _ = writeln!(s, "    setup: {line}");
+        }
+        for line in &c.not_compared {
+            let _ = writeln!(s, "    not compared: {line}");
+        }
+        for m in c.mismatches.iter().take(20) {
+            let frame = m.frame.map_or("softrdma only".into(), |f| format!("frame {f}"));
+            let _ = writeln!(
+                s,
+                "    mismatch: {frame} psn {} {}: recorded {}, softrdma {}",
+                m.psn, m.field, m.recorded, m.softrdma
+            );
+        }
+        if c.mismatches.len() > 20 {
+            let _ = writeln!(s, "    ... {} more mismatches (--json lists all)", c.mismatches.len() - 20);
+        }
+    }
+    if !rep.mismatch_fields.is_empty() {
+        let by: Vec<String> = rep.mismatch_fields.iter().map(|(f, n)| format!("{f} {n}")).collect();
+        let _ = writeln!(s, "mismatches by field: {}", by.join(", "));
+    }
+    let _ = writeln!(
+        s,
+        "replay: {} of {} answers match ({} conversations)",
+        rep.answers_matched,
+        rep.answers_expected,
+        rep.conversations.len()
+    );
+    s
+}
