@@ -239,6 +239,9 @@ enum PcapCommand {
         /// One JSON object instead of text.
         #[arg(long)]
         json: bool,
+        /// Live replay to a running device on the real wire (not built yet: an error says so).
+        #[arg(long, value_name = "DEVICE")]
+        to: Option<String>,
     },
     /// Write a synthetic capture holding one packet of every opcode (seeded).
     Generate {
@@ -291,9 +294,12 @@ fn main() -> ExitCode {
             PcapCommand::Check { file } => pcap_cmd::check(&file),
             PcapCommand::Behaviour { files, json } => pcap_cmd::behaviour(&files, json),
             PcapCommand::Generate { file, seed, pcapng } => pcap_cmd::generate(&file, seed, pcapng),
-            PcapCommand::Replay { file, side, profile, recv_depth, strict, json } => {
-                pcap_cmd::replay(&file, side, &profile, recv_depth, strict, json)
-            }
+            PcapCommand::Replay { file, side, profile, recv_depth, strict, json, to } => match to {
+                Some(dev) => Err(anyhow::anyhow!(
+                    "live replay to a device (--to {dev}) is not built yet: `softrdma pcap replay FILE` replays in virtual time against an engine device"
+                )),
+                None => pcap_cmd::replay(&file, side, &profile, recv_depth, strict, json),
+            },
         },
     };
     match result {
