@@ -79,7 +79,8 @@ for f in ../shared/reference/wire/golden/*.hex; do
   python3 -c 'import sys; open(sys.argv[2], "wb").write(bytes.fromhex(open(sys.argv[1]).read().strip()))' \
     "$f" "$corpus/parse_packet/$(basename "$f" .hex)"
 done
-cp ../shared/captures/send.pcap ../shared/reference/wire/golden/coverage.pcap "$corpus/read_capture/"
+cp ../shared/captures/send.pcap ../shared/captures/write.pcap ../shared/captures/read2.pcap \
+  ../shared/captures/nvme-discover2.pcap ../shared/reference/wire/golden/coverage.pcap "$corpus/read_capture/"
 # The CM MADs of the hardware captures (tshark hex dumps: a blank line between frames; the MAD is
 # the 256 bytes after Ethernet, IPv4, UDP, BTH and DETH, i.e. from byte 62).
 for f in ../shared/reference/cm/*.cm.hex; do

@@ -32,10 +32,8 @@ mod demo;
 mod device_cmd;
 mod doctor;
 mod exec_cmd;
-mod pcap_behaviour;
 mod pcap_cm;
 mod pcap_cmd;
-mod pcap_replay;
 mod present;
 mod sample;
 mod shim;
@@ -225,7 +223,7 @@ enum PcapCommand {
         file: PathBuf,
         /// The side softrdma plays.
         #[arg(long = "as", value_enum, default_value = "both")]
-        side: pcap_replay::As,
+        side: pcap_cmd::ReplayAs,
         /// softrdma's behaviour profile (`rxe` or `cx`; see INTEROP.md).
         #[arg(long, default_value = "rxe", value_parser = clap::builder::PossibleValuesParser::new(softrdma_engine::device::Behaviour::NAMES))]
         profile: String,

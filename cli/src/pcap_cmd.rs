@@ -10,9 +10,9 @@ use anyhow::{Context, Result};
 use serde_json::{json, Map, Value};
 use softrdma_engine::wire::{Opcode, Syndrome};
 use softrdma_pcap::analyze::{self, CheckReport, FrameSummary, IbFrame};
+use softrdma_pcap::replay;
 use softrdma_pcap::{samples, PcapWriter, PcapngOptions, PcapngWriter, Reader, Record, Resolution};
 
-use crate::pcap_behaviour;
 use crate::pcap_cm::{cm_json, cm_text};
 
 /// Reads every record of a capture and analyses it; `f` sees each summary. Returns the read
@@ -272,8 +272,8 @@ pub(crate) fn behaviour(files: &[PathBuf], as_json: bool) -> Result<ExitCode> {
     let mut out = BufWriter::new(stdout.lock());
     let mut damaged = false;
     for (n, path) in files.iter().enumerate() {
-        let cap = pcap_behaviour::load(path)?;
-        let report = pcap_behaviour::analyse(&path.display().to_string(), &cap);
+        let cap = softrdma_pcap::behaviour::load(path)?;
+        let report = softrdma_pcap::behaviour::analyse(&path.display().to_string(), &cap);
         damaged |= report.read_error.is_some();
         if as_json {
             writeln!(out, "{}", serde_json::to_string(&report)?)?;
@@ -281,17 +281,28 @@ pub(crate) fn behaviour(files: &[PathBuf], as_json: bool) -> Result<ExitCode> {
             if n > 0 {
                 writeln!(out)?;
             }
-            write!(out, "{}", pcap_behaviour::text(&report))?;
+            write!(out, "{}", softrdma_pcap::behaviour::text(&report))?;
         }
     }
     out.flush()?;
     Ok(if damaged { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 
+/// The side softrdma plays in `pcap replay`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum ReplayAs {
+    /// softrdma answers the recorded requests.
+    Responder,
+    /// softrdma sends the recorded messages.
+    Requester,
+    /// Both, one after the other.
+    Both,
+}
+
 /// `softrdma pcap replay`.
 pub(crate) fn replay(
     file: &Path,
-    side: crate::pcap_replay::As,
+    side: ReplayAs,
     profile: &str,
     recv_depth: Option<usize>,
     strict: bool,
@@ -299,13 +310,18 @@ pub(crate) fn replay(
 ) -> Result<ExitCode> {
     let behaviour = softrdma_engine::device::Behaviour::by_name(profile)
         .ok_or_else(|| anyhow::anyhow!("unknown profile {profile}"))?;
-    let opts = crate::pcap_replay::Options { side, behaviour, recv_depth };
-    let rep = crate::pcap_replay::replay_file(file, &opts)?;
+    let side = match side {
+        ReplayAs::Responder => replay::As::Responder,
+        ReplayAs::Requester => replay::As::Requester,
+        ReplayAs::Both => replay::As::Both,
+    };
+    let opts = replay::Options { side, behaviour, recv_depth };
+    let rep = replay::replay_file(file, &opts).with_context(|| format!("cannot read {}", file.display()))?;
     let mut out = io::stdout().lock();
     if as_json {
         writeln!(out, "{}", serde_json::to_string(&rep)?)?;
     } else {
-        write!(out, "{}", crate::pcap_replay::text(&rep))?;
+        write!(out, "{}", replay::text(&rep))?;
     }
     out.flush()?;
     Ok(if strict && rep.mismatches() > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })

@@ -26,7 +26,9 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod analyze;
+pub mod behaviour;
 mod read;
+pub mod replay;
 pub mod samples;
 mod write;
 

@@ -53,18 +53,15 @@ use std::fmt::{self, Write as _};
 use std::net::IpAddr;
 use std::path::Path;
 
-use anyhow::Result;
+use crate::analyze::{FrameSummary, IbFrame};
+use crate::{LinkType, Record};
 use serde::{Serialize, Serializer};
 use softrdma_engine::wire::roce::{self, Dissection, L3Repr};
 use softrdma_engine::wire::{aeth, EtherType, NakCode, OpKind, Opcode, Position, Psn, Syndrome};
-use softrdma_pcap::analyze::{FrameSummary, IbFrame};
-use softrdma_pcap::{LinkType, Record};
-
-use crate::pcap_cmd::for_each_record;
 
 /// The network-layer header fields of one packet, as its bytes hold them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum NetHeader {
+pub enum NetHeader {
     /// RoCEv2 over IPv4.
     Ipv4 {
         /// Identification.
@@ -87,39 +84,39 @@ pub(crate) enum NetHeader {
 
 /// One RoCE packet of a capture.
 #[derive(Debug, Clone)]
-pub(crate) struct Packet {
+pub struct Packet {
     /// Frame number, from 1.
-    pub(crate) frame: u64,
+    pub frame: u64,
     /// Capture time, nanoseconds since the Unix epoch.
-    pub(crate) ts_ns: u64,
+    pub ts_ns: u64,
     /// Whether the capture cut the frame short.
-    pub(crate) truncated: bool,
+    pub truncated: bool,
     /// What `pcap decode` knows of it.
-    pub(crate) ib: IbFrame,
+    pub ib: IbFrame,
     /// Network-layer fields, when the header was read.
-    pub(crate) net: Option<NetHeader>,
+    pub net: Option<NetHeader>,
     /// The UDP checksum field (RoCEv2 only).
-    pub(crate) udp_checksum: Option<u16>,
+    pub udp_checksum: Option<u16>,
     /// The transport bytes the capture holds (BTH to ICRC; fewer when the frame was cut).
-    pub(crate) ib_bytes: Vec<u8>,
+    pub ib_bytes: Vec<u8>,
 }
 
 /// The RoCE packets of one capture file, with counts of everything else.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Capture {
+pub struct Capture {
     /// Frames read.
-    pub(crate) frames: u64,
+    pub frames: u64,
     /// Frames that are not RoCE.
-    pub(crate) not_roce: u64,
+    pub not_roce: u64,
     /// The RoCE packets, in capture order.
-    pub(crate) packets: Vec<Packet>,
+    pub packets: Vec<Packet>,
     /// Why the file ended early, if it did.
-    pub(crate) read_error: Option<String>,
+    pub read_error: Option<String>,
 }
 
 impl Capture {
     /// Adds one frame, already summarised by the `pcap` analysis.
-    pub(crate) fn add(&mut self, rec: &Record, s: &FrameSummary) {
+    pub fn add(&mut self, rec: &Record, s: &FrameSummary) {
         self.frames += 1;
         let Some(ib) = &s.ib else {
             self.not_roce += 1;
@@ -143,12 +140,22 @@ impl Capture {
 
 /// Reads a capture file. A file damaged part-way yields what came before the damage, with the
 /// reason in [`Capture::read_error`].
-pub(crate) fn load(path: &Path) -> Result<Capture> {
+/// A file that cannot be opened, or is no capture at all, is an error.
+pub fn load(path: &Path) -> Result<Capture, crate::Error> {
+    let reader = crate::Reader::open(path)?;
     let mut cap = Capture::default();
-    cap.read_error = for_each_record(path, |rec, s| {
-        cap.add(rec, s);
-        Ok(())
-    })?;
+    for rec in reader {
+        match rec {
+            Ok(r) => {
+                let s = crate::analyze::summarize(r.index, r.linktype, &r.data, r.is_truncated());
+                cap.add(&r, &s);
+            }
+            Err(e) => {
+                cap.read_error = Some(e.to_string());
+                break;
+            }
+        }
+    }
     Ok(cap)
 }
 
@@ -184,15 +191,19 @@ fn net_header(d: &Dissection<'_>) -> Option<NetHeader> {
 
 /// A set of measurements (packet counts, PSN distances, nanoseconds); serialised as its summary.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Samples(Vec<u64>);
+pub struct Samples(Vec<u64>);
 
 /// Count, minimum, median and maximum of some [`Samples`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub(crate) struct Summary {
-    pub(crate) n: usize,
-    pub(crate) min: u64,
-    pub(crate) median: u64,
-    pub(crate) max: u64,
+pub struct Summary {
+    /// How many.
+    pub n: usize,
+    /// Smallest.
+    pub min: u64,
+    /// Median.
+    pub median: u64,
+    /// Largest.
+    pub max: u64,
 }
 
 impl Samples {
@@ -201,7 +212,7 @@ impl Samples {
     }
 
     /// The summary; `None` without samples. The median of an even count is the lower middle.
-    pub(crate) fn summary(&self) -> Option<Summary> {
+    pub fn summary(&self) -> Option<Summary> {
         let mut v = self.0.clone();
         v.sort_unstable();
         let (&min, &max) = (v.first()?, v.last()?);
@@ -217,12 +228,12 @@ impl Serialize for Samples {
 
 /// Opcode counts, serialised as a map from name to count, in opcode order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct OpcodeCounts(pub(crate) BTreeMap<u8, u64>);
+pub struct OpcodeCounts(pub BTreeMap<u8, u64>);
 
 impl OpcodeCounts {
     /// The count of the opcode named `name` (e.g. `RC_FETCH_ADD`).
     #[cfg(test)]
-    pub(crate) fn get(&self, name: &str) -> u64 {
+    pub fn get(&self, name: &str) -> u64 {
         self.0.iter().find(|(op, _)| Opcode(**op).to_string() == name).map_or(0, |(_, n)| *n)
     }
 }
@@ -239,94 +250,94 @@ fn bump<K: Ord>(m: &mut BTreeMap<K, u64>, k: K) {
 
 /// BTH fields other than opcode, QP and PSN.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub(crate) struct BthStats {
+pub struct BthStats {
     /// P_Key values.
-    pub(crate) pkeys: BTreeMap<String, u64>,
+    pub pkeys: BTreeMap<String, u64>,
     /// Packets with MigReq set.
-    pub(crate) mig_req: u64,
+    pub mig_req: u64,
     /// Packets with the Solicited Event bit set.
-    pub(crate) solicited: u64,
+    pub solicited: u64,
     /// Packets with FECN set.
-    pub(crate) fecn: u64,
+    pub fecn: u64,
     /// Packets with BECN set.
-    pub(crate) becn: u64,
+    pub becn: u64,
 }
 
 /// Item 2: where the AckReq bit is set.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub(crate) struct AckReqStats {
+pub struct AckReqStats {
     /// Request packets that end a message (ONLY, LAST).
-    pub(crate) only_last: u64,
+    pub only_last: u64,
     /// ... of which carry AckReq.
-    pub(crate) only_last_marked: u64,
+    pub only_last_marked: u64,
     /// Request packets that do not end a message (FIRST, MIDDLE).
-    pub(crate) first_middle: u64,
+    pub first_middle: u64,
     /// ... of which carry AckReq.
-    pub(crate) first_middle_marked: u64,
+    pub first_middle_marked: u64,
     /// Request packets from one AckReq-marked packet to the next.
-    pub(crate) spacing: Samples,
+    pub spacing: Samples,
 }
 
 /// Item 3: how ACKs relate to requests.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub(crate) struct AckStats {
+pub struct AckStats {
     /// ACKNOWLEDGE packets (any syndrome).
-    pub(crate) ack_packets: u64,
+    pub ack_packets: u64,
     /// Positive ACKs among them.
-    pub(crate) positive: u64,
+    pub positive: u64,
     /// PSN advance of each positive ACK over what was acknowledged before (0: a duplicate).
-    pub(crate) psn_advance: Samples,
+    pub psn_advance: Samples,
     /// Positive ACKs by the number of messages they complete.
-    pub(crate) messages_per_ack: BTreeMap<u64, u64>,
+    pub messages_per_ack: BTreeMap<u64, u64>,
     /// Positive ACKs that answer no AckReq-marked request packet (duplicates included).
-    pub(crate) without_ackreq: u64,
+    pub without_ackreq: u64,
 }
 
 /// Item 4: the AETH of every packet that carries one.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub(crate) struct AethStats {
+pub struct AethStats {
     /// Positive ACK syndromes.
-    pub(crate) ack: u64,
+    pub ack: u64,
     /// RNR NAK syndromes.
-    pub(crate) rnr_nak: u64,
+    pub rnr_nak: u64,
     /// NAK syndromes.
-    pub(crate) nak: u64,
+    pub nak: u64,
     /// Reserved syndromes.
-    pub(crate) reserved: u64,
+    pub reserved: u64,
     /// ACK credit count codes (`0x1f`: no credit information).
-    pub(crate) credits: BTreeMap<String, u64>,
+    pub credits: BTreeMap<String, u64>,
     /// NAK codes.
-    pub(crate) nak_codes: BTreeMap<String, u64>,
+    pub nak_codes: BTreeMap<String, u64>,
     /// RNR NAK timer codes, with the time they stand for.
-    pub(crate) rnr_timers: BTreeMap<String, u64>,
+    pub rnr_timers: BTreeMap<String, u64>,
     /// The first MSN of each conversation.
-    pub(crate) first_msn: BTreeMap<u32, u64>,
+    pub first_msn: BTreeMap<u32, u64>,
     /// MSN change from one AETH to the next (1: the next message, 0: the same, ...).
-    pub(crate) msn_steps: BTreeMap<i32, u64>,
+    pub msn_steps: BTreeMap<i32, u64>,
 }
 
 /// Item 5: UDP ports.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub(crate) struct UdpStats {
+pub struct UdpStats {
     /// Source ports per sending QP.
-    pub(crate) sports: BTreeMap<String, BTreeSet<u16>>,
+    pub sports: BTreeMap<String, BTreeSet<u16>>,
     /// Packets whose source port is in 0xC000-0xFFFF.
-    pub(crate) sport_in_c000_ffff: u64,
+    pub sport_in_c000_ffff: u64,
     /// Packets whose source port is below 0xC000.
-    pub(crate) sport_below_c000: u64,
+    pub sport_below_c000: u64,
     /// Destination ports.
-    pub(crate) dports: BTreeMap<u16, u64>,
+    pub dports: BTreeMap<u16, u64>,
 }
 
 /// Counts of the step of a sequence number between consecutive packets.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub(crate) struct Steps {
+pub struct Steps {
     /// By one.
-    pub(crate) plus_one: u64,
+    pub plus_one: u64,
     /// Not at all.
-    pub(crate) same: u64,
+    pub same: u64,
     /// By anything else.
-    pub(crate) other: u64,
+    pub other: u64,
 }
 
 impl Steps {
@@ -346,61 +357,61 @@ impl Steps {
 
 /// Item 6: network-layer header fields.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub(crate) struct IpStats {
+pub struct IpStats {
     /// RoCEv2 over IPv4.
-    pub(crate) ipv4: u64,
+    pub ipv4: u64,
     /// RoCEv2 over IPv6 and RoCEv1.
-    pub(crate) ipv6: u64,
+    pub ipv6: u64,
     /// IPv4 packets whose Identification is 0.
-    pub(crate) ipv4_id_zero: u64,
+    pub ipv4_id_zero: u64,
     /// IPv4 ID step from the previous RoCE packet between the same two addresses.
-    pub(crate) ipv4_id_step_host_pair: Steps,
+    pub ipv4_id_step_host_pair: Steps,
     /// IPv4 ID step from the previous packet of the same sending QP.
-    pub(crate) ipv4_id_step_qp: Steps,
+    pub ipv4_id_step_qp: Steps,
     /// TTL (IPv4) or hop limit (IPv6, GRH).
-    pub(crate) ttl: BTreeMap<u8, u64>,
+    pub ttl: BTreeMap<u8, u64>,
     /// IPv4 packets with DF set.
-    pub(crate) dont_frag: u64,
+    pub dont_frag: u64,
     /// DSCP values.
-    pub(crate) dscp: BTreeMap<u8, u64>,
+    pub dscp: BTreeMap<u8, u64>,
     /// ECN values.
-    pub(crate) ecn: BTreeMap<u8, u64>,
+    pub ecn: BTreeMap<u8, u64>,
     /// RoCEv2 packets whose UDP checksum is 0.
-    pub(crate) udp_checksum_zero: u64,
+    pub udp_checksum_zero: u64,
     /// RoCEv2 packets whose UDP checksum is not 0.
-    pub(crate) udp_checksum_nonzero: u64,
+    pub udp_checksum_nonzero: u64,
 }
 
 /// Item 7: timing.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub(crate) struct TimerStats {
+pub struct TimerStats {
     /// From an AckReq-marked request packet to the first ACK (or atomic ACK) covering its PSN, ns.
-    pub(crate) ack_time_ns: Samples,
+    pub ack_time_ns: Samples,
     /// From a READ request to its first response packet, ns.
-    pub(crate) read_time_ns: Samples,
+    pub read_time_ns: Samples,
     /// Request packets whose PSN was sent before.
-    pub(crate) retransmitted: u64,
+    pub retransmitted: u64,
     /// Requests first captured after a response that covers them (capture order, not causality).
-    pub(crate) responses_before_request: u64,
+    pub responses_before_request: u64,
     /// Runs of consecutive retransmitted packets.
-    pub(crate) resend_bursts: u64,
+    pub resend_bursts: u64,
     /// Bursts that followed a NAK (other than RNR) of the conversation.
-    pub(crate) bursts_after_nak: u64,
+    pub bursts_after_nak: u64,
     /// Bursts that followed an RNR NAK.
-    pub(crate) bursts_after_rnr: u64,
+    pub bursts_after_rnr: u64,
     /// From the first sending of a PSN to each resend, ns.
-    pub(crate) resend_gap_ns: Samples,
+    pub resend_gap_ns: Samples,
 }
 
 /// Item 8: ICRC.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub(crate) struct IcrcStats {
+pub struct IcrcStats {
     /// Checked and right.
-    pub(crate) valid: u64,
+    pub valid: u64,
     /// Checked and wrong.
-    pub(crate) invalid: u64,
+    pub invalid: u64,
     /// Not checkable (the capture cut the frame).
-    pub(crate) unchecked: u64,
+    pub unchecked: u64,
 }
 
 impl IcrcStats {
@@ -415,37 +426,37 @@ impl IcrcStats {
 
 /// Everything measured over a set of packets (one conversation, or one transport of a file).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub(crate) struct Stats {
+pub struct Stats {
     /// Packets.
-    pub(crate) packets: u64,
+    pub packets: u64,
     /// Request packets (SEND, WRITE, READ request, atomics).
-    pub(crate) requests: u64,
+    pub requests: u64,
     /// Response packets (READ responses, ACKs, atomic ACKs).
-    pub(crate) responses: u64,
+    pub responses: u64,
     /// Others (CNP, unknown opcodes).
-    pub(crate) other: u64,
+    pub other: u64,
     /// Packets the capture cut short (analysed as far as their headers go).
-    pub(crate) truncated: u64,
+    pub truncated: u64,
     /// Item 1: packets per opcode.
-    pub(crate) opcodes: OpcodeCounts,
+    pub opcodes: OpcodeCounts,
     /// Item 1: messages per shape.
-    pub(crate) shapes: BTreeMap<String, u64>,
+    pub shapes: BTreeMap<String, u64>,
     /// Other BTH fields.
-    pub(crate) bth: BthStats,
+    pub bth: BthStats,
     /// Item 2.
-    pub(crate) ackreq: AckReqStats,
+    pub ackreq: AckReqStats,
     /// Item 3.
-    pub(crate) acks: AckStats,
+    pub acks: AckStats,
     /// Item 4.
-    pub(crate) aeth: AethStats,
+    pub aeth: AethStats,
     /// Item 5.
-    pub(crate) udp: UdpStats,
+    pub udp: UdpStats,
     /// Item 6.
-    pub(crate) ip: IpStats,
+    pub ip: IpStats,
     /// Item 7.
-    pub(crate) timers: TimerStats,
+    pub timers: TimerStats,
     /// Item 8.
-    pub(crate) icrc: IcrcStats,
+    pub icrc: IcrcStats,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -453,13 +464,17 @@ pub(crate) struct Stats {
 
 /// What a packet is to the conversation analysis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Role {
+pub enum Role {
+    /// A request (SEND, WRITE, READ request, atomics).
     Request,
+    /// A READ response, ACK/NAK or atomic ACK.
     Response,
+    /// Neither (CNP, unknown opcodes).
     Other,
 }
 
-pub(crate) fn role(op: Opcode) -> Role {
+/// What a packet of this opcode is to the conversation analysis.
+pub fn role(op: Opcode) -> Role {
     match op.info().map(|i| i.kind) {
         Some(k) if k.is_request() => Role::Request,
         Some(OpKind::ReadResponse | OpKind::Acknowledge | OpKind::AtomicAcknowledge) => Role::Response,
@@ -491,26 +506,27 @@ struct Annotation {
 
 /// One conversation of a file.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct Conversation {
+pub struct Conversation {
     /// Transport name (`RC`, `UD`, ...).
-    pub(crate) transport: &'static str,
+    pub transport: &'static str,
     /// The address that sends the requests.
-    pub(crate) requester: IpAddr,
+    pub requester: IpAddr,
     /// The address that answers.
-    pub(crate) responder: IpAddr,
+    pub responder: IpAddr,
     /// The destination QP of the requests (`None`: responses whose requests are not in the
     /// capture).
-    pub(crate) request_qp: Option<u32>,
+    pub request_qp: Option<u32>,
     /// The destination QPs of the responses (the requester's QP).
-    pub(crate) response_qps: BTreeSet<u32>,
+    pub response_qps: BTreeSet<u32>,
     /// Frame number of its first packet.
-    pub(crate) first_frame: u64,
+    pub first_frame: u64,
     /// The measurements.
-    pub(crate) stats: Stats,
+    pub stats: Stats,
     #[serde(skip)]
     psn_range: Option<(Psn, Psn)>,
     #[serde(skip)]
-    pub(crate) members: Vec<usize>,
+    /// Indices into [`Capture::packets`] of its packets, in capture order.
+    pub members: Vec<usize>,
 }
 
 impl Conversation {
@@ -557,44 +573,44 @@ fn psn_span(ib: &IbFrame) -> u32 {
 
 /// One transport of a file: its conversation count and summed measurements.
 #[derive(Debug, Clone, Default, Serialize)]
-pub(crate) struct TransportReport {
+pub struct TransportReport {
     /// Conversations.
-    pub(crate) conversations: usize,
+    pub conversations: usize,
     /// The measurements over all of them.
-    pub(crate) stats: Stats,
+    pub stats: Stats,
 }
 
 /// The behaviour of one capture file.
 #[derive(Debug, Clone, Default, Serialize)]
-pub(crate) struct FileReport {
+pub struct FileReport {
     /// File name as given.
-    pub(crate) file: String,
+    pub file: String,
     /// Frames read.
-    pub(crate) frames: u64,
+    pub frames: u64,
     /// RoCE packets among them.
-    pub(crate) roce_packets: u64,
+    pub roce_packets: u64,
     /// Frames that are not RoCE.
-    pub(crate) not_roce: u64,
+    pub not_roce: u64,
     /// RoCE frames the capture cut short.
-    pub(crate) truncated: u64,
+    pub truncated: u64,
     /// Malformed packets (counted, not analysed).
-    pub(crate) skipped_malformed: u64,
+    pub skipped_malformed: u64,
     /// Packets without a readable BTH (counted, not analysed).
-    pub(crate) skipped_no_bth: u64,
+    pub skipped_no_bth: u64,
     /// Packets whose opcode is in no table (analysed as "other").
-    pub(crate) unknown_opcodes: u64,
+    pub unknown_opcodes: u64,
     /// ICRC over every RoCE packet, skipped ones included.
-    pub(crate) icrc: IcrcStats,
+    pub icrc: IcrcStats,
     /// Why the file ended early, if it did.
-    pub(crate) read_error: Option<String>,
+    pub read_error: Option<String>,
     /// Per transport.
-    pub(crate) transports: BTreeMap<&'static str, TransportReport>,
+    pub transports: BTreeMap<&'static str, TransportReport>,
     /// Per conversation, in the order of their first packets.
-    pub(crate) conversations: Vec<Conversation>,
+    pub conversations: Vec<Conversation>,
 }
 
 /// Analyses a capture.
-pub(crate) fn analyse(file: &str, cap: &Capture) -> FileReport {
+pub fn analyse(file: &str, cap: &Capture) -> FileReport {
     let mut r = FileReport {
         file: file.to_string(),
         frames: cap.frames,
@@ -633,7 +649,7 @@ pub(crate) fn analyse(file: &str, cap: &Capture) -> FileReport {
 
 /// The conversations of the usable packets (`usable`: indices of packets with a BTH that are not
 /// malformed), in the order of their first packets.
-pub(crate) fn conversations(cap: &Capture, usable: &[usize]) -> Vec<Conversation> {
+pub fn conversations(cap: &Capture, usable: &[usize]) -> Vec<Conversation> {
     let mut convs = group(cap, usable);
     convs.sort_by_key(|c| c.first_frame);
     convs
@@ -1355,7 +1371,7 @@ fn conversation_line(c: &Conversation) -> String {
 }
 
 /// The text section of one file.
-pub(crate) fn text(r: &FileReport) -> String {
+pub fn text(r: &FileReport) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -1565,8 +1581,13 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         for seed in 1..=5 {
             let path = dir.path().join(format!("every-{seed}.pcap"));
-            crate::pcap_cmd::write_capture(&path, &softrdma_pcap::samples::every_opcode(seed), false)
-                .expect("write capture");
+            let mut w = crate::PcapWriter::new(std::fs::File::create(&path).expect("create"), crate::Resolution::Micro)
+                .expect("writer");
+            for (i, s) in crate::samples::every_opcode(seed).iter().enumerate() {
+                w.write_packet(1_767_225_600_000_000_000 + i as u64 * 1000, &s.frame, s.frame.len() as u32)
+                    .expect("write");
+            }
+            w.finish().expect("finish");
             let r = analyse("every", &load(&path).expect("capture readable"));
             assert_eq!(r.transports.keys().copied().collect::<Vec<_>>(), ["CNP", "RC", "RD", "UC", "UD", "XRC"]);
             assert_eq!(r.transports["CNP"].stats.other, 1);

@@ -35,7 +35,7 @@ use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::path::Path;
 
-use anyhow::Result;
+use crate::analyze::L3Kind;
 use serde::Serialize;
 use softrdma_engine::device::{
     Behaviour, CqId, CreditPolicy, Device, DeviceConfig, MrKeys, PdId, QpAttr, QpCaps, QpInit, RecvMeta, SrqAttr,
@@ -47,14 +47,13 @@ use softrdma_engine::wire::{
     aeth, atomiceth, bth, reth, Headers, IbPacket, OpKind, Opcode, Position, Psn, Qpn, Syndrome,
 };
 use softrdma_engine::wr::{RecvWr, SendOp, SendWr, Sge};
-use softrdma_pcap::analyze::L3Kind;
 
-use crate::pcap_behaviour::{self, role, Capture, Conversation, Packet, Role};
+use crate::behaviour::{self, role, Capture, Conversation, Packet, Role};
 
 /// Which side softrdma plays.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub(crate) enum As {
+pub enum As {
     /// softrdma answers the recorded requests.
     Responder,
     /// softrdma sends the recorded messages.
@@ -65,105 +64,105 @@ pub(crate) enum As {
 
 /// How to replay.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Options {
+pub struct Options {
     /// Which side softrdma plays.
-    pub(crate) side: As,
+    pub side: As,
     /// softrdma's wire choices.
-    pub(crate) behaviour: Behaviour,
+    pub behaviour: Behaviour,
     /// Receive WQEs kept posted for SENDs (`None`: inferred from the recorded credits).
-    pub(crate) recv_depth: Option<usize>,
+    pub recv_depth: Option<usize>,
 }
 
 /// One difference between the recording and softrdma.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub(crate) struct Mismatch {
+pub struct Mismatch {
     /// The recorded packet's frame number (`None`: a packet softrdma sent that the recording
     /// does not have).
-    pub(crate) frame: Option<u64>,
+    pub frame: Option<u64>,
     /// The PSN the difference is about.
-    pub(crate) psn: u32,
+    pub psn: u32,
     /// What differs.
-    pub(crate) field: String,
+    pub field: String,
     /// The recorded value.
-    pub(crate) recorded: String,
+    pub recorded: String,
     /// softrdma's value.
-    pub(crate) softrdma: String,
+    pub softrdma: String,
 }
 
 /// The replay of one conversation in one role.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct ConversationReport {
+pub struct ConversationReport {
     /// Transport name (`RC`, `UC`, ...).
-    pub(crate) transport: &'static str,
+    pub transport: &'static str,
     /// The side softrdma played.
-    pub(crate) role: &'static str,
+    pub role: &'static str,
     /// The address sending the requests.
-    pub(crate) requester: IpAddr,
+    pub requester: IpAddr,
     /// The address answering.
-    pub(crate) responder: IpAddr,
+    pub responder: IpAddr,
     /// The destination QP of the requests.
-    pub(crate) request_qp: Option<u32>,
+    pub request_qp: Option<u32>,
     /// The destination QP of the responses (the requester's QP).
-    pub(crate) response_qp: Option<u32>,
+    pub response_qp: Option<u32>,
     /// Frame number of its first packet.
-    pub(crate) first_frame: u64,
+    pub first_frame: u64,
     /// Recorded packets fed to softrdma.
-    pub(crate) packets_replayed: u64,
+    pub packets_replayed: u64,
     /// Packets softrdma sent.
-    pub(crate) packets_sent: u64,
+    pub packets_sent: u64,
     /// Recorded answers compared.
-    pub(crate) answers_expected: u64,
+    pub answers_expected: u64,
     /// Of those, the ones softrdma gave the same way.
-    pub(crate) answers_matched: u64,
+    pub answers_matched: u64,
     /// Every difference.
-    pub(crate) mismatches: Vec<Mismatch>,
+    pub mismatches: Vec<Mismatch>,
     /// How the replay was set up: each value and where it came from.
-    pub(crate) setup: Vec<String>,
+    pub setup: Vec<String>,
     /// What was not compared, and why.
-    pub(crate) not_compared: Vec<String>,
+    pub not_compared: Vec<String>,
     /// Why the conversation could not be replayed at all.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) not_replayable: Option<String>,
+    pub not_replayable: Option<String>,
 }
 
 /// The replay of a capture.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct ReplayReport {
+pub struct ReplayReport {
     /// The file as given.
-    pub(crate) file: String,
+    pub file: String,
     /// softrdma's profile.
-    pub(crate) profile: String,
+    pub profile: String,
     /// Frames read.
-    pub(crate) frames: u64,
+    pub frames: u64,
     /// RoCE packets among them.
-    pub(crate) roce_packets: u64,
+    pub roce_packets: u64,
     /// Why the file ended early, if it did.
-    pub(crate) read_error: Option<String>,
+    pub read_error: Option<String>,
     /// Recorded answers compared, over all conversations.
-    pub(crate) answers_expected: u64,
+    pub answers_expected: u64,
     /// Of those, the ones softrdma gave the same way.
-    pub(crate) answers_matched: u64,
+    pub answers_matched: u64,
     /// Mismatches counted by field, over all conversations.
-    pub(crate) mismatch_fields: BTreeMap<String, u64>,
+    pub mismatch_fields: BTreeMap<String, u64>,
     /// Per conversation and role.
-    pub(crate) conversations: Vec<ConversationReport>,
+    pub conversations: Vec<ConversationReport>,
 }
 
 impl ReplayReport {
     /// Mismatches over all conversations.
-    pub(crate) fn mismatches(&self) -> usize {
+    pub fn mismatches(&self) -> usize {
         self.conversations.iter().map(|c| c.mismatches.len()).sum()
     }
 }
 
 /// Replays a capture file.
-pub(crate) fn replay_file(path: &Path, opts: &Options) -> Result<ReplayReport> {
-    let cap = pcap_behaviour::load(path)?;
+pub fn replay_file(path: &Path, opts: &Options) -> Result<ReplayReport, crate::Error> {
+    let cap = behaviour::load(path)?;
     Ok(replay(&path.display().to_string(), &cap, opts))
 }
 
 /// Replays a loaded capture.
-pub(crate) fn replay(file: &str, cap: &Capture, opts: &Options) -> ReplayReport {
+pub fn replay(file: &str, cap: &Capture, opts: &Options) -> ReplayReport {
     let usable: Vec<usize> = cap
         .packets
         .iter()
@@ -171,7 +170,7 @@ pub(crate) fn replay(file: &str, cap: &Capture, opts: &Options) -> ReplayReport 
         .filter(|(_, p)| !p.ib.is_malformed() && p.ib.headers.bth.is_some())
         .map(|(i, _)| i)
         .collect();
-    let convs = pcap_behaviour::conversations(cap, &usable);
+    let convs = behaviour::conversations(cap, &usable);
     let cm = CmFacts::gather(cap);
     let mut out = Vec::new();
     for c in &convs {
@@ -1567,7 +1566,7 @@ fn requester(
 // Text
 
 /// The report as text: a line per conversation and role, its mismatches, then the summary line.
-pub(crate) fn text(rep: &ReplayReport) -> String {
+pub fn text(rep: &ReplayReport) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -1630,8 +1629,8 @@ pub(crate) fn text(rep: &ReplayReport) -> String {
 mod tests {
     use std::path::PathBuf;
 
+    use crate::{PcapWriter, Reader, Record, Resolution};
     use softrdma_engine::rng::Rng;
-    use softrdma_pcap::{PcapWriter, Reader, Record, Resolution};
 
     use super::*;
 
@@ -1733,7 +1732,7 @@ mod tests {
     /// the frame and the field, and a request softrdma would NAK shows softrdma's answer.
     #[test]
     fn a_changed_answer_is_a_mismatch() {
-        let mut cap = pcap_behaviour::load(&capture("write.pcap")).unwrap();
+        let mut cap = behaviour::load(&capture("write.pcap")).unwrap();
         // Frame 5: the ACK of the first SEND (msn 1).
         let ack = cap.packets.iter_mut().find(|p| p.frame == 5).unwrap();
         assert_eq!(ack.ib.headers.aeth.unwrap().msn.value(), 1);
