@@ -38,7 +38,7 @@ use std::path::Path;
 use crate::analyze::L3Kind;
 use serde::Serialize;
 use softrdma_engine::device::{
-    Behaviour, CqId, CreditPolicy, Device, DeviceConfig, MrKeys, PdId, QpAttr, QpCaps, QpInit, RecvMeta, SrqAttr,
+    Behaviour, CqId, CreditPolicy, Device, DeviceConfig, PdId, QpAttr, QpCaps, QpInit, RecvMeta, SrqAttr,
 };
 use softrdma_engine::memory::{Memory, MemoryError, Owner};
 use softrdma_engine::time::{Duration, Instant};
@@ -161,8 +161,28 @@ pub fn replay_file(path: &Path, opts: &Options) -> Result<ReplayReport, crate::E
     Ok(replay(&path.display().to_string(), &cap, opts))
 }
 
-/// Replays a loaded capture.
+/// Makes the [`Target`] a responder replay runs on: given the recorded responder's address,
+/// softrdma's profile and the path MTU.
+pub type TargetFactory<'a> = dyn FnMut(IpAddr, Behaviour, Mtu) -> Result<Box<dyn Target>, String> + 'a;
+
+/// Replays a loaded capture against engine devices in virtual time.
 pub fn replay(file: &str, cap: &Capture, opts: &Options) -> ReplayReport {
+    let mut virtual_targets = |addr: IpAddr, behaviour: Behaviour, mtu: Mtu| -> Result<Box<dyn Target>, String> {
+        Ok(Box::new(VirtualTarget::new(addr, behaviour, mtu)?))
+    };
+    replay_on(file, cap, opts, &mut virtual_targets, true)
+}
+
+/// Replays a loaded capture, each responder on a target `targets` makes; `requesters`: whether
+/// requester replays run too (they need an engine device in virtual time; a live target plays
+/// the responder only).
+pub fn replay_on(
+    file: &str,
+    cap: &Capture,
+    opts: &Options,
+    targets: &mut TargetFactory<'_>,
+    requesters: bool,
+) -> ReplayReport {
     let usable: Vec<usize> = cap
         .packets
         .iter()
@@ -184,7 +204,14 @@ pub fn replay(file: &str, cap: &Capture, opts: &Options) -> ReplayReport {
             As::Both => &["responder", "requester"],
         };
         for &side in sides {
-            out.push(replay_conversation(cap, c, &cm, opts, side));
+            if side == "requester" && !requesters {
+                let mut r = report(c, side);
+                r.not_replayable =
+                    Some("live replay plays the responder only (requester replay runs in virtual time)".into());
+                out.push(r);
+                continue;
+            }
+            out.push(replay_conversation(cap, c, &cm, opts, side, targets));
         }
     }
     let answers_expected = out.iter().map(|c| c.answers_expected).sum();
@@ -404,10 +431,13 @@ impl<'a> Rec<'a> {
     }
 }
 
-/// A packet softrdma sent, with its virtual send time.
-struct Sent {
-    bytes: Vec<u8>,
-    at: Instant,
+/// A packet softrdma sent (BTH to ICRC), with its send time from the replay's start.
+#[derive(Debug, Clone)]
+pub struct Sent {
+    /// The transport bytes.
+    pub bytes: Vec<u8>,
+    /// When, from the start of the replay (virtual, or measured by a live target).
+    pub at: Instant,
 }
 
 impl Sent {
@@ -442,6 +472,7 @@ fn replay_conversation(
     cm: &CmFacts,
     opts: &Options,
     role: &'static str,
+    targets: &mut TargetFactory<'_>,
 ) -> ConversationReport {
     let mut r = report(c, role);
     if let Err(why) = replayable(cap, c) {
@@ -451,7 +482,7 @@ fn replay_conversation(
     let all: Vec<Rec<'_>> = c.members.iter().filter_map(|&i| Rec::new(&cap.packets[i])).collect();
     let (reqs, resps): (Vec<Rec<'_>>, Vec<Rec<'_>>) =
         all.into_iter().filter(|x| x.kind.is_some()).partition(|x| role_of(x) == Role::Request);
-    if let Err(why) = replay_role(&mut r, c, cm, opts, role, reqs, resps) {
+    if let Err(why) = replay_role(&mut r, c, cm, opts, role, reqs, resps, targets) {
         r.not_replayable = Some(why);
     }
     r
@@ -541,6 +572,159 @@ impl Engine {
     }
 }
 
+/// How a replayed responder QP is set up (see [`Target::create_qp`]).
+#[derive(Debug, Clone, Copy)]
+pub struct QpSetup {
+    /// UC instead of RC.
+    pub uc: bool,
+    /// Take receives from an SRQ of this depth instead of the QP's own queue.
+    pub srq_depth: Option<u32>,
+    /// The requester's address (where answers go).
+    pub peer: IpAddr,
+    /// The requester's QPN (the answers' destination QP).
+    pub peer_qpn: u32,
+    /// Path MTU.
+    pub mtu: Mtu,
+    /// The first request PSN.
+    pub rq_psn: Psn,
+    /// Receive queue depth.
+    pub depth: u32,
+    /// Responder resources (READs and atomics in flight).
+    pub rd_atomic: u8,
+    /// Minimum RNR timer code.
+    pub min_rnr_timer: u8,
+    /// The longest SEND message (receive buffers must hold it).
+    pub max_recv_len: u32,
+}
+
+/// Where a responder replay runs: an engine device in virtual time ([`replay`]), or a running
+/// device reached over the real wire (the command's `--to`).
+pub trait Target {
+    /// Registers memory standing for the recorded range `lo..lo + len`; returns where the
+    /// target's memory for it starts and its rkey.
+    fn reg_region(&mut self, lo: u64, len: u64) -> Result<(u64, u32), String>;
+    /// Creates the responder QP and brings it to RTS; returns its QPN.
+    fn create_qp(&mut self, setup: &QpSetup) -> Result<u32, String>;
+    /// Posts one receive (to the SRQ if the QP has one).
+    fn post_recv(&mut self) -> Result<(), String>;
+    /// Receives queued and not yet consumed.
+    fn queued_recvs(&mut self) -> usize;
+    /// Lets time pass up to `t` from the replay's start (timers run, answers go out).
+    fn advance(&mut self, t: Instant);
+    /// Delivers one recorded request (already rewritten for the target).
+    fn feed(&mut self, src: IpAddr, sport: u16, bytes: &[u8]);
+    /// Lets time pass up to `t`, then returns every packet the target sent.
+    fn finish(&mut self, t: Instant) -> Vec<Sent>;
+    /// Whether the trace defined the bytes at a recorded address (for payload checks).
+    fn known(&self, addr: u64, len: usize) -> bool;
+    /// Work completions the target produced.
+    fn completions(&self) -> u64;
+    /// The current time from the replay's start.
+    fn now(&self) -> Instant;
+}
+
+/// The engine device of a virtual-time replay, as a [`Target`].
+struct VirtualTarget {
+    e: Engine,
+    pd: PdId,
+    recv_lkey: u32,
+    srq: Option<u32>,
+    posted: u64,
+}
+
+impl VirtualTarget {
+    fn new(addr: IpAddr, behaviour: Behaviour, mtu: Mtu) -> Result<VirtualTarget, String> {
+        let mut e = make_engine(addr, behaviour, mtu);
+        let pd = e.dev.alloc_pd(OWNER);
+        let recv = e
+            .dev
+            .reg_mr(pd, LOCAL_BASE, LOCAL_LEN, Access::LOCAL_WRITE)
+            .map_err(|err| format!("reg_mr for receive buffers: {err}"))?;
+        Ok(VirtualTarget { e, pd, recv_lkey: recv.lkey, srq: None, posted: 0 })
+    }
+}
+
+impl Target for VirtualTarget {
+    fn reg_region(&mut self, lo: u64, len: u64) -> Result<(u64, u32), String> {
+        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+        let k = self.e.dev.reg_mr(self.pd, lo, len, access).map_err(|err| format!("reg_mr: {err}"))?;
+        Ok((lo, k.rkey))
+    }
+
+    fn create_qp(&mut self, q: &QpSetup) -> Result<u32, String> {
+        if let Some(d) = q.srq_depth {
+            let srq = self
+                .e
+                .dev
+                .create_srq(self.pd, SrqAttr { max_wr: d, max_sge: 1, srq_limit: 0 })
+                .map_err(|err| format!("create_srq: {err}"))?;
+            self.srq = Some(srq);
+        }
+        let qp_type = if q.uc { QpType::Uc } else { QpType::Rc };
+        bring_up(
+            &mut self.e,
+            self.pd,
+            qp_type,
+            self.srq,
+            q.peer,
+            q.peer_qpn,
+            q.mtu,
+            q.rq_psn,
+            Psn::new(0),
+            q.depth,
+            q.rd_atomic,
+            q.min_rnr_timer,
+        )?;
+        Ok(self.e.qpn.value())
+    }
+
+    fn post_recv(&mut self) -> Result<(), String> {
+        let wr = RecvWr {
+            wr_id: self.posted,
+            sg_list: vec![Sge { addr: LOCAL_BASE, length: u32::MAX >> 1, lkey: self.recv_lkey }],
+        };
+        self.posted += 1;
+        match self.srq {
+            Some(s) => self.e.dev.post_srq_recv(s, wr),
+            None => self.e.dev.post_recv(self.e.qpn, wr),
+        }
+        .map_err(|err| format!("post_recv: {err}"))
+    }
+
+    fn queued_recvs(&mut self) -> usize {
+        match self.srq {
+            Some(s) => self.e.dev.queued_srq_recvs_mut(s).map_or(0, |q| q.len()),
+            None => self.e.dev.queued_recvs_mut(self.e.qpn).map_or(0, |q| q.len()),
+        }
+    }
+
+    fn advance(&mut self, t: Instant) {
+        let t = t.max(self.e.now);
+        self.e.run_until(t);
+    }
+
+    fn feed(&mut self, src: IpAddr, sport: u16, bytes: &[u8]) {
+        self.e.feed(src, sport, bytes);
+    }
+
+    fn finish(&mut self, t: Instant) -> Vec<Sent> {
+        self.advance(t);
+        std::mem::take(&mut self.e.sent)
+    }
+
+    fn known(&self, addr: u64, len: usize) -> bool {
+        self.e.dev.memory_ref().known(addr, len)
+    }
+
+    fn completions(&self) -> u64 {
+        self.e.completions
+    }
+
+    fn now(&self) -> Instant {
+        self.e.now
+    }
+}
+
 /// The path MTU: from the CM REQ, else from the FIRST/MIDDLE packets (they are exactly one MTU),
 /// else the smallest MTU the largest packet fits.
 fn infer_mtu(conn: Option<&CmConn>, reqs: &[Rec<'_>], resps: &[Rec<'_>]) -> (Mtu, String) {
@@ -589,22 +773,29 @@ fn header_at(bytes: &[u8], h: Headers) -> Option<usize> {
     Some(bth::HEADER_LEN + op.info()?.offset_of(h)?)
 }
 
-/// Rewrites a recorded packet for the engine: destination QP, and a key through `keys`.
-fn rewrite(bytes: &[u8], dest_qp: Qpn, keys: &HashMap<u32, u32>) -> Vec<u8> {
+/// A recorded rkey's region in the target: (the target's rkey, the recorded start, the
+/// target's start).
+type KeyMap = HashMap<u32, (u32, u64, u64)>;
+
+/// Rewrites a recorded packet for the target: destination QP, and each key and address through
+/// `keys`.
+fn rewrite(bytes: &[u8], dest_qp: Qpn, keys: &KeyMap) -> Vec<u8> {
     let mut b = bytes.to_vec();
     bth::Packet::new_unchecked(&mut b[..]).set_dest_qp(dest_qp);
     for h in [Headers::RETH, Headers::ATOMICETH] {
         if let Some(at) = header_at(&b, h) {
             if h == Headers::RETH && b.len() >= at + reth::HEADER_LEN {
                 let mut p = reth::Packet::new_unchecked(&mut b[at..]);
-                if let Some(&k) = keys.get(&p.rkey()) {
+                if let Some(&(k, lo, base)) = keys.get(&p.rkey()) {
                     p.set_rkey(k);
+                    p.set_va(p.va().wrapping_sub(lo).wrapping_add(base));
                 }
             }
             if h == Headers::ATOMICETH && b.len() >= at + atomiceth::HEADER_LEN {
                 let mut p = atomiceth::Packet::new_unchecked(&mut b[at..]);
-                if let Some(&k) = keys.get(&p.rkey()) {
+                if let Some(&(k, lo, base)) = keys.get(&p.rkey()) {
                     p.set_rkey(k);
+                    p.set_va(p.va().wrapping_sub(lo).wrapping_add(base));
                 }
             }
         }
@@ -663,6 +854,7 @@ fn replay_role(
     role: &'static str,
     reqs: Vec<Rec<'_>>,
     resps: Vec<Rec<'_>>,
+    targets: &mut TargetFactory<'_>,
 ) -> Result<(), String> {
     let request_qp = c.request_qp.ok_or("no request QP")?;
     if reqs.is_empty() {
@@ -786,7 +978,7 @@ fn replay_role(
     }
     let opts = &opts;
     match role {
-        "responder" => responder(r, c, opts, mtu, reqs, resps, request_qp, response_qp, from_start, last_psn),
+        "responder" => responder(r, c, opts, mtu, reqs, resps, request_qp, response_qp, from_start, last_psn, targets),
         _ => requester(r, c, opts, mtu, reqs, resps, request_qp, response_qp, conn, last_psn),
     }
 }
@@ -878,29 +1070,19 @@ fn responder(
     response_qp: Option<u32>,
     from_start: bool,
     last_psn: Psn,
+    targets: &mut TargetFactory<'_>,
 ) -> Result<(), String> {
     let uc = c.transport == "UC";
-    let mut e = make_engine(c.responder, opts.behaviour, mtu);
-    let pd = e.dev.alloc_pd(OWNER);
-    // Memory regions at the recorded addresses; the recorded keys are rewritten to the engine's.
-    let mut keys = HashMap::new();
+    let mut target = targets(c.responder, opts.behaviour, mtu)?;
+    let t: &mut dyn Target = &mut *target;
+    // Memory regions for the recorded ranges; the recorded keys (and, on a live target, the
+    // addresses) are rewritten to the target's.
+    let mut keys = KeyMap::new();
     for (rkey, (lo, hi)) in regions(reqs) {
-        let MrKeys { rkey: ours, .. } = e
-            .dev
-            .reg_mr(
-                pd,
-                lo,
-                hi - lo,
-                Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
-            )
-            .map_err(|err| format!("reg_mr for rkey {rkey:#x}: {err}"))?;
-        keys.insert(rkey, ours);
+        let (base, ours) = t.reg_region(lo, hi - lo).map_err(|err| format!("memory for rkey {rkey:#x}: {err}"))?;
+        keys.insert(rkey, (ours, lo, base));
         r.setup.push(format!("memory region {lo:#x}..{hi:#x} for rkey {rkey:#x}, from the RETH/AtomicETH operands"));
     }
-    let recv_mr = e
-        .dev
-        .reg_mr(pd, LOCAL_BASE, LOCAL_LEN, Access::LOCAL_WRITE)
-        .map_err(|err| format!("reg_mr for receive buffers: {err}"))?;
     // Receive queue: RNR NAKs in the recording mean the application ran out of receives, so
     // receives are then posted one per SEND, just before it, except where the recorded
     // responder had none; otherwise the queue is kept at a depth the recorded credits give.
@@ -939,19 +1121,12 @@ fn responder(
         32
     };
     let use_srq = !uc && all_invalid && opts.behaviour.credits == CreditPolicy::Count && !answers.is_empty();
-    let srq = if use_srq {
+    if use_srq {
         r.setup.push(
             "the QP takes its receives from an SRQ: the recorded ACKs carry no credits, as a QP on an SRQ sends them"
                 .into(),
         );
-        Some(
-            e.dev
-                .create_srq(pd, SrqAttr { max_wr: depth.max(1) as u32 * 2, max_sge: 1, srq_limit: 0 })
-                .map_err(|err| format!("create_srq: {err}"))?,
-        )
-    } else {
-        None
-    };
+    }
     let min_rnr_timer = answers
         .iter()
         .find_map(|(_, s)| match s {
@@ -966,43 +1141,35 @@ fn responder(
     if response_qp.is_none() {
         r.setup.push("the requester's QPN is unknown (no responses, no CM): answers go to QP 0".into());
     }
-    let rd_atomic = 16;
-    bring_up(
-        &mut e,
-        pd,
-        if uc { QpType::Uc } else { QpType::Rc },
-        srq,
-        c.requester,
-        peer_qp,
+    // The longest message a receive must hold.
+    let mut max_recv_len = 0u32;
+    let mut cur = 0u32;
+    for x in reqs.iter().filter(|x| x.kind == Some(OpKind::Send)) {
+        if x.position.is_some_and(|p| p.starts()) {
+            cur = 0;
+        }
+        cur = cur.saturating_add(x.payload().len() as u32);
+        max_recv_len = max_recv_len.max(cur);
+    }
+    let depth32 = (depth as u32).max(1) * 2;
+    let setup = QpSetup {
+        uc,
+        srq_depth: use_srq.then_some(depth32),
+        peer: c.requester,
+        peer_qpn: peer_qp,
         mtu,
-        reqs[0].psn,
-        Psn::new(0),
-        (depth as u32).max(1) * 2,
-        rd_atomic,
+        rq_psn: reqs[0].psn,
+        depth: depth32,
+        rd_atomic: 16,
         min_rnr_timer,
-    )?;
+        max_recv_len,
+    };
+    let qpn = Qpn::new(t.create_qp(&setup)?);
     r.setup.push(format!(
         "softrdma's QP {:#x} stands for the recorded QP {request_qp:#x} (the requests' destination QP is rewritten, keys too)",
-        e.qpn.value()
+        qpn.value()
     ));
     let t0 = reqs.iter().chain(resps).map(|x| x.p.ts_ns).min().unwrap_or(0);
-    let mut posted: u64 = 0;
-    let post = |e: &mut Engine, posted: &mut u64| -> Result<(), String> {
-        let wr = RecvWr {
-            wr_id: *posted,
-            sg_list: vec![Sge { addr: LOCAL_BASE, length: u32::MAX >> 1, lkey: recv_mr.lkey }],
-        };
-        *posted += 1;
-        match srq {
-            Some(s) => e.dev.post_srq_recv(s, wr),
-            None => e.dev.post_recv(e.qpn, wr),
-        }
-        .map_err(|err| format!("post_recv: {err}"))
-    };
-    let queued = |e: &mut Engine| match srq {
-        Some(s) => e.dev.queued_srq_recvs_mut(s).map_or(0, |q| q.len()),
-        None => e.dev.queued_recvs_mut(e.qpn).map_or(0, |q| q.len()),
-    };
     let mut rnr_left: HashMap<u32, usize> = HashMap::new();
     for p in &rnr {
         *rnr_left.entry(p.value()).or_insert(0) += 1;
@@ -1017,7 +1184,7 @@ fn responder(
             backwards += 1;
         }
         last_ts = last_ts.max(x.p.ts_ns);
-        e.run_until(time_of(x, t0).max(e.now));
+        t.advance(time_of(x, t0));
         // A SEND takes a receive at its first packet, a WRITE with immediate at its last.
         let consumes = match x.kind {
             Some(OpKind::Send) => x.position.is_some_and(|p| p.starts()),
@@ -1031,12 +1198,12 @@ fn responder(
                 let left = rnr_left.entry(x.psn.value()).or_insert(0);
                 if *left > 0 {
                     *left -= 1;
-                } else if queued(&mut e) == 0 {
-                    post(&mut e, &mut posted)?;
+                } else if t.queued_recvs() == 0 {
+                    t.post_recv()?;
                 }
             } else {
-                while queued(&mut e) < depth {
-                    post(&mut e, &mut posted)?;
+                while t.queued_recvs() < depth {
+                    t.post_recv()?;
                 }
             }
         }
@@ -1046,10 +1213,10 @@ fn responder(
             }
         }
         if let Some(a) = x.p.ib.headers.atomiceth {
-            known_atomics.insert(x.psn.value(), e.dev.memory_ref().known(a.va, 8));
+            known_atomics.insert(x.psn.value(), t.known(a.va, 8));
         }
-        let bytes = rewrite(&x.p.ib_bytes, e.qpn, &keys);
-        e.feed(x.p.ib.src.to_canonical(), x.p.ib.sport.unwrap_or(0), &bytes);
+        let bytes = rewrite(&x.p.ib_bytes, qpn, &keys);
+        t.feed(x.p.ib.src.to_canonical(), x.p.ib.sport.unwrap_or(0), &bytes);
         r.packets_replayed += 1;
     }
     if backwards > 0 {
@@ -1057,38 +1224,37 @@ fn responder(
             .push(format!("{backwards} requests have capture times earlier than the one before: fed in capture order"));
     }
     // Let timers run out (an ACK still waiting, READ responses still going out).
-    let tail = resps.iter().map(|x| time_of(x, t0)).max().unwrap_or(e.now).max(e.now) + Duration::from_millis(100);
-    e.run_until(tail);
-    r.packets_sent = e.sent.len() as u64;
+    let tail =
+        resps.iter().map(|x| time_of(x, t0)).max().unwrap_or(Instant::ZERO).max(t.now()) + Duration::from_millis(100);
+    let sent = t.finish(tail);
+    r.packets_sent = sent.len() as u64;
     if uc {
         r.not_compared.push(format!(
             "UC has no answers on the wire; {} requests delivered, {} completions",
-            r.packets_replayed, e.completions
+            r.packets_replayed,
+            t.completions()
         ));
         return Ok(());
     }
     let resps: Vec<&Rec<'_>> = resps.iter().filter(|x| !after(x.psn, last_psn) || x.psn == last_psn).collect();
-    compare_answers(r, &e, &resps, first_psn_of(reqs), from_start, &reads, &known_atomics, mtu);
+    let known = |addr: u64, len: usize| t.known(addr, len);
+    compare_answers(r, &sent, &known, &resps, from_start, &reads, &known_atomics, mtu);
     Ok(())
-}
-
-fn first_psn_of(reqs: &[Rec<'_>]) -> Psn {
-    reqs[0].psn
 }
 
 /// The responder comparison (see the module documentation).
 #[allow(clippy::too_many_arguments)]
 fn compare_answers(
     r: &mut ConversationReport,
-    e: &Engine,
+    sent: &[Sent],
+    known: &dyn Fn(u64, usize) -> bool,
     resps: &[&Rec<'_>],
-    first_psn: Psn,
     from_start: bool,
     reads: &[(Psn, u64, u32)],
     known_atomics: &HashMap<u32, bool>,
     mtu: Mtu,
 ) {
-    let ours: Vec<&Sent> = e.sent.iter().collect();
+    let ours: Vec<&Sent> = sent.iter().collect();
     let is_ack = |op: Opcode| op.info().is_some_and(|i| i.kind == OpKind::Acknowledge);
     // softrdma's positive acknowledgements, in order: (PSN covered, the packet).
     let our_acks: Vec<(Psn, &Sent)> = ours
@@ -1224,7 +1390,7 @@ fn compare_answers(
                         match read {
                             Some((p, va, _)) => {
                                 let off = x.psn.distance(*p) as u64 * mtu.bytes() as u64;
-                                if e.dev.memory_ref().known(va + off, rp.payload().len()) {
+                                if known(va + off, rp.payload().len()) {
                                     memory_differences += u64::from(rp.payload() != sp.payload());
                                 } else {
                                     unknown_payload += 1;
@@ -1276,7 +1442,6 @@ fn compare_answers(
             });
         }
     }
-    let _ = first_psn;
 }
 
 fn digest(b: &[u8]) -> String {
