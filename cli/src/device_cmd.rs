@@ -1,5 +1,6 @@
 //! The device commands: `daemon`, `up`, `down`, `list`, `stat`.
 
+use std::io::{self, Write as _};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -241,9 +242,9 @@ pub(crate) fn list(json: bool) -> Result<ExitCode> {
                 "vendor_id": format!("{:#x}", i.vendor_id),
                 "socket": runtime::socket_path(&dir, &name).display().to_string(),
             });
-            println!("{v}");
+            writeln!(io::stdout().lock(), "{v}")?;
         } else {
-            println!("{}\t{}\tmtu {}\tpid {}", i.name, i.addr, i.active_mtu.bytes(), i.pid);
+            writeln!(io::stdout().lock(), "{}\t{}\tmtu {}\tpid {}", i.name, i.addr, i.active_mtu.bytes(), i.pid)?;
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -323,16 +324,22 @@ pub(crate) fn stat(name: &str, json: bool) -> Result<ExitCode> {
         let mut m: serde_json::Map<String, serde_json::Value> =
             rows.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
         m.insert("mcast_groups".into(), serde_json::to_value(&groups)?);
-        println!("{}", serde_json::Value::Object(m));
+        writeln!(io::stdout().lock(), "{}", serde_json::Value::Object(m))?;
     } else {
         for (k, v) in rows {
-            println!("{k:<24}{v}");
+            writeln!(io::stdout().lock(), "{k:<24}{v}")?;
         }
         // rdma_cm multicast: each group, its members on this device, and whether the device is
         // a member of the IP group (the kernel's IGMP membership).
         for g in &groups {
             let ip = if g.ip_member { "yes" } else { "no" };
-            println!("mcast_group             {} full {} send_only {} ip_member {ip}", g.group, g.full, g.send_only);
+            writeln!(
+                io::stdout().lock(),
+                "mcast_group             {} full {} send_only {} ip_member {ip}",
+                g.group,
+                g.full,
+                g.send_only
+            )?;
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -377,7 +384,7 @@ pub(crate) fn cm_ids(name: &str, json: bool) -> Result<ExitCode> {
                 "destroyed": i.orphan,
                 "pid": pid,
             });
-            println!("{v}");
+            writeln!(io::stdout().lock(), "{v}")?;
         } else {
             let mut line =
                 format!("{name} cm-idn {} state {state_name} ps {} qp-type {:?}", i.id, port_space(i.ps), i.qp_type);
@@ -394,7 +401,7 @@ pub(crate) fn cm_ids(name: &str, json: bool) -> Result<ExitCode> {
             if pid >= 0 {
                 line += &format!(" pid {pid}");
             }
-            println!("{line}");
+            writeln!(io::stdout().lock(), "{line}")?;
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -35,6 +35,7 @@ mod exec_cmd;
 mod pcap_cm;
 mod pcap_cmd;
 mod present;
+mod replay_live;
 mod sample;
 mod shim;
 mod sim;
@@ -237,9 +238,17 @@ enum PcapCommand {
         /// One JSON object instead of text.
         #[arg(long)]
         json: bool,
-        /// Live replay to a running device on the real wire (not built yet: an error says so).
+        /// Live replay: a running device plays each responder over the real wire (requests sent
+        /// from --from on the device's port, rewritten to the device's QPN, keys and addresses,
+        /// ICRC recomputed); its answers are compared as in virtual time. Responder side only.
         #[arg(long, value_name = "DEVICE")]
         to: Option<String>,
+        /// The address the live replayer sends from (the device answers there); not the device's.
+        #[arg(long, default_value = "127.0.0.254")]
+        from: std::net::IpAddr,
+        /// The device's UDP port (the live replayer binds the same port on --from).
+        #[arg(long, default_value_t = 4791)]
+        port: u16,
     },
     /// Write a synthetic capture holding one packet of every opcode (seeded).
     Generate {
@@ -292,12 +301,10 @@ fn main() -> ExitCode {
             PcapCommand::Check { file } => pcap_cmd::check(&file),
             PcapCommand::Behaviour { files, json } => pcap_cmd::behaviour(&files, json),
             PcapCommand::Generate { file, seed, pcapng } => pcap_cmd::generate(&file, seed, pcapng),
-            PcapCommand::Replay { file, side, profile, recv_depth, strict, json, to } => match to {
-                Some(dev) => Err(anyhow::anyhow!(
-                    "live replay to a device (--to {dev}) is not built yet: `softrdma pcap replay FILE` replays in virtual time against an engine device"
-                )),
-                None => pcap_cmd::replay(&file, side, &profile, recv_depth, strict, json),
-            },
+            PcapCommand::Replay { file, side, profile, recv_depth, strict, json, to, from, port } => {
+                let live = to.map(|dev| (dev, replay_live::Local { addr: from, port }));
+                pcap_cmd::replay(&file, side, &profile, recv_depth, strict, json, live)
+            }
         },
     };
     match result {

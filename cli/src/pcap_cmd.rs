@@ -307,6 +307,7 @@ pub(crate) fn replay(
     recv_depth: Option<usize>,
     strict: bool,
     as_json: bool,
+    live: Option<(String, crate::replay_live::Local)>,
 ) -> Result<ExitCode> {
     let behaviour = softrdma_engine::device::Behaviour::by_name(profile)
         .ok_or_else(|| anyhow::anyhow!("unknown profile {profile}"))?;
@@ -316,7 +317,19 @@ pub(crate) fn replay(
         ReplayAs::Both => replay::As::Both,
     };
     let opts = replay::Options { side, behaviour, recv_depth };
-    let rep = replay::replay_file(file, &opts).with_context(|| format!("cannot read {}", file.display()))?;
+    let rep = match live {
+        None => replay::replay_file(file, &opts).with_context(|| format!("cannot read {}", file.display()))?,
+        Some((dev, local)) => {
+            if side == replay::As::Requester {
+                anyhow::bail!("live replay (--to) plays the responder only: use --as responder or leave --as out");
+            }
+            let opts = replay::Options { side: replay::As::Responder, ..opts };
+            let cap =
+                softrdma_pcap::behaviour::load(file).with_context(|| format!("cannot read {}", file.display()))?;
+            let mut targets = crate::replay_live::targets(dev, local);
+            replay::replay_on(&file.display().to_string(), &cap, &opts, &mut targets, false)
+        }
+    };
     let mut out = io::stdout().lock();
     if as_json {
         writeln!(out, "{}", serde_json::to_string(&rep)?)?;

@@ -1,0 +1,124 @@
+//! `softrdma pcap replay`: the command over the shared captures, in virtual time and live (a
+//! running device plays each responder over loopback).
+//!
+//! Each test has its own runtime dir, addresses and UDP port.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn capture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/captures").join(name)
+}
+
+fn cmd(rt: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_softrdma"));
+    c.env("SOFTRDMA_RUNTIME_DIR", rt);
+    c
+}
+
+fn run(rt: &Path, args: &[&str]) -> Output {
+    cmd(rt).args(args).output().expect("run softrdma")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// Stops the device when the test ends, pass or fail.
+struct Up<'a>(&'a Path, &'a str);
+
+impl Drop for Up<'_> {
+    fn drop(&mut self) {
+        let _ = run(self.0, &["down", self.1]);
+    }
+}
+
+fn up<'a>(rt: &'a Path, name: &'a str, addr: &str, port: u16, profile: &str) -> Up<'a> {
+    let o = run(rt, &["up", name, "--addr", addr, "--port", &port.to_string(), "--mtu", "1024", "--profile", profile]);
+    assert!(o.status.success(), "{}", text(&o));
+    Up(rt, name)
+}
+
+fn replay_json(rt: &Path, args: &[&str]) -> Value {
+    let mut a = vec!["pcap", "replay", "--json"];
+    a.extend_from_slice(args);
+    let o = run(rt, &a);
+    assert!(o.status.success(), "{}", text(&o));
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)))
+}
+
+fn figures(v: &Value) -> (u64, u64) {
+    (v["answers_matched"].as_u64().unwrap(), v["answers_expected"].as_u64().unwrap())
+}
+
+#[test]
+fn replay_in_virtual_time_prints_the_summary_and_json() {
+    let base = tempfile::tempdir().unwrap();
+    let rt = base.path().join("rt");
+    let path = capture("write.pcap");
+    let f = path.to_str().unwrap();
+    let o = run(&rt, &["pcap", "replay", f, "--profile", "cx"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("replay: 12 of 12 answers match (4 conversations)"), "{}", text(&o));
+    let v = replay_json(&rt, &[f, "--profile", "rxe"]);
+    assert_eq!(figures(&v), (0, 12));
+    assert_eq!(v["conversations"].as_array().unwrap().len(), 4);
+    let c = &v["conversations"][0];
+    for key in ["requester", "responder", "answers_expected", "answers_matched", "mismatches", "setup"] {
+        assert!(c.get(key).is_some(), "{key} missing: {c}");
+    }
+    assert_eq!(v["mismatch_fields"]["MigReq"], 12);
+    // --strict: a mismatch is exit 1; a match exit 0.
+    assert_eq!(run(&rt, &["pcap", "replay", f, "--profile", "rxe", "--strict"]).status.code(), Some(1));
+    assert_eq!(run(&rt, &["pcap", "replay", f, "--profile", "cx", "--strict"]).status.code(), Some(0));
+    // Not a capture: exit 2 with the file named.
+    let junk = base.path().join("junk.pcap");
+    std::fs::write(&junk, b"not a capture").unwrap();
+    let o = run(&rt, &["pcap", "replay", junk.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("junk.pcap"), "{}", text(&o));
+}
+
+/// Live: a running device answers the recorded requests over loopback. A cx device answers the
+/// ConnectX captures as recorded and the rxe capture with the profile's differences; an rxe
+/// device the other way round.
+#[test]
+fn live_replay_to_a_running_device() {
+    let base = tempfile::tempdir().unwrap();
+    let rt = base.path().join("rt");
+    let port = "47971";
+    let _cx = up(&rt, "lrcx", "127.0.0.71", 47971, "cx");
+    let live = |file: &str, dev: &str, profile: &str| {
+        let path = capture(file);
+        replay_json(
+            &rt,
+            &[path.to_str().unwrap(), "--to", dev, "--from", "127.0.0.72", "--port", port, "--profile", profile],
+        )
+    };
+    let v = live("nvme-discover2.pcap", "lrcx", "cx");
+    assert_eq!(figures(&v), (13, 13), "{v}");
+    // Live replay plays the responder alone.
+    assert!(v["conversations"].as_array().unwrap().iter().all(|c| c["role"] == "responder"));
+    let v = live("write.pcap", "lrcx", "cx");
+    assert_eq!(figures(&v), (6, 6), "{v}");
+    let v = live("rxe-rc-ud-pingpong-n20.pcap", "lrcx", "rxe");
+    let (m, n) = figures(&v);
+    assert!(n > 0 && m == 0, "{v}");
+    assert!(v["mismatch_fields"]["MigReq"].as_u64().unwrap() > 0, "{v}");
+    drop(_cx);
+
+    let _rxe = up(&rt, "lrrxe", "127.0.0.71", 47971, "rxe");
+    let v = live("rxe-rc-ud-pingpong-n20.pcap", "lrrxe", "rxe");
+    let (m, n) = figures(&v);
+    assert!(n > 0 && m == n, "{v}");
+    // --to with --as requester: a clear error.
+    let path = capture("write.pcap");
+    let o = run(&rt, &["pcap", "replay", path.to_str().unwrap(), "--to", "lrrxe", "--as", "requester"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("responder only"), "{}", text(&o));
+    // A device that does not exist: a clear reason per conversation.
+    let v = replay_json(&rt, &[path.to_str().unwrap(), "--to", "nosuchdev", "--from", "127.0.0.72", "--port", port]);
+    assert!(v["conversations"][0]["not_replayable"].as_str().unwrap().contains("nosuchdev"), "{v}");
+}
