@@ -16,7 +16,7 @@ use std::time::Duration as StdDuration;
 use softrdma_device::verbs::{CompletionQueue, Context, MemoryRegion, ProtectionDomain, QueuePair, SharedReceiveQueue};
 use softrdma_engine::device::{ip_udp_header, Behaviour, QpAttr, QpCaps, SrqAttr};
 use softrdma_engine::time::{Duration, Instant};
-use softrdma_engine::verbs::{Access, AttrMask, Mtu, QpState, QpType, WcOpcode};
+use softrdma_engine::verbs::{Access, AttrMask, Mtu, QpState, WcOpcode};
 use softrdma_engine::wire::{icrc, IbPacket};
 use softrdma_engine::wr::RecvWr;
 use softrdma_pcap::replay::{QpSetup, Sent, Target};
@@ -158,7 +158,7 @@ impl Target for LiveTarget {
                     .map_err(|e| format!("create_srq: {e}"))?,
             );
         }
-        let qp_type = if q.uc { QpType::Uc } else { QpType::Rc };
+        let qp_type = q.qp_type;
         let caps =
             QpCaps { max_send_wr: 16, max_recv_wr: q.depth, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
         let mut b = self.pd.qp_builder(qp_type, &self.cq).caps(caps);
@@ -182,6 +182,7 @@ impl Target for LiveTarget {
             rnr_retry: 7,
             sq_psn: 0,
             max_rd_atomic: q.rd_atomic,
+            qkey: q.qkey,
             ..QpAttr::default()
         };
         for (from, to) in [(QpState::Reset, QpState::Init), (QpState::Init, QpState::Rtr), (QpState::Rtr, QpState::Rts)]

@@ -19,6 +19,10 @@
 //!   fed back at their times, and the request packets softrdma sends are compared with the
 //!   recorded ones PSN by PSN (opcode, length, AckReq, header fields, operands, payload).
 //!
+//! RC, UC and UD conversations replay (UC and UD have no answers: as responder the report counts
+//! the packets delivered and the receives completed). A responder runs on a [`Target`]: the
+//! engine device in virtual time, or a running device over the real wire (the command's `--to`).
+//!
 //! The setup is read from the trace and every value says where it came from: QPNs from the
 //! packets (and the CM REQ/REP when captured), the starting PSN from the CM or from the first
 //! packet that starts a message, the path MTU from the CM REQ, else from the sizes of FIRST/MIDDLE
@@ -499,10 +503,10 @@ fn replayable(cap: &Capture, c: &Conversation) -> Result<(), String> {
         return Err("RoCEv1 (GRH over Ethernet): the engine speaks RoCEv2 only".into());
     }
     match c.transport {
-        "RC" | "UC" => {}
+        "RC" | "UC" | "UD" => {}
         t => {
             return Err(format!(
-                "transport {t}: replay models RC and UC conversations (UD and XRC replay are not built; DC and RD are not modelled)"
+                "transport {t}: replay models RC, UC and UD conversations (XRC replay is not built; DC and RD are not modelled)"
             ))
         }
     }
@@ -575,8 +579,10 @@ impl Engine {
 /// How a replayed responder QP is set up (see [`Target::create_qp`]).
 #[derive(Debug, Clone, Copy)]
 pub struct QpSetup {
-    /// UC instead of RC.
-    pub uc: bool,
+    /// RC, UC or UD.
+    pub qp_type: QpType,
+    /// The Q_Key (UD).
+    pub qkey: u32,
     /// Take receives from an SRQ of this depth instead of the QP's own queue.
     pub srq_depth: Option<u32>,
     /// The requester's address (where answers go).
@@ -660,11 +666,10 @@ impl Target for VirtualTarget {
                 .map_err(|err| format!("create_srq: {err}"))?;
             self.srq = Some(srq);
         }
-        let qp_type = if q.uc { QpType::Uc } else { QpType::Rc };
         bring_up(
             &mut self.e,
             self.pd,
-            qp_type,
+            q.qp_type,
             self.srq,
             q.peer,
             q.peer_qpn,
@@ -674,6 +679,7 @@ impl Target for VirtualTarget {
             q.depth,
             q.rd_atomic,
             q.min_rnr_timer,
+            q.qkey,
         )?;
         Ok(self.e.qpn.value())
     }
@@ -860,8 +866,7 @@ fn replay_role(
     if reqs.is_empty() {
         return Err("one direction only: no requests captured".into());
     }
-    let uc = c.transport == "UC";
-    if !uc && resps.is_empty() {
+    if c.transport == "RC" && resps.is_empty() {
         return Err("one direction only: the responder's packets are not in the capture".into());
     }
     let response_qp = r.response_qp;
@@ -916,8 +921,10 @@ fn replay_role(
         .collect();
     let mut expect = first_psn;
     let mut end = reqs.len();
+    // (UD datagrams are messages of their own: a gap loses nothing the others need.)
+    let ud = c.transport == "UD";
     for (i, x) in reqs.iter().enumerate() {
-        if after(x.psn, expect) && !seq_naks.contains(&expect) {
+        if !ud && after(x.psn, expect) && !seq_naks.contains(&expect) {
             r.not_compared.push(format!(
                 "the capture misses request PSNs {}..{} before frame {} (the recorded responder received them: no sequence NAK), so the replay stops there",
                 expect.value(),
@@ -1006,6 +1013,7 @@ fn bring_up(
     depth: u32,
     rd_atomic: u8,
     min_rnr_timer: u8,
+    qkey: u32,
 ) -> Result<(), String> {
     let caps = QpCaps { max_send_wr: 0x4000, max_recv_wr: depth, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
     let qpn = e
@@ -1027,6 +1035,7 @@ fn bring_up(
         rnr_retry: 7,
         sq_psn: sq_psn.value(),
         max_rd_atomic: rd_atomic,
+        qkey,
         ..QpAttr::default()
     };
     for (from, to) in [(QpState::Reset, QpState::Init), (QpState::Init, QpState::Rtr), (QpState::Rtr, QpState::Rts)] {
@@ -1072,7 +1081,9 @@ fn responder(
     last_psn: Psn,
     targets: &mut TargetFactory<'_>,
 ) -> Result<(), String> {
-    let uc = c.transport == "UC";
+    let ud = c.transport == "UD";
+    // UC and UD: nothing answers on the wire.
+    let uc = c.transport == "UC" || ud;
     let mut target = targets(c.responder, opts.behaviour, mtu)?;
     let t: &mut dyn Target = &mut *target;
     // Memory regions for the recorded ranges; the recorded keys (and, on a live target, the
@@ -1117,7 +1128,11 @@ fn responder(
         ));
         d
     } else {
-        r.setup.push("receive queue kept at 32 WQEs (the recorded ACKs carry no credit count)".into());
+        r.setup.push(if uc {
+            "receive queue kept at 32 WQEs".into()
+        } else {
+            "receive queue kept at 32 WQEs (the recorded ACKs carry no credit count)".into()
+        });
         32
     };
     let use_srq = !uc && all_invalid && opts.behaviour.credits == CreditPolicy::Count && !answers.is_empty();
@@ -1138,7 +1153,7 @@ fn responder(
         r.setup.push(format!("minimum RNR timer {min_rnr_timer} from the first recorded RNR NAK"));
     }
     let peer_qp = response_qp.unwrap_or(0);
-    if response_qp.is_none() {
+    if response_qp.is_none() && !uc {
         r.setup.push("the requester's QPN is unknown (no responses, no CM): answers go to QP 0".into());
     }
     // The longest message a receive must hold.
@@ -1152,8 +1167,20 @@ fn responder(
         max_recv_len = max_recv_len.max(cur);
     }
     let depth32 = (depth as u32).max(1) * 2;
+    // UD: the receiving QP's Q_Key is the one the datagrams carry (IBTA 10.2.5).
+    let qkey = reqs.iter().find_map(|x| x.p.ib.headers.deth.map(|d| d.qkey)).unwrap_or(0);
+    if ud {
+        r.setup.push(format!("the receiving UD QP's Q_Key {qkey:#x}, from the first DETH"));
+    }
     let setup = QpSetup {
-        uc,
+        qp_type: if ud {
+            QpType::Ud
+        } else if uc {
+            QpType::Uc
+        } else {
+            QpType::Rc
+        },
+        qkey,
         srq_depth: use_srq.then_some(depth32),
         peer: c.requester,
         peer_qpn: peer_qp,
@@ -1187,6 +1214,7 @@ fn responder(
         t.advance(time_of(x, t0));
         // A SEND takes a receive at its first packet, a WRITE with immediate at its last.
         let consumes = match x.kind {
+            Some(OpKind::Send) if ud => true,
             Some(OpKind::Send) => x.position.is_some_and(|p| p.starts()),
             Some(OpKind::Write) => x.p.ib.headers.immdt.is_some(),
             _ => false,
@@ -1230,7 +1258,8 @@ fn responder(
     r.packets_sent = sent.len() as u64;
     if uc {
         r.not_compared.push(format!(
-            "UC has no answers on the wire; {} requests delivered, {} completions",
+            "{} has no answers on the wire; {} packets delivered, {} receive completions",
+            c.transport,
             r.packets_replayed,
             t.completions()
         ));
@@ -1463,6 +1492,7 @@ fn requester(
     conn: Option<&CmConn>,
     last_psn: Psn,
 ) -> Result<(), String> {
+    let ud = c.transport == "UD";
     let uc = c.transport == "UC";
     let mut e = make_engine(c.requester, opts.behaviour, mtu);
     let pd = e.dev.alloc_pd(OWNER);
@@ -1479,6 +1509,7 @@ fn requester(
         solicited: bool,
         first_frame: u64,
         psn: Psn,
+        qkey: Option<u32>,
     }
     let t0 = reqs.iter().chain(resps).map(|x| x.p.ts_ns).min().unwrap_or(0);
     let mut msgs: Vec<Msg> = Vec::new();
@@ -1546,6 +1577,7 @@ fn requester(
                 solicited: false,
                 first_frame: x.frame(),
                 psn: x.psn,
+                qkey: h.deth.map(|d| d.qkey),
             });
         }
         let Some(m) = open.as_mut() else { continue };
@@ -1582,7 +1614,13 @@ fn requester(
     bring_up(
         &mut e,
         pd,
-        if uc { QpType::Uc } else { QpType::Rc },
+        if ud {
+            QpType::Ud
+        } else if uc {
+            QpType::Uc
+        } else {
+            QpType::Rc
+        },
         None,
         c.responder,
         peer_qpn,
@@ -1592,12 +1630,16 @@ fn requester(
         1,
         rd_atomic,
         12,
+        msgs.first().and_then(|m| m.qkey).unwrap_or(0),
     )?;
+    if ud {
+        r.not_compared.push("DETH source QP: softrdma's QP has its own number".into());
+    }
     r.setup.push(format!(
         "{} work requests inferred from the recorded messages (opcodes, lengths, operands, payloads), posted at their first packets' times; softrdma's QP {:#x} stands for the recorded QP {:#x}",
         msgs.len(),
         e.qpn.value(),
-        response_qp.unwrap_or(0)
+        response_qp.or_else(|| reqs.iter().find_map(|x| x.p.ib.headers.deth.map(|d| d.src_qp.value()))).unwrap_or(0)
     ));
     if retransmitted > 0 {
         r.not_compared
@@ -1650,7 +1692,11 @@ fn requester(
             solicited: m.solicited,
             inline: false,
             remote_srqn: 0,
-            ud: None,
+            ud: ud.then(|| softrdma_engine::wr::UdDest {
+                dest: c.responder,
+                remote_qpn: request_qp,
+                remote_qkey: m.qkey.unwrap_or(0),
+            }),
         };
         e.dev
             .post_send(e.qpn, wr)
@@ -1712,6 +1758,10 @@ fn requester(
                         "AtomicETH",
                         format!("va {:#x} rkey {:#x} {:#x} {:#x}", b.va(), b.rkey(), b.swap_add(), b.compare()),
                     ));
+                }
+                if let (Some(a), Some(b)) = (rp.deth(), sp.deth()) {
+                    rec.push(("DETH Q_Key", format!("{:#x}", a.qkey())));
+                    our.push(("DETH Q_Key", format!("{:#x}", b.qkey())));
                 }
                 if let (Some(a), Some(b)) = (rp.immdt(), sp.immdt()) {
                     rec.push(("ImmDt", format!("{:#x}", a.imm())));
@@ -1845,8 +1895,8 @@ mod tests {
             ("nvme-rdma-idle.pcap", "cx", 4, 4),
             ("rocev2_test.pcap", "cx", 133, 133),
             ("rocev2-2_test.pcap", "cx", 116, 116),
-            ("rxe-2guests-all.pcap", "rxe", 740, 740),
-            ("rxe-rc-ud-pingpong-n20.pcap", "rxe", 204, 204),
+            ("rxe-2guests-all.pcap", "rxe", 800, 800),
+            ("rxe-rc-ud-pingpong-n20.pcap", "rxe", 244, 244),
             ("rxe-guest-vs-hostpy-badicrc-n5.pcap", "rxe", 50, 50),
         ];
         for (file, own, expected, matched) in floors {
