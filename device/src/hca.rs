@@ -384,6 +384,11 @@ impl Hca {
             let cm = dev.cm().config_mut();
             cm.ca_guid = node_guid(cfg.addr);
             cm.cm_response_timeout = cfg.cm_response_timeout;
+            // The REP's target ACK delay: rxe's 15, mlx5's 16 under the cx profile
+            // (../shared/reference/cm).
+            if cfg.behaviour.name == softrdma_engine::device::ProfileName::Cx {
+                cm.target_ack_delay = 16;
+            }
             cm.timer_scale_permille = cfg.cm_timer_permille.max(1);
         }
         let tap = match &cfg.pcap {

@@ -29,6 +29,7 @@ pub mod analyze;
 pub mod behaviour;
 mod read;
 pub mod replay;
+mod replay_cm;
 pub mod samples;
 mod write;
 

@@ -90,6 +90,7 @@ impl Cm {
         let ack = self.cfg.packet_lifetime + 1;
         let comm = self.alloc_comm_id();
         let (cfg_timeout, retries, guid) = (self.cfg.cm_response_timeout, self.cfg.max_cm_retries, self.cfg.ca_guid);
+        let rate = self.cfg.path_rate;
         let mtu = self.cfg.mtu;
         let id = self.id(h)?;
         if id.state != IdState::Idle {
@@ -109,7 +110,11 @@ impl Cm {
                 let m = Mtu::from_ibv(u32::from(r.mtu)).map_or(mtu, |m| m.min(mtu));
                 (r.path(ack), m)
             }
-            None => (roce_path(local, remote, id.tos, id.ack_timeout.unwrap_or(ack)), mtu),
+            None => {
+                let mut p = roce_path(local, remote, id.tos, id.ack_timeout.unwrap_or(ack));
+                p.packet_rate = rate;
+                (p, mtu)
+            }
         };
         let mut private_data = vec![0u8; CmaHdrRepr::LEN];
         CmaHdrRepr { port: local.port(), src: local.ip(), dst: remote.ip() }

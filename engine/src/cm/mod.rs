@@ -83,6 +83,9 @@ pub struct CmConfig {
     pub packet_lifetime: u8,
     /// The target ACK delay this device reports in REP (rxe: 15).
     pub target_ack_delay: u8,
+    /// The static rate put in the REQ's path without a resolved route (0 "port current", as the
+    /// kernel's rdma_cm on RoCE; a ConnectX host under Mellanox OFED reports the link's rate).
+    pub path_rate: u8,
     /// Scale of every CM timer, in 1/1000 (1000: the real values). Tests shorten them.
     pub timer_scale_permille: u32,
     /// Most connections waiting in REQ_RCVD (not yet accepted or rejected) on this device, all
@@ -103,6 +106,7 @@ impl CmConfig {
             max_cm_retries: 15,
             packet_lifetime: 18,
             target_ack_delay: 15,
+            path_rate: 0,
             timer_scale_permille: 1000,
             max_pending: 4096,
             seed,
