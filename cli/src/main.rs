@@ -214,7 +214,7 @@ enum PcapCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Replay each RC, UC and UD conversation of a capture against a softrdma engine device in virtual
+    /// Replay each RC, UC, UD and XRC conversation (and the CM messages) of a capture against a softrdma engine device in virtual
     /// time, and compare softrdma's answers (as responder) or packets (as requester) with the
     /// recorded ones. Prints a line per conversation, each mismatch, and `replay: M of N answers
     /// match (K conversations)`. Exit 0 when it ran (mismatches are findings), 1 with --strict

@@ -127,3 +127,27 @@ fn live_replay_to_a_running_device() {
     let v = replay_json(&rt, &[path.to_str().unwrap(), "--to", "nosuchdev", "--from", "127.0.0.72", "--port", port]);
     assert!(v["conversations"][0]["not_replayable"].as_str().unwrap().contains("nosuchdev"), "{v}");
 }
+
+/// softrdma's own traffic replays whole: the demo's RC (SEND, WRITE, READ, atomics), UD and XRC
+/// conversations, captured by its devices, answered and sent again the same way under `rxe`.
+#[test]
+fn softrdmas_own_demo_trace_replays_whole() {
+    let base = tempfile::tempdir().unwrap();
+    let rt = base.path().join("rt");
+    let dir = base.path().join("demo");
+    let o = run(&rt, &["demo", "-w", dir.to_str().unwrap(), "--loss", "0", "--ops", "40", "--port", "47972"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v = replay_json(&rt, &[dir.join("srdma0.pcap").to_str().unwrap(), "--profile", "rxe"]);
+    let (m, n) = figures(&v);
+    assert!(n > 500 && m == n, "{m} of {n}: {}", v["mismatch_fields"]);
+    let convs = v["conversations"].as_array().unwrap();
+    for t in ["RC", "UD", "XRC"] {
+        for role in ["responder", "requester"] {
+            let c = convs.iter().find(|c| c["transport"] == t && c["role"] == role);
+            let c = c.unwrap_or_else(|| panic!("no {t} {role} conversation"));
+            assert!(c.get("not_replayable").is_none(), "{c}");
+        }
+    }
+    let xrc_req = convs.iter().find(|c| c["transport"] == "XRC" && c["role"] == "requester").unwrap();
+    assert!(xrc_req["answers_expected"].as_u64().unwrap() >= 40, "{xrc_req}");
+}

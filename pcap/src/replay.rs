@@ -19,8 +19,10 @@
 //!   fed back at their times, and the request packets softrdma sends are compared with the
 //!   recorded ones PSN by PSN (opcode, length, AckReq, header fields, operands, payload).
 //!
-//! RC, UC and UD conversations replay (UC and UD have no answers: as responder the report counts
-//! the packets delivered and the receives completed). A responder runs on a [`Target`]: the
+//! RC, UC, UD and XRC conversations replay (UC and UD have no answers: as responder the report
+//! counts the packets delivered and the receives completed; an XRC responder is an XRC target QP
+//! with an XRC SRQ per SRQ number the XRCETHs name, an XRC requester an initiator QP). The CM
+//! messages replay too (`replay_cm`). A responder runs on a [`Target`]: the
 //! engine device in virtual time, or a running device over the real wire (the command's `--to`).
 //!
 //! The setup is read from the trace and every value says where it came from: QPNs from the
@@ -48,7 +50,7 @@ use softrdma_engine::memory::{Memory, MemoryError, Owner};
 use softrdma_engine::time::{Duration, Instant};
 use softrdma_engine::verbs::{Access, AttrMask, Mtu, QpState, QpType};
 use softrdma_engine::wire::{
-    aeth, atomiceth, bth, reth, Headers, IbPacket, OpKind, Opcode, Position, Psn, Qpn, Syndrome,
+    aeth, atomiceth, bth, reth, xrceth, Headers, IbPacket, OpKind, Opcode, Position, Psn, Qpn, Syndrome,
 };
 use softrdma_engine::wr::{RecvWr, SendOp, SendWr, Sge};
 
@@ -515,10 +517,10 @@ fn replayable(cap: &Capture, c: &Conversation) -> Result<(), String> {
         return Err("RoCEv1 (GRH over Ethernet): the engine speaks RoCEv2 only".into());
     }
     match c.transport {
-        "RC" | "UC" | "UD" => {}
+        "RC" | "UC" | "UD" | "XRC" => {}
         t => {
             return Err(format!(
-                "transport {t}: replay models RC, UC and UD conversations (XRC replay is not built; DC and RD are not modelled)"
+                "transport {t}: replay models RC, UC, UD and XRC conversations (DC and RD are not modelled)"
             ))
         }
     }
@@ -635,6 +637,22 @@ pub trait Target {
     fn finish(&mut self, t: Instant) -> Vec<Sent>;
     /// Whether the trace defined the bytes at a recorded address (for payload checks).
     fn known(&self, addr: u64, len: usize) -> bool;
+    /// XRC: creates an XRC SRQ of the target QP's domain (before [`Target::create_qp`] makes
+    /// the XRC target QP); returns its number.
+    fn xrc_srq(&mut self, depth: u32) -> Result<u32, String> {
+        let _ = depth;
+        Err("XRC is not built for this target".into())
+    }
+    /// XRC: posts one receive to an XRC SRQ.
+    fn post_srq_recv(&mut self, srqn: u32) -> Result<(), String> {
+        let _ = srqn;
+        Err("XRC is not built for this target".into())
+    }
+    /// XRC: receives queued on an XRC SRQ.
+    fn queued_srq_recvs(&mut self, srqn: u32) -> usize {
+        let _ = srqn;
+        0
+    }
     /// Work completions the target produced.
     fn completions(&self) -> u64;
     /// The current time from the replay's start.
@@ -648,6 +666,7 @@ struct VirtualTarget {
     recv_lkey: u32,
     srq: Option<u32>,
     posted: u64,
+    xrcd: Option<softrdma_engine::device::XrcdId>,
 }
 
 impl VirtualTarget {
@@ -658,7 +677,18 @@ impl VirtualTarget {
             .dev
             .reg_mr(pd, LOCAL_BASE, LOCAL_LEN, Access::LOCAL_WRITE)
             .map_err(|err| format!("reg_mr for receive buffers: {err}"))?;
-        Ok(VirtualTarget { e, pd, recv_lkey: recv.lkey, srq: None, posted: 0 })
+        Ok(VirtualTarget { e, pd, recv_lkey: recv.lkey, srq: None, posted: 0, xrcd: None })
+    }
+}
+
+impl VirtualTarget {
+    fn domain(&mut self) -> Result<softrdma_engine::device::XrcdId, String> {
+        if let Some(x) = self.xrcd {
+            return Ok(x);
+        }
+        let x = self.e.dev.open_xrcd(OWNER, None, true, false).map_err(|err| format!("open_xrcd: {err}"))?;
+        self.xrcd = Some(x);
+        Ok(x)
     }
 }
 
@@ -670,6 +700,26 @@ impl Target for VirtualTarget {
     }
 
     fn create_qp(&mut self, q: &QpSetup) -> Result<u32, String> {
+        if q.qp_type == QpType::XrcTgt {
+            let xrcd = self.domain()?;
+            let (qpn, _) =
+                self.e.dev.create_xrc_tgt_qp(OWNER, xrcd).map_err(|err| format!("create XRC target QP: {err}"))?;
+            self.e.qpn = qpn;
+            bring_to_rts(
+                &mut self.e,
+                qpn,
+                q.qp_type,
+                q.peer,
+                q.peer_qpn,
+                q.mtu,
+                q.rq_psn,
+                Psn::new(0),
+                q.rd_atomic,
+                q.min_rnr_timer,
+                q.qkey,
+            )?;
+            return Ok(qpn.value());
+        }
         if let Some(d) = q.srq_depth {
             let srq = self
                 .e
@@ -732,6 +782,28 @@ impl Target for VirtualTarget {
 
     fn known(&self, addr: u64, len: usize) -> bool {
         self.e.dev.memory_ref().known(addr, len)
+    }
+
+    fn xrc_srq(&mut self, depth: u32) -> Result<u32, String> {
+        let xrcd = self.domain()?;
+        let cq = self.e.cq;
+        self.e
+            .dev
+            .create_xrc_srq(xrcd, self.pd, cq, SrqAttr { max_wr: depth, max_sge: 1, srq_limit: 0 })
+            .map_err(|err| format!("create XRC SRQ: {err}"))
+    }
+
+    fn post_srq_recv(&mut self, srqn: u32) -> Result<(), String> {
+        let wr = RecvWr {
+            wr_id: self.posted,
+            sg_list: vec![Sge { addr: LOCAL_BASE, length: u32::MAX >> 1, lkey: self.recv_lkey }],
+        };
+        self.posted += 1;
+        self.e.dev.post_srq_recv(srqn, wr).map_err(|err| format!("post_srq_recv: {err}"))
+    }
+
+    fn queued_srq_recvs(&mut self, srqn: u32) -> usize {
+        self.e.dev.queued_srq_recvs_mut(srqn).map_or(0, |q| q.len())
     }
 
     fn completions(&self) -> u64 {
@@ -797,9 +869,15 @@ type KeyMap = HashMap<u32, (u32, u64, u64)>;
 
 /// Rewrites a recorded packet for the target: destination QP, and each key and address through
 /// `keys`.
-fn rewrite(bytes: &[u8], dest_qp: Qpn, keys: &KeyMap) -> Vec<u8> {
+fn rewrite(bytes: &[u8], dest_qp: Qpn, keys: &KeyMap, srqns: &HashMap<u32, u32>) -> Vec<u8> {
     let mut b = bytes.to_vec();
     bth::Packet::new_unchecked(&mut b[..]).set_dest_qp(dest_qp);
+    if let Some(at) = header_at(&b, Headers::XRCETH).filter(|&at| b.len() >= at + xrceth::HEADER_LEN) {
+        let mut p = xrceth::Packet::new_unchecked(&mut b[at..]);
+        if let Some(&n) = srqns.get(&p.xrc_srqn()) {
+            p.set_xrc_srqn(n);
+        }
+    }
     for h in [Headers::RETH, Headers::ATOMICETH] {
         if let Some(at) = header_at(&b, h) {
             if h == Headers::RETH && b.len() >= at + reth::HEADER_LEN {
@@ -878,7 +956,7 @@ fn replay_role(
     if reqs.is_empty() {
         return Err("one direction only: no requests captured".into());
     }
-    if c.transport == "RC" && resps.is_empty() {
+    if matches!(c.transport, "RC" | "XRC") && resps.is_empty() {
         return Err("one direction only: the responder's packets are not in the capture".into());
     }
     let response_qp = r.response_qp;
@@ -1032,6 +1110,26 @@ fn bring_up(
         .dev
         .create_qp(QpInit { qp_type, pd, send_cq: e.cq, recv_cq: e.cq, caps, sq_sig_all: false, srq })
         .map_err(|err| format!("create_qp: {err}"))?;
+    bring_to_rts(e, qpn, qp_type, peer, peer_qpn, mtu, rq_psn, sq_psn, rd_atomic, min_rnr_timer, qkey)?;
+    e.qpn = qpn;
+    Ok(())
+}
+
+/// Moves a QP from RESET to RTS with the attributes the kernel's table requires per transition.
+#[allow(clippy::too_many_arguments)]
+fn bring_to_rts(
+    e: &mut Engine,
+    qpn: Qpn,
+    qp_type: QpType,
+    peer: IpAddr,
+    peer_qpn: u32,
+    mtu: Mtu,
+    rq_psn: Psn,
+    sq_psn: Psn,
+    rd_atomic: u8,
+    min_rnr_timer: u8,
+    qkey: u32,
+) -> Result<(), String> {
     let attr = QpAttr {
         port_num: 1,
         pkey_index: 0,
@@ -1055,7 +1153,6 @@ fn bring_up(
         let a = QpAttr { qp_state: to, ..attr };
         e.dev.modify_qp(qpn, &a, mask).map_err(|err| format!("modify_qp to {to:?}: {err}"))?;
     }
-    e.qpn = qpn;
     Ok(())
 }
 
@@ -1094,6 +1191,7 @@ fn responder(
     targets: &mut TargetFactory<'_>,
 ) -> Result<(), String> {
     let ud = c.transport == "UD";
+    let xrc = c.transport == "XRC";
     // UC and UD: nothing answers on the wire.
     let uc = c.transport == "UC" || ud;
     let mut target = targets(c.responder, opts.behaviour, mtu)?;
@@ -1147,7 +1245,7 @@ fn responder(
         });
         32
     };
-    let use_srq = !uc && all_invalid && opts.behaviour.credits == CreditPolicy::Count && !answers.is_empty();
+    let use_srq = !uc && !xrc && all_invalid && opts.behaviour.credits == CreditPolicy::Count && !answers.is_empty();
     if use_srq {
         r.setup.push(
             "the QP takes its receives from an SRQ: the recorded ACKs carry no credits, as a QP on an SRQ sends them"
@@ -1184,8 +1282,25 @@ fn responder(
     if ud {
         r.setup.push(format!("the receiving UD QP's Q_Key {qkey:#x}, from the first DETH"));
     }
+    // XRC: an XRC SRQ of the target's domain for each SRQ number the requests name (XRCETH).
+    let mut srqns: HashMap<u32, u32> = HashMap::new();
+    if xrc {
+        for x in reqs {
+            if let Some(h) = x.p.ib.headers.xrceth {
+                if let std::collections::hash_map::Entry::Vacant(v) = srqns.entry(h.xrc_srqn) {
+                    v.insert(t.xrc_srq((depth as u32).max(1) * 2)?);
+                }
+            }
+        }
+        r.setup.push(format!(
+            "an XRC domain with an XRC target QP and {} XRC SRQs, one per SRQ number the XRCETHs name (rewritten to softrdma's)",
+            srqns.len()
+        ));
+    }
     let setup = QpSetup {
-        qp_type: if ud {
+        qp_type: if xrc {
+            QpType::XrcTgt
+        } else if ud {
             QpType::Ud
         } else if uc {
             QpType::Uc
@@ -1231,7 +1346,14 @@ fn responder(
             Some(OpKind::Write) => x.p.ib.headers.immdt.is_some(),
             _ => false,
         };
-        if consumes {
+        let to_srq = x.p.ib.headers.xrceth.and_then(|h| srqns.get(&h.xrc_srqn).copied());
+        if consumes && xrc {
+            if let Some(n) = to_srq {
+                while t.queued_srq_recvs(n) < depth {
+                    t.post_srq_recv(n)?;
+                }
+            }
+        } else if consumes {
             if depth == 1 && !rnr.is_empty() {
                 // An RNR NAK of this PSN in the recording: the application had no receive the
                 // first time(s) the packet came.
@@ -1255,7 +1377,7 @@ fn responder(
         if let Some(a) = x.p.ib.headers.atomiceth {
             known_atomics.insert(x.psn.value(), t.known(a.va, 8));
         }
-        let bytes = rewrite(&x.p.ib_bytes, qpn, &keys);
+        let bytes = rewrite(&x.p.ib_bytes, qpn, &keys, &srqns);
         t.feed(x.p.ib.src.to_canonical(), x.p.ib.sport.unwrap_or(0), &bytes);
         r.packets_replayed += 1;
     }
@@ -1506,6 +1628,7 @@ fn requester(
 ) -> Result<(), String> {
     let ud = c.transport == "UD";
     let uc = c.transport == "UC";
+    let xrc = c.transport == "XRC";
     let mut e = make_engine(c.requester, opts.behaviour, mtu);
     let pd = e.dev.alloc_pd(OWNER);
     let local = e
@@ -1522,6 +1645,7 @@ fn requester(
         first_frame: u64,
         psn: Psn,
         qkey: Option<u32>,
+        srqn: Option<u32>,
     }
     let t0 = reqs.iter().chain(resps).map(|x| x.p.ts_ns).min().unwrap_or(0);
     let mut msgs: Vec<Msg> = Vec::new();
@@ -1590,6 +1714,7 @@ fn requester(
                 first_frame: x.frame(),
                 psn: x.psn,
                 qkey: h.deth.map(|d| d.qkey),
+                srqn: h.xrceth.map(|x| x.xrc_srqn),
             });
         }
         let Some(m) = open.as_mut() else { continue };
@@ -1626,7 +1751,9 @@ fn requester(
     bring_up(
         &mut e,
         pd,
-        if ud {
+        if xrc {
+            QpType::XrcIni
+        } else if ud {
             QpType::Ud
         } else if uc {
             QpType::Uc
@@ -1678,7 +1805,11 @@ fn requester(
         e.run_until(t.max(e.now));
         if kind == 1 {
             let x = &resps[i];
-            e.feed(x.p.ib.src.to_canonical(), x.p.ib.sport.unwrap_or(0), &rewrite(&x.p.ib_bytes, e.qpn, &empty));
+            e.feed(
+                x.p.ib.src.to_canonical(),
+                x.p.ib.sport.unwrap_or(0),
+                &rewrite(&x.p.ib_bytes, e.qpn, &empty, &HashMap::new()),
+            );
             r.packets_replayed += 1;
             continue;
         }
@@ -1703,7 +1834,7 @@ fn requester(
             fence: false,
             solicited: m.solicited,
             inline: false,
-            remote_srqn: 0,
+            remote_srqn: m.srqn.unwrap_or(0),
             ud: ud.then(|| softrdma_engine::wr::UdDest {
                 dest: c.responder,
                 remote_qpn: request_qp,
@@ -1770,6 +1901,10 @@ fn requester(
                         "AtomicETH",
                         format!("va {:#x} rkey {:#x} {:#x} {:#x}", b.va(), b.rkey(), b.swap_add(), b.compare()),
                     ));
+                }
+                if let (Some(a), Some(b)) = (rp.xrceth(), sp.xrceth()) {
+                    rec.push(("XRCETH SRQ", format!("{:#x}", a.xrc_srqn())));
+                    our.push(("XRCETH SRQ", format!("{:#x}", b.xrc_srqn())));
                 }
                 if let (Some(a), Some(b)) = (rp.deth(), sp.deth()) {
                     rec.push(("DETH Q_Key", format!("{:#x}", a.qkey())));
