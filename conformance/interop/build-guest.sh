@@ -74,8 +74,8 @@ add_mod() {
 }
 # rdma_ucm is the kernel's rdma_cm for user space (/dev/infiniband/rdma_cm); it brings rdma_cm, ib_cm,
 # iw_cm and configfs.
-# sch_ingress, cls_u32, act_mirred, ifb and sch_netem: guest/cm-delay.sh, with which rxe.sh delays
-# the CM MADs the guest receives for perftest -R with the guest as server (see there).
+# sch_ingress (ingress and clsact), cls_u32, act_mirred, ifb and sch_netem: guest/cm-delay.sh, with
+# which rxe.sh delays the CM MADs the guest receives (or sends) for perftest -R (see there).
 for m in virtio_pci virtio_net crc32_generic udp_tunnel ip6_udp_tunnel ib_core ib_uverbs rdma_rxe rdma_ucm \
   sch_ingress cls_u32 act_mirred ifb sch_netem; do add_mod "$m"; done
 printf '%s\n' "${order[@]}" > "$R/etc/modorder"
