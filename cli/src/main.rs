@@ -232,6 +232,10 @@ enum PcapCommand {
         /// recorded ACK credits, RNR NAKs, else 32).
         #[arg(long)]
         recv_depth: Option<usize>,
+        /// The ACK credit policy, overriding the profile's: `count` (the receive WQEs left, IBTA
+        /// Table 44) or `invalid` (0x1F).
+        #[arg(long, value_parser = ["count", "invalid"])]
+        credits: Option<String>,
         /// Exit 1 when any answer differs.
         #[arg(long)]
         strict: bool,
@@ -301,9 +305,9 @@ fn main() -> ExitCode {
             PcapCommand::Check { file } => pcap_cmd::check(&file),
             PcapCommand::Behaviour { files, json } => pcap_cmd::behaviour(&files, json),
             PcapCommand::Generate { file, seed, pcapng } => pcap_cmd::generate(&file, seed, pcapng),
-            PcapCommand::Replay { file, side, profile, recv_depth, strict, json, to, from, port } => {
+            PcapCommand::Replay { file, side, profile, recv_depth, credits, strict, json, to, from, port } => {
                 let live = to.map(|dev| (dev, replay_live::Local { addr: from, port }));
-                pcap_cmd::replay(&file, side, &profile, recv_depth, strict, json, live)
+                pcap_cmd::replay(&file, side, &profile, credits.as_deref(), recv_depth, strict, json, live)
             }
         },
     };

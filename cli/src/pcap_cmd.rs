@@ -300,17 +300,25 @@ pub(crate) enum ReplayAs {
 }
 
 /// `softrdma pcap replay`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn replay(
     file: &Path,
     side: ReplayAs,
     profile: &str,
+    credits: Option<&str>,
     recv_depth: Option<usize>,
     strict: bool,
     as_json: bool,
     live: Option<(String, crate::replay_live::Local)>,
 ) -> Result<ExitCode> {
-    let behaviour = softrdma_engine::device::Behaviour::by_name(profile)
+    let mut behaviour = softrdma_engine::device::Behaviour::by_name(profile)
         .ok_or_else(|| anyhow::anyhow!("unknown profile {profile}"))?;
+    if let Some(c) = credits {
+        behaviour.credits = match c {
+            "count" => softrdma_engine::device::CreditPolicy::Count,
+            _ => softrdma_engine::device::CreditPolicy::Invalid,
+        };
+    }
     let side = match side {
         ReplayAs::Responder => replay::As::Responder,
         ReplayAs::Requester => replay::As::Requester,

@@ -74,6 +74,10 @@ fn replay_in_virtual_time_prints_the_summary_and_json() {
     // --strict: a mismatch is exit 1; a match exit 0.
     assert_eq!(run(&rt, &["pcap", "replay", f, "--profile", "rxe", "--strict"]).status.code(), Some(1));
     let nvme = capture("nvme-discover2.pcap");
+    // --credits overrides the profile's credit policy: cx without counted credits differs on
+    // the 12 ACKs that carried 0x09.
+    let v = replay_json(&rt, &[nvme.to_str().unwrap(), "--profile", "cx", "--credits", "invalid"]);
+    assert_eq!(v["mismatch_fields"]["syndrome"], 12, "{v}");
     assert_eq!(
         run(&rt, &["pcap", "replay", nvme.to_str().unwrap(), "--profile", "cx", "--strict"]).status.code(),
         Some(0)
