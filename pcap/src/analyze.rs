@@ -124,7 +124,9 @@ pub struct FrameSummary {
     pub ib: Option<IbFrame>,
 }
 
-fn dissect_linktype(linktype: LinkType, data: &[u8]) -> Option<Dissection<'_>> {
+/// The engine's dissection of a frame for the link types this crate reads (one dispatch for
+/// `summarize` and the behaviour analysis).
+pub(crate) fn dissect_linktype(linktype: LinkType, data: &[u8]) -> Option<Dissection<'_>> {
     let ip_version = |d: &[u8]| match d.first().map(|b| b >> 4) {
         Some(4) => EtherType::Ipv4,
         Some(6) => EtherType::Ipv6,

@@ -54,10 +54,10 @@ use std::net::IpAddr;
 use std::path::Path;
 
 use crate::analyze::{FrameSummary, IbFrame};
-use crate::{LinkType, Record};
+use crate::Record;
 use serde::{Serialize, Serializer};
-use softrdma_engine::wire::roce::{self, Dissection, L3Repr};
-use softrdma_engine::wire::{aeth, EtherType, NakCode, OpKind, Opcode, Position, Psn, Syndrome};
+use softrdma_engine::wire::roce::{Dissection, L3Repr};
+use softrdma_engine::wire::{aeth, NakCode, OpKind, Opcode, Position, Psn, Syndrome};
 
 /// The network-layer header fields of one packet, as its bytes hold them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,7 +122,7 @@ impl Capture {
             self.not_roce += 1;
             return;
         };
-        let (net, udp_checksum, ib_bytes) = match dissect(rec.linktype, &rec.data) {
+        let (net, udp_checksum, ib_bytes) = match crate::analyze::dissect_linktype(rec.linktype, &rec.data) {
             Some(d) => (net_header(&d), d.udp_checksum, d.ib_bytes.to_vec()),
             None => (None, None, Vec::new()),
         };
@@ -157,25 +157,6 @@ pub fn load(path: &Path) -> Result<Capture, crate::Error> {
         }
     }
     Ok(cap)
-}
-
-/// The engine's dissection of a frame, for the link types the `pcap` analysis reads (the same
-/// dispatch as `softrdma_pcap::analyze`, which keeps its own private).
-fn dissect(linktype: LinkType, data: &[u8]) -> Option<Dissection<'_>> {
-    fn network(et: [u8; 2], rest: &[u8]) -> Dissection<'_> {
-        roce::dissect_network_layer(EtherType::from(u16::from_be_bytes(et)), rest)
-    }
-    match linktype {
-        LinkType::ETHERNET => Some(roce::dissect(data)),
-        LinkType::RAW | LinkType::IPV4 | LinkType::IPV6 => match data.first().map(|b| b >> 4) {
-            Some(4) => Some(roce::dissect_network_layer(EtherType::Ipv4, data)),
-            Some(6) => Some(roce::dissect_network_layer(EtherType::Ipv6, data)),
-            _ => None,
-        },
-        LinkType::LINUX_SLL if data.len() >= 16 => Some(network([data[14], data[15]], &data[16..])),
-        LinkType::LINUX_SLL2 if data.len() >= 20 => Some(network([data[0], data[1]], &data[20..])),
-        _ => None,
-    }
 }
 
 fn net_header(d: &Dissection<'_>) -> Option<NetHeader> {
