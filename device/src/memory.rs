@@ -277,24 +277,6 @@ impl Memory for ProcessMemory {
         self.pending.push((owner, addr, start..start + len));
         Ok(())
     }
-
-    fn compare_swap(&mut self, owner: Owner, addr: u64, compare: u64, swap: u64) -> Result<u64, MemoryError> {
-        let mut b = [0u8; 8];
-        self.read(owner, addr, &mut b)?;
-        let old = u64::from_ne_bytes(b);
-        if old == compare {
-            self.write(owner, addr, &swap.to_ne_bytes())?;
-        }
-        Ok(old)
-    }
-
-    fn fetch_add(&mut self, owner: Owner, addr: u64, add: u64) -> Result<u64, MemoryError> {
-        let mut b = [0u8; 8];
-        self.read(owner, addr, &mut b)?;
-        let old = u64::from_ne_bytes(b);
-        self.write(owner, addr, &old.wrapping_add(add).to_ne_bytes())?;
-        Ok(old)
-    }
 }
 
 /// Where the staging area of a client's arena appears to the engine: a device-internal memory

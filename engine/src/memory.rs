@@ -34,10 +34,26 @@ pub trait Memory {
     /// Copies `data` to `addr`.
     fn write(&mut self, owner: Owner, addr: u64, data: &[u8]) -> Result<(), MemoryError>;
     /// Atomically: if the 8 bytes at `addr` (host order) equal `compare`, store `swap`; returns the
-    /// original value (IBTA 9.4.5 CmpSwap).
-    fn compare_swap(&mut self, owner: Owner, addr: u64, compare: u64, swap: u64) -> Result<u64, MemoryError>;
-    /// Atomically adds `add` to the 8 bytes at `addr`; returns the original value (FetchAdd).
-    fn fetch_add(&mut self, owner: Owner, addr: u64, add: u64) -> Result<u64, MemoryError>;
+    /// original value (IBTA 9.4.5 CmpSwap). The default reads, then writes: atomic with respect
+    /// to this device's own accesses, which is all a memory the engine alone writes needs.
+    fn compare_swap(&mut self, owner: Owner, addr: u64, compare: u64, swap: u64) -> Result<u64, MemoryError> {
+        let mut b = [0u8; 8];
+        self.read(owner, addr, &mut b)?;
+        let old = u64::from_ne_bytes(b);
+        if old == compare {
+            self.write(owner, addr, &swap.to_ne_bytes())?;
+        }
+        Ok(old)
+    }
+    /// Atomically adds `add` to the 8 bytes at `addr`; returns the original value (FetchAdd). The
+    /// default reads, then writes (see [`Memory::compare_swap`]).
+    fn fetch_add(&mut self, owner: Owner, addr: u64, add: u64) -> Result<u64, MemoryError> {
+        let mut b = [0u8; 8];
+        self.read(owner, addr, &mut b)?;
+        let old = u64::from_ne_bytes(b);
+        self.write(owner, addr, &old.wrapping_add(add).to_ne_bytes())?;
+        Ok(old)
+    }
 }
 
 /// Test memory: one `Vec<u8>` per owner, mapped at a base address.

@@ -154,6 +154,36 @@ pub struct ReplayReport {
     pub conversations: Vec<ConversationReport>,
 }
 
+impl ConversationReport {
+    /// A report with nothing replayed yet: `ends` are (requester, responder), `qps` the requests'
+    /// and the responses' destination QPs.
+    pub(crate) fn new(
+        transport: &'static str,
+        role: &'static str,
+        ends: (IpAddr, IpAddr),
+        qps: (Option<u32>, Option<u32>),
+        first_frame: u64,
+    ) -> ConversationReport {
+        ConversationReport {
+            transport,
+            role,
+            requester: ends.0,
+            responder: ends.1,
+            request_qp: qps.0,
+            response_qp: qps.1,
+            first_frame,
+            packets_replayed: 0,
+            packets_sent: 0,
+            answers_expected: 0,
+            answers_matched: 0,
+            mismatches: Vec::new(),
+            setup: Vec::new(),
+            not_compared: Vec::new(),
+            not_replayable: None,
+        }
+    }
+}
+
 impl ReplayReport {
     /// Mismatches over all conversations.
     pub fn mismatches(&self) -> usize {
@@ -386,24 +416,6 @@ impl Memory for SparseMemory {
     fn write(&mut self, _owner: Owner, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
         self.set(addr, data).then_some(()).ok_or(MemoryError { addr, len: data.len() })
     }
-
-    fn compare_swap(&mut self, owner: Owner, addr: u64, compare: u64, swap: u64) -> Result<u64, MemoryError> {
-        let mut b = [0u8; 8];
-        self.read(owner, addr, &mut b)?;
-        let old = u64::from_ne_bytes(b);
-        if old == compare {
-            self.write(owner, addr, &swap.to_ne_bytes())?;
-        }
-        Ok(old)
-    }
-
-    fn fetch_add(&mut self, owner: Owner, addr: u64, add: u64) -> Result<u64, MemoryError> {
-        let mut b = [0u8; 8];
-        self.read(owner, addr, &mut b)?;
-        let old = u64::from_ne_bytes(b);
-        self.write(owner, addr, &old.wrapping_add(add).to_ne_bytes())?;
-        Ok(old)
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -465,23 +477,8 @@ impl Sent {
 }
 
 fn report(c: &Conversation, role: &'static str) -> ConversationReport {
-    ConversationReport {
-        transport: c.transport,
-        role,
-        requester: c.requester,
-        responder: c.responder,
-        request_qp: c.request_qp,
-        response_qp: c.response_qps.iter().next().copied(),
-        first_frame: c.first_frame,
-        packets_replayed: 0,
-        packets_sent: 0,
-        answers_expected: 0,
-        answers_matched: 0,
-        mismatches: Vec::new(),
-        setup: Vec::new(),
-        not_compared: Vec::new(),
-        not_replayable: None,
-    }
+    let response_qp = c.response_qps.iter().next().copied();
+    ConversationReport::new(c.transport, role, (c.requester, c.responder), (c.request_qp, response_qp), c.first_frame)
 }
 
 fn replay_conversation(

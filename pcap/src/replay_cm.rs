@@ -229,23 +229,7 @@ pub(crate) fn replay_cm(cap: &Capture, cx: bool, role: &'static str) -> Vec<Conv
 }
 
 fn report(req: &Msg, passive: IpAddr, role: &'static str) -> ConversationReport {
-    ConversationReport {
-        transport: "CM",
-        role,
-        requester: req.src,
-        responder: passive,
-        request_qp: Some(1),
-        response_qp: Some(1),
-        first_frame: req.frame,
-        packets_replayed: 0,
-        packets_sent: 0,
-        answers_expected: 0,
-        answers_matched: 0,
-        mismatches: Vec::new(),
-        setup: Vec::new(),
-        not_compared: Vec::new(),
-        not_replayable: None,
-    }
+    ConversationReport::new("CM", role, (req.src, passive), (Some(1), Some(1)), req.frame)
 }
 
 fn replay_conn(c: &Conn, cx: bool, role: &'static str) -> Option<ConversationReport> {
