@@ -7,6 +7,7 @@
 #   a short `softrdma bench` (that the comparison runs end to end; its figures are not checked)
 #   and a short run of each fuzz target.
 # Environment: FUZZ_SECONDS (default 30) per fuzz target; 0 builds the targets without running.
+#   SOAK_SECONDS (default 60): the soak's length.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -69,34 +70,15 @@ fi
 step "softrdma bench --quick (runs end to end; the table is printed, not written, not judged)"
 target/release/softrdma bench --quick --no-write --no-install --qps 2000 --addr0 127.0.0.31 --addr1 127.0.0.32
 
+step "softrdma soak (60 s: two devices with faults, client processes killed and replaced; exit 1 on any violation)"
+target/release/softrdma soak --seconds "${SOAK_SECONDS:-60}"
+
 step "fuzz targets"
 fuzz_seconds=${FUZZ_SECONDS:-30}
 corpus=$(mktemp -d)
 trap 'rm -rf "$corpus"' EXIT
-mkdir -p "$corpus/parse_packet" "$corpus/read_capture" "$corpus/handle_packet" "$corpus/ipc_message" \
-  "$corpus/parse_cm_mad"
-for f in ../shared/reference/wire/golden/*.hex; do
-  python3 -c 'import sys; open(sys.argv[2], "wb").write(bytes.fromhex(open(sys.argv[1]).read().strip()))' \
-    "$f" "$corpus/parse_packet/$(basename "$f" .hex)"
-done
-cp ../shared/captures/send.pcap ../shared/captures/write.pcap ../shared/captures/read2.pcap \
-  ../shared/captures/nvme-discover2.pcap ../shared/reference/wire/golden/coverage.pcap "$corpus/read_capture/"
-# The CM MADs of the hardware captures (tshark hex dumps: a blank line between frames; the MAD is
-# the 256 bytes after Ethernet, IPv4, UDP, BTH and DETH, i.e. from byte 62).
-for f in ../shared/reference/cm/*.cm.hex; do
-  python3 - "$f" "$corpus/parse_cm_mad/$(basename "$f" .cm.hex)" <<'PY'
-import sys
-frames, cur = [], []
-for line in open(sys.argv[1]):
-    if not line.strip():
-        if cur: frames.append(cur); cur = []
-        continue
-    cur += [int(t, 16) for t in line[6:54].split()]
-if cur: frames.append(cur)
-for i, fr in enumerate(frames):
-    open(f"{sys.argv[2]}-{i}", "wb").write(bytes(fr[62:62 + 256]))
-PY
-done
+# Seeds from ../shared and every kept regression input (fuzz/regressions/), run first by libFuzzer.
+bash scripts/fuzz-corpus.sh "$corpus"
 cd fuzz
 # cargo fuzz needs nightly-only rustc flags; RUSTC_BOOTSTRAP lets the one stable toolchain take them.
 export RUSTC_BOOTSTRAP=1

@@ -39,6 +39,7 @@ mod replay_live;
 mod sample;
 mod shim;
 mod sim;
+mod soak;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -64,6 +65,14 @@ enum Command {
     /// One receiving process of the demo's XRC fan-in (used by `demo`).
     #[command(hide = true)]
     DemoWorker(demo::WorkerArgs),
+    /// Reliability under load: two devices with faults, pairs of client processes running every
+    /// opcode on RC, XRC and UD, one killed (SIGKILL) every few seconds and replaced; checks
+    /// exactly-once delivery, that every work request completes once with the right status, the
+    /// daemons' descriptors and memory. Exit 1 on any violation.
+    Soak(soak::SoakArgs),
+    /// One client process of the soak (used by `soak`).
+    #[command(hide = true)]
+    SoakWorker(soak::WorkerArgs),
     /// Run a device in the foreground until SIGTERM/SIGINT.
     Daemon {
         /// Device name.
@@ -278,6 +287,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo(a) => demo::run(&a),
         Command::DemoWorker(a) => demo::worker(&a),
+        Command::Soak(a) => soak::run(&a),
+        Command::SoakWorker(a) => soak::worker(&a),
         Command::Daemon { name, args } => device_cmd::daemon(&name, &args),
         Command::Up { name, args } => device_cmd::up(&name, &args),
         Command::Exec { no_present, program } => exec_cmd::run(&program, !no_present),

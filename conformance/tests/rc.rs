@@ -399,6 +399,28 @@ fn sends_posted_in_error_complete_flushed() {
 }
 
 #[test]
+fn a_receive_taken_by_a_message_in_progress_completes_flushed_when_the_qp_enters_error() {
+    // IBTA 10.3.1: in the Error state every outstanding receive WQE completes with
+    // WR_FLUSH_ERR, including the one the first packets of a multi-packet SEND consumed.
+    let (mut p, a, b) = setup(RcOptions { mtu: Mtu::Mtu1024, ..RcOptions::default() });
+    p.fill(A, BASE, &pattern(5000, 3));
+    post_recv(&mut p, B, &b, 7, BASE + 0x10000, 8192);
+    post_recv(&mut p, B, &b, 8, BASE + 0x20000, 8192);
+    // Only the SEND FIRST reaches B: the message stays in progress there.
+    p.set_filter(|s| if s.from == A && s.opcode != Opcode::RC_SEND_FIRST { Fate::Drop } else { Fate::Deliver });
+    send(&mut p, &a, 1, SendOp::Send, BASE, 5000);
+    p.drive(1_000);
+    assert!(p.poll(B, b.cq).is_empty());
+    let attr = softrdma_engine::device::QpAttr { qp_state: QpState::Err, ..Default::default() };
+    p.dev(B).modify_qp(b.qpn, &attr, softrdma_engine::verbs::AttrMask::STATE).unwrap();
+    let wb = p.poll(B, b.cq);
+    assert_eq!(
+        wb.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        vec![(7, WcStatus::WrFlushErr), (8, WcStatus::WrFlushErr)]
+    );
+}
+
+#[test]
 fn modify_qp_with_a_wrong_mask_is_einval_and_the_state_stays() {
     use softrdma_engine::device::QpAttr;
     use softrdma_engine::verbs::{AttrMask, VerbsError};

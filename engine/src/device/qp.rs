@@ -440,6 +440,15 @@ impl Qp {
                 self.complete_send(ctx, &w, status);
             }
         }
+        // The receive a message in progress had taken (from the RQ or the SRQ) is outstanding
+        // too, and older than the ones still queued: it completes flushed first (IBTA 10.3.1;
+        // without this it was never completed at all).
+        if let Some(m) = self.in_msg.take() {
+            if let Some(r) = m.recv {
+                let cq = m.cq.or(self.recv_cq);
+                self.complete_recv(ctx, cq, r.wr_id, WcStatus::WrFlushErr, crate::verbs::WcOpcode::Recv, 0, None, None);
+            }
+        }
         while let Some(r) = self.rq.pop_front() {
             self.complete_recv(
                 ctx,
