@@ -323,6 +323,9 @@ enum Control {
     Go(Option<RequesterHello>),
     /// Finish cleanly. To the responder: how many operations each QP's requester completed.
     Stop(Vec<u64>),
+    /// The partner process is about to be killed: errors its death causes are allowed from now
+    /// on (answered `true`; the traffic goes on).
+    PeerDying,
     /// The partner process was killed: drain.
     PeerGone,
     /// The report was read: exit.
@@ -419,11 +422,14 @@ fn options(mtu: Mtu) -> ConnectOptions {
     ConnectOptions { mtu, timeout: ACK_TIMEOUT, ..ConnectOptions::default() }
 }
 
-/// The statuses a work request may end with once its peer is gone: the transport gave up (IBTA
-/// C9-140: retry count exceeded) or the request was flushed after the QP went to the error state
-/// (IBTA 10.3.1: outstanding and later WRs complete in error, flushed).
+/// The statuses a work request may end with once its peer is dying: the transport gave up (IBTA
+/// C9-140: retry count exceeded), the request was flushed after the QP went to the error state
+/// (IBTA 10.3.1: outstanding and later WRs complete in error, flushed), or the responder's device
+/// could not finish it in the moment between the process's death and the cleanup of its QPs:
+/// its memory was gone (NAK remote operational error, IBTA 9.7.5.2.5) or its region already
+/// deregistered (NAK remote access error, IBTA 9.7.5.2.4). A live peer allows none of them.
 fn allowed_after_peer_death(s: WcStatus) -> bool {
-    matches!(s, WcStatus::RetryExcErr | WcStatus::WrFlushErr)
+    matches!(s, WcStatus::RetryExcErr | WcStatus::WrFlushErr | WcStatus::RemOpErr | WcStatus::RemAccessErr)
 }
 
 struct ReqQp {
@@ -648,6 +654,10 @@ fn requester(ctx: &Context, a: &WorkerArgs, rx: &mpsc::Receiver<Control>) -> Res
     loop {
         match rx.try_recv() {
             Ok(Control::Stop(_)) => stopping = true,
+            Ok(Control::PeerDying) => {
+                peer_gone = true;
+                say(&true)?;
+            }
             Ok(Control::PeerGone) => {
                 stopping = true;
                 peer_gone = true;
@@ -930,6 +940,8 @@ fn responder(ctx: &Context, a: &WorkerArgs, rx: &mpsc::Receiver<Control>) -> Res
                 owed = Some(c);
                 deadline = Some(Instant::now() + DRAIN);
             }
+            // A responder's receives end only when it moves its QPs to the error state.
+            Ok(Control::PeerDying) => say(&true)?,
             Ok(Control::PeerGone) => {
                 // IBTA 10.3.1: a QP moved to the error state completes its posted receives with
                 // a flush status. The SRQ's receives stay on the SRQ (IBTA 10.2.9.5): destroyed
@@ -1244,6 +1256,13 @@ impl Soak<'_> {
         let g = p.generation;
         let (victim, survivor, name) =
             if requester { (&mut p.req, &mut p.resp, "responder") } else { (&mut p.resp, &mut p.req, "requester") };
+        // The survivor hears first, so that it tells the errors the death causes (in the moment
+        // before it hears of the death) from errors with a live peer.
+        let warned =
+            survivor.write(&Control::PeerDying).is_ok() && survivor.read::<bool>(Duration::from_secs(30)).is_ok();
+        if !warned {
+            self.failures.push(format!("pair {g}: the {name} did not answer"));
+        }
         victim.kill();
         self.kills += 1;
         if survivor.write(&Control::PeerGone).is_err() {
