@@ -732,18 +732,12 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<ExitCode> {
         crate::bench_cluster::rows(&mut t, &exe, a.quick, &mut r.port);
     }
 
-    // The ratios of the targets.
+    // The ratios of the targets. A reference outside what this kind of machine gives
+    // (a limit that collapsed under load, a latency a stalled run inflated) makes the ratio
+    // meaningless: the verdict is "reference invalid", never "met".
     let ratio = |t: &mut Table, what: &str, ours: &str, theirs: &str, target: &str, ok: fn(f64) -> bool| {
-        let v = match (t.get(ours), t.get(theirs)) {
-            (Some(o), Some(x)) if x > 0.0 => o / x,
-            _ => f64::NAN,
-        };
-        let verdict = if target == "-" {
-            "no target".to_owned()
-        } else {
-            format!("target {target}: {}", if ok(v) { "met" } else { "missed" })
-        };
-        t.row("ratio", what, format!("{v:.3} ({verdict})"));
+        let verdict = ratio_verdict(t.get(ours), t.get(theirs), plausible(theirs), target, ok);
+        t.row("ratio", what, verdict);
     };
     ratio(
         &mut t,
@@ -882,6 +876,52 @@ fn write_section(file: &Path, md: &str) -> Result<()> {
     std::fs::write(file, new).with_context(|| format!("writing {}", file.display()))
 }
 
+/// What a reference measurement may be on this kind of machine (loopback, 2 cores) for a ratio
+/// against it to mean anything: bandwidths and message rates have a floor (about a twentieth of
+/// what they measure here), latencies a ceiling (about twenty times). A run outside it happened
+/// on a machine too loaded to measure.
+fn plausible(reference: &str) -> std::ops::RangeInclusive<f64> {
+    match reference {
+        "udp_gsogro_gbps" => 2.0..=f64::INFINITY,
+        "ucx_put_bw_gbps" => 0.25..=f64::INFINITY,
+        "memcpy_cold_gbps" => 2.0..=f64::INFINITY,
+        "ucx_tag_bw_64_mps" => 0.01..=f64::INFINITY,
+        "udp_busy_oneway_us" => 0.1..=40.0,
+        "ucx_tag_lat_us" => 0.1..=150.0,
+        "fi_lat_us" => 0.1..=200.0,
+        "udp_block_rtt_us" => 0.1..=400.0,
+        _ => f64::MIN_POSITIVE..=f64::INFINITY,
+    }
+}
+
+/// The ratio ours / reference with its verdict against the target.
+fn ratio_verdict(
+    ours: Option<f64>,
+    reference: Option<f64>,
+    plausible: std::ops::RangeInclusive<f64>,
+    target: &str,
+    ok: fn(f64) -> bool,
+) -> String {
+    let (Some(o), Some(x)) = (ours, reference) else {
+        return "NaN (not measured)".to_owned();
+    };
+    if !plausible.contains(&x) {
+        return format!(
+            "{:.3} (reference invalid: {x:.3} measured, outside {}..{} on this machine; re-run on a quieter one)",
+            o / x,
+            plausible.start(),
+            plausible.end()
+        );
+    }
+    let v = o / x;
+    let verdict = if target == "-" {
+        "no target".to_owned()
+    } else {
+        format!("target {target}: {}", if ok(v) { "met" } else { "missed" })
+    };
+    format!("{v:.3} ({verdict})")
+}
+
 #[cfg(test)]
 mod test {
     use super::*;
@@ -897,5 +937,24 @@ mod test {
         assert!(s.starts_with("# Benchmarks\n\nkept\n"));
         assert_eq!(s.matches(BEGIN).count(), 1);
         assert!(s.contains("second\n") && !s.contains("first\n"));
+    }
+
+    #[test]
+    fn a_collapsed_reference_is_invalid_never_met() {
+        // The --quick run under load: "UDP plain 0.01 Gbit/s" made 13.7 look met.
+        let v = ratio_verdict(Some(0.137), Some(0.01), plausible("udp_gsogro_gbps"), ">= 0.5", |v| v >= 0.5);
+        assert!(v.contains("reference invalid") && !v.contains("met"), "{v}");
+        // A stalled latency reference makes any latency look good.
+        let v = ratio_verdict(Some(20.0), Some(900.0), plausible("udp_busy_oneway_us"), "<= 1.5", |v| v <= 1.5);
+        assert!(v.contains("reference invalid"), "{v}");
+    }
+
+    #[test]
+    fn a_plausible_reference_gives_the_verdict() {
+        let v = ratio_verdict(Some(9.0), Some(56.7), plausible("udp_gsogro_gbps"), ">= 0.5", |v| v >= 0.5);
+        assert_eq!(v, "0.159 (target >= 0.5: missed)");
+        let v = ratio_verdict(Some(3.0), Some(2.2), plausible("udp_busy_oneway_us"), "<= 1.5", |v| v <= 1.5);
+        assert_eq!(v, "1.364 (target <= 1.5: met)");
+        assert_eq!(ratio_verdict(None, Some(1.0), plausible("x"), "-", |_| true), "NaN (not measured)");
     }
 }
