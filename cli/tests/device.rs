@@ -12,53 +12,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// A runtime dir that does not exist yet: softrdma creates it, mode 0700.
-fn rtdir() -> (tempfile::TempDir, std::path::PathBuf) {
-    let base = tempfile::tempdir().unwrap();
-    let rt = base.path().join("rt");
-    (base, rt)
-}
-
-fn cmd(rt: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_softrdma"));
-    c.env("SOFTRDMA_RUNTIME_DIR", rt);
-    c
-}
-
-fn run(rt: &Path, args: &[&str]) -> Output {
-    cmd(rt).args(args).output().expect("run softrdma")
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
-
-fn stat(rt: &Path, name: &str) -> Value {
-    let o = run(rt, &["stat", name, "--json"]);
-    assert!(o.status.success(), "{}", text(&o));
-    serde_json::from_slice(&o.stdout).unwrap()
-}
-
-/// Stops the device when the test ends, pass or fail.
-struct Up<'a>(&'a Path, &'a str);
-
-impl Drop for Up<'_> {
-    fn drop(&mut self) {
-        let _ = run(self.0, &["down", self.1]);
-    }
-}
-
-fn up<'a>(rt: &'a Path, name: &'a str, addr: &str, port: u16) -> Up<'a> {
-    let o = run(rt, &["up", name, "--addr", addr, "--port", &port.to_string()]);
-    assert!(o.status.success(), "{}", text(&o));
-    Up(rt, name)
-}
+mod common;
+use common::{cmd, rtdir, run, stat, text, up, Up};
 
 #[test]
 fn up_list_stat_down() {
     let (_base, rt) = rtdir();
     let rt = rt.as_path();
-    let g = up(rt, "t1", "127.0.0.1", 47930);
+    let g = up(rt, "t1", "127.0.0.1", 47930, &[]);
     // Starting it again finds it running.
     let o = run(rt, &["up", "t1", "--addr", "127.0.0.1", "--port", "47930"]);
     assert!(o.status.success() && text(&o).contains("t1 up on 127.0.0.1"), "{}", text(&o));
@@ -88,7 +49,7 @@ fn up_list_stat_down() {
 fn a_taken_address_is_a_clear_error_naming_addr() {
     let (_base, rt) = rtdir();
     let rt = rt.as_path();
-    let _g = up(rt, "t2", "127.0.0.1", 47931);
+    let _g = up(rt, "t2", "127.0.0.1", 47931, &[]);
     // Another device on the same address and port (as another user's device would be).
     let o = run(rt, &["up", "t3", "--addr", "127.0.0.1", "--port", "47931"]);
     assert!(!o.status.success());
@@ -177,7 +138,7 @@ fn xrc_target_qp_outlives_its_creator_and_dead_clients_are_cleaned_up() {
     let (_base, rt) = rtdir();
     let rt = rt.as_path();
     const DEV: &str = "x1";
-    let _g = up(rt, DEV, "127.0.0.1", 47932);
+    let _g = up(rt, DEV, "127.0.0.1", 47932, &[]);
     let file = rt.join("domain");
     // Process 1 creates the domain and the target QP; process 2 joins both.
     let mut w1 = Worker::spawn(rt, DEV, &file, "create");
@@ -214,7 +175,7 @@ fn a_malformed_client_is_cut_off_alone() {
     let (_base, rt) = rtdir();
     let rt = rt.as_path();
     const DEV: &str = "m1";
-    let _g = up(rt, DEV, "127.0.0.1", 47933);
+    let _g = up(rt, DEV, "127.0.0.1", 47933, &[]);
     let file = rt.join("domain");
     let mut good = Worker::spawn(rt, DEV, &file, "create");
     let _: Value = serde_json::from_str(&good.line()).unwrap();
@@ -326,7 +287,7 @@ fn wait_ended(rt: &Path, name: &str, limit: Duration) -> bool {
 fn a_device_whose_socket_file_is_removed_ends() {
     let (_base, rt) = rtdir();
     let rt = rt.as_path();
-    let _g = up(rt, "gone1", "127.0.0.1", 47941);
+    let _g = up(rt, "gone1", "127.0.0.1", 47941, &[]);
     assert!(daemon_holds_lock(rt, "gone1"));
     // No client can reach it any more (as when its runtime dir is deleted): it ends by itself.
     std::fs::remove_file(rt.join("gone1.sock")).unwrap();
@@ -352,7 +313,7 @@ fn an_idle_device_ends_after_its_idle_time_but_not_while_a_client_is_attached() 
     let log = std::fs::read_to_string(rt.join("idle1.log")).unwrap();
     assert!(log.contains("no client for 1 s"), "{log}");
     // A device started without --idle-exit does not end by itself.
-    let _g2 = up(rt, "idle2", "127.0.0.1", 47943);
+    let _g2 = up(rt, "idle2", "127.0.0.1", 47943, &[]);
     std::thread::sleep(Duration::from_millis(2500));
     assert!(daemon_holds_lock(rt, "idle2"));
 }

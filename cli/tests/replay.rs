@@ -4,41 +4,14 @@
 //! Each test has its own runtime dir, addresses and UDP port.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use serde_json::Value;
 
+mod common;
+use common::{run, text, up};
+
 fn capture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/captures").join(name)
-}
-
-fn cmd(rt: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_softrdma"));
-    c.env("SOFTRDMA_RUNTIME_DIR", rt);
-    c
-}
-
-fn run(rt: &Path, args: &[&str]) -> Output {
-    cmd(rt).args(args).output().expect("run softrdma")
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
-
-/// Stops the device when the test ends, pass or fail.
-struct Up<'a>(&'a Path, &'a str);
-
-impl Drop for Up<'_> {
-    fn drop(&mut self) {
-        let _ = run(self.0, &["down", self.1]);
-    }
-}
-
-fn up<'a>(rt: &'a Path, name: &'a str, addr: &str, port: u16, profile: &str) -> Up<'a> {
-    let o = run(rt, &["up", name, "--addr", addr, "--port", &port.to_string(), "--mtu", "1024", "--profile", profile]);
-    assert!(o.status.success(), "{}", text(&o));
-    Up(rt, name)
 }
 
 fn replay_json(rt: &Path, args: &[&str]) -> Value {
@@ -98,7 +71,7 @@ fn live_replay_to_a_running_device() {
     let base = tempfile::tempdir().unwrap();
     let rt = base.path().join("rt");
     let port = "47971";
-    let _cx = up(&rt, "lrcx", "127.0.0.71", 47971, "cx");
+    let _cx = up(&rt, "lrcx", "127.0.0.71", 47971, &["--mtu", "1024", "--profile", "cx"]);
     let live = |file: &str, dev: &str, profile: &str| {
         let path = capture(file);
         replay_json(
@@ -118,7 +91,7 @@ fn live_replay_to_a_running_device() {
     assert!(v["mismatch_fields"]["MigReq"].as_u64().unwrap() > 0, "{v}");
     drop(_cx);
 
-    let _rxe = up(&rt, "lrrxe", "127.0.0.71", 47971, "rxe");
+    let _rxe = up(&rt, "lrrxe", "127.0.0.71", 47971, &["--mtu", "1024", "--profile", "rxe"]);
     let v = live("rxe-rc-ud-pingpong-n20.pcap", "lrrxe", "rxe");
     let (m, n) = figures(&v);
     assert!(n > 0 && m == n, "{v}");
