@@ -1112,3 +1112,24 @@ fn requester_keeps_at_most_128_psns_unacknowledged() {
     assert_eq!(p.poll(A, a.cq)[0].status, WcStatus::Success);
     assert_eq!(p.read(B, target, len), msg);
 }
+
+#[test]
+fn a_responder_answering_rnr_for_longer_than_the_ack_timeouts_allow_is_not_a_transport_error() {
+    // IBTA 9.7.5.2.8: an RNR NAK is a response; the requester waits the RNR timer and then
+    // retries under rnr_retry (7: forever). The local ACK timeout and retry_cnt (C9-140) count a
+    // silent responder, not the RNR waits it asked for: an RNR timer longer than the ACK timeout
+    // (min_rnr_timer 10 is 0.32 ms, timeout 4 is 65 us, retry_cnt 1) must not end in
+    // RETRY_EXC_ERR while the responder keeps answering.
+    let (mut p, a, b) =
+        setup(RcOptions { timeout: 4, retry_cnt: 1, rnr_retry: 7, min_rnr_timer: 10, ..RcOptions::default() });
+    send(&mut p, &a, 1, SendOp::Send, BASE, 4);
+    let end = p.now + softrdma_engine::time::Duration::from_millis(10);
+    while p.now < end && p.step() {}
+    let wa = p.poll(A, a.cq);
+    assert!(wa.is_empty(), "the requester gave up while the responder answered: {wa:?}");
+    let rnrs = p.log.iter().filter(|s| s.from == B && s.syndrome.is_some_and(|x| x & 0x60 == 0x20)).count();
+    assert!(rnrs > 20, "{rnrs} RNR NAKs in 10 ms");
+    post_recv(&mut p, B, &b, 7, BASE + 0x1000, 64);
+    p.drive(STEPS);
+    assert_eq!(p.poll(A, a.cq)[0].status, WcStatus::Success);
+}

@@ -117,7 +117,11 @@ fn handle_nak<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn, syndrome: 
             }
             qp.rnr_until = Some(ctx.now + crate::time::Duration::from_nanos(aeth::rnr_timer_ns(timer)));
             rewind(qp, psn);
-            qp.rearm(ctx);
+            // The responder answered: the transport timer (which counts silence against
+            // retry_cnt, C9-140) stops for the wait it asked for and starts again with the resend
+            // (Qp::handle_timeout). Left running, an RNR timer longer than the ACK timeout spent
+            // retry_cnt on a live responder.
+            qp.retrans_at = None;
         }
         Syndrome::Nak(code) => {
             let status = match code {

@@ -747,8 +747,10 @@ impl Qp {
 
     pub(crate) fn handle_timeout<M: Memory>(&mut self, ctx: &mut Ctx<'_, M>) {
         if self.rnr_until.is_some_and(|t| t <= ctx.now) {
-            // The RNR wait is over: resend from the NAKed PSN (already rewound).
+            // The RNR wait is over: resend from the NAKed PSN (already rewound), under a
+            // transport timer started now.
             self.rnr_until = None;
+            self.rearm(ctx);
         }
         if self.retrans_at.is_some_and(|t| t <= ctx.now) {
             comp::retransmit_timeout(self, ctx);
