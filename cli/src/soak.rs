@@ -48,10 +48,6 @@ const RECV_DEPTH: usize = 8;
 const UD_DEPTH: usize = 32;
 /// How long a draining side waits for what it is owed.
 const DRAIN: Duration = Duration::from_secs(20);
-/// The QPs' local ACK timeout code (4.096 us * 2^14 = 67 ms, as ibv_rc_pingpong uses): a dead
-/// peer is noticed after retry_cnt + 1 timeouts (0.5 s), well inside [`DRAIN`]; shorter ones
-/// give up on a live peer whose device a loaded 2-core machine did not schedule for 8 timeouts.
-const ACK_TIMEOUT: u8 = 14;
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct SoakArgs {
@@ -73,6 +69,14 @@ pub(crate) struct SoakArgs {
     /// Mean seconds between two kills (each waits a random 0.5x to 1.5x of it); 0 kills nobody.
     #[arg(long, default_value_t = 3.0)]
     kill_every: f64,
+    /// The RC and XRC QPs' local ACK timeout code (4.096 us * 2^N; 16 is 268 ms): a killed
+    /// responder is noticed after retry_cnt + 1 = 8 timeouts (2.1 s at 16). A software device is
+    /// a process, and on a loaded machine (load average 17 on 2 cores: compilers, fuzzers, another
+    /// soak) timeouts of 67 ms (14) ran out 8 times in a row against live peers whose devices went
+    /// unscheduled for up to 1.2 s; the transport's right answer to silence, but nothing about the
+    /// device. Raise it on a loaded machine; any error with a live peer is a violation.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u8).range(1..=31))]
+    ack_timeout: u8,
     /// Largest message in bytes.
     #[arg(long, default_value_t = 1 << 20, value_parser = clap::value_parser!(u32).range(8..=(16 << 20)))]
     max_size: u32,
@@ -328,6 +332,8 @@ enum Control {
     PeerDying,
     /// The partner process was killed: drain.
     PeerGone,
+    /// Say your findings so far (you are about to be killed); go on as before.
+    Report,
     /// The report was read: exit.
     Exit,
 }
@@ -380,6 +386,8 @@ pub(crate) struct WorkerArgs {
     generation: u64,
     #[arg(long)]
     max_size: usize,
+    #[arg(long)]
+    ack_timeout: u8,
 }
 
 /// Reads control lines from stdin on a thread; the worker polls the channel between its polls.
@@ -418,8 +426,8 @@ pub(crate) fn worker(a: &WorkerArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn options(mtu: Mtu) -> ConnectOptions {
-    ConnectOptions { mtu, timeout: ACK_TIMEOUT, ..ConnectOptions::default() }
+fn options(mtu: Mtu, ack_timeout: u8) -> ConnectOptions {
+    ConnectOptions { mtu, timeout: ack_timeout, ..ConnectOptions::default() }
 }
 
 /// The statuses a work request may end with once its peer is dying: the transport gave up (IBTA
@@ -433,6 +441,8 @@ fn allowed_after_peer_death(s: WcStatus) -> bool {
 }
 
 struct ReqQp {
+    /// When this QP last completed a work request (or started).
+    last_completion: Instant,
     qp: QueuePair,
     w: Workload,
     /// Local slots: WINDOW buffers of max bytes (send source, read destination, atomic result).
@@ -603,12 +613,13 @@ fn requester(ctx: &Context, a: &WorkerArgs, rx: &mpsc::Receiver<Control>) -> Res
         let caps = if t == QpType::Rc { QpCaps { max_recv_wr: 1, max_recv_sge: 1, ..caps } } else { caps };
         let qp = pd.qp_builder(t, &cq).caps(caps).build()?;
         let psn = (mix(a.seed ^ q as u64) & 0xff_ffff) as u32;
-        qp.connect(psn, &r.ep, &options(mtu))?;
+        qp.connect(psn, &r.ep, &options(mtu, a.ack_timeout))?;
         eps.push(qp.endpoint(psn));
         let w = Workload::new(a.seed, a.generation, q, max);
         let mut read_area = vec![0u8; max];
         w.read_area(&mut read_area);
         qps.push(ReqQp {
+            last_completion: Instant::now(),
             qp,
             w,
             mr: pd.alloc_mr(WINDOW * max, access)?,
@@ -658,6 +669,7 @@ fn requester(ctx: &Context, a: &WorkerArgs, rx: &mpsc::Receiver<Control>) -> Res
                 peer_gone = true;
                 say(&true)?;
             }
+            Ok(Control::Report) => say(&t)?,
             Ok(Control::PeerGone) => {
                 stopping = true;
                 peer_gone = true;
@@ -698,6 +710,8 @@ fn requester(ctx: &Context, a: &WorkerArgs, rx: &mpsc::Receiver<Control>) -> Res
             match r.outstanding.front() {
                 Some(&(id, k, readback)) if id == wc.wr_id => {
                     r.outstanding.pop_front();
+                    let quiet = r.last_completion.elapsed();
+                    r.last_completion = Instant::now();
                     if wc.status == WcStatus::Success {
                         let op = r.w.op(k);
                         let last = !matches!(op.kind, Kind::Write | Kind::WriteImm | Kind::AtomicWrite) || readback;
@@ -718,7 +732,13 @@ fn requester(ctx: &Context, a: &WorkerArgs, rx: &mpsc::Receiver<Control>) -> Res
                             // (counted once, as the first error).
                             t.flushed += 1;
                         } else {
-                            note!("soak: QP {} op {k}: {:?} (peer alive)", wc.qp_num, wc.status);
+                            note!(
+                                "soak: QP {} op {k} {:?}: {:?} (peer alive; the QP's last completion {} ms before)",
+                                wc.qp_num,
+                                r.w.op(k).kind,
+                                wc.status,
+                                quiet.as_millis()
+                            );
                             t.wrong_status += 1;
                         }
                         r.failed = true;
@@ -912,7 +932,7 @@ fn responder(ctx: &Context, a: &WorkerArgs, rx: &mpsc::Receiver<Control>) -> Res
     };
     ensure!(ini.eps.len() == nq, "the requester has {} QPs", ini.eps.len());
     for (q, r) in qps.iter().enumerate() {
-        r.qp.as_ref().expect("live").connect(0, &ini.eps[q], &options(ctx.info().active_mtu))?;
+        r.qp.as_ref().expect("live").connect(0, &ini.eps[q], &options(ctx.info().active_mtu, a.ack_timeout))?;
         for i in 0..RECV_DEPTH {
             post(q, i, &rbufs, &qps)?;
         }
@@ -942,6 +962,7 @@ fn responder(ctx: &Context, a: &WorkerArgs, rx: &mpsc::Receiver<Control>) -> Res
             }
             // A responder's receives end only when it moves its QPs to the error state.
             Ok(Control::PeerDying) => say(&true)?,
+            Ok(Control::Report) => say(&t)?,
             Ok(Control::PeerGone) => {
                 // IBTA 10.3.1: a QP moved to the error state completes its posted receives with
                 // a flush status. The SRQ's receives stay on the SRQ (IBTA 10.2.9.5): destroyed
@@ -1195,6 +1216,8 @@ impl Soak<'_> {
             &generation.to_string(),
             "--max-size",
             &self.a.max_size.to_string(),
+            "--ack-timeout",
+            &self.a.ack_timeout.to_string(),
         ]
         .iter()
         .map(|s| s.to_string())
@@ -1256,6 +1279,19 @@ impl Soak<'_> {
         let g = p.generation;
         let (victim, survivor, name) =
             if requester { (&mut p.req, &mut p.resp, "responder") } else { (&mut p.resp, &mut p.req, "requester") };
+        // What the victim found so far counts: it says it, then goes on until killed.
+        let heard = victim.write(&Control::Report).is_ok() && {
+            match victim.read::<Tally>(Duration::from_secs(30)) {
+                Ok(t) => {
+                    self.tally.add(&t);
+                    true
+                }
+                Err(_) => false,
+            }
+        };
+        if !heard {
+            self.failures.push(format!("pair {g}: the process to be killed did not report"));
+        }
         // The survivor hears first, so that it tells the errors the death causes (in the moment
         // before it hears of the death) from errors with a live peer.
         let warned =
@@ -1293,6 +1329,7 @@ struct Report {
     qps_per_pair: u32,
     faults: String,
     seed: u64,
+    ack_timeout: u8,
     kills: u64,
     pairs_run: u64,
     messages: u64,
@@ -1432,6 +1469,7 @@ pub(crate) fn run(a: &SoakArgs) -> Result<ExitCode> {
         qps_per_pair: a.qps,
         faults: a.faults.clone(),
         seed: a.seed,
+        ack_timeout: a.ack_timeout,
         kills: s.kills,
         pairs_run: s.next_generation,
         messages: t.messages,
@@ -1471,8 +1509,8 @@ pub(crate) fn run(a: &SoakArgs) -> Result<ExitCode> {
 
 fn print_report(r: &Report) {
     println!(
-        "soak: {:.0} s, {} pairs of {} RC + 1 XRC + 1 UD QPs, faults {}, seed {}",
-        r.seconds, r.pairs, r.qps_per_pair, r.faults, r.seed
+        "soak: {:.0} s, {} pairs of {} RC + 1 XRC + 1 UD QPs, faults {}, seed {}, ACK timeout {}",
+        r.seconds, r.pairs, r.qps_per_pair, r.faults, r.seed, r.ack_timeout
     );
     println!("  client processes killed   {:>12}   (pairs run: {})", r.kills, r.pairs_run);
     println!("  messages                  {:>12}   ({:.1} MiB checked)", r.messages, r.bytes as f64 / (1 << 20) as f64);
