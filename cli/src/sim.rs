@@ -7,9 +7,9 @@ use clap::Args;
 use serde_json::json;
 use softrdma_engine::time::Duration;
 use softrdma_engine::verbs::Mtu;
-use softrdma_transport::services::{self, Service};
 use softrdma_transport::sim::{Faults, LinkConfig};
-use softrdma_transport::workload::{self, Op, Workload};
+use softrdma_workloads::services::{self, Service};
+use softrdma_workloads::workload::{self, Op, Workload};
 
 #[derive(Args)]
 pub(crate) struct SimArgs {

@@ -4,10 +4,11 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use softrdma_engine::device::{CqId, Device, DeviceConfig, MrKeys, PdId, QpAttr, QpCaps, QpInit, RecvMeta, Transmit};
+use softrdma_engine::connect::{bring_up, connect_pair, ConnectParams, End, Remote};
+use softrdma_engine::device::{CqId, Device, DeviceConfig, MrKeys, PdId, QpCaps, QpInit, RecvMeta, Transmit};
 use softrdma_engine::memory::VecMemory;
 use softrdma_engine::time::{Duration, Instant};
-use softrdma_engine::verbs::{Access, AttrMask, Mtu, QpState, QpType};
+use softrdma_engine::verbs::{Access, Mtu, QpType};
 use softrdma_engine::wire::{IbPacket, Opcode, Psn, Qpn};
 use softrdma_engine::wr::WorkCompletion;
 
@@ -117,6 +118,23 @@ pub struct RcOptions {
     pub b_srq: Option<u32>,
 }
 
+impl RcOptions {
+    /// The attributes both QPs take, with Q_Key `qkey`.
+    pub fn params(&self, qkey: u32) -> ConnectParams {
+        ConnectParams {
+            mtu: self.mtu,
+            access: self.access,
+            qkey,
+            timeout: self.timeout,
+            retry_cnt: self.retry_cnt,
+            rnr_retry: self.rnr_retry,
+            min_rnr_timer: self.min_rnr_timer,
+            max_rd_atomic: self.max_rd_atomic,
+            max_dest_rd_atomic: self.max_dest_rd_atomic,
+        }
+    }
+}
+
 impl Default for RcOptions {
     fn default() -> RcOptions {
         RcOptions {
@@ -207,64 +225,17 @@ impl Pair {
         };
         let sa = mk(&mut self.a, None);
         let sb = mk(&mut self.b, o.b_srq);
-        for (d, me, peer, peer_addr, my_psn, peer_psn) in
-            [(&mut self.a, sa, sb, ADDR_B, o.psn_a, o.psn_b), (&mut self.b, sb, sa, ADDR_A, o.psn_b, o.psn_a)]
-        {
-            let mut attr = QpAttr {
-                qp_state: QpState::Init,
-                port_num: 1,
-                pkey_index: 0,
-                qp_access_flags: o.access,
-                ..QpAttr::default()
-            };
-            d.modify_qp(
-                me.qpn,
-                &attr,
-                AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
-            )
-            .unwrap();
-            attr.qp_state = QpState::Rtr;
-            attr.path_mtu = o.mtu;
-            attr.dest = peer_addr;
-            attr.dest_qp_num = peer.qpn.value();
-            attr.rq_psn = peer_psn;
-            attr.max_dest_rd_atomic = o.max_dest_rd_atomic;
-            attr.min_rnr_timer = o.min_rnr_timer;
-            d.modify_qp(
-                me.qpn,
-                &attr,
-                AttrMask::STATE
-                    | AttrMask::AV
-                    | AttrMask::PATH_MTU
-                    | AttrMask::DEST_QPN
-                    | AttrMask::RQ_PSN
-                    | AttrMask::MAX_DEST_RD_ATOMIC
-                    | AttrMask::MIN_RNR_TIMER,
-            )
-            .unwrap();
-            attr.qp_state = QpState::Rts;
-            attr.timeout = o.timeout;
-            attr.retry_cnt = o.retry_cnt;
-            attr.rnr_retry = o.rnr_retry;
-            attr.sq_psn = my_psn;
-            attr.max_rd_atomic = o.max_rd_atomic;
-            d.modify_qp(
-                me.qpn,
-                &attr,
-                AttrMask::STATE
-                    | AttrMask::TIMEOUT
-                    | AttrMask::RETRY_CNT
-                    | AttrMask::RNR_RETRY
-                    | AttrMask::SQ_PSN
-                    | AttrMask::MAX_QP_RD_ATOMIC,
-            )
-            .unwrap();
-        }
+        connect_pair(
+            End { dev: &mut self.a, qpn: sa.qpn, qp_type: QpType::Rc, psn: o.psn_a },
+            End { dev: &mut self.b, qpn: sb.qpn, qp_type: QpType::Rc, psn: o.psn_b },
+            &o.params(0),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         (sa, sb)
     }
 
     /// Moves a QP of any type from RESET to RTS, setting exactly the attributes the kernel's
-    /// table requires for each transition (`softrdma_engine::modify::required`).
+    /// table requires for each transition ([`softrdma_engine::connect::bring_up`]).
     #[allow(clippy::too_many_arguments)]
     pub fn bring_up(
         d: &mut Device<VecMemory>,
@@ -277,31 +248,8 @@ impl Pair {
         peer_psn: u32,
         qkey: u32,
     ) {
-        use softrdma_engine::modify::required;
-        let mut attr = QpAttr {
-            port_num: 1,
-            pkey_index: 0,
-            qp_access_flags: o.access,
-            qkey,
-            path_mtu: o.mtu,
-            dest: peer,
-            dest_qp_num: peer_qpn.value(),
-            rq_psn: peer_psn,
-            max_dest_rd_atomic: o.max_dest_rd_atomic,
-            min_rnr_timer: o.min_rnr_timer,
-            timeout: o.timeout,
-            retry_cnt: o.retry_cnt,
-            rnr_retry: o.rnr_retry,
-            sq_psn: my_psn,
-            max_rd_atomic: o.max_rd_atomic,
-            ..QpAttr::default()
-        };
-        for (from, to) in [(QpState::Reset, QpState::Init), (QpState::Init, QpState::Rtr), (QpState::Rtr, QpState::Rts)]
-        {
-            attr.qp_state = to;
-            let mask = AttrMask::STATE | required(qp_type, from, to).expect("a valid transition");
-            d.modify_qp(qpn, &attr, mask).unwrap_or_else(|e| panic!("{qp_type:?} {from:?}->{to:?}: {e}"));
-        }
+        let remote = Remote { addr: peer, qpn: peer_qpn, psn: peer_psn };
+        bring_up(d, qpn, qp_type, &o.params(qkey), my_psn, &remote).unwrap_or_else(|e| panic!("{e}"));
     }
 
     fn collect(&mut self) {

@@ -807,9 +807,10 @@ fn acks_are_coalesced_with_the_invalid_credit_code() {
 
 #[test]
 fn two_gib_minus_one_write_announces_its_length_and_is_accepted() {
-    use softrdma_engine::device::{Device, DeviceConfig, QpAttr, QpCaps, QpInit, RecvMeta};
+    use softrdma_engine::connect::{connect_pair, ConnectParams, End};
+    use softrdma_engine::device::{Device, DeviceConfig, QpCaps, QpInit, RecvMeta};
     use softrdma_engine::memory::VecMemory;
-    use softrdma_engine::verbs::{Access, AttrMask, QpType};
+    use softrdma_engine::verbs::{Access, QpType};
     use softrdma_engine::wire::IbPacket;
     let len: u32 = (1 << 31) - 1;
     let big = 1u64 << 31;
@@ -840,22 +841,24 @@ fn two_gib_minus_one_write_announces_its_length_and_is_accepted() {
         })
         .collect();
     let (qa, qb) = (devs[0].1, devs[1].1);
-    for (i, (d, qpn, _)) in devs.iter_mut().enumerate() {
-        let peer = if i == 0 { qb } else { qa };
-        let mut a =
-            QpAttr { qp_state: QpState::Init, port_num: 1, qp_access_flags: Access::REMOTE_WRITE, ..QpAttr::default() };
-        d.modify_qp(*qpn, &a, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS)
-            .unwrap();
-        a.qp_state = QpState::Rtr;
-        a.path_mtu = Mtu::Mtu4096;
-        a.dest = addrs[1 - i];
-        a.dest_qp_num = peer.value();
-        let m = AttrMask::STATE | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN;
-        d.modify_qp(*qpn, &a, m | AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER).unwrap();
-        a.qp_state = QpState::Rts;
-        let m = AttrMask::STATE | AttrMask::TIMEOUT | AttrMask::RETRY_CNT | AttrMask::RNR_RETRY | AttrMask::SQ_PSN;
-        d.modify_qp(*qpn, &a, m | AttrMask::MAX_QP_RD_ATOMIC).unwrap();
-    }
+    let params = ConnectParams {
+        mtu: Mtu::Mtu4096,
+        access: Access::REMOTE_WRITE,
+        qkey: 0,
+        timeout: 0,
+        retry_cnt: 0,
+        rnr_retry: 0,
+        min_rnr_timer: 0,
+        max_rd_atomic: 0,
+        max_dest_rd_atomic: 0,
+    };
+    let [(da, ..), (db, ..)] = &mut devs[..] else { unreachable!("two devices") };
+    connect_pair(
+        End { dev: da, qpn: qa, qp_type: QpType::Rc, psn: 0 },
+        End { dev: db, qpn: qb, qp_type: QpType::Rc, psn: 0 },
+        &params,
+    )
+    .unwrap();
     let rkey = devs[1].2.rkey;
     let lkey = devs[0].2.lkey;
     let wr = SendWr::new(1, SendOp::Write { remote_addr: BASE, rkey }, vec![Sge { addr: BASE, length: len, lkey }]);

@@ -2,14 +2,14 @@
 //! random fault schedules. Within the retry budget every work request completes exactly once, in
 //! order, with the right data; beyond it, the first failing request gets RETRY_EXC_ERR (or
 //! RNR_RETRY_EXC_ERR) and every later one WR_FLUSH_ERR. The runner in
-//! `softrdma_transport::workload` checks all of this against what was posted; a failing seed is
+//! `softrdma_workloads::workload` checks all of this against what was posted; a failing seed is
 //! kept by proptest in `rc_props.proptest-regressions`.
 
 use proptest::prelude::*;
 use softrdma_engine::time::Duration;
 use softrdma_engine::verbs::Mtu;
 use softrdma_transport::sim::{Faults, LinkConfig};
-use softrdma_transport::workload::{run, Op, Workload};
+use softrdma_workloads::workload::{run, Op, Workload};
 
 fn ops() -> impl Strategy<Value = Vec<Op>> {
     prop::sample::subsequence(vec![Op::Send, Op::Write, Op::Read, Op::Atomic], 1..=4)

@@ -4,9 +4,9 @@
 use proptest::prelude::*;
 use softrdma_engine::time::Duration;
 use softrdma_engine::verbs::Mtu;
-use softrdma_transport::services::{run_service, Service};
 use softrdma_transport::sim::{Faults, LinkConfig};
-use softrdma_transport::workload::{Op, Workload};
+use softrdma_workloads::services::{run_service, Service};
+use softrdma_workloads::workload::{Op, Workload};
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(

@@ -8,10 +8,11 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Instant as WallClock;
 
 use criterion::{criterion_group, Criterion, Throughput};
-use softrdma_engine::device::{CqId, Device, DeviceConfig, MrKeys, QpAttr, QpCaps, QpInit, RecvMeta};
+use softrdma_engine::connect::{connect_pair, ConnectParams, End};
+use softrdma_engine::device::{CqId, Device, DeviceConfig, MrKeys, QpCaps, QpInit, RecvMeta};
 use softrdma_engine::memory::VecMemory;
 use softrdma_engine::time::Instant;
-use softrdma_engine::verbs::{Access, AttrMask, Mtu, QpState, QpType};
+use softrdma_engine::verbs::{Access, Mtu, QpType};
 use softrdma_engine::wire::Qpn;
 use softrdma_engine::wr::{RecvWr, SendOp, SendWr, Sge};
 
@@ -47,30 +48,22 @@ fn side(addr: IpAddr) -> Side {
     Side { dev, qpn, cq, mr }
 }
 
-fn connect(s: &mut Side, peer: Qpn, peer_addr: IpAddr) {
-    let mut a = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
-        ..QpAttr::default()
+/// Two sides, their RC QPs connected to each other.
+fn pair(ia: IpAddr, ib: IpAddr) -> (Side, Side) {
+    let (mut a, mut b) = (side(ia), side(ib));
+    let params = ConnectParams {
+        mtu: Mtu::Mtu4096,
+        access: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+        min_rnr_timer: 0,
+        ..ConnectParams::default()
     };
-    s.dev
-        .modify_qp(s.qpn, &a, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS)
-        .unwrap();
-    a.qp_state = QpState::Rtr;
-    a.path_mtu = Mtu::Mtu4096;
-    a.dest = peer_addr;
-    a.dest_qp_num = peer.value();
-    a.max_dest_rd_atomic = 16;
-    let m = AttrMask::STATE | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN;
-    s.dev.modify_qp(s.qpn, &a, m | AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER).unwrap();
-    a.qp_state = QpState::Rts;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 16;
-    let m = AttrMask::STATE | AttrMask::TIMEOUT | AttrMask::RETRY_CNT | AttrMask::RNR_RETRY | AttrMask::SQ_PSN;
-    s.dev.modify_qp(s.qpn, &a, m | AttrMask::MAX_QP_RD_ATOMIC).unwrap();
+    connect_pair(
+        End { dev: &mut a.dev, qpn: a.qpn, qp_type: QpType::Rc, psn: 0 },
+        End { dev: &mut b.dev, qpn: b.qpn, qp_type: QpType::Rc, psn: 0 },
+        &params,
+    )
+    .unwrap();
+    (a, b)
 }
 
 /// Runs `BATCH` operations to completion; returns the packets exchanged.
@@ -125,11 +118,7 @@ fn bench(c: &mut Criterion) {
     let ib: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
     let mut buf = vec![0u8; 8192];
     for (name, write, len) in [("write_4KiB", true, 4096u32), ("send_64B", false, 64)] {
-        let mut a = side(ia);
-        let mut b = side(ib);
-        let (qa, qb) = (a.qpn, b.qpn);
-        connect(&mut a, qb, ib);
-        connect(&mut b, qa, ia);
+        let (mut a, mut b) = pair(ia, ib);
         // Packets per batch (data packets and ACKs), measured once.
         let per_batch = batch(&mut a, &mut b, write, len, &mut buf);
         let mut g = c.benchmark_group("rc_engine");
@@ -155,11 +144,7 @@ fn main() {
         let ia: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
         let ib: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
         let (write, len) = if mode == "write" { (true, 4096) } else { (false, 64) };
-        let mut a = side(ia);
-        let mut b = side(ib);
-        let (qa, qb) = (a.qpn, b.qpn);
-        connect(&mut a, qb, ib);
-        connect(&mut b, qa, ia);
+        let (mut a, mut b) = pair(ia, ib);
         let mut buf = vec![0u8; 8192];
         let mut pkts = 0;
         for _ in 0..200 {

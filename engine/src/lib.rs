@@ -12,7 +12,9 @@
 //!   and target QPs, SRQs and XRC SRQs, memory windows.
 //! - [`cm`]: the connection manager behind QP1 (REQ/REP/RTU/REJ/MRA/DREQ/DREP, timers,
 //!   listeners), as the kernel's ib_cm + rdma_cm run it over RoCEv2.
-//! - [`modify`]: the modify_qp attribute-mask table (the Linux kernel's `qp_state_table`).
+//! - [`modify`]: the modify_qp attribute-mask table (the Linux kernel's `qp_state_table`), and
+//!   [`connect`]: bringing a QP (or a pair facing each other) up to RTS with exactly the masks the
+//!   table requires, the one bring-up tests, workloads and benchmarks use.
 //! - [`verbs`] (libibverbs' numeric values), [`wr`] (work requests and completions), [`memory`]
 //!   (how the engine reaches client memory: the `Memory` trait, `VecMemory` for tests), [`time`]
 //!   (virtual time), [`rng`] (the seeded generator).
@@ -30,6 +32,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod cm;
+pub mod connect;
 pub mod device;
 pub mod memory;
 pub mod modify;

@@ -6,10 +6,11 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use libfuzzer_sys::fuzz_target;
-use softrdma_engine::device::{ip_udp_header, Device, DeviceConfig, QpAttr, QpCaps, QpInit, RecvMeta};
+use softrdma_engine::connect::{connect_pair, ConnectParams, End};
+use softrdma_engine::device::{ip_udp_header, Device, DeviceConfig, QpCaps, QpInit, RecvMeta};
 use softrdma_engine::memory::VecMemory;
 use softrdma_engine::time::Instant;
-use softrdma_engine::verbs::{Access, AttrMask, Mtu, QpState, QpType};
+use softrdma_engine::verbs::{Access, Mtu, QpType};
 use softrdma_engine::wire::{icrc, IbPacket, Psn};
 use softrdma_engine::wr::{RecvWr, SendOp, SendWr, Sge};
 
@@ -33,30 +34,24 @@ fuzz_target!(|data: &[u8]| {
         devs.push((d, qpn, mr));
     }
     let qpns = [devs[0].1, devs[1].1];
-    for i in 0..2 {
-        let (d, qpn, _) = &mut devs[i];
-        let mut a = QpAttr {
-            qp_state: QpState::Init,
-            port_num: 1,
-            qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
-            ..QpAttr::default()
-        };
-        d.modify_qp(*qpn, &a, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS)
-            .unwrap();
-        a.qp_state = QpState::Rtr;
-        a.path_mtu = Mtu::Mtu256;
-        a.dest = addrs[1 - i];
-        a.dest_qp_num = qpns[1 - i].value();
-        a.max_dest_rd_atomic = 2;
-        let m = AttrMask::STATE | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN;
-        d.modify_qp(*qpn, &a, m | AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER).unwrap();
-        a.qp_state = QpState::Rts;
-        a.timeout = 4;
-        a.retry_cnt = 1;
-        a.max_rd_atomic = 2;
-        let m = AttrMask::STATE | AttrMask::TIMEOUT | AttrMask::RETRY_CNT | AttrMask::RNR_RETRY | AttrMask::SQ_PSN;
-        d.modify_qp(*qpn, &a, m | AttrMask::MAX_QP_RD_ATOMIC).unwrap();
-    }
+    let params = ConnectParams {
+        mtu: Mtu::Mtu256,
+        access: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+        timeout: 4,
+        retry_cnt: 1,
+        rnr_retry: 0,
+        min_rnr_timer: 0,
+        max_rd_atomic: 2,
+        max_dest_rd_atomic: 2,
+        ..ConnectParams::default()
+    };
+    let [(da, ..), (db, ..)] = &mut devs[..] else { unreachable!("two devices") };
+    connect_pair(
+        End { dev: da, qpn: qpns[0], qp_type: QpType::Rc, psn: 0 },
+        End { dev: db, qpn: qpns[1], qp_type: QpType::Rc, psn: 0 },
+        &params,
+    )
+    .unwrap();
     let (lkey_b, rkey_b, lkey_a) = (devs[1].2.lkey, devs[1].2.rkey, devs[0].2.lkey);
     devs[1]
         .0

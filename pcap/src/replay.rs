@@ -44,11 +44,11 @@ use std::path::Path;
 use crate::analyze::L3Kind;
 use serde::Serialize;
 use softrdma_engine::device::{
-    Behaviour, CqId, CreditPolicy, Device, DeviceConfig, PdId, QpAttr, QpCaps, QpInit, RecvMeta, SrqAttr,
+    Behaviour, CqId, CreditPolicy, Device, DeviceConfig, PdId, QpCaps, QpInit, RecvMeta, SrqAttr,
 };
 use softrdma_engine::memory::{Memory, MemoryError, Owner};
 use softrdma_engine::time::{Duration, Instant};
-use softrdma_engine::verbs::{Access, AttrMask, Mtu, QpState, QpType};
+use softrdma_engine::verbs::{Access, Mtu, QpType};
 use softrdma_engine::wire::{
     aeth, atomiceth, bth, reth, xrceth, Headers, IbPacket, OpKind, Opcode, Position, Psn, Qpn, Syndrome,
 };

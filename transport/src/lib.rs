@@ -7,11 +7,11 @@
 //!   per-sender bandwidth and seeded faults (loss, duplication, reordering, single-bit corruption,
 //!   partitions), and a driver that runs them to quiescence and catches livelock. Conformance and
 //!   property tests run the real engine over it (design decision D7).
-//! - [`workload`], engine devices as nodes of that wire and a workload runner that checks what
-//!   arrived against what was posted (`softrdma sim`); [`services`], the same for XRC fan-in, UD
-//!   and UC.
 //! - [`udp`], the real wire: RoCEv2 datagrams over UDP sockets (port 4791, a pool of source
 //!   ports for flow entropy, batched with GSO/GRO), and the interface MTU to active MTU rule.
+//!
+//! The test workloads that run engine devices over [`sim`] (`softrdma sim`) live in their own
+//! crate, `softrdma-workloads`: nothing here exists only for tests.
 //!
 //! Not built yet: the optional raw-Ethernet transport. No code here pretends to be it.
 //!
@@ -23,9 +23,7 @@
 //! - No threads, no sockets, no I/O.
 #![warn(missing_docs, unreachable_pub)]
 
-pub mod services;
 pub mod sim;
 pub mod udp;
-pub mod workload;
 
 pub use udp::{active_mtu, interface_mtu, GroupSocket, RoceUdp, UdpConfig, UdpError, UdpStats};

@@ -1,6 +1,7 @@
 //! The engine side of a virtual-time replay: the device, its sparse memory, QP bring-up.
 
 use super::*;
+use softrdma_engine::connect::{self, ConnectParams, Remote};
 
 // ---------------------------------------------------------------------------------------------
 // Memory: sparse, remembering which bytes the trace itself defined
@@ -333,28 +334,19 @@ pub(super) fn bring_to_rts(
     min_rnr_timer: u8,
     qkey: u32,
 ) -> Result<(), String> {
-    let attr = QpAttr {
-        port_num: 1,
-        pkey_index: 0,
-        qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
-        path_mtu: mtu,
-        dest: peer,
-        dest_qp_num: peer_qpn,
-        rq_psn: rq_psn.value(),
-        max_dest_rd_atomic: rd_atomic,
-        min_rnr_timer,
+    let p = ConnectParams {
+        mtu,
+        access: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+        qkey,
         timeout: 14,
         retry_cnt: 7,
         rnr_retry: 7,
-        sq_psn: sq_psn.value(),
+        min_rnr_timer,
         max_rd_atomic: rd_atomic,
-        qkey,
-        ..QpAttr::default()
+        max_dest_rd_atomic: rd_atomic,
     };
-    for (from, to) in [(QpState::Reset, QpState::Init), (QpState::Init, QpState::Rtr), (QpState::Rtr, QpState::Rts)] {
-        let mask = AttrMask::STATE | softrdma_engine::modify::required(qp_type, from, to).unwrap_or(AttrMask::STATE);
-        let a = QpAttr { qp_state: to, ..attr };
-        e.dev.modify_qp(qpn, &a, mask).map_err(|err| format!("modify_qp to {to:?}: {err}"))?;
-    }
+    let remote = Remote { addr: peer, qpn: Qpn::new(peer_qpn), psn: rq_psn.value() };
+    connect::bring_up(&mut e.dev, qpn, qp_type, &p, sq_psn.value(), &remote)
+        .map_err(|err| format!("modify_qp to {:?}: {}", err.to, err.error))?;
     Ok(())
 }

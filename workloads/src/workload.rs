@@ -4,59 +4,19 @@
 //! [`Report`]; the property tests assert on it.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr};
 
-use softrdma_engine::device::{Counters, CqId, Device, DeviceConfig, MrKeys, QpAttr, QpCaps, QpInit, RecvMeta};
+use softrdma_engine::connect::{connect_pair, ConnectParams, End};
+use softrdma_engine::device::{Counters, CqId, Device, DeviceConfig, MrKeys, QpCaps, QpInit};
 use softrdma_engine::memory::VecMemory;
 use softrdma_engine::rng::Rng;
-use softrdma_engine::time::{Duration, Instant};
-use softrdma_engine::verbs::{Access, AttrMask, Mtu, QpState, QpType, WcOpcode, WcStatus};
-use softrdma_engine::wire::{Qpn, ROCE_V2_PORT};
+use softrdma_engine::time::Duration;
+use softrdma_engine::verbs::{Access, Mtu, QpType, WcOpcode, WcStatus};
+use softrdma_engine::wire::Qpn;
 use softrdma_engine::wr::{RecvWr, SendOp, SendWr, Sge, WorkCompletion};
+use softrdma_transport::sim::{Faults, LinkConfig, WireStats};
 
-use crate::sim::{Datagram, Endpoint, Faults, Limits, LinkConfig, Sim, SimError, WireStats};
-
-/// An engine device as a node of the simulated wire.
-pub struct DeviceNode {
-    /// The device.
-    pub dev: Device<VecMemory>,
-    buf: Vec<u8>,
-}
-
-impl DeviceNode {
-    /// Wraps a device.
-    pub fn new(dev: Device<VecMemory>) -> DeviceNode {
-        DeviceNode { dev, buf: vec![0; 8192] }
-    }
-}
-
-impl Endpoint for DeviceNode {
-    fn addr(&self) -> IpAddr {
-        self.dev.config().addr
-    }
-
-    fn handle_datagram(&mut self, now: Instant, d: Datagram) {
-        let meta = RecvMeta { src: d.src.ip(), src_port: d.src.port(), ip_id: None, dst: Some(d.dst.ip()) };
-        self.dev.handle_packet(now, meta, &d.payload);
-    }
-
-    fn poll_transmit(&mut self, now: Instant) -> Option<Datagram> {
-        let t = self.dev.poll_transmit(now, &mut self.buf)?;
-        Some(Datagram {
-            src: SocketAddr::new(self.dev.config().addr, t.src_port),
-            dst: SocketAddr::new(t.dst, ROCE_V2_PORT),
-            payload: self.buf[..t.len].to_vec(),
-        })
-    }
-
-    fn poll_timeout(&self) -> Option<Instant> {
-        self.dev.poll_timeout()
-    }
-
-    fn handle_timeout(&mut self, now: Instant) {
-        self.dev.handle_timeout(now);
-    }
-}
+use crate::node::{simulate, DeviceNode};
 
 /// An operation a workload mixes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -251,34 +211,25 @@ pub fn run(w: &Workload) -> Result<Report, WorkloadError> {
         pairs.push(pair);
     }
     let mut rng = Rng::new(w.seed);
+    let params = ConnectParams {
+        mtu: w.mtu,
+        timeout: w.timeout,
+        retry_cnt: w.retry_cnt,
+        rnr_retry: 7,
+        min_rnr_timer: 1,
+        max_rd_atomic: 16,
+        max_dest_rd_atomic: 16,
+        ..ConnectParams::default()
+    };
     for (q, pair) in pairs.iter().enumerate() {
-        for side in 0..2 {
-            let (qpn, _) = pair[side];
-            let (peer, _) = pair[1 - side];
-            let dev = &mut nodes[side].dev;
-            let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-            let mut a = QpAttr { qp_state: QpState::Init, port_num: 1, qp_access_flags: access, ..QpAttr::default() };
-            let err = |e: softrdma_engine::verbs::VerbsError| WorkloadError::Invalid(format!("QP {q}: {e}"));
-            dev.modify_qp(qpn, &a, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS)
-                .map_err(err)?;
-            a.qp_state = QpState::Rtr;
-            a.path_mtu = w.mtu;
-            a.dest = addrs[1 - side];
-            a.dest_qp_num = peer.value();
-            a.rq_psn = 0x1000 * (q as u32 + 1) + (1 - side as u32);
-            a.max_dest_rd_atomic = 16;
-            a.min_rnr_timer = 1;
-            let m = AttrMask::STATE | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN;
-            dev.modify_qp(qpn, &a, m | AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER).map_err(err)?;
-            a.qp_state = QpState::Rts;
-            a.sq_psn = 0x1000 * (q as u32 + 1) + side as u32;
-            a.timeout = w.timeout;
-            a.retry_cnt = w.retry_cnt;
-            a.rnr_retry = 7;
-            a.max_rd_atomic = 16;
-            let m = AttrMask::STATE | AttrMask::TIMEOUT | AttrMask::RETRY_CNT | AttrMask::RNR_RETRY | AttrMask::SQ_PSN;
-            dev.modify_qp(qpn, &a, m | AttrMask::MAX_QP_RD_ATOMIC).map_err(err)?;
-        }
+        let [a, b] = &mut nodes[..] else { unreachable!("two nodes") };
+        let psn = 0x1000 * (q as u32 + 1);
+        connect_pair(
+            End { dev: &mut a.dev, qpn: pair[0].0, qp_type: QpType::Rc, psn },
+            End { dev: &mut b.dev, qpn: pair[1].0, qp_type: QpType::Rc, psn: psn + 1 },
+            &params,
+        )
+        .map_err(|e| WorkloadError::Invalid(format!("QP {q}: {e}")))?;
     }
     // The per-QP atomic counters live after the message slots.
     let counter = |q: usize| BASE + slot * u64::from(w.messages) + 64 * q as u64;
@@ -339,20 +290,6 @@ pub fn run(w: &Workload) -> Result<Report, WorkloadError> {
         report.violations.push(format!("{} completions delivered corrupted data", report.corrupted_delivered));
     }
     Ok(report)
-}
-
-/// Runs the nodes on the simulated wire to quiescence (a livelock bound is a violation), files
-/// the time and the wire's counters in the report, and gives the nodes back.
-pub(crate) fn simulate(nodes: Vec<DeviceNode>, w: &Workload, report: &mut Report) -> Vec<DeviceNode> {
-    let mut sim = Sim::new(nodes, w.link, w.faults.clone(), w.seed);
-    match sim.run(Limits { max_steps: 20_000_000, max_time: Duration::from_millis(600_000) }) {
-        Ok(_) => {}
-        Err(SimError::StepLimit(_)) => report.violations.push("livelock: step limit reached".into()),
-        Err(SimError::TimeLimit(_)) => report.violations.push("livelock: time limit reached".into()),
-    }
-    report.virtual_time_ns = sim.now().as_nanos();
-    report.wire = *sim.stats();
-    sim.into_endpoints()
 }
 
 fn pattern(i: u32, len: u32) -> Vec<u8> {

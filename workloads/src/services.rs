@@ -17,14 +17,16 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 
-use softrdma_engine::device::{CqId, Device, DeviceConfig, QpAttr, QpCaps, QpInit, SrqAttr, GRH_SLOT};
+use softrdma_engine::connect::{connect_pair, ConnectParams, End};
+use softrdma_engine::device::{CqId, Device, DeviceConfig, QpCaps, QpInit, SrqAttr, GRH_SLOT};
 use softrdma_engine::memory::VecMemory;
 use softrdma_engine::rng::Rng;
-use softrdma_engine::verbs::{Access, AttrMask, Mtu, QpState, QpType, WcStatus};
+use softrdma_engine::verbs::{Access, Mtu, QpType, WcStatus};
 use softrdma_engine::wire::Qpn;
 use softrdma_engine::wr::{RecvWr, SendOp, SendWr, Sge, UdDest};
 
-use crate::workload::{DeviceNode, Op, Report, Workload, WorkloadError};
+use crate::node::{simulate, DeviceNode};
+use crate::workload::{Op, Report, Workload, WorkloadError};
 
 const OWNER: u32 = 1;
 const BASE: u64 = 0x10_0000;
@@ -50,40 +52,6 @@ fn message(i: u32, len: u32) -> Vec<u8> {
     let mut v: Vec<u8> = (0..len).map(|_| r.next_u64() as u8).collect();
     v[..8].copy_from_slice(&(u64::from(i) + 1).to_le_bytes());
     v
-}
-
-fn bring_up(
-    d: &mut Device<VecMemory>,
-    qpn: Qpn,
-    t: QpType,
-    w: &Workload,
-    peer: IpAddr,
-    peer_qpn: Qpn,
-    psns: (u32, u32),
-) -> Result<(), WorkloadError> {
-    let mut a = QpAttr {
-        port_num: 1,
-        qp_access_flags: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-        qkey: 0x1111,
-        path_mtu: w.mtu,
-        dest: peer,
-        dest_qp_num: peer_qpn.value(),
-        rq_psn: psns.1,
-        sq_psn: psns.0,
-        max_dest_rd_atomic: 16,
-        max_rd_atomic: 16,
-        min_rnr_timer: 1,
-        timeout: w.timeout,
-        retry_cnt: w.retry_cnt,
-        rnr_retry: 7,
-        ..QpAttr::default()
-    };
-    for (from, to) in [(QpState::Reset, QpState::Init), (QpState::Init, QpState::Rtr), (QpState::Rtr, QpState::Rts)] {
-        a.qp_state = to;
-        let mask = AttrMask::STATE | softrdma_engine::modify::required(t, from, to).unwrap_or(AttrMask::EMPTY);
-        d.modify_qp(qpn, &a, mask).map_err(|e| WorkloadError::Invalid(format!("{t:?} {from:?}->{to:?}: {e}")))?;
-    }
-    Ok(())
 }
 
 /// Runs a workload on another service. Operations: SEND (the RC workload covers the RDMA
@@ -151,6 +119,14 @@ pub fn run_service(w: &Workload, service: Service) -> Result<Report, WorkloadErr
         }
         xrcd = Some(x);
     }
+    let params = ConnectParams {
+        mtu: w.mtu,
+        access: Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        qkey: 0x1111,
+        timeout: w.timeout,
+        retry_cnt: w.retry_cnt,
+        ..ConnectParams::default()
+    };
     let caps = QpCaps { max_send_wr: depth, max_recv_wr: depth, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
     let mut qps: Vec<(Qpn, Qpn)> = Vec::new();
     for q in 0..nq {
@@ -182,8 +158,13 @@ pub fn run_service(w: &Workload, service: Service) -> Result<Report, WorkloadErr
                 .map_err(err)?,
         };
         let psn = 0x100 * (q + 1);
-        bring_up(&mut nodes[0].dev, qa, qtype_a, w, addrs[1], qb, (psn, 0))?;
-        bring_up(&mut nodes[1].dev, qb, qtype_b, w, addrs[0], qa, (0, psn))?;
+        let [a, b] = &mut nodes[..] else { unreachable!("two nodes") };
+        connect_pair(
+            End { dev: &mut a.dev, qpn: qa, qp_type: qtype_a, psn },
+            End { dev: &mut b.dev, qpn: qb, qp_type: qtype_b, psn: 0 },
+            &params,
+        )
+        .map_err(|e| WorkloadError::Invalid(e.to_string()))?;
         qps.push((qa, qb));
     }
     // Post: message i on QP i % nq (to SRQ by the RNG for XRC).
@@ -226,7 +207,7 @@ pub fn run_service(w: &Workload, service: Service) -> Result<Report, WorkloadErr
         sent.push((i, q, op, len, srq));
     }
     let mut report = Report { posted: sent.len() as u64, ..Report::default() };
-    let mut nodes = crate::workload::simulate(nodes, w, &mut report);
+    let mut nodes = simulate(nodes, w, &mut report);
     // Send side: completions in order per QP; errors only as the reliable rules order them.
     let swc = nodes[0].dev.poll_cq(send_cq, usize::MAX);
     for wc in &swc {
