@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Long fuzzing (not in CI): runs each fuzz target for FUZZ_SECONDS (default 3600: an hour each),
 # JOBS targets at a time (default 1), from the corpus scripts/fuzz-corpus.sh seeds, kept across runs
-# in fuzz/corpus/<target>/ (ignored by git). A crash leaves its input in fuzz/artifacts/<target>/;
+# in fuzz/corpus/<target>/ (ignored by git). An input that runs over 30 s counts as a hang. A crash
+# or hang leaves its input in fuzz/artifacts/<target>/;
 # fix it, then keep the input as a regression case in fuzz/regressions/<target>/ (scripts/test.sh
 # replays every kept input on each run). Prints each target's final libFuzzer line and writes the
 # logs to fuzz/long-<target>.log.
@@ -20,7 +21,7 @@ cargo fuzz build -O
 run() {
   local t=$1
   local rc=0
-  cargo fuzz run -O "$t" "corpus/$t" -- -max_total_time="$seconds" -print_final_stats=1 >"long-$t.log" 2>&1 || rc=$?
+  cargo fuzz run -O "$t" "corpus/$t" -- -max_total_time="$seconds" -timeout=30 -print_final_stats=1 >"long-$t.log" 2>&1 || rc=$?
   echo "$t: exit $rc; $(grep -E '^(#[0-9]+.*DONE|stat::number_of_executed_units)' "long-$t.log" | tr '\n' ' ')"
   return $rc
 }

@@ -85,7 +85,7 @@ export RUSTC_BOOTSTRAP=1
 cargo fuzz build -O
 if [ "$fuzz_seconds" -gt 0 ]; then
   for t in parse_packet read_capture handle_packet ipc_message parse_cm_mad; do
-    cargo fuzz run -O "$t" "$corpus/$t" -- -max_total_time="$fuzz_seconds" -print_final_stats=0 2>&1 | tail -n 1
+    cargo fuzz run -O "$t" "$corpus/$t" -- -max_total_time="$fuzz_seconds" -timeout=30 -print_final_stats=0 2>&1 | tail -n 1
   done
 fi
 cd "$repo"

@@ -175,7 +175,10 @@ pub(super) fn responder(
         let to_srq = x.p.ib.headers.xrceth.and_then(|h| srqns.get(&h.xrc_srqn).copied());
         if consumes && xrc {
             if let Some(n) = to_srq {
-                while t.queued_srq_recvs(n) < depth {
+                // As many as are missing, once: a receive posted to a QP in the error state
+                // completes at once and never queues (a loop until the queue is full would not
+                // end; found by fuzzing).
+                for _ in t.queued_srq_recvs(n)..depth {
                     t.post_srq_recv(n)?;
                 }
             }
@@ -190,7 +193,7 @@ pub(super) fn responder(
                     t.post_recv()?;
                 }
             } else {
-                while t.queued_recvs() < depth {
+                for _ in t.queued_recvs()..depth {
                     t.post_recv()?;
                 }
             }
