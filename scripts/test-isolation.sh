@@ -3,7 +3,8 @@
 # spare uid through setpriv, no account needed) cannot list or read root's runtime directory,
 # cannot reach the device's socket, and `softrdma` refuses root's runtime directory for that user
 # with a message naming the owner; the same user's own device, in its own runtime directory, works
-# beside root's. Prints one line per check.
+# beside root's; a WRITE that user forges with a guessed R_Key, from its own UDP socket, changes
+# nothing, is NAKed and counted. Prints one line per check.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -56,6 +57,19 @@ check "uid $uid's own device iso1 on $uaddr, beside root's" $? "$out"
 out=$(as_user env SOFTRDMA_RUNTIME_DIR="$urt" SOFTRDMA_CACHE_DIR="$work/ucache" "$work/softrdma" exec --no-present -- ibv_devices 2>&1)
 echo "$out" | grep -q iso1 && ! echo "$out" | grep -q iso0
 check "uid $uid's program sees its own device only" $? "$out"
+# A forged RDMA WRITE with a guessed R_Key from uid's own UDP socket (any host on a RoCE network
+# can reach the port): memory unchanged, NAK remote access error, naks_sent.remote_access counted;
+# the same WRITE with the right key lands (examples/examples/forged_write.rs).
+faddr=127.0.0.$((100 + RANDOM % 30))
+if cargo build --release --locked --quiet -p softrdma-examples --example forged_write 2>"$work/build.log"; then
+  out=$(SOFTRDMA_RUNTIME_DIR="$rt" "${CARGO_TARGET_DIR:-$repo/target}/release/examples/forged_write" \
+    --device iso0 --from "$faddr" --port 4791 --uid "$uid" 2>&1)
+  rc=$?
+  echo "$out" | sed 's/^/      /'
+  check "uid $uid's forged WRITE with a guessed R_Key is refused and counted; the right key lands (rc $rc)" $rc "$out"
+else
+  check "building the forged-WRITE check" 1 "$(cat "$work/build.log")"
+fi
 SOFTRDMA_RUNTIME_DIR="$rt" "$work/softrdma" stat iso0 >"$work/stat.log" 2>&1
 check "root's device unaffected (stat answers)" $? "$(cat "$work/stat.log")"
 
