@@ -13,6 +13,8 @@
 //!   (IBTA 9.7.5.2.4, C9-82), and counts in `naks_sent.remote_access`;
 //! - the same WRITE with the right R_Key, to the other QP, lands (so the check above could fail).
 //!
+//! Run it as root beside a device of root's:
+//!
 //!     softrdma up iso0 --addr 127.0.0.21 --port 47981
 //!     cargo run --release -p softrdma-examples --example forged_write -- \
 //!         --device iso0 --from 127.0.0.61 --port 47981 --uid 61234
@@ -33,7 +35,14 @@ fn arg(name: &str) -> Option<String> {
 
 /// RDMA WRITE ONLY to `qpn` at `psn`, `payload` at `va` under `rkey`, with its ICRC for the
 /// IPv4/UDP header the sender's socket will put on it (ID 0 and DF, as Linux sends).
-fn write_only(src: IpAddr, sport: u16, dst: IpAddr, qpn: u32, psn: u32, va: u64, rkey: u32, payload: &[u8]) -> Vec<u8> {
+fn write_only(
+    src: IpAddr,
+    sport: u16,
+    dst: IpAddr,
+    (qpn, psn): (u32, u32),
+    (va, rkey): (u64, u32),
+    payload: &[u8],
+) -> Vec<u8> {
     let mut ib = IbRepr::new(BthRepr {
         opcode: Opcode::RC_RDMA_WRITE_ONLY,
         solicited: false,
@@ -128,7 +137,7 @@ fn run() -> std::result::Result<bool, String> {
 
     // The guessed key: the right index, other key bits.
     let guessed = (rkey & !0xff) | ((rkey as u8).wrapping_add(0x5b) as u32);
-    let pkt = write_only(from, port, to, qps[0].qpn(), 1000, va, guessed, &[0xab; 64]);
+    let pkt = write_only(from, port, to, (qps[0].qpn(), 1000), (va, guessed), &[0xab; 64]);
     let reply = send_as(&uid, from, to, port, &pkt)?;
     let untouched = mr.as_slice()[..64].iter().all(|&b| b == 0);
     let after = naks(&ctx)?;
@@ -148,7 +157,7 @@ fn run() -> std::result::Result<bool, String> {
     ok &= untouched && nak && after == before + 1;
 
     // The control: the right key lands.
-    let pkt = write_only(from, port, to, qps[1].qpn(), 1000, va, rkey, &[0xab; 64]);
+    let pkt = write_only(from, port, to, (qps[1].qpn(), 1000), (va, rkey), &[0xab; 64]);
     let reply = send_as(&uid, from, to, port, &pkt)?;
     let landed = mr.as_slice()[..64].iter().all(|&b| b == 0xab);
     let acked = reply.as_deref().is_some_and(|r| r.len() >= 16 && r[0] == 0x11 && r[12] >> 5 == 0);
