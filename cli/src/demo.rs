@@ -523,18 +523,26 @@ fn check_capture(path: &Path) -> Result<(u64, bool)> {
     Ok((n, report.is_clean()))
 }
 
-pub(crate) fn run(a: &DemoArgs) -> Result<ExitCode> {
-    let dir = match &a.dir {
-        Some(d) => d.clone(),
-        None => std::env::temp_dir().join(format!("softrdma-demo-{}", std::process::id())),
+/// A work directory (`dir`, or a new one under the system temp dir named for `what`) and in it a
+/// private runtime dir, `run/` (mode 0700), which this process and the ones it starts use: the
+/// devices it starts are its own.
+pub(crate) fn private_workdir(dir: Option<&Path>, what: &str) -> Result<(PathBuf, PathBuf)> {
+    let dir = match dir {
+        Some(d) => d.to_path_buf(),
+        None => std::env::temp_dir().join(format!("softrdma-{what}-{}", std::process::id())),
     };
     std::fs::create_dir_all(&dir)?;
     let dir = std::path::absolute(&dir)?;
     let rt = dir.join("run");
     std::fs::create_dir_all(&rt)?;
     std::fs::set_permissions(&rt, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
-    // A private runtime dir: the demo's devices are its own (the XRC workers inherit it).
     std::env::set_var("SOFTRDMA_RUNTIME_DIR", &rt);
+    Ok((dir, rt))
+}
+
+pub(crate) fn run(a: &DemoArgs) -> Result<ExitCode> {
+    // The XRC workers inherit the runtime dir.
+    let (dir, _rt) = private_workdir(a.dir.as_deref(), "demo")?;
     let exe = std::env::current_exe()?;
     let mut devices = Devices { names: Vec::new() };
     let mut pcaps = Vec::new();

@@ -1332,18 +1332,9 @@ struct Report {
     ack_timeout: u8,
     kills: u64,
     pairs_run: u64,
-    messages: u64,
-    bytes: u64,
-    lost: u64,
-    duplicated: u64,
-    corrupted: u64,
-    wrong_status: u64,
-    misordered: u64,
-    unfinished: u64,
-    flushed: u64,
-    ud_sent: u64,
-    ud_received: u64,
-    ud_duplicated: u64,
+    /// What the workers found (messages, bytes, lost, duplicated, corrupted, wrong_status, ...).
+    #[serde(flatten)]
+    tally: Tally,
     leaked_fds: i64,
     rss_kib_start: [u64; 2],
     rss_kib_end: [u64; 2],
@@ -1360,16 +1351,7 @@ struct Report {
 }
 
 pub(crate) fn run(a: &SoakArgs) -> Result<ExitCode> {
-    let dir = match &a.dir {
-        Some(d) => d.clone(),
-        None => std::env::temp_dir().join(format!("softrdma-soak-{}", std::process::id())),
-    };
-    std::fs::create_dir_all(&dir)?;
-    let dir = std::path::absolute(&dir)?;
-    let rt = dir.join("run");
-    std::fs::create_dir_all(&rt)?;
-    std::fs::set_permissions(&rt, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
-    std::env::set_var("SOFTRDMA_RUNTIME_DIR", &rt);
+    crate::demo::private_workdir(a.dir.as_deref(), "soak")?;
     let exe = std::env::current_exe()?;
     let names = ["srdma-soak0".to_string(), "srdma-soak1".to_string()];
     let mut pids = [0; 2];
@@ -1472,18 +1454,7 @@ pub(crate) fn run(a: &SoakArgs) -> Result<ExitCode> {
         ack_timeout: a.ack_timeout,
         kills: s.kills,
         pairs_run: s.next_generation,
-        messages: t.messages,
-        bytes: t.bytes,
-        lost: t.lost,
-        duplicated: t.duplicated,
-        corrupted: t.corrupted,
-        wrong_status: t.wrong_status,
-        misordered: t.misordered,
-        unfinished: t.unfinished,
-        flushed: t.flushed,
-        ud_sent: t.ud_sent,
-        ud_received: t.ud_received,
-        ud_duplicated: t.ud_duplicated,
+        tally: t.clone(),
         leaked_fds: s.leaked_fds,
         rss_kib_start: rss_start,
         rss_kib_end: rss_end,
@@ -1513,14 +1484,18 @@ fn print_report(r: &Report) {
         r.seconds, r.pairs, r.qps_per_pair, r.faults, r.seed, r.ack_timeout
     );
     println!("  client processes killed   {:>12}   (pairs run: {})", r.kills, r.pairs_run);
-    println!("  messages                  {:>12}   ({:.1} MiB checked)", r.messages, r.bytes as f64 / (1 << 20) as f64);
-    println!("  lost                      {:>12}", r.lost);
-    println!("  duplicated                {:>12}", r.duplicated);
-    println!("  corrupted                 {:>12}", r.corrupted);
-    println!("  wrong_status              {:>12}", r.wrong_status);
-    println!("  misordered                {:>12}", r.misordered);
-    println!("  unfinished                {:>12}", r.unfinished);
-    println!("  flushed (peer killed)     {:>12}", r.flushed);
+    println!(
+        "  messages                  {:>12}   ({:.1} MiB checked)",
+        r.tally.messages,
+        r.tally.bytes as f64 / (1 << 20) as f64
+    );
+    println!("  lost                      {:>12}", r.tally.lost);
+    println!("  duplicated                {:>12}", r.tally.duplicated);
+    println!("  corrupted                 {:>12}", r.tally.corrupted);
+    println!("  wrong_status              {:>12}", r.tally.wrong_status);
+    println!("  misordered                {:>12}", r.tally.misordered);
+    println!("  unfinished                {:>12}", r.tally.unfinished);
+    println!("  flushed (peer killed)     {:>12}", r.tally.flushed);
     println!("  leaked_fds                {:>12}", r.leaked_fds);
     println!(
         "  rss_growth                {:>9} KiB   (bound {} KiB; daemons {:?} -> {:?} KiB, max {:?})",
@@ -1528,7 +1503,7 @@ fn print_report(r: &Report) {
     );
     println!(
         "  UD datagrams              {:>12}   sent, {} received, {} duplicates (UD does not deduplicate)",
-        r.ud_sent, r.ud_received, r.ud_duplicated
+        r.tally.ud_sent, r.tally.ud_received, r.tally.ud_duplicated
     );
     println!("                                           (sent: as counted by requesters that lived to report)");
     println!(
