@@ -85,9 +85,13 @@ fn live_replay_to_a_running_device() {
     assert!(v["conversations"].as_array().unwrap().iter().all(|c| c["role"] == "responder"));
     let v = live("write.pcap", "lrcx", "cx");
     assert_eq!(figures(&v), (6, 6), "{v}");
+    // An rxe capture against a cx device: the answers differ (MigReq). Their header fields are
+    // compared only where softrdma's ACK names the recorded PSN; ACK coalescing over a real wire
+    // depends on timing, and under load an ACK covering the same requests at another PSN matched
+    // by what it acknowledges (seen once): so not all match, rather than none.
     let v = live("rxe-rc-ud-pingpong-n20.pcap", "lrcx", "rxe");
     let (m, n) = figures(&v);
-    assert!(n > 0 && m == 0, "{v}");
+    assert!(n > 0 && m < n, "{v}");
     assert!(v["mismatch_fields"]["MigReq"].as_u64().unwrap() > 0, "{v}");
     drop(_cx);
 
