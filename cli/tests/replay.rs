@@ -88,7 +88,8 @@ fn live_replay_to_a_running_device() {
     // An rxe capture against a cx device: the answers differ (MigReq). Their header fields are
     // compared only where softrdma's ACK names the recorded PSN; ACK coalescing over a real wire
     // depends on timing, and under load an ACK covering the same requests at another PSN matched
-    // by what it acknowledges (seen once): so not all match, rather than none.
+    // by what it acknowledges (the likely cause of the one match seen under load): so not all
+    // match, rather than none.
     let v = live("rxe-rc-ud-pingpong-n20.pcap", "lrcx", "rxe");
     let (m, n) = figures(&v);
     assert!(n > 0 && m < n, "{v}");
