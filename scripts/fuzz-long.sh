@@ -31,5 +31,9 @@ for t in $targets; do
   while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || fail=1; done
 done
 while [ -n "$(jobs -rp)" ]; do wait -n || fail=1; done
-ls artifacts/*/ 2>/dev/null && { echo "fuzz-long: crash inputs above (fuzz/artifacts)"; fail=1; }
+if [ -n "$(find artifacts -type f 2>/dev/null)" ]; then
+  find artifacts -type f
+  echo "fuzz-long: crash or hang inputs above (fuzz/artifacts)"
+  fail=1
+fi
 exit $fail
