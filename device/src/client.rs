@@ -70,6 +70,8 @@ pub struct Connection {
     pub doorbell: OwnedFd,
     /// The ring on which this client gives staging space back.
     pub release: crate::arena::RingDesc,
+    /// What this process's memory helper has done, when the device uses one.
+    pub helper: Option<std::sync::Arc<crate::memory::HelperProgress>>,
 }
 
 impl Connection {
@@ -109,17 +111,32 @@ impl Connection {
         let (resp, mut fds) = proto::recv::<Response>(&sock)?;
         match resp {
             Response::Hello { owner, info, release, memory_helper } if fds.len() == 3 + usize::from(memory_helper) => {
-                if memory_helper {
-                    let helper = UnixStream::from(fds.remove(3));
+                let helper = if memory_helper {
+                    let sock = UnixStream::from(fds.remove(3));
+                    let progress = std::sync::Arc::new(crate::memory::HelperProgress::default());
+                    let p = progress.clone();
                     std::thread::Builder::new()
                         .name("softrdma-memory".into())
-                        .spawn(move || crate::memory::serve_helper(helper))
+                        .spawn(move || crate::memory::serve_helper(sock, p))
                         .map_err(|e| ClientError::Lost(ProtoError::Io(e)))?;
-                }
+                    Some(progress)
+                } else {
+                    None
+                };
                 let (event_fd, arena_fd) = (fds.remove(0), fds.remove(0));
                 let doorbell = fds.remove(0);
                 let watch = OwnedFd::from(sock.try_clone().map_err(|e| ClientError::Lost(ProtoError::Io(e)))?);
-                Ok(Connection { sock: Mutex::new(sock), watch, owner, info, event_fd, arena_fd, doorbell, release })
+                Ok(Connection {
+                    sock: Mutex::new(sock),
+                    watch,
+                    owner,
+                    info,
+                    event_fd,
+                    arena_fd,
+                    doorbell,
+                    release,
+                    helper,
+                })
             }
             Response::Err(e) => Err(ClientError::Refused(e)),
             _ => Err(ClientError::Unexpected),

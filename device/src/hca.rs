@@ -193,7 +193,22 @@ pub struct Attached {
 impl Hca {
     /// Reaches a client's memory through its helper (the kernel refused process_vm_readv).
     pub fn use_memory_helper(&self, owner: u32, sock: std::os::unix::net::UnixStream) {
-        self.shared.lock().dev.memory().attach_helper(owner, sock);
+        self.use_memory_helper_timeout(owner, sock, crate::memory::HELPER_TIMEOUT);
+    }
+
+    /// [`Hca::use_memory_helper`], waiting at most `timeout` for each of the helper's answers.
+    pub fn use_memory_helper_timeout(
+        &self,
+        owner: u32,
+        sock: std::os::unix::net::UnixStream,
+        timeout: std::time::Duration,
+    ) {
+        let Ok(wake) = self.shared.wake.as_fd().try_clone_to_owned() else {
+            // No descriptor left for the link: the helper cannot be reached (its accesses fail).
+            drop(sock);
+            return;
+        };
+        self.shared.lock().dev.memory().attach_helper_timeout(owner, sock, wake, timeout);
     }
 }
 
@@ -845,6 +860,10 @@ impl State {
             }
             // Data the packets handled so far wrote is in place before any answer to them leaves.
             self.dev.memory().flush();
+            // What memory helpers answered: the QPs that waited for it go again.
+            if self.dev.memory().helper_round() {
+                self.dev.memory_ready();
+            }
             let loopback_icrc = self.loopback_icrc();
             self.dev.set_loopback_icrc(loopback_icrc);
             let mut buf = std::mem::take(&mut self.buf);
@@ -1736,7 +1755,8 @@ impl State {
     /// own capacity).
     fn fill_cq_rings(&mut self) {
         let State { clients, dev, .. } = self;
-        for c in clients.values_mut() {
+        for (&owner, c) in clients.iter_mut() {
+            let helper_writes = dev.memory_ref().helper_writes(owner);
             for (cq, r) in &c.cq_rings {
                 if dev.cq_counts(*cq).is_none_or(|n| n.held == 0) {
                     continue;
@@ -1746,7 +1766,7 @@ impl State {
                     // A staged receive's completion says where its data is.
                     let recv = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
                     let stage = if recv { c.staged.remove(&wc.wr_id) } else { None };
-                    let e = CqEntry { wc, stage: stage.map(|st| (st.off as u64, st.len)) };
+                    let e = CqEntry { wc, stage: stage.map(|st| (st.off as u64, st.len)), helper_writes };
                     let _ = c.arena.produce(r, &e);
                 }
             }

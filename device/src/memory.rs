@@ -12,16 +12,19 @@
 
 use std::collections::HashMap;
 use std::io::{IoSlice, IoSliceMut};
-use std::sync::Arc;
-
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
+use std::time::Duration;
 
 use crate::arena::{Arena, STAGING_LEN, STAGING_OFF};
 use crate::proto::{self, MemOp, MemReply};
 
 use nix::sys::uio::{process_vm_readv, process_vm_writev, RemoteIoVec};
 use nix::unistd::Pid;
-use softrdma_engine::memory::{Memory, MemoryError, Owner};
+use softrdma_engine::memory::{AtomicOp, AtomicStart, Memory, MemoryError, Owner};
 
 /// The memory of every attached client, by owner.
 #[derive(Default)]
@@ -29,8 +32,17 @@ pub struct ProcessMemory {
     pids: HashMap<Owner, i32>,
     /// Each client's arena: received data for a staged receive lands in its staging area.
     arenas: HashMap<Owner, Arc<Arena>>,
-    /// Clients whose memory the kernel does not let the device reach: their helper's socket.
-    helpers: HashMap<Owner, UnixStream>,
+    /// Clients whose memory the kernel does not let the device reach: the way to their helper.
+    helpers: HashMap<Owner, HelperLink>,
+    /// Numbers the requests to helpers (and an atomic's ticket is its request's number).
+    next_request: u64,
+    /// Atomics sent to a helper: whose, and the original value once it came (`Err`: it failed).
+    atomics: HashMap<u64, (Owner, Option<Result<u64, MemoryError>>)>,
+    /// Accesses that would have blocked (see [`Memory::would_block_count`]).
+    would_block: u64,
+    /// The last write sent to a helper since the last [`Memory::write_fence`]: whose, and its
+    /// number on that helper's link.
+    last_write: Option<(Owner, u64)>,
     /// Failed cross-process accesses (the client unmapped the buffer, or the kernel refused).
     pub faults: u64,
     /// Cross-process reads (process_vm_readv calls).
@@ -61,26 +73,166 @@ impl ProcessMemory {
         self.pids.insert(owner, pid);
     }
 
-    /// Reaches an owner's memory through its helper instead of process_vm_readv/writev. Calls
-    /// wait at most a second for the helper (then the access fails, as a fault).
-    pub fn attach_helper(&mut self, owner: Owner, sock: UnixStream) {
-        let _ = sock.set_read_timeout(Some(std::time::Duration::from_secs(1)));
-        self.helpers.insert(owner, sock);
+    /// Reaches an owner's memory through its helper instead of process_vm_readv/writev, waiting
+    /// at most [`HELPER_TIMEOUT`] for each answer (then the helper is gone, and so is the way to
+    /// that memory: its accesses fail, as faults). `wake` is told when an answer arrives.
+    pub fn attach_helper(&mut self, owner: Owner, sock: UnixStream, wake: OwnedFd) {
+        self.attach_helper_timeout(owner, sock, wake, HELPER_TIMEOUT);
     }
 
-    fn helper(&mut self, owner: Owner, op: MemOp) -> Option<Vec<u8>> {
-        let sock = self.helpers.get(&owner)?;
-        self.helper_ops += 1;
-        let r = proto::send(sock, &op, &[]).ok().and_then(|()| proto::recv::<MemReply>(sock).ok());
-        match r {
-            Some((MemReply::Ok(v), _)) => Some(v),
-            Some((MemReply::Fault, _)) => None,
-            None => {
-                // A helper that does not answer is gone: so is the way to that memory.
-                self.helpers.remove(&owner);
-                None
+    /// [`ProcessMemory::attach_helper`] with another time limit per answer.
+    pub fn attach_helper_timeout(&mut self, owner: Owner, sock: UnixStream, wake: OwnedFd, timeout: Duration) {
+        let _ = sock.set_read_timeout(Some(timeout));
+        let _ = sock.set_write_timeout(Some(timeout));
+        let (to_worker, requests) = channel();
+        let (answers, from_worker) = channel();
+        let applied = Arc::new(AtomicU64::new(0));
+        let done = applied.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("softrdma-helper-{owner}"))
+            .spawn(move || helper_link_worker(&sock, &requests, &answers, &done, &wake));
+        let mut link = HelperLink {
+            to_worker,
+            from_worker,
+            writes: 0,
+            applied,
+            applied_seen: 0,
+            reads: HashMap::new(),
+            fetched: Vec::new(),
+            gone: false,
+        };
+        link.gone = spawned.is_err();
+        self.helpers.insert(owner, link);
+    }
+
+    /// Writes sent to `owner`'s memory helper so far (0 without one): the client lets its
+    /// helper make as many before it shows a completion the device produced after them.
+    pub fn helper_writes(&self, owner: Owner) -> u64 {
+        self.helpers.get(&owner).map_or(0, |h| h.writes)
+    }
+
+    /// Takes in what the helpers answered since the last round: the reads answered become what
+    /// this round's accesses find (the last round's are dropped: a helper's memory may have
+    /// changed since), the atomics their results. Returns whether anything came, so that the
+    /// engine retries what waited ([`softrdma_engine::device::Device::memory_ready`]).
+    pub fn helper_round(&mut self) -> bool {
+        let mut news = false;
+        for (&owner, h) in self.helpers.iter_mut() {
+            h.fetched.clear();
+            let applied = h.applied.load(Ordering::Acquire);
+            if applied != h.applied_seen {
+                // Writes landed: answers that waited for them (Memory::fence_passed) may go.
+                h.applied_seen = applied;
+                news = true;
+            }
+            loop {
+                let (id, answer) = match h.from_worker.try_recv() {
+                    Ok(a) => a,
+                    Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                    Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                        news |= !h.gone;
+                        h.gone = true;
+                        break;
+                    }
+                };
+                news = true;
+                let Some(answer) = answer else {
+                    // The helper did not answer in time, or its socket closed.
+                    tracing::warn!(owner, "a client's memory helper stopped answering: its memory is out of reach");
+                    h.gone = true;
+                    continue;
+                };
+                if let Some(&(addr, need)) = h.reads.get(&id) {
+                    h.reads.remove(&id);
+                    let got = match answer {
+                        MemReply::Ok(v) if v.len() >= need => Ok(v),
+                        _ => Err(()),
+                    };
+                    h.fetched.push((addr, need, got));
+                } else if let Some((_, slot)) = self.atomics.get_mut(&id) {
+                    *slot = Some(match answer {
+                        MemReply::Ok(v) if v.len() == 8 => Ok(u64::from_ne_bytes(v[..8].try_into().expect("8 bytes"))),
+                        _ => Err(MemoryError { addr: 0, len: 8 }),
+                    });
+                } else {
+                    // A write that failed (the client unmapped the buffer): lost, as a DMA into
+                    // memory its owner gave up.
+                    self.faults += 1;
+                }
+            }
+            if h.gone {
+                for (_, slot) in self.atomics.values_mut().filter(|(o, r)| *o == owner && r.is_none()) {
+                    *slot = Some(Err(MemoryError { addr: 0, len: 8 }));
+                }
             }
         }
+        news
+    }
+
+    /// Reads through `owner`'s helper: from what it answered this round, or (not there yet) asks
+    /// for `want` bytes (at least `buf.len()`) and reports a would-be block.
+    fn helper_read(&mut self, owner: Owner, addr: u64, buf: &mut [u8], want: usize) -> Result<(), MemoryError> {
+        let len = buf.len();
+        let err = MemoryError { addr, len };
+        let Some(h) = self.helpers.get_mut(&owner) else { return Err(err) };
+        if h.gone {
+            self.faults += 1;
+            return Err(err);
+        }
+        let end = addr.checked_add(len as u64).ok_or(err)?;
+        for (base, need, got) in &h.fetched {
+            let Some(off) = addr.checked_sub(*base) else { continue };
+            match got {
+                Ok(v) if end <= base + v.len() as u64 => {
+                    buf.copy_from_slice(&v[off as usize..off as usize + len]);
+                    return Ok(());
+                }
+                Err(()) if off < *need as u64 => {
+                    self.faults += 1;
+                    return Err(err);
+                }
+                _ => {}
+            }
+        }
+        let asked = h.reads.values().any(|&(base, need)| addr >= base && end <= base + need as u64);
+        if !asked {
+            self.next_request += 1;
+            let id = self.next_request;
+            if h.to_worker.send((id, MemOp::Read { addr, len: want.max(len) as u32 })).is_err() {
+                h.gone = true;
+                self.faults += 1;
+                return Err(err);
+            }
+            h.reads.insert(id, (addr, len));
+            self.reads += 1;
+            self.helper_ops += 1;
+        }
+        self.would_block += 1;
+        Err(err)
+    }
+
+    /// Writes through `owner`'s helper, without waiting: the helper makes the writes in order,
+    /// before the reads and atomics asked after them, and the client before it shows a later
+    /// completion ([`ProcessMemory::helper_writes`]).
+    fn helper_write(&mut self, owner: Owner, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+        let err = MemoryError { addr, len: data.len() };
+        let Some(h) = self.helpers.get_mut(&owner) else { return Err(err) };
+        let end = addr.saturating_add(data.len() as u64);
+        h.fetched.retain(|(b, _, got)| {
+            let e = b.saturating_add(got.as_ref().map_or(0, |v| v.len() as u64));
+            e <= addr || *b >= end
+        });
+        self.next_request += 1;
+        if h.gone || h.to_worker.send((self.next_request, MemOp::Write { addr, data: data.to_vec() })).is_err() {
+            h.gone = true;
+            self.faults += 1;
+            return Err(err);
+        }
+        h.writes += 1;
+        self.last_write = Some((owner, h.writes));
+        self.writes += 1;
+        self.helper_ops += 1;
+        Ok(())
     }
 
     /// Gives an owner's staging addresses ([`STAGE_VA`] ..) their arena.
@@ -162,6 +314,7 @@ impl ProcessMemory {
         self.pids.remove(&owner);
         self.arenas.remove(&owner);
         self.helpers.remove(&owner);
+        self.atomics.retain(|_, (o, _)| *o != owner);
     }
 
     /// The staging offset of `[addr, addr+len)` if it is a staging address range.
@@ -176,6 +329,81 @@ impl ProcessMemory {
 }
 
 impl Memory for ProcessMemory {
+    fn would_block_count(&self) -> u64 {
+        self.would_block
+    }
+
+    fn write_fence(&mut self) -> u64 {
+        // A token: the owner above bit 40, the write's number on its helper link below.
+        self.last_write.take().map_or(0, |(owner, n)| (u64::from(owner) << 40) | (n & FENCE_MASK))
+    }
+
+    fn fence_passed(&mut self, token: u64) -> bool {
+        let owner = (token >> 40) as Owner;
+        let passed = match self.helpers.get(&owner) {
+            // Gone (its writes failed, as DMA into memory its owner gave up) or never a helper.
+            None => true,
+            Some(h) => h.gone || h.applied.load(Ordering::Acquire) & FENCE_MASK >= token & FENCE_MASK,
+        };
+        if !passed {
+            self.would_block += 1;
+        }
+        passed
+    }
+
+    fn start_atomic(&mut self, owner: Owner, addr: u64, op: AtomicOp) -> Result<AtomicStart, MemoryError> {
+        let Some(h) = self.helpers.get_mut(&owner) else {
+            let orig = match op {
+                AtomicOp::CompareSwap { compare, swap } => self.compare_swap(owner, addr, compare, swap)?,
+                AtomicOp::FetchAdd { add } => self.fetch_add(owner, addr, add)?,
+            };
+            return Ok(AtomicStart::Done(orig));
+        };
+        let err = MemoryError { addr, len: 8 };
+        // The helper runs it between the accesses sent before and after it: atomic with respect
+        // to every access of this device, as the read-then-write under the device lock is.
+        let (compare, value) = match op {
+            AtomicOp::CompareSwap { compare, swap } => (Some(compare), swap),
+            AtomicOp::FetchAdd { add } => (None, add),
+        };
+        h.fetched.retain(|(b, _, got)| {
+            let e = b.saturating_add(got.as_ref().map_or(0, |v| v.len() as u64));
+            e <= addr || *b >= addr + 8
+        });
+        self.next_request += 1;
+        let id = self.next_request;
+        if h.gone || h.to_worker.send((id, MemOp::Atomic { addr, compare, value })).is_err() {
+            h.gone = true;
+            self.faults += 1;
+            return Err(err);
+        }
+        // Counted as the read and the write it is.
+        self.reads += 1;
+        self.writes += 1;
+        self.helper_ops += 2;
+        if self.atomics.len() >= MAX_ATOMICS_WAITING {
+            // Answers nobody collected (their QPs went away): the oldest go.
+            let mut ids: Vec<u64> = self.atomics.keys().copied().collect();
+            ids.sort_unstable();
+            for old in &ids[..ids.len() / 2] {
+                self.atomics.remove(old);
+            }
+        }
+        self.atomics.insert(id, (owner, None));
+        Ok(AtomicStart::Later(id))
+    }
+
+    fn atomic_result(&mut self, ticket: u64) -> Option<Result<u64, MemoryError>> {
+        match self.atomics.get(&ticket) {
+            None => Some(Err(MemoryError { addr: 0, len: 8 })),
+            Some((_, None)) => {
+                self.would_block += 1;
+                None
+            }
+            Some((_, Some(_))) => self.atomics.remove(&ticket).and_then(|(_, r)| r),
+        }
+    }
+
     fn read_ahead(&mut self, owner: Owner, addr: u64, buf: &mut [u8], avail: u64) -> Result<(), MemoryError> {
         let len = buf.len();
         let inside = |base: u64, have: usize| {
@@ -189,7 +417,10 @@ impl Memory for ProcessMemory {
             }
         }
         let want = (avail.min(READ_AHEAD as u64) as usize).max(len);
-        if want <= len || self.helpers.contains_key(&owner) || ProcessMemory::staging(addr, len).is_some() {
+        if self.helpers.contains_key(&owner) && ProcessMemory::staging(addr, len).is_none() {
+            return self.helper_read(owner, addr, buf, want);
+        }
+        if want <= len || ProcessMemory::staging(addr, len).is_some() {
             return self.read(owner, addr, buf);
         }
         self.flush();
@@ -219,17 +450,8 @@ impl Memory for ProcessMemory {
             return Ok(());
         }
         if self.helpers.contains_key(&owner) {
-            self.reads += 1;
-            return match self.helper(owner, MemOp::Read { addr, len: len as u32 }) {
-                Some(v) if v.len() == len => {
-                    buf.copy_from_slice(&v);
-                    Ok(())
-                }
-                _ => {
-                    self.faults += 1;
-                    Err(MemoryError { addr, len })
-                }
-            };
+            // What follows tends to be read next (a READ response, packet after packet).
+            return self.helper_read(owner, addr, buf, HELPER_READ_AHEAD);
         }
         // A read may cover bytes a pending write changes.
         self.flush();
@@ -259,14 +481,7 @@ impl Memory for ProcessMemory {
             };
         }
         if self.helpers.contains_key(&owner) {
-            self.writes += 1;
-            return match self.helper(owner, MemOp::Write { addr, data: data.to_vec() }) {
-                Some(_) => Ok(()),
-                None => {
-                    self.faults += 1;
-                    Err(MemoryError { addr, len })
-                }
-            };
+            return self.helper_write(owner, addr, data);
         }
         self.pid(owner, addr, len)?;
         if self.pending.len() >= PENDING_WRITES || self.pending_data.len() + len > PENDING_BYTES {
@@ -276,6 +491,93 @@ impl Memory for ProcessMemory {
         self.pending_data.extend_from_slice(data);
         self.pending.push((owner, addr, start..start + len));
         Ok(())
+    }
+}
+
+/// How long the device waits for a memory helper's answer before it takes the helper for gone.
+pub const HELPER_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The most a helper read fetches beyond what was asked (the rest of a READ response).
+const HELPER_READ_AHEAD: usize = 64 << 10;
+
+/// The bits of a write fence token that number a helper's writes.
+const FENCE_MASK: u64 = (1 << 40) - 1;
+
+/// Atomics whose answers may wait to be collected; beyond, the oldest half goes.
+const MAX_ATOMICS_WAITING: usize = 4096;
+
+/// The device's side of a client's memory helper: requests go to a thread of the device that
+/// talks to the helper ([`helper_link_worker`]), so the device thread never waits for a client.
+/// Reads and atomics report a would-be block ([`Memory::would_block_count`]) until the answer
+/// comes; writes go without waiting.
+struct HelperLink {
+    to_worker: Sender<(u64, MemOp)>,
+    /// Answers: a request's number and the reply (`None`: the helper is gone). Writes that
+    /// succeeded are not answered.
+    from_worker: Receiver<(u64, Option<MemReply>)>,
+    /// Writes sent (see [`ProcessMemory::helper_writes`]).
+    writes: u64,
+    /// Writes the helper has made (answered), counted by the link's thread.
+    applied: Arc<AtomicU64>,
+    /// `applied` at the last round.
+    applied_seen: u64,
+    /// Reads asked for: number -> (address, bytes needed).
+    reads: HashMap<u64, (u64, usize)>,
+    /// This round's answered reads: address, bytes needed, the bytes (`Err`: a fault).
+    fetched: Vec<(u64, usize, Result<Vec<u8>, ()>)>,
+    /// The helper stopped answering (or its socket closed).
+    gone: bool,
+}
+
+/// Passes requests to a client's helper one at a time and hands the answers back, telling the
+/// device thread through `wake`. Ends when the device drops the link or the helper does not
+/// answer within the socket's time limits (the socket closes: the client's helper ends too).
+fn helper_link_worker(
+    sock: &UnixStream,
+    requests: &Receiver<(u64, MemOp)>,
+    answers: &Sender<(u64, Option<MemReply>)>,
+    applied: &AtomicU64,
+    wake: &OwnedFd,
+) {
+    let tell = || {
+        let _ = nix::unistd::write(wake, &1u64.to_ne_bytes());
+    };
+    while let Ok((id, op)) = requests.recv() {
+        let write = matches!(op, MemOp::Write { .. });
+        let reply = proto::send(sock, &op, &[]).ok().and_then(|()| proto::recv::<MemReply>(sock).ok()).map(|r| r.0);
+        let gone = reply.is_none();
+        if write && !gone {
+            applied.fetch_add(1, Ordering::Release);
+            // The device may be waiting for it (an ACK behind it: Memory::fence_passed).
+            tell();
+        }
+        if !write || !matches!(reply, Some(MemReply::Ok(_))) {
+            if answers.send((id, reply)).is_err() {
+                return;
+            }
+            tell();
+        }
+        if gone {
+            return;
+        }
+    }
+}
+
+/// A client's count of what its memory helper has done, for [`HelperProgress::wait_for_writes`].
+#[derive(Debug, Default)]
+pub struct HelperProgress {
+    writes: AtomicU64,
+    gone: AtomicBool,
+}
+
+impl HelperProgress {
+    /// Waits until the helper has made `n` writes (or ended): the device sends its writes
+    /// without waiting, and a completion it produced after them ([`crate::proto::CqEntry`]'s
+    /// `helper_writes`) must not be seen before the data it completes.
+    pub fn wait_for_writes(&self, n: u64) {
+        while self.writes.load(Ordering::Acquire) < n && !self.gone.load(Ordering::Acquire) {
+            std::thread::yield_now();
+        }
     }
 }
 
@@ -334,32 +636,60 @@ pub fn range_mapped(pid: i32, addr: u64, len: u64, write: bool) -> bool {
 }
 
 /// Serves the device's [`MemOp`]s on this process's memory until the socket closes (the client
-/// side of the fallback). Accesses go through process_vm_readv/writev on this very process, which
-/// the kernel allows when it refuses others, so a bad address is a fault, not a crash.
-pub fn serve_helper(sock: UnixStream) {
+/// side of the fallback), counting its writes in `progress`. Accesses go through
+/// process_vm_readv/writev on this very process, which the kernel allows when it refuses others,
+/// so a bad address is a fault, not a crash. A read answers what is readable from its address
+/// on (the device reads ahead; it checks that what it needs came).
+pub fn serve_helper(sock: UnixStream, progress: Arc<HelperProgress>) {
     let me = Pid::this();
+    let read = |addr: u64, len: usize| -> Vec<u8> {
+        let mut buf = vec![0u8; len];
+        let remote = [RemoteIoVec { base: addr as usize, len }];
+        let n = process_vm_readv(me, &mut [IoSliceMut::new(&mut buf)], &remote).unwrap_or(0);
+        buf.truncate(n);
+        buf
+    };
+    let write = |addr: u64, data: &[u8]| {
+        let remote = [RemoteIoVec { base: addr as usize, len: data.len() }];
+        matches!(process_vm_writev(me, &[IoSlice::new(data)], &remote), Ok(n) if n == data.len())
+    };
     while let Ok((op, _)) = proto::recv::<MemOp>(&sock) {
         let reply = match op {
-            MemOp::Read { addr, len } => {
-                let mut buf = vec![0u8; len as usize];
-                let remote = [RemoteIoVec { base: addr as usize, len: len as usize }];
-                match process_vm_readv(me, &mut [IoSliceMut::new(&mut buf)], &remote) {
-                    Ok(n) if n == len as usize => MemReply::Ok(buf),
-                    _ => MemReply::Fault,
+            MemOp::Read { addr, len } => MemReply::Ok(read(addr, len as usize)),
+            MemOp::Write { addr, data } => {
+                let ok = write(addr, &data);
+                progress.writes.fetch_add(1, Ordering::Release);
+                if ok {
+                    MemReply::Ok(Vec::new())
+                } else {
+                    MemReply::Fault
                 }
             }
-            MemOp::Write { addr, data } => {
-                let remote = [RemoteIoVec { base: addr as usize, len: data.len() }];
-                match process_vm_writev(me, &[IoSlice::new(&data)], &remote) {
-                    Ok(n) if n == data.len() => MemReply::Ok(Vec::new()),
-                    _ => MemReply::Fault,
+            MemOp::Atomic { addr, compare, value } => {
+                // One request at a time: atomic with respect to the device's other accesses.
+                let old = read(addr, 8);
+                match <[u8; 8]>::try_from(old.as_slice()).map(u64::from_ne_bytes) {
+                    Ok(v) => {
+                        let new = match compare {
+                            Some(c) if c == v => Some(value),
+                            Some(_) => None,
+                            None => Some(v.wrapping_add(value)),
+                        };
+                        if new.is_none_or(|n| write(addr, &n.to_ne_bytes())) {
+                            MemReply::Ok(old)
+                        } else {
+                            MemReply::Fault
+                        }
+                    }
+                    Err(_) => MemReply::Fault,
                 }
             }
         };
         if proto::send(&sock, &reply, &[]).is_err() {
-            return;
+            break;
         }
     }
+    progress.gone.store(true, Ordering::Release);
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ use softrdma_engine::wr::{RecvWr, SendWr, WorkCompletion};
 pub use crate::arena::RingDesc;
 
 /// The protocol version; `Hello` with another one is refused.
-pub const VERSION: u32 = 6;
+pub const VERSION: u32 = 7;
 
 /// A request of the device to a client's memory helper (the fallback of design D3 where the
 /// kernel refuses cross-process access: the client serves its own memory on a socket pair).
@@ -42,6 +42,16 @@ pub enum MemOp {
         addr: u64,
         /// Bytes.
         data: Vec<u8>,
+    },
+    /// An 8-byte atomic at `addr`: CmpSwap (store `value` if the word equals `compare`) or,
+    /// without `compare`, FetchAdd of `value`. The answer is the original word.
+    Atomic {
+        /// Address (8-byte aligned).
+        addr: u64,
+        /// CmpSwap's compare value.
+        compare: Option<u64>,
+        /// CmpSwap's swap value, or FetchAdd's addend.
+        value: u64,
     },
 }
 
@@ -434,6 +444,9 @@ pub struct CqEntry {
     pub wc: WorkCompletion,
     /// Staged data.
     pub stage: Option<(u64, u32)>,
+    /// For a client with a memory helper: the writes the helper must have made before this
+    /// completion is seen (the device sends them without waiting; 0 otherwise).
+    pub helper_writes: u64,
 }
 
 /// What the device describes about itself at `Hello`.

@@ -88,6 +88,9 @@ struct Inner {
     producers: [std::sync::Mutex<()>; 64],
     /// Daemon devices: wakes the event fds when the device goes away.
     hangup: Option<HangupWatch>,
+    /// This process's memory helper, when the device reaches its memory through one: a
+    /// completion waits for the helper's writes before it ([`CqEntry::helper_writes`]).
+    helper: std::sync::OnceLock<Arc<crate::memory::HelperProgress>>,
 }
 
 /// When the device's connection hangs up (the daemon died or was stopped), makes the async event
@@ -199,6 +202,7 @@ impl Inner {
             pending: Default::default(),
             producers: std::array::from_fn(|_| std::sync::Mutex::new(())),
             hangup,
+            helper: std::sync::OnceLock::new(),
         })
     }
 
@@ -229,6 +233,9 @@ impl Inner {
     /// A completion from the ring as the application sees it: a staged receive's data copied
     /// into its buffers (the last byte last), its staging given back, its own wr_id restored.
     fn complete(&self, e: CqEntry) -> WorkCompletion {
+        if let Some(h) = self.helper.get() {
+            h.wait_for_writes(e.helper_writes);
+        }
         let mut wc = e.wc;
         if !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
             return wc;
@@ -571,7 +578,12 @@ impl Context {
         let (arena, doorbell) = (dup(&c.arena_fd)?, dup(&c.doorbell)?);
         let (info, release) = (c.info.clone(), c.release);
         c.arena_fd = dup(&c.event_fd)?; // the connection keeps no second arena reference
-        Ok(Context { inner: Arc::new(Inner::new(Backend::Daemon(c), info, arena, doorbell, release)?) })
+        let helper = c.helper.clone();
+        let inner = Inner::new(Backend::Daemon(c), info, arena, doorbell, release)?;
+        if let Some(h) = helper {
+            let _ = inner.helper.set(h);
+        }
+        Ok(Context { inner: Arc::new(inner) })
     }
 
     /// A context on a device running in this process.
@@ -587,15 +599,28 @@ impl Context {
     /// helper thread of this context (the fallback for processes the kernel guards against
     /// cross-process access; here to exercise it).
     pub fn embedded_with_memory_helper(hca: &Arc<Hca>) -> Result<Context> {
+        let (ctx, theirs) = Context::embedded_with_helper_socket(hca, crate::memory::HELPER_TIMEOUT)?;
+        let progress = Arc::new(crate::memory::HelperProgress::default());
+        let _ = ctx.inner.helper.set(progress.clone());
+        std::thread::Builder::new()
+            .name("softrdma-memory".into())
+            .spawn(move || crate::memory::serve_helper(theirs, progress))
+            .map_err(|_| VerbsError::NoMem)?;
+        Ok(ctx)
+    }
+
+    /// A context on a device in this process that reaches its memory only through a helper
+    /// on the socket returned, which the caller serves (or, to test a client whose helper
+    /// stops answering, does not), each answer awaited at most `timeout`.
+    pub fn embedded_with_helper_socket(
+        hca: &Arc<Hca>,
+        timeout: std::time::Duration,
+    ) -> Result<(Context, std::os::unix::net::UnixStream)> {
         let ctx = Context::embedded(hca)?;
         let Backend::Embedded { owner, .. } = &ctx.inner.backend else { return unexpected() };
         let (mine, theirs) = std::os::unix::net::UnixStream::pair().map_err(|_| VerbsError::NoMem)?;
-        std::thread::Builder::new()
-            .name("softrdma-memory".into())
-            .spawn(move || crate::memory::serve_helper(theirs))
-            .map_err(|_| VerbsError::NoMem)?;
-        hca.use_memory_helper(*owner, mine);
-        Ok(ctx)
+        hca.use_memory_helper_timeout(*owner, mine, timeout);
+        Ok((ctx, theirs))
     }
 
     /// The device.

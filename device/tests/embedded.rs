@@ -646,7 +646,7 @@ fn a_client_the_kernel_guards_is_served_through_its_memory_helper() {
         let mr = pd.alloc_mr(1 << 17, access).unwrap();
         Side { _ctx: ctx, _pd: pd, cq, qp, mr }
     };
-    let (mut a, b) = (side_h(&da, QpType::Rc), side_h(&db, QpType::Rc));
+    let (mut a, mut b) = (side_h(&da, QpType::Rc), side_h(&db, QpType::Rc));
     connect(&a, &b, Mtu::Mtu4096);
     // WRITE and READ of 8 KiB (larger than what is gathered or staged: the helper moves them),
     // an atomic, and a SEND of 100 KiB (not staged: over 64 KiB).
@@ -670,6 +670,38 @@ fn a_client_the_kernel_guards_is_served_through_its_memory_helper() {
     a.qp.post_send(vec![SendWr::new(5, SendOp::Send, vec![a.mr.sge(0..100_000)])]).unwrap();
     assert_eq!(one(&b.cq).byte_len, 100_000);
     assert_eq!(&b.mr.as_slice()[..100_000], &big[..]);
+    assert_eq!(one(&a.cq).wr_id, 5);
+    b.mr.as_mut_slice()[..8].copy_from_slice(&3u64.to_ne_bytes());
+    // 20 FETCH_ADDs in one post (the helper answers later: the ATOMIC ACKs wait for it, in
+    // order), each executed exactly once; then a CMP_SWAP that matches and one that does not.
+    let adds: Vec<SendWr> = (0..20u64)
+        .map(|i| {
+            let fa = SendOp::FetchAdd { remote_addr: b.mr.addr(), rkey: b.mr.rkey(), add: 1 };
+            SendWr::new(10 + i, fa, vec![a.mr.sge(65536 + 8 * i as usize..65544 + 8 * i as usize)])
+        })
+        .collect();
+    a.qp.post_send(adds).unwrap();
+    for i in 0..20u64 {
+        let c = one(&a.cq);
+        assert_eq!((c.wr_id, c.status), (10 + i, WcStatus::Success));
+        let at = 65536 + 8 * i as usize;
+        assert_eq!(u64::from_ne_bytes(a.mr.as_slice()[at..at + 8].try_into().unwrap()), 3 + i, "FETCH_ADD {i}");
+    }
+    assert_eq!(u64::from_ne_bytes(b.mr.as_slice()[..8].try_into().unwrap()), 23);
+    for (id, compare, want_after) in [(40, 23, 99), (41, 23, 99)] {
+        let cs = SendOp::CompareSwap { remote_addr: b.mr.addr(), rkey: b.mr.rkey(), compare, swap: 99 };
+        a.qp.post_send(vec![SendWr::new(id, cs, vec![a.mr.sge(0..8)])]).unwrap();
+        assert_eq!(one(&a.cq).status, WcStatus::Success);
+        assert_eq!(u64::from_ne_bytes(b.mr.as_slice()[..8].try_into().unwrap()), want_after);
+    }
+    assert_eq!(u64::from_ne_bytes(a.mr.as_slice()[..8].try_into().unwrap()), 99, "the second CMP_SWAP saw 99");
+    // A READ of 120 KiB: answered from the helper's memory in read-ahead pieces.
+    let big = pattern(120 << 10, 3);
+    b.mr.as_mut_slice()[..big.len()].copy_from_slice(&big);
+    let r = SendOp::Read { remote_addr: b.mr.addr(), rkey: b.mr.rkey() };
+    a.qp.post_send(vec![SendWr::new(50, r, vec![a.mr.sge(0..big.len())])]).unwrap();
+    assert_eq!(one(&a.cq).status, WcStatus::Success);
+    assert_eq!(&a.mr.as_slice()[..big.len()], &big[..]);
     let (sa, sb) = (da.stats().1, db.stats().1);
     assert!(sa.memory_reads > 0 && sb.memory_writes > 0, "{sa:?} {sb:?}");
     assert_eq!(
@@ -678,6 +710,60 @@ fn a_client_the_kernel_guards_is_served_through_its_memory_helper() {
         "every access went through the helpers"
     );
     assert_eq!((sa.memory_faults, sb.memory_faults), (0, 0));
+}
+
+#[test]
+fn a_silent_memory_helper_stalls_only_its_own_client() {
+    // A client whose memory helper stops answering (stopped, wedged) must not stall the device
+    // for anyone else: the device thread never waits for a helper (its requests go through a
+    // thread of their own; the QP that needs the data waits). Once the helper is overdue, the
+    // client's work fails with an error instead.
+    let (da, db) = (device("sa", A, 47931, ""), device("sb", B, 47931, ""));
+    let overdue = Duration::from_secs(4);
+    let (ctx, _silent) = Context::embedded_with_helper_socket(&da, overdue).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16, None).unwrap();
+    let qp = pd.qp_builder(QpType::Rc, &cq).build().unwrap();
+    let mr = pd.alloc_mr(1 << 16, Access::LOCAL_WRITE).unwrap();
+    let s = Side { _ctx: ctx, _pd: pd, cq, qp, mr };
+    let peer = side(&db, QpType::Rc);
+    connect(&s, &peer, Mtu::Mtu1024);
+    peer.qp.post_recv(vec![RecvWr { wr_id: 1, sg_list: vec![peer.mr.sge(0..8192)] }]).unwrap();
+    // 8 KiB: more than what is gathered at post, so the device reads it through the helper.
+    s.qp.post_send(vec![SendWr::new(2, SendOp::Send, vec![s.mr.sge(0..8192)])]).unwrap();
+    let asked = std::time::Instant::now();
+    while da.stats().1.memory_helper_ops == 0 {
+        assert!(asked.elapsed() < T, "the device never asked the helper");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Meanwhile two other clients of the same devices: 200 round trips and a 1 MiB WRITE.
+    let (mut x, y) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
+    connect(&x, &y, Mtu::Mtu1024);
+    let start = std::time::Instant::now();
+    for i in 0..200u64 {
+        y.qp.post_recv(vec![RecvWr { wr_id: i, sg_list: vec![y.mr.sge(0..64)] }]).unwrap();
+        x.qp.post_send(vec![SendWr::new(i, SendOp::Send, vec![x.mr.sge(0..64)])]).unwrap();
+        assert_eq!(one(&y.cq).status, WcStatus::Success);
+        assert_eq!(one(&x.cq).status, WcStatus::Success);
+    }
+    let data = pattern(1 << 20, 11);
+    x.mr.as_mut_slice().copy_from_slice(&data);
+    let w = SendOp::Write { remote_addr: y.mr.addr(), rkey: y.mr.rkey() };
+    x.qp.post_send(vec![SendWr::new(999, w, vec![x.mr.sge(0..1 << 20)])]).unwrap();
+    assert_eq!(one(&x.cq).status, WcStatus::Success);
+    assert_eq!(y.mr.as_slice(), &data[..]);
+    let others = start.elapsed();
+    // All of that happened while the silent client's send still waited for its data: a device
+    // thread that waited for the helper would have served nobody until the helper was overdue,
+    // and by then the send would have failed.
+    assert!(s.cq.poll(4).unwrap().is_empty(), "the silent client's send ended before the others' traffic");
+    assert!(asked.elapsed() < overdue, "the others took {others:?}: longer than the helper's time limit");
+    eprintln!("others' traffic while a helper was silent: {others:?}");
+    // Once overdue, the helper is gone and the send fails (its data cannot be read).
+    let c = s.cq.wait(1, overdue + T).unwrap();
+    assert_eq!(c.len(), 1, "the silent client's send never ended");
+    assert_eq!((c[0].wr_id, c[0].status), (2, WcStatus::LocProtErr));
+    assert_eq!(peer.cq.poll(4).unwrap().len(), 0, "nothing arrived from the silent client");
 }
 
 #[test]

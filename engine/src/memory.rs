@@ -33,6 +33,44 @@ pub trait Memory {
     }
     /// Copies `data` to `addr`.
     fn write(&mut self, owner: Owner, addr: u64, data: &[u8]) -> Result<(), MemoryError>;
+    /// How many accesses so far failed only for now: the memory is reachable, but not at once (a
+    /// client's memory helper is fetching it, as an HCA faults in a page of an on-demand-paging
+    /// region). The engine compares the count before and after an access: an access that raised
+    /// it is retried once [`crate::device::Device::memory_ready`] says the memory has news,
+    /// instead of failing. Memories that always answer at once keep the default, 0.
+    fn would_block_count(&self) -> u64 {
+        0
+    }
+    /// A token for the writes made since the last call (0: none, or all are in place already):
+    /// a memory whose writes land later gives one, and [`Memory::fence_passed`] says when they
+    /// have. The responder takes one after each request, and its answers (ACK, READ response,
+    /// atomic acknowledge) wait for it: a requester that sees the ACK of a WRITE may rely on the
+    /// data being in place (IBTA 9.7.5.1.2: the responder acknowledges what it has executed).
+    fn write_fence(&mut self) -> u64 {
+        0
+    }
+    /// Whether the writes of `token` ([`Memory::write_fence`]) are in place (`false` is counted
+    /// as a [`Memory::would_block_count`]).
+    fn fence_passed(&mut self, token: u64) -> bool {
+        let _ = token;
+        true
+    }
+    /// Starts an atomic on the 8 bytes at `addr`: its original value now, or a ticket to ask
+    /// [`Memory::atomic_result`] for it later (the atomic takes effect in order with this
+    /// memory's other accesses either way). The default runs it now.
+    fn start_atomic(&mut self, owner: Owner, addr: u64, op: AtomicOp) -> Result<AtomicStart, MemoryError> {
+        let orig = match op {
+            AtomicOp::CompareSwap { compare, swap } => self.compare_swap(owner, addr, compare, swap)?,
+            AtomicOp::FetchAdd { add } => self.fetch_add(owner, addr, add)?,
+        };
+        Ok(AtomicStart::Done(orig))
+    }
+    /// The original value of the atomic started under `ticket`: `None` while it is still on its
+    /// way (counted as a [`Memory::would_block_count`]). The default has no tickets.
+    fn atomic_result(&mut self, ticket: u64) -> Option<Result<u64, MemoryError>> {
+        let _ = ticket;
+        Some(Err(MemoryError { addr: 0, len: 8 }))
+    }
     /// Atomically: if the 8 bytes at `addr` (host order) equal `compare`, store `swap`; returns the
     /// original value (IBTA 9.4.5 CmpSwap). The default reads, then writes: atomic with respect
     /// to this device's own accesses, which is all a memory the engine alone writes needs.
@@ -54,6 +92,32 @@ pub trait Memory {
         self.write(owner, addr, &old.wrapping_add(add).to_ne_bytes())?;
         Ok(old)
     }
+}
+
+/// An 8-byte atomic (IBTA 9.4.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtomicOp {
+    /// CmpSwap: store `swap` if the value equals `compare`.
+    CompareSwap {
+        /// Compared with.
+        compare: u64,
+        /// Stored on a match.
+        swap: u64,
+    },
+    /// FetchAdd.
+    FetchAdd {
+        /// Added.
+        add: u64,
+    },
+}
+
+/// What [`Memory::start_atomic`] gives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtomicStart {
+    /// Executed: the original value.
+    Done(u64),
+    /// Executing: ask [`Memory::atomic_result`] with this ticket.
+    Later(u64),
 }
 
 /// Test memory: one `Vec<u8>` per owner, mapped at a base address.

@@ -508,6 +508,9 @@ pub struct Device<M: Memory> {
     /// `in_ready` says which are queued).
     ready: VecDeque<Qpn>,
     in_ready: std::collections::HashSet<Qpn, BuildHasherDefault<IdHasher>>,
+    /// QPs that stopped sending because the memory is fetching their data
+    /// ([`Memory::would_block_count`]): ready again at [`Device::memory_ready`].
+    mem_waiters: Vec<Qpn>,
     /// Every QP's next timer deadline, ordered (poll_timeout is the first), and what is filed
     /// for each QP.
     timers: std::collections::BTreeSet<(Instant, Qpn)>,
@@ -572,6 +575,7 @@ impl<M: Memory> Device<M> {
             ip_id: 0,
             loopback_icrc: true,
             in_ready: Default::default(),
+            mem_waiters: Vec::new(),
             timers: Default::default(),
             armed: HashMap::default(),
             events: VecDeque::new(),
@@ -1114,6 +1118,7 @@ impl<M: Memory> Device<M> {
                 self.in_ready.remove(&qpn);
                 continue;
             };
+            let blocked = self.mem.would_block_count();
             let mut ctx = ctx!(self, now);
             let sent = qp.poll_transmit(&mut ctx, buf);
             self.sync_timer(qpn);
@@ -1123,8 +1128,21 @@ impl<M: Memory> Device<M> {
                 return Some(t);
             }
             self.in_ready.remove(&qpn);
+            if self.mem.would_block_count() != blocked && !self.mem_waiters.contains(&qpn) {
+                self.mem_waiters.push(qpn);
+            }
         }
         None
+    }
+
+    /// The memory has news for accesses that would have blocked ([`Memory::would_block_count`]):
+    /// the QPs that waited for them try again.
+    pub fn memory_ready(&mut self) {
+        for qpn in std::mem::take(&mut self.mem_waiters) {
+            if self.qps.contains_key(&qpn) && self.in_ready.insert(qpn) {
+                self.ready.push_back(qpn);
+            }
+        }
     }
 
     /// The earliest timer deadline of any QP.

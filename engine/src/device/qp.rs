@@ -142,8 +142,9 @@ pub(crate) enum RespOut {
     Ack { psn: Psn, syndrome: crate::wire::Syndrome, msn: u32 },
     /// An RDMA READ response being generated packet by packet.
     Read { psn: Psn, va: u64, rkey: u32, remaining: u32, first: bool, total: u32, msn: u32, pd: Option<PdId> },
-    /// An atomic acknowledge.
-    Atomic { psn: Psn, orig: u64, msn: u32 },
+    /// An atomic acknowledge: its original value, or the ticket it comes under (a memory that
+    /// answers later: the acknowledge waits for it).
+    Atomic { psn: Psn, orig: crate::memory::AtomicStart, msn: u32 },
 }
 
 /// A cached READ/atomic request, for duplicates (IBTA 9.7.5.1.6, max_dest_rd_atomic entries).
@@ -152,6 +153,9 @@ pub(crate) struct RdAtomic {
     pub(crate) first_psn: Psn,
     pub(crate) last_psn: Psn,
     pub(crate) atomic_orig: Option<u64>,
+    /// A CmpSwap/FetchAdd whose original value is still on its way (`atomic_orig` is set when
+    /// it comes; until then a duplicate gets no second answer: the first is coming).
+    pub(crate) atomic_pending: bool,
     /// An ATOMIC WRITE (executed once; a duplicate is acknowledged, not executed again).
     pub(crate) atomic_write: bool,
 }
@@ -203,6 +207,9 @@ pub(crate) struct Qp {
     pub(crate) next_psn: Psn,
     /// Packets sent since the last AckReq.
     pub(crate) noack_pkts: u32,
+    /// Writes of requests the responder handled that are not known to be in place yet
+    /// ([`crate::memory::Memory::write_fence`] tokens, one per memory owner): its answers wait.
+    pub(crate) resp_fences: Vec<u64>,
     /// One past the highest PSN sent so far (what lies below it and is sent again is a
     /// retransmission).
     pub(crate) sent_high: Psn,
@@ -261,6 +268,7 @@ impl Qp {
             req_pkt: 0,
             next_psn: Psn::new(0),
             noack_pkts: 0,
+            resp_fences: Vec::new(),
             retrans_at: None,
             rnr_until: None,
             retry_left: 0,
@@ -712,7 +720,14 @@ impl Qp {
             if self.qp_type == QpType::Uc {
                 super::unrel::handle_uc(self, ctx, pkt);
             } else {
+                // The answers to this request wait for what it wrote (Memory::write_fence).
+                let _ = ctx.mem.write_fence();
                 resp::handle_request(self, ctx, pkt);
+                let f = ctx.mem.write_fence();
+                if f != 0 {
+                    self.resp_fences.retain(|&g| g >> 40 != f >> 40);
+                    self.resp_fences.push(f);
+                }
             }
             true
         } else {

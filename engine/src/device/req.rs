@@ -220,6 +220,7 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
         SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 0,
         _ => super::packet_payload(w.len, mtu, pkt) as usize,
     };
+    let noack_before = qp.noack_pkts;
     qp.noack_pkts += 1;
     // Also ask for an ACK with the last packet the window lets out, or the requester would wait
     // for the ACK timer.
@@ -278,7 +279,23 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
         _ => {}
     }
     let is_send = matches!(w.wr.op, SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. });
-    let t = emit(ctx, qp.qpn, qp.attr.dest, buf, &ib, |ctx, out| gather(ctx, w, offset, out))?;
+    let blocked = ctx.mem.would_block_count();
+    let mut gathered = true;
+    let Some(t) = emit(ctx, qp.qpn, qp.attr.dest, buf, &ib, |ctx, out| {
+        gathered = gather(ctx, w, offset, out);
+        gathered
+    }) else {
+        qp.noack_pkts = noack_before;
+        if !gathered && ctx.mem.would_block_count() == blocked {
+            // The buffers cannot be read (the owner unmapped them, or its memory became
+            // unreachable): a local protection error, as rxe's requester reports a failed copy,
+            // and the QP goes to the error state (IBTA 10.7.3.1, C10-104).
+            qp.sq[idx].done = Some(WcStatus::LocProtErr);
+            qp.fail(ctx, crate::device::AsyncEvent::QpFatal);
+        }
+        // Otherwise the data is on its way (Memory::would_block_count): the same packet later.
+        return None;
+    };
     if psn.distance(qp.sent_high) < 0 {
         ctx.counters.retransmitted_pkts += 1;
     } else {
@@ -381,7 +398,13 @@ fn ud_poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &mut [u8]
         if let SendOp::SendWithImm { imm } = w.wr.op {
             ib.immdt = Some(ImmDtRepr { imm });
         }
+        let blocked = ctx.mem.would_block_count();
         let t = emit(ctx, qp.qpn, ud.dest, buf, &ib, |ctx, out| gather(ctx, w, 0, out));
+        if t.is_none() && ctx.mem.would_block_count() != blocked {
+            // The data is on its way (Memory::would_block_count): the same datagram later.
+            qp.next_psn = psn;
+            return None;
+        }
         ctx.counters.rdma_sends += 1;
         complete_sent(qp, ctx);
         if t.is_some() {

@@ -13,7 +13,7 @@ use super::req::{emit, walk_sges};
 use super::unrel::take_recv_from;
 use super::PdId;
 use super::{AsyncEvent, Ctx, Transmit};
-use crate::memory::Memory;
+use crate::memory::{AtomicOp, AtomicStart, Memory};
 use crate::verbs::{Access, QpState, QpType, WcOpcode, WcStatus};
 use crate::wire::aeth::CREDITS_INVALID;
 use crate::wire::{
@@ -273,6 +273,7 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
                 first_psn: psn,
                 last_psn: psn + (npkts - 1),
                 atomic_orig: None,
+                atomic_pending: false,
                 atomic_write: false,
             });
             let msn = qp.msn;
@@ -293,19 +294,26 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
             if !rd_atomic_slot(qp) {
                 return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
             }
-            let r = if info.kind == OpKind::CompareSwap {
-                ctx.mem.compare_swap(owner, va, a.compare(), a.swap_add())
+            let op = if info.kind == OpKind::CompareSwap {
+                AtomicOp::CompareSwap { compare: a.compare(), swap: a.swap_add() }
             } else {
-                ctx.mem.fetch_add(owner, va, a.swap_add())
+                AtomicOp::FetchAdd { add: a.swap_add() }
             };
-            let Ok(orig) = r else {
+            // Executed now, or (a memory that answers later) in order with the memory's other
+            // accesses, its acknowledge waiting for the original value (poll_transmit).
+            let Ok(orig) = ctx.mem.start_atomic(owner, va, op) else {
                 return nak_and_fail(qp, ctx, psn, NakCode::RemoteOperationalError, AsyncEvent::QpFatal);
             };
             qp.msn = qp.msn.wrapping_add(1);
+            let done = match orig {
+                AtomicStart::Done(v) => Some(v),
+                AtomicStart::Later(_) => None,
+            };
             qp.rd_atomic.push_back(RdAtomic {
                 first_psn: psn,
                 last_psn: psn,
-                atomic_orig: Some(orig),
+                atomic_orig: done,
+                atomic_pending: done.is_none(),
                 atomic_write: false,
             });
             let msn = qp.msn;
@@ -335,7 +343,13 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
                 return nak_and_fail(qp, ctx, psn, NakCode::RemoteOperationalError, AsyncEvent::QpFatal);
             }
             qp.msn = qp.msn.wrapping_add(1);
-            qp.rd_atomic.push_back(RdAtomic { first_psn: psn, last_psn: psn, atomic_orig: None, atomic_write: true });
+            qp.rd_atomic.push_back(RdAtomic {
+                first_psn: psn,
+                last_psn: psn,
+                atomic_orig: None,
+                atomic_pending: false,
+                atomic_write: true,
+            });
             qp.epsn = psn + 1;
             queue_ack(qp, psn, ACK);
             return;
@@ -381,6 +395,7 @@ fn duplicate<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPacket<&[u8]>
                 .iter()
                 .find(|r| {
                     r.atomic_orig.is_none()
+                        && !r.atomic_pending
                         && !r.atomic_write
                         && psn.distance(r.first_psn) >= 0
                         && r.last_psn.distance(psn) >= 0
@@ -423,9 +438,10 @@ fn duplicate<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPacket<&[u8]>
         }
         OpKind::CompareSwap | OpKind::FetchAdd => {
             // Replay the saved result; never execute an atomic twice (IBTA 9.7.5.1.4).
+            // (One whose original value is still on its way answers once it comes.)
             if let Some(orig) = qp.rd_atomic.iter().find(|r| r.first_psn == psn).and_then(|r| r.atomic_orig) {
                 let msn = qp.msn;
-                qp.resp_out.push_back(RespOut::Atomic { psn, orig, msn });
+                qp.resp_out.push_back(RespOut::Atomic { psn, orig: AtomicStart::Done(orig), msn });
             }
         }
         _ => {}
@@ -467,6 +483,19 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
         qp.resp_out.clear();
         return None;
     }
+    if qp.resp_out.is_empty() {
+        return None;
+    }
+    // Nothing is answered before the data it answers for is in place.
+    let fences = std::mem::take(&mut qp.resp_fences);
+    for f in fences {
+        if !ctx.mem.fence_passed(f) {
+            qp.resp_fences.push(f);
+        }
+    }
+    if !qp.resp_fences.is_empty() {
+        return None;
+    }
     let out = qp.resp_out.pop_front()?;
     let dest = qp.attr.dest;
     // An XRC target answers with XRC opcodes (Annex A14), the same operations as RC.
@@ -478,6 +507,27 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
             emit(ctx, qp.qpn, dest, buf, &ib, |_, _| true)
         }
         RespOut::Atomic { psn, orig, msn } => {
+            let orig = match orig {
+                AtomicStart::Done(v) => v,
+                AtomicStart::Later(ticket) => match ctx.mem.atomic_result(ticket) {
+                    // Not yet: the acknowledge (and what queues behind it) waits.
+                    None => {
+                        qp.resp_out.push_front(RespOut::Atomic { psn, orig, msn });
+                        return None;
+                    }
+                    Some(Ok(v)) => {
+                        if let Some(r) = qp.rd_atomic.iter_mut().find(|r| r.first_psn == psn && r.atomic_pending) {
+                            r.atomic_orig = Some(v);
+                            r.atomic_pending = false;
+                        }
+                        v
+                    }
+                    Some(Err(_)) => {
+                        nak_and_fail(qp, ctx, psn, NakCode::RemoteOperationalError, AsyncEvent::QpFatal);
+                        return None;
+                    }
+                },
+            };
             let mut ib = IbRepr::new(bth(qp, xrc(Opcode::RC_ATOMIC_ACKNOWLEDGE), psn, 0));
             ib.aeth = Some(AethRepr { syndrome: with_credits(qp, ctx, ACK), msn: Msn::new(msn) });
             ib.atomicacketh = Some(AtomicAckEthRepr { orig_rem_data: orig });
@@ -503,10 +553,17 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
             let addr = va.wrapping_add(u64::from(offset));
             let owner =
                 if n > 0 { remote_ok(qp, ctx, pd, rkey, addr, u64::from(n), Access::REMOTE_READ) } else { Some(0) };
+            let blocked = ctx.mem.would_block_count();
             let t = emit(ctx, qp.qpn, dest, buf, &ib, |ctx, out| match owner {
                 Some(o) => out.is_empty() || ctx.mem.read(o, addr, out).is_ok(),
                 None => false,
             });
+            if t.is_none() && ctx.mem.would_block_count() != blocked {
+                // The data is on its way (Memory::would_block_count): this response, and what
+                // queues behind it, waits for it.
+                qp.resp_out.push_front(RespOut::Read { psn, va, rkey, remaining, first, total, msn, pd });
+                return None;
+            }
             if t.is_none() && owner.is_none() {
                 // The region went away between the request and the response.
                 nak_and_fail(qp, ctx, psn, NakCode::RemoteAccessError, AsyncEvent::QpAccessErr);
