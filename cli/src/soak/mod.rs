@@ -546,7 +546,7 @@ fn print_report(r: &Report) {
     );
     println!("                                           (sent: as counted by requesters that lived to report)");
     println!(
-        "  injected                  loss {}, dup {}, reorder {}, corrupt {}; retransmitted {}",
+        "  injected                  loss {}, duplicate {}, reorder {}, corrupt {}; retransmitted {}",
         r.dropped_by_fault, r.duplicated_by_fault, r.reordered_by_fault, r.corrupted_by_fault, r.retransmitted_pkts
     );
     for f in &r.failures {
