@@ -27,8 +27,7 @@ use softrdma_engine::device::{
 };
 use softrdma_engine::time::Instant;
 use softrdma_engine::verbs::{Access, Mtu, QpType, VerbsError, WcOpcode};
-use softrdma_engine::wire::Qpn;
-use softrdma_engine::wire::{icrc, IbPacket};
+use softrdma_engine::wire::{icrc, IbPacket, Qpn};
 use softrdma_engine::wr::RecvWr;
 use softrdma_transport::udp::{self, RoceUdp, UdpConfig};
 

@@ -639,6 +639,26 @@ fn corrupt_probability_one_flips_exactly_one_bit_of_every_delivered_payload() {
 }
 
 #[test]
+fn the_faults_delay_adds_to_every_datagram_and_reorder_delay_on_top() {
+    // 1000 bytes at 1 Gbit/s: 8 us on the link, 10 us of latency, 7 us of added delay.
+    let faults = Faults { delay: Duration::from_micros(7), ..Faults::none() };
+    let mut sim = ping_sink(3, 1000, link(10, GIGABIT), faults, 1);
+    run_to_idle(&mut sim);
+    assert_eq!(sim.endpoint(1).sink().times(), vec![us(25), us(33), us(41)]);
+
+    let faults = Faults {
+        delay: Duration::from_micros(7),
+        reorder: 1.0,
+        reorder_delay: Duration::from_micros(20),
+        ..Faults::none()
+    };
+    let mut sim = ping_sink(3, 1000, link(10, GIGABIT), faults, 1);
+    run_to_idle(&mut sim);
+    assert_eq!(sim.endpoint(1).sink().times(), vec![us(45), us(53), us(61)]);
+    assert_eq!(sim.stats().reordered, 3);
+}
+
+#[test]
 fn duplicate_probability_one_delivers_each_datagram_twice() {
     let faults = Faults { duplicate: 1.0, ..Faults::none() };
     let mut sim = ping_sink(10, 100, link(10, 0), faults, 1);

@@ -48,10 +48,10 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 
 use rand::{RngExt, SeedableRng};
-
-use crate::faults::{self, Faults};
 use rand_chacha::ChaCha8Rng;
 use softrdma_engine::time::{Duration, Instant};
+
+use crate::faults::{self, Faults};
 
 pub use config::{Limits, LinkConfig, Partition, PartitionScope};
 pub use stats::{RunStats, SimError, WireStats};
