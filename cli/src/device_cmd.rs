@@ -27,8 +27,9 @@ pub(crate) struct DeviceArgs {
     /// Capture every packet the device sends or receives into this pcap file.
     #[arg(long)]
     pub(crate) pcap: Option<PathBuf>,
-    /// Faults to inject on transmit, e.g. loss=0.01,dup=0.01,reorder=0.01,corrupt=0.001,delay=1ms,seed=7
-    /// (ack_loss=P: the loss rate of ACK/NAK packets alone; default: loss).
+    /// Faults to inject on transmit, e.g. loss=0.01,duplicate=0.01,reorder=0.01,corrupt=0.001,delay=1ms,seed=7
+    /// (ack_loss=P: the loss rate of ACK/NAK packets alone, default: loss; reorder_delay=D: how long a
+    /// reordered packet is held back, default 1ms; dup= is an alias of duplicate=).
     #[arg(long, default_value = "")]
     pub(crate) faults: String,
     /// UDP port (4791 is RoCEv2's; another one only for tests).

@@ -7,7 +7,8 @@ use clap::Args;
 use serde_json::json;
 use softrdma_engine::time::Duration;
 use softrdma_engine::verbs::Mtu;
-use softrdma_transport::sim::{Faults, LinkConfig};
+use softrdma_transport::faults::Faults;
+use softrdma_transport::sim::LinkConfig;
 use softrdma_workloads::services::{self, Service};
 use softrdma_workloads::workload::{self, Op, Workload};
 
@@ -40,8 +41,8 @@ pub(crate) struct SimArgs {
     #[arg(long, default_value_t = 0.0)]
     loss: f64,
     /// Probability that the wire duplicates a packet.
-    #[arg(long, default_value_t = 0.0)]
-    dup: f64,
+    #[arg(long, visible_alias = "dup", default_value_t = 0.0)]
+    duplicate: f64,
     /// Probability that the wire holds a packet back (reordering it).
     #[arg(long, default_value_t = 0.0)]
     reorder: f64,
@@ -104,11 +105,11 @@ pub(crate) fn run(a: &SimArgs) -> Result<ExitCode> {
     }
     let faults = Faults {
         loss: probability("loss", a.loss)?,
-        duplicate: probability("dup", a.dup)?,
+        duplicate: probability("duplicate", a.duplicate)?,
         reorder: probability("reorder", a.reorder)?,
         reorder_delay: Duration::from_micros(20),
         corrupt: probability("corrupt", a.corrupt)?,
-        partitions: Vec::new(),
+        ..Faults::none()
     };
     let w = Workload {
         ops,

@@ -28,7 +28,7 @@ fn lossy_run_prints_one_json_object_with_every_field() {
         "3",
         "--loss",
         "0.02",
-        "--dup",
+        "--duplicate",
         "0.02",
         "--reorder",
         "0.02",
@@ -135,7 +135,7 @@ fn xrc_fan_in_under_faults_is_exactly_once() {
 fn ud_and_uc_report_what_the_wire_did() {
     for t in ["ud", "uc"] {
         let (code, out, err) =
-            sim(&["--transport", t, "--messages", "300", "--loss", "0.05", "--dup", "0.05", "--seed", "3"]);
+            sim(&["--transport", t, "--messages", "300", "--loss", "0.05", "--duplicate", "0.05", "--seed", "3"]);
         assert_eq!(code, Some(0), "{t}: {out}\n{err}");
         let v: Value = serde_json::from_str(out.trim()).unwrap();
         assert!(v["lost"].as_u64().unwrap() > 0, "{t}: losses show");
@@ -151,4 +151,17 @@ fn ud_and_uc_report_what_the_wire_did() {
             serde_json::from_str(sim(&["--transport", t, "--messages", "200", "--seed", "3"]).1.trim()).unwrap();
         assert_eq!((v["lost"].as_u64(), v["duplicated"].as_u64()), (Some(0), Some(0)), "{t}");
     }
+}
+
+#[test]
+fn dup_is_an_alias_of_duplicate() {
+    let args = |flag| ["--messages", "200", "--loss", "0.02", flag, "0.05", "--reorder", "0.02", "--seed", "5"];
+    let (code, canonical, err) = sim(&args("--duplicate"));
+    assert_eq!(code, Some(0), "{canonical}\n{err}");
+    let v: Value = serde_json::from_str(canonical.trim()).unwrap();
+    assert!(v["wire"]["duplicated"].as_u64().unwrap() > 0, "{canonical}");
+    assert_eq!(sim(&args("--dup")).1, canonical);
+    let (code, _, err) = sim(&["--duplicate", "1.5"]);
+    assert_ne!(code, Some(0));
+    assert!(err.contains("--duplicate must be a probability"), "{err}");
 }

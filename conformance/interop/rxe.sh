@@ -770,7 +770,7 @@ mck_run softrdma
 mck_run rxe
 [ "$cm_runs" = 0 ] || echo "($cm_runs rdma_cm runs in $((SECONDS - cm_start)) s)"
 
-faults="loss=0.03,dup=0.03,reorder=0.03,seed=$seed"
+faults="loss=0.03,duplicate=0.03,reorder=0.03,seed=$seed"
 runs_before_faults=$runno
 echo "== the reliable programs again, with $faults on the softrdma side"
 # The ping-pongs run with ack_loss=0: they end without a closing handshake, so the last ACK our side

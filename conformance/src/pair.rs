@@ -11,21 +11,8 @@ use softrdma_engine::time::{Duration, Instant};
 use softrdma_engine::verbs::{Access, Mtu, QpType};
 use softrdma_engine::wire::{IbPacket, Opcode, Psn, Qpn};
 use softrdma_engine::wr::WorkCompletion;
-
-/// What the wire does with one datagram.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fate {
-    /// Deliver it after the link latency.
-    Deliver,
-    /// Lose it.
-    Drop,
-    /// Deliver it twice.
-    Duplicate,
-    /// Deliver it after the latency plus this much.
-    Delay(Duration),
-    /// Deliver it with one bit of its payload flipped.
-    Corrupt,
-}
+/// What the scripted wire does with one datagram: the shared fault model's per-datagram decision.
+pub use softrdma_transport::faults::Fate;
 
 /// A datagram as the filter and the log see it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,7 +8,8 @@
 use proptest::prelude::*;
 use softrdma_engine::time::Duration;
 use softrdma_engine::verbs::Mtu;
-use softrdma_transport::sim::{Faults, LinkConfig};
+use softrdma_transport::faults::Faults;
+use softrdma_transport::sim::LinkConfig;
 use softrdma_workloads::workload::{run, Op, Workload};
 
 fn ops() -> impl Strategy<Value = Vec<Op>> {
@@ -43,7 +44,7 @@ fn workload(max_fault: f64) -> impl Strategy<Value = Workload> {
                 reorder,
                 reorder_delay: Duration::from_micros(20),
                 corrupt,
-                partitions: Vec::new(),
+                ..Faults::none()
             },
             link: LinkConfig {
                 latency: Duration::from_micros(5),
@@ -76,7 +77,7 @@ proptest! {
     fn beyond_the_retry_budget_the_first_failure_is_retry_exc_err_and_the_rest_flush(
         w in workload(0.05), loss in 0.3f64..0.9
     ) {
-        let w = Workload { retry_cnt: 1, faults: Faults { loss, ..w.faults.clone() }, ..w };
+        let w = Workload { retry_cnt: 1, faults: Faults { loss, ..w.faults }, ..w };
         let r = run(&w).unwrap();
         // The runner checks the order of statuses per QP; here: no invariant broke, and every
         // request is accounted for.
@@ -102,7 +103,7 @@ fn thousand_messages_under_two_percent_faults() {
             reorder: 0.02,
             reorder_delay: Duration::from_micros(20),
             corrupt: 0.01,
-            partitions: Vec::new(),
+            ..Faults::none()
         },
         link: LinkConfig {
             latency: Duration::from_micros(5),

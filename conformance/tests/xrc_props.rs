@@ -4,7 +4,8 @@
 use proptest::prelude::*;
 use softrdma_engine::time::Duration;
 use softrdma_engine::verbs::Mtu;
-use softrdma_transport::sim::{Faults, LinkConfig};
+use softrdma_transport::faults::Faults;
+use softrdma_transport::sim::LinkConfig;
 use softrdma_workloads::services::{run_service, Service};
 use softrdma_workloads::workload::{Op, Workload};
 
@@ -26,7 +27,7 @@ proptest! {
             qps: 1,
             mtu,
             seed,
-            faults: Faults { loss: f[0], duplicate: f[1], reorder: f[2], reorder_delay: Duration::from_micros(20), corrupt: f[3], partitions: Vec::new() },
+            faults: Faults { loss: f[0], duplicate: f[1], reorder: f[2], reorder_delay: Duration::from_micros(20), corrupt: f[3], ..Faults::none() },
             link: LinkConfig { latency: Duration::from_micros(5), jitter: Duration::ZERO, bandwidth_bits_per_sec: 25_000_000_000 },
             retry_cnt: 7,
             timeout: 10,

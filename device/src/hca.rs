@@ -27,14 +27,13 @@ use softrdma_engine::device::{
 };
 use softrdma_engine::time::Instant;
 use softrdma_engine::verbs::{Access, Mtu, QpType, VerbsError, WcOpcode};
-use softrdma_engine::wire::{icrc, IbPacket};
-use softrdma_engine::wire::{OpKind, Opcode, Qpn};
+use softrdma_engine::wire::{icrc, IbPacket, Qpn};
 use softrdma_engine::wr::RecvWr;
 use softrdma_transport::udp::{self, RoceUdp, UdpConfig};
 
 use crate::arena::{Allocator, Arena, RingDesc, CQE_SLOT, STAGING_LEN, STAGING_OFF, WQE_SLOT};
 use crate::capture::Tap;
-use crate::faults::{Copy, FaultCounts, FaultInjector, FaultSpec};
+use crate::faults::{Copy, FaultCounts, FaultInjector, Faults};
 use crate::memory::{range_mapped, ProcessMemory, STAGE_VA};
 use crate::proto::{ClientEvent, CqEntry, DeviceInfo, IoStats, RecvEntry, Request, Response, SendEntry};
 
@@ -59,7 +58,7 @@ pub struct HcaConfig {
     /// Capture every packet into this pcap file.
     pub pcap: Option<PathBuf>,
     /// Faults injected on transmit.
-    pub faults: FaultSpec,
+    pub faults: Faults,
     /// Send sockets for flow entropy (UDP source ports 0xC000.. upward); 0: send from the 4791
     /// socket.
     pub flow_ports: u16,
@@ -102,7 +101,7 @@ impl HcaConfig {
             port: ROCE_PORT,
             mtu: None,
             pcap: None,
-            faults: FaultSpec::default(),
+            faults: Faults::default(),
             flow_ports: 8,
             icrc: IcrcPolicy::AnyIpv4Id,
             xrc_policy: XrcPolicy::default(),
@@ -912,11 +911,8 @@ impl State {
     /// injector (dropped, duplicated, delayed, corrupted) to `deliver`.
     fn emit(&mut self, now: Instant, t: Transmit, data: &[u8], icrc_id: u16) {
         let mut copies = std::mem::take(&mut self.copies);
-        // An ACK or NAK, RC or XRC (for `ack_loss`); the engine wrote the BTH first.
-        // (Looked up only when something is injected: every packet passes here.)
-        let is_ack = self.faults.is_active()
-            && data.first().and_then(|&op| Opcode(op).info()).is_some_and(|i| i.kind == OpKind::Acknowledge);
-        self.faults.decide(now, data.len(), is_ack, &mut copies);
+        // The engine wrote the BTH first (the sampler reads its opcode for `ack_loss`).
+        self.faults.decide(now, data, &mut copies);
         for c in &copies {
             if c.at > now {
                 self.seq += 1;

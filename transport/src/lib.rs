@@ -2,6 +2,10 @@
 //!
 //! Moves packets for a softrdma device. Today it holds:
 //!
+//! - [`faults`], the one fault model both wires use: the rates ([`faults::Faults`]: loss,
+//!   ACK loss, duplication, reordering, corruption, delay), their `--faults` spec string, the
+//!   seeded sampler that decides each datagram's faults, and a scripted wire's per-datagram
+//!   [`faults::Fate`].
 //! - [`sim`], the simulated wire: a deterministic discrete-event network of endpoints that
 //!   exchange UDP datagrams (RoCEv2 payloads) under virtual time, with latency, jitter,
 //!   per-sender bandwidth and seeded faults (loss, duplication, reordering, single-bit corruption,
@@ -23,6 +27,7 @@
 //! - No threads, no sockets, no I/O.
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod faults;
 pub mod sim;
 pub mod udp;
 

@@ -5,8 +5,9 @@ use std::collections::{BTreeSet, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use softrdma_engine::time::{Duration, Instant};
+use softrdma_transport::faults::Faults;
 use softrdma_transport::sim::{
-    Datagram, Endpoint, Faults, Limits, LinkConfig, Partition, RunStats, Sim, SimError, WireStats, DUPLICATE_GAP,
+    Datagram, Endpoint, Limits, LinkConfig, Partition, RunStats, Sim, SimError, WireStats, DUPLICATE_GAP,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -552,8 +553,8 @@ fn two_endpoints_with_one_address_are_refused() {
 #[test]
 fn partition_between_two_nodes_drops_everything_and_sender_gives_up() {
     let cut = Partition::between(ip(1), ip(2), Instant::ZERO, Partition::FOREVER);
-    let faults = Faults { partitions: vec![cut], ..Faults::none() };
-    let mut sim = stop_and_wait(1, 64, 100, 3, link(5, 0), faults, 1);
+    let mut sim = stop_and_wait(1, 64, 100, 3, link(5, 0), Faults::none(), 1);
+    sim.partitions_mut().push(cut);
     let run = run_to_idle(&mut sim);
 
     // Sent at 0, 100, 200, 300 us; the fourth timeout (400 us) exhausts the 3 retries.
@@ -584,8 +585,8 @@ fn partition_window_heals_and_a_retransmission_gets_through() {
     // Cut until 250 us: the sends at 0, 100 and 200 us are dropped, the one at 300 us arrives at
     // 305 us and its ACK at 310 us.
     let cut = Partition::between(ip(1), ip(2), Instant::ZERO, us(250));
-    let faults = Faults { partitions: vec![cut], ..Faults::none() };
-    let mut sim = stop_and_wait(1, 64, 100, 3, link(5, 0), faults, 1);
+    let mut sim = stop_and_wait(1, 64, 100, 3, link(5, 0), Faults::none(), 1);
+    sim.partitions_mut().push(cut);
     run_to_idle(&mut sim);
 
     assert_eq!(sim.endpoint(1).receiver().delivered, vec![(0, us(305))]);
@@ -599,8 +600,8 @@ fn partition_window_heals_and_a_retransmission_gets_through() {
 #[test]
 fn one_way_partition_drops_only_the_acks() {
     let cut = Partition::one_way(ip(2), ip(1), Instant::ZERO, Partition::FOREVER);
-    let faults = Faults { partitions: vec![cut], ..Faults::none() };
-    let mut sim = stop_and_wait(1, 64, 100, 3, link(5, 0), faults, 1);
+    let mut sim = stop_and_wait(1, 64, 100, 3, link(5, 0), Faults::none(), 1);
+    sim.partitions_mut().push(cut);
     run_to_idle(&mut sim);
 
     let receiver = sim.endpoint(1).receiver();
@@ -635,6 +636,26 @@ fn corrupt_probability_one_flips_exactly_one_bit_of_every_delivered_payload() {
     assert!(flipped_bits.len() > 10, "the flipped bit is drawn at random: {flipped_bits:?}");
     assert_eq!(sim.stats().corrupted, 20);
     assert_eq!(sim.stats().delivered, 20);
+}
+
+#[test]
+fn the_faults_delay_adds_to_every_datagram_and_reorder_delay_on_top() {
+    // 1000 bytes at 1 Gbit/s: 8 us on the link, 10 us of latency, 7 us of added delay.
+    let faults = Faults { delay: Duration::from_micros(7), ..Faults::none() };
+    let mut sim = ping_sink(3, 1000, link(10, GIGABIT), faults, 1);
+    run_to_idle(&mut sim);
+    assert_eq!(sim.endpoint(1).sink().times(), vec![us(25), us(33), us(41)]);
+
+    let faults = Faults {
+        delay: Duration::from_micros(7),
+        reorder: 1.0,
+        reorder_delay: Duration::from_micros(20),
+        ..Faults::none()
+    };
+    let mut sim = ping_sink(3, 1000, link(10, GIGABIT), faults, 1);
+    run_to_idle(&mut sim);
+    assert_eq!(sim.endpoint(1).sink().times(), vec![us(45), us(53), us(61)]);
+    assert_eq!(sim.stats().reordered, 3);
 }
 
 #[test]
@@ -744,7 +765,7 @@ fn lossy_run(seed: u64) -> Outcome {
         reorder: 0.1,
         reorder_delay: Duration::from_micros(20),
         corrupt: 0.1,
-        partitions: Vec::new(),
+        ..Faults::none()
     };
     let mut sim = stop_and_wait(40, 256, 100, 50, link, faults, seed);
     let run = run_to_idle(&mut sim);

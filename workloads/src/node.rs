@@ -55,7 +55,7 @@ impl Endpoint for DeviceNode {
 /// Runs the nodes on the simulated wire to quiescence (a livelock bound is a violation), files
 /// the time and the wire's counters in the report, and gives the nodes back.
 pub(crate) fn simulate(nodes: Vec<DeviceNode>, w: &Workload, report: &mut Report) -> Vec<DeviceNode> {
-    let mut sim = Sim::new(nodes, w.link, w.faults.clone(), w.seed);
+    let mut sim = Sim::new(nodes, w.link, w.faults, w.seed);
     match sim.run(Limits { max_steps: 20_000_000, max_time: Duration::from_millis(600_000) }) {
         Ok(_) => {}
         Err(SimError::StepLimit(_)) => report.violations.push("livelock: step limit reached".into()),

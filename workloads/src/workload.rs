@@ -14,7 +14,8 @@ use softrdma_engine::time::Duration;
 use softrdma_engine::verbs::{Access, Mtu, QpType, WcOpcode, WcStatus};
 use softrdma_engine::wire::Qpn;
 use softrdma_engine::wr::{RecvWr, SendOp, SendWr, Sge, WorkCompletion};
-use softrdma_transport::sim::{Faults, LinkConfig, WireStats};
+use softrdma_transport::faults::Faults;
+use softrdma_transport::sim::{LinkConfig, WireStats};
 
 use crate::node::{simulate, DeviceNode};
 

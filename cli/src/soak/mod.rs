@@ -68,7 +68,7 @@ pub(crate) struct SoakArgs {
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
     pairs: u32,
     /// Faults injected on both devices' transmit paths (`softrdma up --faults`); `none` for none.
-    #[arg(long, default_value = "loss=0.002,dup=0.002,reorder=0.002,corrupt=0.0005")]
+    #[arg(long, default_value = "loss=0.002,duplicate=0.002,reorder=0.002,corrupt=0.0005")]
     faults: String,
     /// Seed of the workload and (with the device index added) of the fault injection.
     #[arg(long, default_value_t = 1)]
@@ -546,7 +546,7 @@ fn print_report(r: &Report) {
     );
     println!("                                           (sent: as counted by requesters that lived to report)");
     println!(
-        "  injected                  loss {}, dup {}, reorder {}, corrupt {}; retransmitted {}",
+        "  injected                  loss {}, duplicate {}, reorder {}, corrupt {}; retransmitted {}",
         r.dropped_by_fault, r.duplicated_by_fault, r.reordered_by_fault, r.corrupted_by_fault, r.retransmitted_pkts
     );
     for f in &r.failures {

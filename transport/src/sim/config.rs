@@ -1,5 +1,6 @@
-//! What the simulated wire is told: the link every datagram crosses, the faults it suffers, and
-//! the limits that stop a run which never goes idle.
+//! What the simulated wire is told: the link every datagram crosses, the partitions that cut it
+//! (the faults it suffers are the shared model, [`crate::faults::Faults`]), and the limits that
+//! stop a run which never goes idle.
 
 use std::net::IpAddr;
 
@@ -33,39 +34,11 @@ impl LinkConfig {
     }
 }
 
-/// Faults injected on the wire, each decided per datagram from the simulation's seeded RNG.
-///
-/// Probabilities are compared against a uniform draw in `[0, 1)`: `0.0` never fires, `1.0`
-/// always does, values above 1 act as 1 and negative values or NaN as 0.
-/// The default injects nothing.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Faults {
-    /// Probability that a datagram is dropped.
-    pub loss: f64,
-    /// Probability that a datagram arrives twice; the copy arrives [`DUPLICATE_GAP`] after the
-    /// first.
-    ///
-    /// [`DUPLICATE_GAP`]: super::DUPLICATE_GAP
-    pub duplicate: f64,
-    /// Probability that a datagram is held back by `reorder_delay`, letting later ones overtake it.
-    pub reorder: f64,
-    /// How long a reordered datagram is held back.
-    pub reorder_delay: Duration,
-    /// Probability that one uniformly chosen bit of the payload is flipped. The receiver is not
-    /// told: it must find out through the ICRC.
-    pub corrupt: f64,
-    /// Time windows in which datagrams between some addresses are dropped.
-    pub partitions: Vec<Partition>,
-}
-
-impl Faults {
-    /// No faults at all (the same as `Faults::default()`).
-    pub fn none() -> Faults {
-        Faults::default()
-    }
-}
-
 /// A time window in which the wire drops the datagrams its [`PartitionScope`] names.
+///
+/// Partitions exist only on the simulated wire (a device's transmit path has no virtual clock to
+/// open and close them by), so they are not part of [`Faults`](crate::faults::Faults): a
+/// [`Sim`](super::Sim) holds them next to its faults ([`Sim::partitions_mut`](super::Sim::partitions_mut)).
 ///
 /// A datagram is dropped when it leaves its sender's link (the end of its serialization; the
 /// send time on an infinite-bandwidth link) at a time `t` with `start <= t < end`. Datagrams

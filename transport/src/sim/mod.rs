@@ -25,11 +25,17 @@
 //!    again (per-sender FIFO; only the sender's link is modelled, no switch or receiver queue);
 //! 2. is dropped if it leaves inside a [`Partition`] window that covers its addresses, then if
 //!    no endpoint has its destination address (routing uses the IP address only, not the port);
-//! 3. suffers faults, drawn from the RNG in this fixed order: loss (dropped, no more draws),
-//!    corruption (then the bit index, if the payload is not empty), duplication, reordering, and
-//!    jitter (only when the link has jitter);
-//! 4. arrives `latency + jitter` after it left, plus `reorder_delay` if reordered; a duplicate
-//!    (carrying the same, possibly corrupted, bytes) arrives [`DUPLICATE_GAP`] after it.
+//! 3. suffers faults, drawn from the RNG in this fixed order: the four draws of
+//!    [`Faults::sample`] (loss, after which nothing more is drawn; corruption, then the bit index
+//!    if the payload is not empty; duplication; reordering), then jitter (only when the link has
+//!    jitter);
+//! 4. arrives `latency + jitter` after it left, plus the faults' `delay`, plus `reorder_delay` if
+//!    reordered; a duplicate (carrying the same, possibly corrupted, bytes) arrives
+//!    [`DUPLICATE_GAP`] after it.
+//!
+//! The faults are the shared model of [`crate::faults`] (the one a device's transmit path uses
+//! too) except its `seed`: every draw comes from the one RNG seeded by [`Sim::new`]. Partitions
+//! are the simulator's own addition ([`Sim::partitions_mut`]).
 //!
 //! The same endpoints, configuration and seed give the same run, event for event.
 //! Nothing here reads a real clock or spawns a thread.
@@ -45,7 +51,9 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use softrdma_engine::time::{Duration, Instant};
 
-pub use config::{Faults, Limits, LinkConfig, Partition, PartitionScope};
+use crate::faults::{self, Faults};
+
+pub use config::{Limits, LinkConfig, Partition, PartitionScope};
 pub use stats::{RunStats, SimError, WireStats};
 
 use queue::{Event, EventKind, EventQueue};
@@ -130,6 +138,8 @@ pub struct Sim<E: Endpoint> {
     routes: HashMap<IpAddr, usize>,
     link: LinkConfig,
     faults: Faults,
+    /// Windows in which the wire drops datagrams (the simulator's addition to the faults).
+    partitions: Vec<Partition>,
     rng: ChaCha8Rng,
     now: Instant,
     queue: EventQueue,
@@ -144,7 +154,7 @@ pub struct Sim<E: Endpoint> {
 
 impl<E: Endpoint> Sim<E> {
     /// Builds a network of `endpoints` (index = position) over `link`, with `faults` drawn from an
-    /// RNG seeded by `seed`, at virtual time zero.
+    /// RNG seeded by `seed` (not `faults.seed`), at virtual time zero, without partitions.
     ///
     /// # Panics
     ///
@@ -163,6 +173,7 @@ impl<E: Endpoint> Sim<E> {
             routes,
             link,
             faults,
+            partitions: Vec::new(),
             rng: ChaCha8Rng::seed_from_u64(seed),
             now: Instant::ZERO,
             queue: EventQueue::default(),
@@ -225,6 +236,16 @@ impl<E: Endpoint> Sim<E> {
     /// The fault configuration, to change it; it applies to datagrams sent from now on.
     pub fn faults_mut(&mut self) -> &mut Faults {
         &mut self.faults
+    }
+
+    /// The partition windows.
+    pub fn partitions(&self) -> &[Partition] {
+        &self.partitions
+    }
+
+    /// The partition windows, to add or remove some; they apply to datagrams sent from now on.
+    pub fn partitions_mut(&mut self) -> &mut Vec<Partition> {
+        &mut self.partitions
     }
 
     /// Counters of everything the wire did so far.
@@ -395,7 +416,7 @@ impl<E: Endpoint> Sim<E> {
         self.link_busy_until[from] = departs;
 
         let (src, dst) = (datagram.src.ip(), datagram.dst.ip());
-        if self.faults.partitions.iter().any(|partition| partition.drops(src, dst, departs)) {
+        if self.partitions.iter().any(|partition| partition.drops(src, dst, departs)) {
             self.stats.partitioned += 1;
             return;
         }
@@ -405,27 +426,25 @@ impl<E: Endpoint> Sim<E> {
         };
 
         // Fault draws, in the documented order; changing it changes every seeded run.
-        if self.chance(self.faults.loss) {
+        let sample = self.faults.sample(&mut self.rng, &datagram.payload);
+        if sample.lost {
             self.stats.lost += 1;
             return;
         }
-        if self.chance(self.faults.corrupt) && len > 0 {
-            let bit = self.rng.random_range(0..len * 8);
-            datagram.payload[bit / 8] ^= 1 << (bit % 8);
+        if let Some(bit) = sample.flip_bit {
+            faults::flip_bit(&mut datagram.payload, bit);
             self.stats.corrupted += 1;
         }
-        let duplicate = self.chance(self.faults.duplicate);
-        let reorder = self.chance(self.faults.reorder);
         let jitter = match self.link.jitter {
             Duration::ZERO => Duration::ZERO,
             jitter => Duration(self.rng.random_range(0..=jitter.0)),
         };
 
-        let mut arrives = departs + self.link.latency + jitter;
-        if reorder {
-            arrives += self.faults.reorder_delay;
+        let arrives = departs + self.link.latency + jitter + self.faults.added_delay(&sample);
+        if sample.reordered {
             self.stats.reordered += 1;
         }
+        let duplicate = sample.duplicate;
         if duplicate {
             self.stats.duplicated += 1;
             self.schedule_arrival(arrives, to, datagram.clone());
@@ -439,10 +458,5 @@ impl<E: Endpoint> Sim<E> {
     fn schedule_arrival(&mut self, at: Instant, to: usize, datagram: Datagram) {
         self.in_flight += 1;
         self.queue.push(at, EventKind::Arrival { to, datagram });
-    }
-
-    /// One uniform draw in `[0, 1)`, compared with probability `p`.
-    fn chance(&mut self, p: f64) -> bool {
-        self.rng.random::<f64>() < p
     }
 }
