@@ -17,8 +17,8 @@ pub(crate) struct SimArgs {
     /// Transport service: rc, uc, ud or xrc.
     #[arg(long, default_value = "rc")]
     transport: String,
-    /// Operations to mix: send, write, read, atomic (comma-separated; default all four on rc,
-    /// send on the others).
+    /// Operations to mix: send, write, read, atomic (comma-separated; default: all four on rc and
+    /// xrc, send and write on uc, send on ud).
     #[arg(long, value_delimiter = ',')]
     ops: Option<Vec<String>>,
     /// XRC: initiator QPs on the sending node (one target QP each on the receiving node).
@@ -30,8 +30,8 @@ pub(crate) struct SimArgs {
     /// Messages in all.
     #[arg(long, default_value_t = 1000)]
     messages: u32,
-    /// Message size range MIN..MAX in bytes (atomics are 8). Default 1..4096 on rc; on the others
-    /// 8..4096 (each message carries its number), capped at the MTU on ud.
+    /// Message size range MIN..MAX in bytes (atomics are 8). Default 1..4096 on rc, 0..4096 on
+    /// xrc and uc, 0..MTU on ud.
     #[arg(long)]
     size: Option<String>,
     /// Connected QP pairs.
@@ -78,7 +78,11 @@ pub(crate) fn run(a: &SimArgs) -> Result<ExitCode> {
         "xrc" => Some(Service::Xrc { initiators: a.initiators, srqs: a.srqs }),
         t => bail!("--transport {t}: use rc, uc, ud or xrc"),
     };
-    let default_ops = if service.is_none() { "send,write,read,atomic" } else { "send" };
+    let default_ops = match service {
+        None | Some(Service::Xrc { .. }) => "send,write,read,atomic",
+        Some(Service::Uc) => "send,write",
+        Some(Service::Ud) => "send",
+    };
     let ops_text: Vec<String> = a.ops.clone().unwrap_or_else(|| default_ops.split(',').map(String::from).collect());
     let ops = ops_text
         .iter()
@@ -86,8 +90,8 @@ pub(crate) fn run(a: &SimArgs) -> Result<ExitCode> {
         .collect::<Result<Vec<_>>>()?;
     let default_size = match service {
         None => "1..4096".to_string(),
-        Some(Service::Ud) => format!("8..{}", a.mtu),
-        Some(_) => "8..4096".to_string(),
+        Some(Service::Ud) => format!("0..{}", a.mtu),
+        Some(_) => "0..4096".to_string(),
     };
     let size_text = a.size.clone().unwrap_or(default_size);
     let (min, max) = size_text.split_once("..").context("--size wants MIN..MAX")?;

@@ -154,6 +154,55 @@ fn ud_and_uc_report_what_the_wire_did() {
 }
 
 #[test]
+fn xrc_and_uc_carry_rdma_and_zero_length_messages() {
+    // XRC: every operation through the target QPs, sizes from 0, under faults: exactly once.
+    let (code, out, err) = sim(&[
+        "--transport",
+        "xrc",
+        "--ops",
+        "send,write,read,atomic",
+        "--size",
+        "0..2000",
+        "--messages",
+        "300",
+        "--loss",
+        "0.03",
+        "--duplicate",
+        "0.03",
+        "--reorder",
+        "0.03",
+        "--corrupt",
+        "0.02",
+        "--seed",
+        "8",
+    ]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    let v: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!((v["posted"].as_u64(), v["completed_ok"].as_u64()), (Some(300), Some(300)));
+    assert_eq!(
+        (v["lost"].as_u64(), v["duplicated"].as_u64(), v["corrupted_delivered"].as_u64()),
+        (Some(0), Some(0), Some(0))
+    );
+    assert!(v["bytes_verified"].as_u64().unwrap() > 0);
+    // Zero-length messages only, on every transport.
+    for t in ["rc", "xrc", "uc", "ud"] {
+        let (code, out, err) = sim(&["--transport", t, "--size", "0..0", "--messages", "100", "--seed", "2"]);
+        assert_eq!(code, Some(0), "{t}: {out}\n{err}");
+        let v: Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!((v["completed_ok"].as_u64(), v["lost"].as_u64()), (Some(100), Some(0)), "{t}");
+    }
+    // UC WRITE on a perfect wire: every byte in place.
+    let (code, out, err) = sim(&["--transport", "uc", "--ops", "write", "--messages", "100", "--seed", "2"]);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    let v: Value = serde_json::from_str(out.trim()).unwrap();
+    assert!(v["bytes_verified"].as_u64().unwrap() > 0, "{out}");
+    // What a service does not carry is refused by name.
+    let (code, _, err) = sim(&["--transport", "ud", "--ops", "write"]);
+    assert_ne!(code, Some(0));
+    assert!(err.contains("Write is not part of the Ud workload"), "{err}");
+}
+
+#[test]
 fn dup_is_an_alias_of_duplicate() {
     let args = |flag| ["--messages", "200", "--loss", "0.02", flag, "0.05", "--reorder", "0.02", "--seed", "5"];
     let (code, canonical, err) = sim(&args("--duplicate"));
