@@ -2,41 +2,14 @@
 //! outstanding WQEs, places READ data and atomic results, retires WQEs in order with their
 //! completions, and decides retries (NAKs, implicit NAKs, the local ACK timeout).
 
+use super::packet::walk_sges;
 use super::qp::Qp;
-use super::req::{rewind, walk_sges};
+use super::req::rewind;
 use super::Ctx;
 use crate::memory::Memory;
 use crate::verbs::{QpState, WcStatus};
 use crate::wire::{aeth, IbPacket, NakCode, OpKind, Psn, Syndrome};
 use crate::wr::SendOp;
-
-/// Retires the oldest WQE with `status` and its completion (successes only when signaled).
-fn retire<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, status: WcStatus) {
-    let Some(w) = qp.sq.pop_front() else { return };
-    if status != WcStatus::Success || w.wr.signaled || qp.sq_sig_all {
-        qp.complete_send(ctx, &w, status);
-    }
-    if qp.req_idx > 0 {
-        qp.req_idx -= 1;
-    } else {
-        qp.req_pkt = 0;
-    }
-    let next = w.last_psn() + 1;
-    if !w.wr.op.is_local() && next.distance(qp.comp_psn) > 0 {
-        qp.comp_psn = next;
-    }
-}
-
-/// Retires local operations (binds, invalidates) that are done and at the front: nothing earlier
-/// is outstanding.
-pub(crate) fn retire_local_front<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>) {
-    while let Some(w) = qp.sq.front() {
-        match (w.wr.op.is_local(), w.done) {
-            (true, Some(status)) => retire(qp, ctx, status),
-            _ => break,
-        }
-    }
-}
 
 /// Forward progress reloads the retry counters (rxe reloads comp.retry_cnt and rnr_retry on every
 /// acknowledged packet) and
@@ -145,7 +118,7 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
         if w.wr.op.is_local() {
             match w.done {
                 Some(status) => {
-                    retire(qp, ctx, status);
+                    qp.retire(ctx, status);
                     continue;
                 }
                 None => break,
@@ -168,7 +141,7 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
                 if after {
                     // A response for a later PSN acknowledges this WQE (IBTA 9.7.5.1.3: responses
                     // are in order, an ACK acknowledges every earlier request).
-                    retire(qp, ctx, WcStatus::Success);
+                    qp.retire(ctx, WcStatus::Success);
                     advanced = true;
                     continue;
                 }
@@ -176,7 +149,7 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
                     match syndrome {
                         Some(Syndrome::Ack { .. }) => {
                             if psn == last {
-                                retire(qp, ctx, WcStatus::Success);
+                                qp.retire(ctx, WcStatus::Success);
                             } else {
                                 qp.comp_psn = psn + 1;
                             }
@@ -233,7 +206,7 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
                         qp.comp_psn = psn + 1;
                         advanced = true;
                         if is_last {
-                            retire(qp, ctx, WcStatus::Success);
+                            qp.retire(ctx, WcStatus::Success);
                         }
                     }
                     OpKind::Acknowledge => match syndrome {
@@ -266,7 +239,7 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
                             fail_front(qp, ctx, WcStatus::LocProtErr);
                             break;
                         }
-                        retire(qp, ctx, WcStatus::Success);
+                        qp.retire(ctx, WcStatus::Success);
                         advanced = true;
                     }
                     OpKind::Acknowledge => match syndrome {
@@ -284,7 +257,7 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
         }
     }
     // Local operations queued right behind what just retired complete now.
-    retire_local_front(qp, ctx);
+    qp.retire_local_front(ctx);
     if advanced && qp.state != QpState::Err {
         progress(qp, ctx);
     }

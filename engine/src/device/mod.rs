@@ -12,7 +12,9 @@
 //! them, the responder (`resp`) executes incoming requests and answers them.
 
 mod comp;
+mod dispatch;
 mod mw;
+mod packet;
 pub mod profile;
 mod qp;
 mod req;
@@ -1066,7 +1068,7 @@ impl<M: Memory> Device<M> {
         ib.payload_len = m.mad.len();
         ib.deth = Some(DethRepr { qkey: GSI_QKEY, src_qp: Qpn::GSI });
         let mut ctx = ctx!(self, now);
-        let t = req::emit(&mut ctx, Qpn::GSI, m.dst, buf, &ib, |_, out| {
+        let t = packet::emit(&mut ctx, Qpn::GSI, m.dst, buf, &ib, |_, out| {
             out.copy_from_slice(&m.mad);
             true
         });

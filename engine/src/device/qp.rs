@@ -1,14 +1,14 @@
-//! A queue pair: its attributes, its state machine (`modify_qp`), its queues, and the dispatch of
-//! packets and timers to the requester, completer and responder.
+//! A queue pair: its attributes, its state machine (`modify_qp`), its queues and their completions
+//! (the dispatch of packets and timers to the roles is in `dispatch`).
 
 use std::collections::VecDeque;
 use std::net::IpAddr;
 
-use super::{ack_timeout, comp, req, resp, AsyncEvent, CqId, Ctx, Limits, PdId, Transmit};
+use super::{ack_timeout, AsyncEvent, CqId, Ctx, Limits, PdId};
 use crate::memory::Memory;
 use crate::time::Instant;
 use crate::verbs::{Access, AttrMask, Mtu, QpState, QpType, VerbsError, WcStatus};
-use crate::wire::{IbPacket, OpKind, Psn, Qpn, Transport};
+use crate::wire::{IbPacket, OpKind, Psn, Qpn};
 use crate::wr::{RecvWr, SendWr, WorkCompletion};
 
 /// Queue capacities requested at creation (`struct ibv_qp_cap`).
@@ -289,6 +289,42 @@ impl Qp {
 
     pub(crate) fn mtu(&self) -> u32 {
         self.attr.path_mtu.bytes() as u32
+    }
+
+    /// The next receive WQE: from the given SRQ, else from the QP's own queue.
+    pub(crate) fn take_recv<M: Memory>(&mut self, ctx: &mut Ctx<'_, M>, srq: Option<u32>) -> Option<RecvWr> {
+        match srq {
+            Some(n) => ctx.srq_pop(n),
+            None => self.rq.pop_front(),
+        }
+    }
+
+    /// Retires the oldest WQE with `status` and its completion (successes only when signaled).
+    pub(crate) fn retire<M: Memory>(&mut self, ctx: &mut Ctx<'_, M>, status: WcStatus) {
+        let Some(w) = self.sq.pop_front() else { return };
+        if status != WcStatus::Success || w.wr.signaled || self.sq_sig_all {
+            self.complete_send(ctx, &w, status);
+        }
+        if self.req_idx > 0 {
+            self.req_idx -= 1;
+        } else {
+            self.req_pkt = 0;
+        }
+        let next = w.last_psn() + 1;
+        if !w.wr.op.is_local() && next.distance(self.comp_psn) > 0 {
+            self.comp_psn = next;
+        }
+    }
+
+    /// Retires local operations (binds, invalidates) that are done and at the front: nothing earlier
+    /// is outstanding.
+    pub(crate) fn retire_local_front<M: Memory>(&mut self, ctx: &mut Ctx<'_, M>) {
+        while let Some(w) = self.sq.front() {
+            match (w.wr.op.is_local(), w.done) {
+                (true, Some(status)) => self.retire(ctx, status),
+                _ => break,
+            }
+        }
     }
 
     /// Checks and applies `ibv_modify_qp`.
@@ -667,108 +703,10 @@ impl Qp {
         Ok(())
     }
 
-    /// Dispatches a checked packet: requests to the responder, responses to the completer.
-    /// Returns whether the QP accepted it.
-    pub(crate) fn handle_packet<M: Memory>(
-        &mut self,
-        ctx: &mut Ctx<'_, M>,
-        src: IpAddr,
-        pkt: &IbPacket<&[u8]>,
-    ) -> bool {
-        let op = pkt.opcode();
-        let Some(info) = op.info() else { return false };
-        // The opcode's transport must be the QP's (a packet of another service is dropped).
-        let ok = matches!(
-            (self.qp_type, op.transport(), info.kind.is_request()),
-            (QpType::Rc, Transport::Rc, _)
-                | (QpType::Uc, Transport::Uc, true)
-                | (QpType::Ud, Transport::Ud, true)
-                | (QpType::XrcIni, Transport::Xrc, false)
-                | (QpType::XrcTgt, Transport::Xrc, true)
-        );
-        if !ok {
-            ctx.counters.malformed += 1;
-            return false;
-        }
-        // P_Key: only the default partition exists (IBTA 10.9: packets of another partition are
-        // dropped and counted).
-        if pkt.bth().pkey() & 0x7fff != 0x7fff {
-            ctx.counters.malformed += 1;
-            return false;
-        }
-        if self.qp_type == QpType::Ud {
-            if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
-                return false;
-            }
-            super::unrel::handle_ud(self, ctx, src, ctx.dst, pkt);
-            return true;
-        }
-        // A connected QP only talks to its peer (the responder's address check, as rxe's
-        // check_addr).
-        if src != self.attr.dest {
-            return false;
-        }
-        if info.kind.is_request() {
-            if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
-                return false;
-            }
-            if self.state == QpState::Rtr && !self.comm_est_sent {
-                // IBTA 11.6.2: COMM_EST when the first packet arrives in RTR.
-                self.comm_est_sent = true;
-                self.raise(ctx, AsyncEvent::CommEst(self.qpn));
-            }
-            if self.qp_type == QpType::Uc {
-                super::unrel::handle_uc(self, ctx, pkt);
-            } else {
-                // The answers to this request wait for what it wrote (Memory::write_fence).
-                let _ = ctx.mem.write_fence();
-                resp::handle_request(self, ctx, pkt);
-                let f = ctx.mem.write_fence();
-                if f != 0 {
-                    self.resp_fences.retain(|&g| g >> 40 != f >> 40);
-                    self.resp_fences.push(f);
-                }
-            }
-            true
-        } else {
-            if !matches!(self.state, QpState::Rts | QpState::Sqd) {
-                return false;
-            }
-            comp::handle_response(self, ctx, pkt);
-            true
-        }
-    }
-
-    pub(crate) fn poll_transmit<M: Memory>(&mut self, ctx: &mut Ctx<'_, M>, buf: &mut [u8]) -> Option<Transmit> {
-        if let Some(t) = resp::poll_transmit(self, ctx, buf) {
-            return Some(t);
-        }
-        let t = req::poll_transmit(self, ctx, buf);
-        // SQ_DRAINED: in SQD, once no message that had started is still outstanding (IBTA
-        // 11.6.3); work posted after entering SQD waits and does not count.
-        if t.is_none() && self.state == QpState::Sqd && !self.drained_reported && !self.sq.iter().any(|w| w.started) {
-            self.drained_reported = true;
-            self.raise(ctx, AsyncEvent::SqDrained(self.qpn));
-        }
-        t
-    }
-
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         match (self.retrans_at, self.rnr_until) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
-        }
-    }
-
-    pub(crate) fn handle_timeout<M: Memory>(&mut self, ctx: &mut Ctx<'_, M>) {
-        if self.rnr_until.is_some_and(|t| t <= ctx.now) {
-            // The RNR wait is over: resend from the NAKed PSN (already rewound), under a
-            // transport timer started now.
-            self.rnr_until = None;
-            self.rearm(ctx);
-        }
-        if self.retrans_at.is_some_and(|t| t <= ctx.now) {
-            comp::retransmit_timeout(self, ctx);
         }
     }
 

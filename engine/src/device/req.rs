@@ -2,15 +2,15 @@
 //! assigning PSNs, placing AckReq, honouring max_rd_atomic and fences, and resending from a
 //! rewound PSN after a NAK or timeout (go-back-N).
 
+use super::packet::{emit, walk_sges};
 use super::qp::{Qp, SendWqe};
-use super::{ip_udp_header, Ctx, Transmit};
+use super::{Ctx, Transmit};
 use crate::memory::Memory;
 use crate::verbs::{Access, QpState, QpType, WcStatus};
 use crate::wire::{
-    icrc, AtomicEthRepr, BthRepr, DethRepr, IbPacket, IbRepr, IethRepr, ImmDtRepr, Opcode, Psn, Qpn, RethRepr,
-    XrcEthRepr,
+    AtomicEthRepr, BthRepr, DethRepr, IbRepr, IethRepr, ImmDtRepr, Opcode, Psn, Qpn, RethRepr, XrcEthRepr,
 };
-use crate::wr::{SendOp, Sge};
+use crate::wr::SendOp;
 
 /// rxe's RXE_MAX_PKT_PER_ACK: ask for an ACK at least every this many packets.
 const MAX_PKT_PER_ACK: u32 = 64;
@@ -20,38 +20,6 @@ const MAX_PKT_PER_ACK: u32 = 64;
 /// queue of large WRITEs is blasted at once, overflows the receiver's socket buffer, and go-back-N
 /// resends all of it again, until the retry count runs out.
 pub(crate) const MAX_UNACKED_PSNS: i32 = 128;
-
-/// Writes one transport packet: headers from `ib`, the payload through `fill`, pad, ICRC.
-pub(crate) fn emit<M: Memory>(
-    ctx: &mut Ctx<'_, M>,
-    qp_num: Qpn,
-    dest: std::net::IpAddr,
-    buf: &mut [u8],
-    ib: &IbRepr,
-    fill: impl FnOnce(&mut Ctx<'_, M>, &mut [u8]) -> bool,
-) -> Option<Transmit> {
-    let len = ib.buffer_len();
-    if buf.len() < len || ib.emit(buf).is_err() {
-        return None;
-    }
-    let mut p = IbPacket::new_unchecked(&mut buf[..len]);
-    if !fill(ctx, p.payload_mut()) {
-        return None;
-    }
-    if ctx.behaviour.mig_req {
-        // The profile's MigReq (before the ICRC, which covers it).
-        crate::wire::bth::Packet::new_unchecked(&mut buf[..len]).set_mig_req(true);
-    }
-    let sport = ctx.flow_ports.port(qp_num);
-    // Internal loopback without an ICRC when the transport asked for none (it hands the packet
-    // back with handle_internal_packet, which does not check it).
-    if dest != ctx.local || ctx.loopback_icrc {
-        let (hdr, n) = ip_udp_header(ctx.local, dest, sport, len, ctx.ip_id);
-        let crc = icrc::roce_v2_parts(&hdr[..n], &buf[..len - icrc::LEN]).ok()?;
-        IbPacket::new_unchecked(&mut buf[..len]).set_icrc(crc);
-    }
-    Some(Transmit { dst: dest, src_port: sport, len })
-}
 
 /// Copies `out.len()` bytes of the message starting at `offset` from the WQE's buffers.
 fn gather<M: Memory>(ctx: &mut Ctx<'_, M>, w: &SendWqe, offset: u32, out: &mut [u8]) -> bool {
@@ -66,35 +34,6 @@ fn gather<M: Memory>(ctx: &mut Ctx<'_, M>, w: &SendWqe, offset: u32, out: &mut [
         let rest = u64::from(sge.length - sge_off);
         ctx.mem.read_ahead(owner, sge.addr.wrapping_add(u64::from(sge_off)), &mut out[at..at + n], rest).is_ok()
     })
-}
-
-/// Calls `f(sge, offset in sge, offset in the run, length)` for each piece of the byte run
-/// `[offset, offset + len)` of a scatter/gather list.
-pub(crate) fn walk_sges(
-    sges: &[Sge],
-    offset: u32,
-    len: usize,
-    mut f: impl FnMut(&Sge, u32, usize, usize) -> bool,
-) -> bool {
-    let mut skip = offset as u64;
-    let mut at = 0usize;
-    for s in sges {
-        if at == len {
-            break;
-        }
-        let l = u64::from(s.length);
-        if skip >= l {
-            skip -= l;
-            continue;
-        }
-        let n = ((l - skip) as usize).min(len - at);
-        if !f(s, skip as u32, at, n) {
-            return false;
-        }
-        at += n;
-        skip = 0;
-    }
-    at == len
 }
 
 /// Checks the WQE's local buffers: every SGE in a region of the QP's PD, inside it, writable when
@@ -433,7 +372,7 @@ fn run_local<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, idx: usize) {
     qp.req_pkt = 0;
     if ok {
         w.done = Some(WcStatus::Success);
-        super::comp::retire_local_front(qp, ctx);
+        qp.retire_local_front(ctx);
     } else {
         // IBTA 10.6.7.2.2 / 10.7.2: a failed bind is MW_BIND_ERR, a failed invalidate a local
         // operation error; either moves the QP to ERR.

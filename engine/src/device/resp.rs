@@ -8,9 +8,8 @@
 //! has left when it is sent ([`super::profile::CreditPolicy`]). RNR NAKs cover an empty receive
 //! queue.
 
+use super::packet::{emit, recv_capacity, scatter};
 use super::qp::{InMsg, Qp, RdAtomic, RespOut};
-use super::req::{emit, walk_sges};
-use super::unrel::take_recv_from;
 use super::PdId;
 use super::{AsyncEvent, Ctx, Transmit};
 use crate::memory::{AtomicOp, AtomicStart, Memory};
@@ -19,7 +18,6 @@ use crate::wire::aeth::CREDITS_INVALID;
 use crate::wire::{
     AethRepr, AtomicAckEthRepr, BthRepr, IbPacket, IbRepr, Msn, NakCode, OpKind, Opcode, Position, Psn, Qpn, Syndrome,
 };
-use crate::wr::RecvWr;
 
 const ACK: Syndrome = Syndrome::Ack { credits: CREDITS_INVALID };
 
@@ -66,31 +64,6 @@ fn remote_ok<M: Memory>(
         return None;
     }
     Some(r.owner)
-}
-
-/// Scatters `data` into a receive WQE's buffers at `offset`; false on a bad lkey or bounds.
-pub(crate) fn scatter<M: Memory>(
-    pd: Option<PdId>,
-    ctx: &mut Ctx<'_, M>,
-    wr: &RecvWr,
-    offset: u32,
-    data: &[u8],
-) -> bool {
-    walk_sges(&wr.sg_list, offset, data.len(), |sge, sge_off, at, n| {
-        let Some(mr) = ctx.mr_by_lkey(sge.lkey) else { return false };
-        if Some(mr.pd) != pd
-            || !mr.access.contains(Access::LOCAL_WRITE)
-            || !mr.contains(sge.addr, u64::from(sge.length))
-        {
-            return false;
-        }
-        let owner = mr.owner;
-        ctx.mem.write(owner, sge.addr.wrapping_add(u64::from(sge_off)), &data[at..at + n]).is_ok()
-    })
-}
-
-pub(crate) fn recv_capacity(wr: &RecvWr) -> u64 {
-    wr.sg_list.iter().map(|s| u64::from(s.length)).sum()
 }
 
 /// Handles one request packet addressed to this QP.
@@ -154,7 +127,7 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
     match info.kind {
         OpKind::Send => {
             if info.position.starts() {
-                let Some(wr) = take_recv_from(qp, ctx, srq) else {
+                let Some(wr) = qp.take_recv(ctx, srq) else {
                     // No receive WQE: RNR NAK with the QP's min_rnr_timer (IBTA 9.7.5.2.8).
                     ctx.counters.send_rnr_err += 1;
                     let t = qp.attr.min_rnr_timer;
@@ -250,7 +223,7 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
             if info.position.ends() {
                 qp.msn = qp.msn.wrapping_add(1);
                 if needs_recv {
-                    if let Some(wr) = take_recv_from(qp, ctx, srq) {
+                    if let Some(wr) = qp.take_recv(ctx, srq) {
                         qp.complete_message(ctx, pkt, cq, wr.wr_id, WcOpcode::RecvRdmaWithImm, len, None);
                     }
                 }

@@ -3,8 +3,8 @@
 
 use std::net::IpAddr;
 
+use super::packet::{recv_capacity as capacity, scatter};
 use super::qp::{InMsg, Qp};
-use super::resp::{recv_capacity as capacity, scatter};
 use super::{ip_udp_header, CqId, Ctx};
 use crate::memory::Memory;
 use crate::verbs::{Access, WcOpcode, WcStatus};
@@ -14,17 +14,9 @@ use crate::wr::{RecvWr, WorkCompletion};
 /// Length of the GRH slot at the start of every UD receive buffer (IBTA 11.4.1.1).
 pub const GRH_SLOT: usize = 40;
 
-/// The next receive WQE: from the given SRQ, else from the QP's own queue.
-pub(crate) fn take_recv_from<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, srq: Option<u32>) -> Option<RecvWr> {
-    match srq {
-        Some(n) => ctx.srq_pop(n),
-        None => qp.rq.pop_front(),
-    }
-}
-
 fn take_recv<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>) -> Option<RecvWr> {
     let srq = qp.srq;
-    take_recv_from(qp, ctx, srq)
+    qp.take_recv(ctx, srq)
 }
 
 /// Puts back a receive WQE whose message was abandoned: it was never completed, so the next
