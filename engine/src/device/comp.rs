@@ -15,10 +15,10 @@ use crate::wr::SendOp;
 /// acknowledged packet) and
 /// restarts the timer.
 fn progress<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>) {
-    qp.started_retry = false;
-    qp.retry_psn = None;
-    qp.retry_left = qp.attr.retry_cnt;
-    qp.rnr_left = qp.attr.rnr_retry;
+    qp.comp.started_retry = false;
+    qp.comp.retry_psn = None;
+    qp.comp.retry_left = qp.attr.retry_cnt;
+    qp.comp.rnr_left = qp.attr.rnr_retry;
     qp.rearm(ctx);
 }
 
@@ -33,12 +33,12 @@ fn fail_front<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, status: WcStatus) {
 /// Goes back to `psn` to resend, spending one transport retry; RETRY_EXC_ERR when none is left.
 fn retry<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn) {
     ctx.counters.completer_retry_err += 1;
-    if qp.retry_left == 0 {
+    if qp.comp.retry_left == 0 {
         ctx.counters.retry_exceeded_err += 1;
         fail_front(qp, ctx, WcStatus::RetryExcErr);
         return;
     }
-    qp.retry_left -= 1;
+    qp.comp.retry_left -= 1;
     rewind(qp, psn);
     qp.rearm(ctx);
 }
@@ -46,20 +46,20 @@ fn retry<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn) {
 /// Starts a resend from `psn` for a gap or an implicit NAK, unless one is already under way
 /// (one resend per loss, as rxe's comp.started_retry).
 fn retry_once<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn) {
-    if !qp.started_retry {
-        qp.started_retry = true;
+    if !qp.comp.started_retry {
+        qp.comp.started_retry = true;
         retry(qp, ctx, psn);
     }
 }
 
 /// The local ACK timeout fired: resend from the oldest unacknowledged PSN (IBTA 9.7.6.1.3: transport timer).
 pub(crate) fn retransmit_timeout<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>) {
-    qp.retrans_at = None;
-    qp.started_retry = false;
+    qp.comp.retrans_at = None;
+    qp.comp.started_retry = false;
     if !qp.sq.iter().any(|w| w.started && w.done.is_none()) {
         return;
     }
-    let psn = qp.comp_psn;
+    let psn = qp.comp.psn;
     retry(qp, ctx, psn);
 }
 
@@ -70,31 +70,31 @@ fn handle_nak<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn, syndrome: 
             // same PSN while that resend is under way (a duplicate, or one sent before the resend
             // arrived) starts nothing new.
             ctx.counters.rcvd_seq_err += 1;
-            if qp.started_retry && qp.retry_psn == Some(psn) {
+            if qp.comp.started_retry && qp.comp.retry_psn == Some(psn) {
                 return;
             }
-            qp.started_retry = true;
-            qp.retry_psn = Some(psn);
+            qp.comp.started_retry = true;
+            qp.comp.retry_psn = Some(psn);
             retry(qp, ctx, psn);
         }
         Syndrome::RnrNak { timer } => {
             ctx.counters.rcvd_rnr_err += 1;
-            if qp.rnr_left == 0 {
+            if qp.comp.rnr_left == 0 {
                 ctx.counters.retry_rnr_exceeded_err += 1;
                 fail_front(qp, ctx, WcStatus::RnrRetryExcErr);
                 return;
             }
             // rnr_retry 7 means "retry forever" (IBTA 11.2.4.2).
-            if qp.rnr_left != 7 {
-                qp.rnr_left -= 1;
+            if qp.comp.rnr_left != 7 {
+                qp.comp.rnr_left -= 1;
             }
-            qp.rnr_until = Some(ctx.now + crate::time::Duration::from_nanos(aeth::rnr_timer_ns(timer)));
+            qp.comp.rnr_until = Some(ctx.now + crate::time::Duration::from_nanos(aeth::rnr_timer_ns(timer)));
             rewind(qp, psn);
             // The responder answered: the transport timer (which counts silence against
             // retry_cnt, C9-140) stops for the wait it asked for and starts again with the resend
             // (Qp::handle_timeout). Left running, an RNR timer longer than the ACK timeout spent
             // retry_cnt on a live responder.
-            qp.retrans_at = None;
+            qp.comp.retrans_at = None;
         }
         Syndrome::Nak(code) => {
             let status = match code {
@@ -151,15 +151,15 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
                             if psn == last {
                                 qp.retire(ctx, WcStatus::Success);
                             } else {
-                                qp.comp_psn = psn + 1;
+                                qp.comp.psn = psn + 1;
                             }
                             advanced = true;
                         }
                         Some(s) => {
                             // A NAK acknowledges every packet before its PSN (IBTA 9.7.5.1.3):
                             // progress, which reloads the retry counter.
-                            if psn.distance(qp.comp_psn) > 0 {
-                                qp.comp_psn = psn;
+                            if psn.distance(qp.comp.psn) > 0 {
+                                qp.comp.psn = psn;
                                 advanced = true;
                             }
                             handle_nak(qp, ctx, psn, s);
@@ -172,12 +172,12 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
             SendOp::Read { .. } => {
                 match info.kind {
                     OpKind::ReadResponse => {
-                        let expect = if qp.comp_psn.distance(w.first_psn) > 0 { qp.comp_psn } else { w.first_psn };
+                        let expect = if qp.comp.psn.distance(w.first_psn) > 0 { qp.comp.psn } else { w.first_psn };
                         let d = psn.distance(expect);
                         if d > 0 {
                             // A gap in the READ responses: an implicit NAK (IBTA 9.7.5.1.5):
                             // reissue the READ from the first missing PSN, once per loss.
-                            qp.comp_psn = expect;
+                            qp.comp.psn = expect;
                             retry_once(qp, ctx, expect);
                             break;
                         }
@@ -203,7 +203,7 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
                             fail_front(qp, ctx, WcStatus::LocProtErr);
                             break;
                         }
-                        qp.comp_psn = psn + 1;
+                        qp.comp.psn = psn + 1;
                         advanced = true;
                         if is_last {
                             qp.retire(ctx, WcStatus::Success);
@@ -213,7 +213,7 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
                         // The responder acknowledged (or NAKed) past the READ: it executed the
                         // READ and its responses were lost (an implicit NAK, IBTA 9.7.5.1.5).
                         Some(_) if after || matches!(syndrome, Some(Syndrome::Ack { .. })) => {
-                            let expect = if qp.comp_psn.distance(w.first_psn) > 0 { qp.comp_psn } else { w.first_psn };
+                            let expect = if qp.comp.psn.distance(w.first_psn) > 0 { qp.comp.psn } else { w.first_psn };
                             retry_once(qp, ctx, expect);
                         }
                         Some(s) => handle_nak(qp, ctx, psn, s),

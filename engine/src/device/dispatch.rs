@@ -57,9 +57,9 @@ impl Qp {
             if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
                 return false;
             }
-            if self.state == QpState::Rtr && !self.comm_est_sent {
+            if self.state == QpState::Rtr && !self.resp.comm_est_sent {
                 // IBTA 11.6.2: COMM_EST when the first packet arrives in RTR.
-                self.comm_est_sent = true;
+                self.resp.comm_est_sent = true;
                 self.raise(ctx, AsyncEvent::CommEst(self.qpn));
             }
             if self.qp_type == QpType::Uc {
@@ -70,8 +70,8 @@ impl Qp {
                 resp::handle_request(self, ctx, pkt);
                 let f = ctx.mem.write_fence();
                 if f != 0 {
-                    self.resp_fences.retain(|&g| g >> 40 != f >> 40);
-                    self.resp_fences.push(f);
+                    self.resp.fences.retain(|&g| g >> 40 != f >> 40);
+                    self.resp.fences.push(f);
                 }
             }
             true
@@ -91,21 +91,22 @@ impl Qp {
         let t = req::poll_transmit(self, ctx, buf);
         // SQ_DRAINED: in SQD, once no message that had started is still outstanding (IBTA
         // 11.6.3); work posted after entering SQD waits and does not count.
-        if t.is_none() && self.state == QpState::Sqd && !self.drained_reported && !self.sq.iter().any(|w| w.started) {
-            self.drained_reported = true;
+        if t.is_none() && self.state == QpState::Sqd && !self.req.drained_reported && !self.sq.iter().any(|w| w.started)
+        {
+            self.req.drained_reported = true;
             self.raise(ctx, AsyncEvent::SqDrained(self.qpn));
         }
         t
     }
 
     pub(crate) fn handle_timeout<M: Memory>(&mut self, ctx: &mut Ctx<'_, M>) {
-        if self.rnr_until.is_some_and(|t| t <= ctx.now) {
+        if self.comp.rnr_until.is_some_and(|t| t <= ctx.now) {
             // The RNR wait is over: resend from the NAKed PSN (already rewound), under a
             // transport timer started now.
-            self.rnr_until = None;
+            self.comp.rnr_until = None;
             self.rearm(ctx);
         }
-        if self.retrans_at.is_some_and(|t| t <= ctx.now) {
+        if self.comp.retrans_at.is_some_and(|t| t <= ctx.now) {
             comp::retransmit_timeout(self, ctx);
         }
     }

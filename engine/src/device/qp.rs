@@ -193,59 +193,85 @@ pub(crate) struct Qp {
     pub(crate) tgt_lifetime: Option<super::XrcPolicy>,
     /// UD: IBV_QP_CREATE_BLOCK_SELF_MCAST_LB, its own multicast sends are not delivered to it.
     pub(crate) block_self_mcast_lb: bool,
-    /// UD/UC: the message being dropped after a gap (UC), the multicast groups (later).
-    pub(crate) drop_msg: bool,
     pub(crate) attr: QpAttr,
+    /// The owner of the QP's PD (whose memory inline data comes from).
+    pub(crate) owner: crate::memory::Owner,
+    /// The send queue: the requester sends from it, the completer retires from its front.
     pub(crate) sq: VecDeque<SendWqe>,
     pub(crate) rq: VecDeque<RecvWr>,
-    // Requester.
+    /// The requester's state (`req`).
+    pub(crate) req: ReqState,
+    /// The completer's state (`comp`): acknowledgements, timers and retries.
+    pub(crate) comp: CompState,
+    /// The responder's state (`resp`, and `unrel` for UC).
+    pub(crate) resp: RespState,
+}
+
+/// The requester's state (rxe's `qp->req`).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ReqState {
     /// Index into `sq` of the WQE the requester sends next.
-    pub(crate) req_idx: usize,
+    pub(crate) idx: usize,
     /// Packet index within that WQE.
-    pub(crate) req_pkt: u32,
+    pub(crate) pkt: u32,
     /// PSN of the next new packet.
     pub(crate) next_psn: Psn,
     /// Packets sent since the last AckReq.
     pub(crate) noack_pkts: u32,
-    /// Writes of requests the responder handled that are not known to be in place yet
-    /// ([`crate::memory::Memory::write_fence`] tokens, one per memory owner): its answers wait.
-    pub(crate) resp_fences: Vec<u64>,
     /// One past the highest PSN sent so far (what lies below it and is sent again is a
     /// retransmission).
     pub(crate) sent_high: Psn,
-    /// The owner of the QP's PD (whose memory inline data comes from).
-    pub(crate) owner: crate::memory::Owner,
+    /// Whether the SQ_DRAINED event was raised for the current SQD period.
+    pub(crate) drained_reported: bool,
+}
+
+/// The completer's state (rxe's `qp->comp`).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct CompState {
+    /// Oldest PSN not yet acknowledged.
+    pub(crate) psn: Psn,
     /// Retransmission timer deadline.
     pub(crate) retrans_at: Option<Instant>,
     /// The requester waits for an RNR NAK's timer until then.
     pub(crate) rnr_until: Option<Instant>,
+    /// Transport retries left (retry_cnt, reloaded on progress).
     pub(crate) retry_left: u8,
+    /// RNR retries left (rnr_retry; 7 is "forever").
+    pub(crate) rnr_left: u8,
     /// A resend was started because of a gap or implicit NAK; further gaps are ignored until
     /// progress (one retry per loss, as rxe's comp.started_retry).
     pub(crate) started_retry: bool,
     /// The PSN that resend started from.
     pub(crate) retry_psn: Option<Psn>,
-    pub(crate) rnr_left: u8,
-    /// Whether the SQ_DRAINED event was raised for the current SQD period.
-    pub(crate) drained_reported: bool,
-    // Completer.
-    /// Oldest PSN not yet acknowledged.
-    pub(crate) comp_psn: Psn,
-    // Responder.
+}
+
+/// The responder's state (rxe's `qp->resp`).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RespState {
+    /// The PSN expected next.
     pub(crate) epsn: Psn,
+    /// Messages completed (the MSN of the AETH).
     pub(crate) msn: u32,
+    /// The message in progress.
     pub(crate) in_msg: Option<InMsg>,
     /// A PSN sequence NAK was sent for the current gap (one per gap, as rxe's resp.sent_psn_nak).
     pub(crate) seq_nak_sent: bool,
-    pub(crate) resp_out: VecDeque<RespOut>,
+    /// What the responder sends next: ACKs and NAKs, READ responses, atomic acknowledges.
+    pub(crate) out: VecDeque<RespOut>,
+    /// The READ and atomic requests kept for duplicates (max_dest_rd_atomic).
     pub(crate) rd_atomic: VecDeque<RdAtomic>,
+    /// Writes of requests the responder handled that are not known to be in place yet
+    /// ([`crate::memory::Memory::write_fence`] tokens, one per memory owner): its answers wait.
+    pub(crate) fences: Vec<u64>,
+    /// UC: the message being dropped after a gap.
+    pub(crate) drop_msg: bool,
+    /// COMM_EST was raised (the first packet arrived in RTR).
     pub(crate) comm_est_sent: bool,
 }
 
 impl Qp {
     pub(crate) fn new(qpn: Qpn, init: QpInit, owner: crate::memory::Owner) -> Qp {
         Qp {
-            sent_high: Psn::new(0),
             owner,
             qpn,
             qp_type: init.qp_type,
@@ -260,30 +286,12 @@ impl Qp {
             handles: Vec::new(),
             tgt_lifetime: None,
             block_self_mcast_lb: false,
-            drop_msg: false,
             attr: QpAttr::default(),
             sq: VecDeque::new(),
             rq: VecDeque::new(),
-            req_idx: 0,
-            req_pkt: 0,
-            next_psn: Psn::new(0),
-            noack_pkts: 0,
-            resp_fences: Vec::new(),
-            retrans_at: None,
-            rnr_until: None,
-            retry_left: 0,
-            started_retry: false,
-            retry_psn: None,
-            rnr_left: 0,
-            drained_reported: false,
-            comp_psn: Psn::new(0),
-            epsn: Psn::new(0),
-            msn: 0,
-            in_msg: None,
-            seq_nak_sent: false,
-            resp_out: VecDeque::new(),
-            rd_atomic: VecDeque::new(),
-            comm_est_sent: false,
+            req: ReqState::default(),
+            comp: CompState::default(),
+            resp: RespState::default(),
         }
     }
 
@@ -305,14 +313,14 @@ impl Qp {
         if status != WcStatus::Success || w.wr.signaled || self.sq_sig_all {
             self.complete_send(ctx, &w, status);
         }
-        if self.req_idx > 0 {
-            self.req_idx -= 1;
+        if self.req.idx > 0 {
+            self.req.idx -= 1;
         } else {
-            self.req_pkt = 0;
+            self.req.pkt = 0;
         }
         let next = w.last_psn() + 1;
-        if !w.wr.op.is_local() && next.distance(self.comp_psn) > 0 {
-            self.comp_psn = next;
+        if !w.wr.op.is_local() && next.distance(self.comp.psn) > 0 {
+            self.comp.psn = next;
         }
     }
 
@@ -393,19 +401,19 @@ impl Qp {
         set!(MAX_DEST_RD_ATOMIC, max_dest_rd_atomic);
         if mask.contains(AttrMask::RQ_PSN) {
             a.rq_psn = attr.rq_psn & Psn::MASK;
-            self.epsn = Psn::new(attr.rq_psn);
+            self.resp.epsn = Psn::new(attr.rq_psn);
         }
         if mask.contains(AttrMask::SQ_PSN) {
             a.sq_psn = attr.sq_psn & Psn::MASK;
-            self.next_psn = Psn::new(attr.sq_psn);
-            self.comp_psn = self.next_psn;
-            self.sent_high = self.next_psn;
+            self.req.next_psn = Psn::new(attr.sq_psn);
+            self.comp.psn = self.req.next_psn;
+            self.req.sent_high = self.req.next_psn;
         }
         if mask.contains(AttrMask::RETRY_CNT) {
-            self.retry_left = attr.retry_cnt;
+            self.comp.retry_left = attr.retry_cnt;
         }
         if mask.contains(AttrMask::RNR_RETRY) {
-            self.rnr_left = attr.rnr_retry;
+            self.comp.rnr_left = attr.rnr_retry;
         }
         if next != self.state {
             self.enter(ctx, next);
@@ -449,10 +457,10 @@ impl Qp {
                     self.raise(ctx, AsyncEvent::LastWqeReached(self.qpn));
                 }
             }
-            QpState::Sqd => self.drained_reported = false,
+            QpState::Sqd => self.req.drained_reported = false,
             QpState::Rts if prev == QpState::Rtr => {
-                self.retry_left = self.attr.retry_cnt;
-                self.rnr_left = self.attr.rnr_retry;
+                self.comp.retry_left = self.attr.retry_cnt;
+                self.comp.rnr_left = self.attr.rnr_retry;
             }
             _ => {}
         }
@@ -487,7 +495,7 @@ impl Qp {
         // The receive a message in progress had taken (from the RQ or the SRQ) is outstanding
         // too, and older than the ones still queued: it completes flushed first (IBTA 10.3.1;
         // without this it was never completed at all).
-        if let Some(m) = self.in_msg.take() {
+        if let Some(m) = self.resp.in_msg.take() {
             if let Some(r) = m.recv {
                 let cq = m.cq.or(self.recv_cq);
                 self.complete_recv(ctx, cq, r.wr_id, WcStatus::WrFlushErr, crate::verbs::WcOpcode::Recv, 0, None, None);
@@ -505,11 +513,11 @@ impl Qp {
                 None,
             );
         }
-        self.in_msg = None;
-        self.req_idx = 0;
-        self.req_pkt = 0;
-        self.retrans_at = None;
-        self.rnr_until = None;
+        self.resp.in_msg = None;
+        self.req.idx = 0;
+        self.req.pkt = 0;
+        self.comp.retrans_at = None;
+        self.comp.rnr_until = None;
     }
 
     pub(crate) fn complete_send<M: Memory>(&self, ctx: &mut Ctx<'_, M>, w: &SendWqe, status: WcStatus) {
@@ -704,7 +712,7 @@ impl Qp {
     }
 
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        match (self.retrans_at, self.rnr_until) {
+        match (self.comp.retrans_at, self.comp.rnr_until) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
@@ -713,7 +721,7 @@ impl Qp {
     /// Restarts the retransmission timer if anything is unacknowledged.
     pub(crate) fn rearm<M: Memory>(&mut self, ctx: &Ctx<'_, M>) {
         let outstanding = self.sq.iter().any(|w| w.started && w.done.is_none());
-        self.retrans_at = match (outstanding, ack_timeout(self.attr.timeout)) {
+        self.comp.retrans_at = match (outstanding, ack_timeout(self.attr.timeout)) {
             (true, Some(t)) => Some(ctx.now + t),
             _ => None,
         };

@@ -101,20 +101,20 @@ fn may_start(qp: &Qp, idx: usize) -> bool {
 
 /// Produces the next request packet, if the requester has one to send now.
 pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &mut [u8]) -> Option<Transmit> {
-    if !matches!(qp.state, QpState::Rts | QpState::Sqd) || qp.rnr_until.is_some() {
+    if !matches!(qp.state, QpState::Rts | QpState::Sqd) || qp.comp.rnr_until.is_some() {
         return None;
     }
     if qp.qp_type == QpType::Ud {
         return ud_poll_transmit(qp, ctx, buf);
     }
-    let idx = qp.req_idx;
+    let idx = qp.req.idx;
     if idx >= qp.sq.len() {
         return None;
     }
     let window = qp.qp_type != QpType::Uc;
     if window {
-        let next = if qp.sq[idx].started { qp.sq[idx].first_psn + qp.req_pkt } else { qp.next_psn };
-        if next.distance(qp.comp_psn) >= MAX_UNACKED_PSNS {
+        let next = if qp.sq[idx].started { qp.sq[idx].first_psn + qp.req.pkt } else { qp.req.next_psn };
+        if next.distance(qp.comp.psn) >= MAX_UNACKED_PSNS {
             // An ACK that moves comp_psn makes the QP ready again.
             return None;
         }
@@ -133,16 +133,16 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
             qp.fail(ctx, crate::device::AsyncEvent::QpFatal);
             return None;
         }
-        let next = qp.next_psn;
+        let next = qp.req.next_psn;
         let w = &mut qp.sq[idx];
         w.started = true;
         w.first_psn = next;
-        qp.next_psn = next + w.npkts;
-        qp.req_pkt = 0;
+        qp.req.next_psn = next + w.npkts;
+        qp.req.pkt = 0;
     }
     let mtu = qp.mtu();
     let w = &qp.sq[idx];
-    let pkt = qp.req_pkt;
+    let pkt = qp.req.pkt;
     let psn = w.first_psn + pkt;
     let last = pkt + 1 >= w.npkts || w.wr.op.is_read_or_atomic();
     let mut opcode = opcode_for(w.wr.op, pkt, w.npkts);
@@ -159,8 +159,8 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
         SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 0,
         _ => super::packet_payload(w.len, mtu, pkt) as usize,
     };
-    let noack_before = qp.noack_pkts;
-    qp.noack_pkts += 1;
+    let noack_before = qp.req.noack_pkts;
+    qp.req.noack_pkts += 1;
     // Also ask for an ACK with the last packet the window lets out, or the requester would wait
     // for the ACK timer.
     // The cx profile also asks on the first packet a QP sends (the PSN it was given at RTS).
@@ -168,10 +168,10 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
     let ack_req = !unacked
         && (last
             || first_ever
-            || qp.noack_pkts >= MAX_PKT_PER_ACK
-            || psn.distance(qp.comp_psn) + 1 >= MAX_UNACKED_PSNS);
+            || qp.req.noack_pkts >= MAX_PKT_PER_ACK
+            || psn.distance(qp.comp.psn) + 1 >= MAX_UNACKED_PSNS);
     if ack_req {
-        qp.noack_pkts = 0;
+        qp.req.noack_pkts = 0;
     }
     let mut ib = IbRepr::new(BthRepr {
         opcode,
@@ -224,7 +224,7 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
         gathered = gather(ctx, w, offset, out);
         gathered
     }) else {
-        qp.noack_pkts = noack_before;
+        qp.req.noack_pkts = noack_before;
         if !gathered && ctx.mem.would_block_count() == blocked {
             // The buffers cannot be read (the owner unmapped them, or its memory became
             // unreachable): a local protection error, as rxe's requester reports a failed copy,
@@ -235,19 +235,19 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
         // Otherwise the data is on its way (Memory::would_block_count): the same packet later.
         return None;
     };
-    if psn.distance(qp.sent_high) < 0 {
+    if psn.distance(qp.req.sent_high) < 0 {
         ctx.counters.retransmitted_pkts += 1;
     } else {
-        qp.sent_high = psn + 1;
+        qp.req.sent_high = psn + 1;
         if pkt == 0 && is_send {
             ctx.counters.rdma_sends += 1;
         }
     }
     if last {
-        qp.req_idx += 1;
-        qp.req_pkt = 0;
+        qp.req.idx += 1;
+        qp.req.pkt = 0;
     } else {
-        qp.req_pkt += 1;
+        qp.req.pkt += 1;
     }
     if unacked {
         // UC: nothing acknowledges it; the WQE completes once its last packet is out.
@@ -256,8 +256,8 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
         }
         return Some(t);
     }
-    if qp.retrans_at.is_none() {
-        qp.retrans_at = super::ack_timeout(qp.attr.timeout).map(|d| ctx.now + d);
+    if qp.comp.retrans_at.is_none() {
+        qp.comp.retrans_at = super::ack_timeout(qp.attr.timeout).map(|d| ctx.now + d);
     }
     Some(t)
 }
@@ -269,9 +269,9 @@ pub(crate) fn rewind(qp: &mut Qp, psn: Psn) {
             continue;
         }
         if psn.distance(w.first_psn) >= 0 && w.last_psn().distance(psn) >= 0 {
-            qp.req_idx = i;
-            qp.req_pkt = (psn - w.first_psn) as u32;
-            qp.noack_pkts = 0;
+            qp.req.idx = i;
+            qp.req.pkt = (psn - w.first_psn) as u32;
+            qp.req.noack_pkts = 0;
             return;
         }
     }
@@ -283,8 +283,8 @@ fn complete_sent<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>) {
         if w.wr.signaled || qp.sq_sig_all {
             qp.complete_send(ctx, &w, WcStatus::Success);
         }
-        qp.req_idx = qp.req_idx.saturating_sub(1);
-        qp.req_pkt = 0;
+        qp.req.idx = qp.req.idx.saturating_sub(1);
+        qp.req.pkt = 0;
     }
 }
 
@@ -314,8 +314,8 @@ fn ud_poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &mut [u8]
             SendOp::SendWithImm { .. } => Opcode::UD_SEND_ONLY_WITH_IMMEDIATE,
             _ => Opcode::UD_SEND_ONLY,
         };
-        let psn = qp.next_psn;
-        qp.next_psn = psn + 1;
+        let psn = qp.req.next_psn;
+        qp.req.next_psn = psn + 1;
         // A Q_Key with the high bit set means "the QP's own Q_Key" (IBTA 10.2.5).
         let qkey = if ud.remote_qkey & 0x8000_0000 != 0 { qp.attr.qkey } else { ud.remote_qkey };
         let len = w.len as usize;
@@ -341,7 +341,7 @@ fn ud_poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &mut [u8]
         let t = emit(ctx, qp.qpn, ud.dest, buf, &ib, |ctx, out| gather(ctx, w, 0, out));
         if t.is_none() && ctx.mem.would_block_count() != blocked {
             // The data is on its way (Memory::would_block_count): the same datagram later.
-            qp.next_psn = psn;
+            qp.req.next_psn = psn;
             return None;
         }
         ctx.counters.rdma_sends += 1;
@@ -363,13 +363,13 @@ fn run_local<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, idx: usize) {
         SendOp::LocalInv { rkey } => ctx.invalidate(qp.pd, rkey),
         _ => true,
     };
-    let next = qp.next_psn;
+    let next = qp.req.next_psn;
     let w = &mut qp.sq[idx];
     w.started = true;
     w.first_psn = next;
     w.npkts = 1;
-    qp.req_idx += 1;
-    qp.req_pkt = 0;
+    qp.req.idx += 1;
+    qp.req.pkt = 0;
     if ok {
         w.done = Some(WcStatus::Success);
         qp.retire_local_front(ctx);

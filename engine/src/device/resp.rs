@@ -25,13 +25,13 @@ fn queue_ack(qp: &mut Qp, psn: Psn, syndrome: Syndrome) {
     // ACK coalescing: a newer ACK replaces one still waiting to be sent (IBTA 9.7.5.1.2 lets one
     // ACK acknowledge every earlier request).
     if syndrome.is_ack() {
-        if let Some(RespOut::Ack { syndrome: s, .. }) = qp.resp_out.back() {
+        if let Some(RespOut::Ack { syndrome: s, .. }) = qp.resp.out.back() {
             if s.is_ack() {
-                qp.resp_out.pop_back();
+                qp.resp.out.pop_back();
             }
         }
     }
-    qp.resp_out.push_back(RespOut::Ack { psn, syndrome, msn: qp.msn });
+    qp.resp.out.push_back(RespOut::Ack { psn, syndrome, msn: qp.resp.msn });
 }
 
 /// A class C (or B) error: NAK, then the QP goes to ERR (IBTA 9.9.3: responder errors).
@@ -39,9 +39,9 @@ fn nak_and_fail<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn, code: Na
     *ctx.counters.naks_sent.of(code) += 1;
     queue_ack(qp, psn, Syndrome::Nak(code));
     // The NAK still goes out: keep it across the flush.
-    let out = std::mem::take(&mut qp.resp_out);
+    let out = std::mem::take(&mut qp.resp.out);
     qp.fail(ctx, event);
-    qp.resp_out = out;
+    qp.resp.out = out;
 }
 
 /// Validates a remote access: the region exists with this rkey, belongs to the QP's PD, allows
@@ -72,15 +72,15 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
     let psn = bth.psn();
     let op = pkt.opcode();
     let Some(info) = op.info() else { return };
-    let d = psn.distance(qp.epsn);
+    let d = psn.distance(qp.resp.epsn);
     if d > 0 {
         // Ahead of the expected PSN: one PSN sequence NAK per gap (IBTA 9.7.5.1.2;
         // rxe: resp.sent_psn_nak).
         ctx.counters.out_of_seq_request += 1;
-        if !qp.seq_nak_sent {
-            qp.seq_nak_sent = true;
+        if !qp.resp.seq_nak_sent {
+            qp.resp.seq_nak_sent = true;
             ctx.counters.naks_sent.psn_sequence += 1;
-            let epsn = qp.epsn;
+            let epsn = qp.resp.epsn;
             queue_ack(qp, epsn, Syndrome::Nak(NakCode::PsnSequenceError));
         }
         return;
@@ -89,7 +89,7 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
         duplicate(qp, ctx, pkt, psn, info.kind);
         return;
     }
-    qp.seq_nak_sent = false;
+    qp.resp.seq_nak_sent = false;
     // Where the request lands: an XRC target QP names an SRQ of its domain in XRCETH, whose PD
     // governs access and whose CQ takes the completion (Annex A14); other QPs use their own.
     let (pd, cq, srq) = if qp.qp_type == QpType::XrcTgt {
@@ -110,7 +110,7 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
     // Opcode sequence (a MIDDLE/LAST must continue a FIRST of the same kind; a FIRST or ONLY
     // may not interrupt one: invalid request, as rxe's check_op_seq).
     let continuing = !info.position.starts();
-    match (&qp.in_msg, continuing) {
+    match (&qp.resp.in_msg, continuing) {
         (Some(m), true) if m.kind == info.kind => {}
         (None, false) => {}
         _ => return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr),
@@ -134,9 +134,9 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
                     queue_ack(qp, psn, Syndrome::RnrNak { timer: t });
                     return;
                 };
-                qp.in_msg = Some(InMsg { kind: OpKind::Send, recv: Some(wr), offset: 0, write: None, cq });
+                qp.resp.in_msg = Some(InMsg { kind: OpKind::Send, recv: Some(wr), offset: 0, write: None, cq });
             }
-            let Some(mut m) = qp.in_msg.take() else { return };
+            let Some(mut m) = qp.resp.in_msg.take() else { return };
             let data = pkt.payload();
             let wr = m.recv.take().expect("a SEND in progress holds its receive WQE");
             if u64::from(m.offset) + data.len() as u64 > recv_capacity(&wr) {
@@ -159,12 +159,12 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
                         return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
                     }
                 }
-                qp.msn = qp.msn.wrapping_add(1);
+                qp.resp.msn = qp.resp.msn.wrapping_add(1);
                 ctx.counters.rdma_recvs += 1;
                 qp.complete_message(ctx, pkt, m.cq, wr.wr_id, WcOpcode::Recv, m.offset, inv);
             } else {
                 m.recv = Some(wr);
-                qp.in_msg = Some(m);
+                qp.resp.in_msg = Some(m);
             }
         }
         OpKind::Write => {
@@ -178,7 +178,7 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
                 }
                 InMsg { kind: OpKind::Write, recv: None, offset: 0, write: Some((va, rkey, len)), cq }
             } else {
-                match qp.in_msg.take() {
+                match qp.resp.in_msg.take() {
                     Some(m) => m,
                     None => return,
                 }
@@ -200,7 +200,7 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
                 ctx.counters.send_rnr_err += 1;
                 let t = qp.attr.min_rnr_timer;
                 queue_ack(qp, psn, Syndrome::RnrNak { timer: t });
-                qp.in_msg = if info.position.starts() { None } else { Some(m) };
+                qp.resp.in_msg = if info.position.starts() { None } else { Some(m) };
                 return;
             }
             if !data.is_empty() {
@@ -221,14 +221,14 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
             }
             m.offset += data.len() as u32;
             if info.position.ends() {
-                qp.msn = qp.msn.wrapping_add(1);
+                qp.resp.msn = qp.resp.msn.wrapping_add(1);
                 if needs_recv {
                     if let Some(wr) = qp.take_recv(ctx, srq) {
                         qp.complete_message(ctx, pkt, cq, wr.wr_id, WcOpcode::RecvRdmaWithImm, len, None);
                     }
                 }
             } else {
-                qp.in_msg = Some(m);
+                qp.resp.in_msg = Some(m);
             }
         }
         OpKind::ReadRequest => {
@@ -241,17 +241,17 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
                 return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
             }
             let npkts = super::packets_for(len, qp.mtu());
-            qp.msn = qp.msn.wrapping_add(1);
-            qp.rd_atomic.push_back(RdAtomic {
+            qp.resp.msn = qp.resp.msn.wrapping_add(1);
+            qp.resp.rd_atomic.push_back(RdAtomic {
                 first_psn: psn,
                 last_psn: psn + (npkts - 1),
                 atomic_orig: None,
                 atomic_pending: false,
                 atomic_write: false,
             });
-            let msn = qp.msn;
-            qp.resp_out.push_back(RespOut::Read { psn, va, rkey, remaining: len, first: true, total: len, msn, pd });
-            qp.epsn = psn + npkts;
+            let msn = qp.resp.msn;
+            qp.resp.out.push_back(RespOut::Read { psn, va, rkey, remaining: len, first: true, total: len, msn, pd });
+            qp.resp.epsn = psn + npkts;
             return;
         }
         OpKind::CompareSwap | OpKind::FetchAdd => {
@@ -277,21 +277,21 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
             let Ok(orig) = ctx.mem.start_atomic(owner, va, op) else {
                 return nak_and_fail(qp, ctx, psn, NakCode::RemoteOperationalError, AsyncEvent::QpFatal);
             };
-            qp.msn = qp.msn.wrapping_add(1);
+            qp.resp.msn = qp.resp.msn.wrapping_add(1);
             let done = match orig {
                 AtomicStart::Done(v) => Some(v),
                 AtomicStart::Later(_) => None,
             };
-            qp.rd_atomic.push_back(RdAtomic {
+            qp.resp.rd_atomic.push_back(RdAtomic {
                 first_psn: psn,
                 last_psn: psn,
                 atomic_orig: done,
                 atomic_pending: done.is_none(),
                 atomic_write: false,
             });
-            let msn = qp.msn;
-            qp.resp_out.push_back(RespOut::Atomic { psn, orig, msn });
-            qp.epsn = psn + 1;
+            let msn = qp.resp.msn;
+            qp.resp.out.push_back(RespOut::Atomic { psn, orig, msn });
+            qp.resp.epsn = psn + 1;
             return;
         }
         OpKind::AtomicWrite => {
@@ -315,21 +315,21 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
             if ctx.mem.write(owner, va, data).is_err() {
                 return nak_and_fail(qp, ctx, psn, NakCode::RemoteOperationalError, AsyncEvent::QpFatal);
             }
-            qp.msn = qp.msn.wrapping_add(1);
-            qp.rd_atomic.push_back(RdAtomic {
+            qp.resp.msn = qp.resp.msn.wrapping_add(1);
+            qp.resp.rd_atomic.push_back(RdAtomic {
                 first_psn: psn,
                 last_psn: psn,
                 atomic_orig: None,
                 atomic_pending: false,
                 atomic_write: true,
             });
-            qp.epsn = psn + 1;
+            qp.resp.epsn = psn + 1;
             queue_ack(qp, psn, ACK);
             return;
         }
         _ => return,
     }
-    qp.epsn = psn + 1;
+    qp.resp.epsn = psn + 1;
     if bth.ack_req() {
         queue_ack(qp, psn, ACK);
     }
@@ -339,12 +339,12 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
 /// requester must have seen it; more than max_dest_rd_atomic at once is an invalid request.
 fn rd_atomic_slot(qp: &mut Qp) -> bool {
     let max = usize::from(qp.attr.max_dest_rd_atomic);
-    let active = qp.resp_out.iter().filter(|o| !matches!(o, RespOut::Ack { .. })).count();
+    let active = qp.resp.out.iter().filter(|o| !matches!(o, RespOut::Ack { .. })).count();
     if active >= max {
         return false;
     }
-    while qp.rd_atomic.len() >= max.max(1) {
-        qp.rd_atomic.pop_front();
+    while qp.resp.rd_atomic.len() >= max.max(1) {
+        qp.resp.rd_atomic.pop_front();
     }
     true
 }
@@ -356,7 +356,7 @@ fn duplicate<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPacket<&[u8]>
         OpKind::Send | OpKind::Write => {
             // IBTA C9-105 (cited by rxe): re-acknowledge, with the PSN of the most recent
             // request.
-            let last = qp.epsn - 1;
+            let last = qp.resp.epsn - 1;
             queue_ack(qp, last, ACK);
         }
         OpKind::ReadRequest => {
@@ -364,6 +364,7 @@ fn duplicate<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPacket<&[u8]>
             // executed.
             let Some(reth) = pkt.reth() else { return };
             let Some((first, last)) = qp
+                .resp
                 .rd_atomic
                 .iter()
                 .find(|r| {
@@ -394,27 +395,27 @@ fn duplicate<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPacket<&[u8]>
             // place; responses queued for other READs stay, in PSN order (a requester that goes
             // back N resends several READs at once, and each needs its answer).
             let same = |o: &RespOut| matches!(o, RespOut::Read { psn: p, .. } if p.distance(first) >= 0 && last.distance(*p) >= 0);
-            let at = qp.resp_out.iter().position(same);
-            qp.resp_out.retain(|o| !same(o));
-            let msn = qp.msn;
+            let at = qp.resp.out.iter().position(same);
+            qp.resp.out.retain(|o| !same(o));
+            let msn = qp.resp.msn;
             let r = RespOut::Read { psn, va, rkey, remaining: len, first: true, total: len, msn, pd };
             match at {
-                Some(i) => qp.resp_out.insert(i.min(qp.resp_out.len()), r),
-                None => qp.resp_out.push_back(r),
+                Some(i) => qp.resp.out.insert(i.min(qp.resp.out.len()), r),
+                None => qp.resp.out.push_back(r),
             }
         }
         OpKind::AtomicWrite => {
             // Executed once already (IBTA 9.7.5.1.4: never twice): acknowledge it again, as
             // rxe replays its resource with an ACK.
-            let last = qp.epsn - 1;
+            let last = qp.resp.epsn - 1;
             queue_ack(qp, last, ACK);
         }
         OpKind::CompareSwap | OpKind::FetchAdd => {
             // Replay the saved result; never execute an atomic twice (IBTA 9.7.5.1.4).
             // (One whose original value is still on its way answers once it comes.)
-            if let Some(orig) = qp.rd_atomic.iter().find(|r| r.first_psn == psn).and_then(|r| r.atomic_orig) {
-                let msn = qp.msn;
-                qp.resp_out.push_back(RespOut::Atomic { psn, orig: AtomicStart::Done(orig), msn });
+            if let Some(orig) = qp.resp.rd_atomic.iter().find(|r| r.first_psn == psn).and_then(|r| r.atomic_orig) {
+                let msn = qp.resp.msn;
+                qp.resp.out.push_back(RespOut::Atomic { psn, orig: AtomicStart::Done(orig), msn });
             }
         }
         _ => {}
@@ -453,23 +454,23 @@ fn bth(qp: &Qp, opcode: Opcode, psn: Psn, payload: usize) -> BthRepr {
 /// Produces the next responder packet (ACK/NAK, READ response, atomic ACK), if any.
 pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &mut [u8]) -> Option<Transmit> {
     if qp.state == QpState::Reset {
-        qp.resp_out.clear();
+        qp.resp.out.clear();
         return None;
     }
-    if qp.resp_out.is_empty() {
+    if qp.resp.out.is_empty() {
         return None;
     }
     // Nothing is answered before the data it answers for is in place.
-    let fences = std::mem::take(&mut qp.resp_fences);
+    let fences = std::mem::take(&mut qp.resp.fences);
     for f in fences {
         if !ctx.mem.fence_passed(f) {
-            qp.resp_fences.push(f);
+            qp.resp.fences.push(f);
         }
     }
-    if !qp.resp_fences.is_empty() {
+    if !qp.resp.fences.is_empty() {
         return None;
     }
-    let out = qp.resp_out.pop_front()?;
+    let out = qp.resp.out.pop_front()?;
     let dest = qp.attr.dest;
     // An XRC target answers with XRC opcodes (Annex A14), the same operations as RC.
     let xrc = |o: Opcode| if qp.qp_type == QpType::XrcTgt { Opcode(0xa0 | o.0) } else { o };
@@ -485,11 +486,11 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
                 AtomicStart::Later(ticket) => match ctx.mem.atomic_result(ticket) {
                     // Not yet: the acknowledge (and what queues behind it) waits.
                     None => {
-                        qp.resp_out.push_front(RespOut::Atomic { psn, orig, msn });
+                        qp.resp.out.push_front(RespOut::Atomic { psn, orig, msn });
                         return None;
                     }
                     Some(Ok(v)) => {
-                        if let Some(r) = qp.rd_atomic.iter_mut().find(|r| r.first_psn == psn && r.atomic_pending) {
+                        if let Some(r) = qp.resp.rd_atomic.iter_mut().find(|r| r.first_psn == psn && r.atomic_pending) {
                             r.atomic_orig = Some(v);
                             r.atomic_pending = false;
                         }
@@ -534,7 +535,7 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
             if t.is_none() && ctx.mem.would_block_count() != blocked {
                 // The data is on its way (Memory::would_block_count): this response, and what
                 // queues behind it, waits for it.
-                qp.resp_out.push_front(RespOut::Read { psn, va, rkey, remaining, first, total, msn, pd });
+                qp.resp.out.push_front(RespOut::Read { psn, va, rkey, remaining, first, total, msn, pd });
                 return None;
             }
             if t.is_none() && owner.is_none() {
@@ -543,7 +544,7 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
                 return None;
             }
             if !last {
-                qp.resp_out.push_front(RespOut::Read {
+                qp.resp.out.push_front(RespOut::Read {
                     pd,
                     psn: psn + 1,
                     va,

@@ -34,7 +34,7 @@ fn give_back<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, wr: RecvWr) {
 
 /// Abandons the UC message in progress (its receive WQE goes back, unused).
 fn abandon<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>) {
-    if let Some(m) = qp.in_msg.take() {
+    if let Some(m) = qp.resp.in_msg.take() {
         ctx.counters.dropped_messages += 1;
         if let Some(wr) = m.recv {
             give_back(qp, ctx, wr);
@@ -48,20 +48,20 @@ fn abandon<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>) {
 pub(crate) fn handle_uc<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPacket<&[u8]>) {
     let Some(info) = pkt.info() else { return };
     let psn = pkt.bth().psn();
-    if qp.drop_msg || psn != qp.epsn {
+    if qp.resp.drop_msg || psn != qp.resp.epsn {
         if info.position.starts() {
             abandon(qp, ctx);
-            qp.drop_msg = false;
+            qp.resp.drop_msg = false;
         } else {
             abandon(qp, ctx);
-            qp.drop_msg = true;
-            qp.epsn = psn + 1;
+            qp.resp.drop_msg = true;
+            qp.resp.epsn = psn + 1;
             return;
         }
     }
-    qp.epsn = psn + 1;
+    qp.resp.epsn = psn + 1;
     let continuing = !info.position.starts();
-    let seq_ok = match (&qp.in_msg, continuing) {
+    let seq_ok = match (&qp.resp.in_msg, continuing) {
         (Some(m), true) => m.kind == info.kind,
         (None, false) => true,
         (Some(_), false) => {
@@ -76,7 +76,7 @@ pub(crate) fn handle_uc<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPa
     let exact = matches!(info.position, Position::First | Position::Middle);
     if !seq_ok || (exact && plen != mtu) || plen > mtu {
         abandon(qp, ctx);
-        qp.drop_msg = true;
+        qp.resp.drop_msg = true;
         return;
     }
     let (pd, cq) = (qp.pd, qp.recv_cq);
@@ -86,7 +86,7 @@ pub(crate) fn handle_uc<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPa
             let Some(wr) = take_recv(qp, ctx) else {
                 // No receive WQE: a UC message is silently dropped (no RNR on UC).
                 ctx.counters.dropped_messages += 1;
-                qp.drop_msg = !info.position.ends();
+                qp.resp.drop_msg = !info.position.ends();
                 return;
             };
             m.recv = Some(wr);
@@ -99,14 +99,14 @@ pub(crate) fn handle_uc<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPa
                     }));
             if !ok {
                 ctx.counters.dropped_messages += 1;
-                qp.drop_msg = !info.position.ends();
+                qp.resp.drop_msg = !info.position.ends();
                 return;
             }
             m.write = Some((va, rkey, len));
         }
         m
     } else {
-        match qp.in_msg.take() {
+        match qp.resp.in_msg.take() {
             Some(m) => m,
             None => return,
         }
@@ -117,22 +117,22 @@ pub(crate) fn handle_uc<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPa
             let Some(wr) = m.recv.take() else { return };
             if u64::from(m.offset) + data.len() as u64 > capacity(&wr) {
                 qp.complete_recv(ctx, cq, wr.wr_id, WcStatus::LocLenErr, WcOpcode::Recv, 0, None, None);
-                qp.drop_msg = !info.position.ends();
+                qp.resp.drop_msg = !info.position.ends();
                 return;
             }
             if !scatter(pd, ctx, &wr, m.offset, data) {
                 qp.complete_recv(ctx, cq, wr.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, 0, None, None);
-                qp.drop_msg = !info.position.ends();
+                qp.resp.drop_msg = !info.position.ends();
                 return;
             }
             m.offset += data.len() as u32;
             if info.position.ends() {
-                qp.msn = qp.msn.wrapping_add(1);
+                qp.resp.msn = qp.resp.msn.wrapping_add(1);
                 ctx.counters.rdma_recvs += 1;
                 qp.complete_message(ctx, pkt, cq, wr.wr_id, WcOpcode::Recv, m.offset, None);
             } else {
                 m.recv = Some(wr);
-                qp.in_msg = Some(m);
+                qp.resp.in_msg = Some(m);
             }
         }
         OpKind::Write => {
@@ -140,7 +140,7 @@ pub(crate) fn handle_uc<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPa
             let end = u64::from(m.offset) + data.len() as u64;
             if end > u64::from(len) || (info.position.ends() && end != u64::from(len)) {
                 ctx.counters.dropped_messages += 1;
-                qp.drop_msg = !info.position.ends();
+                qp.resp.drop_msg = !info.position.ends();
                 return;
             }
             if !data.is_empty() {
@@ -148,13 +148,13 @@ pub(crate) fn handle_uc<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPa
                 let addr = va.wrapping_add(u64::from(m.offset));
                 if owner.is_none_or(|o| ctx.mem.write(o, addr, data).is_err()) {
                     ctx.counters.dropped_messages += 1;
-                    qp.drop_msg = !info.position.ends();
+                    qp.resp.drop_msg = !info.position.ends();
                     return;
                 }
             }
             m.offset += data.len() as u32;
             if info.position.ends() {
-                qp.msn = qp.msn.wrapping_add(1);
+                qp.resp.msn = qp.resp.msn.wrapping_add(1);
                 if pkt.immdt().is_some() {
                     match take_recv(qp, ctx) {
                         Some(wr) => qp.complete_message(ctx, pkt, cq, wr.wr_id, WcOpcode::RecvRdmaWithImm, len, None),
@@ -162,7 +162,7 @@ pub(crate) fn handle_uc<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPa
                     }
                 }
             } else {
-                qp.in_msg = Some(m);
+                qp.resp.in_msg = Some(m);
             }
         }
         _ => {}
