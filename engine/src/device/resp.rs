@@ -10,13 +10,14 @@
 
 use super::packet::{emit, recv_capacity, scatter};
 use super::qp::{InMsg, Qp, RdAtomic, RespOut};
-use super::PdId;
 use super::{AsyncEvent, Ctx, Transmit};
+use super::{CqId, PdId};
 use crate::memory::{AtomicOp, AtomicStart, Memory};
 use crate::verbs::{Access, QpState, QpType, WcOpcode, WcStatus};
 use crate::wire::aeth::CREDITS_INVALID;
 use crate::wire::{
-    AethRepr, AtomicAckEthRepr, BthRepr, IbPacket, IbRepr, Msn, NakCode, OpKind, Opcode, Position, Psn, Qpn, Syndrome,
+    AethRepr, AtomicAckEthRepr, BthRepr, IbPacket, IbRepr, Msn, NakCode, OpKind, Opcode, OpcodeInfo, Position, Psn,
+    Qpn, Syndrome,
 };
 
 const ACK: Syndrome = Syndrome::Ack { credits: CREDITS_INVALID };
@@ -66,16 +67,61 @@ fn remote_ok<M: Memory>(
     Some(r.owner)
 }
 
-/// Handles one request packet addressed to this QP.
+/// Where a request lands: the PD that governs access, the CQ that takes its receive completion,
+/// the SRQ its receive WQE comes from.
+#[derive(Debug, Clone, Copy)]
+struct Landing {
+    pd: Option<PdId>,
+    cq: Option<CqId>,
+    srq: Option<u32>,
+}
+
+/// After a request executed: the common acknowledgement follows (the expected PSN moves on, an
+/// ACK if the packet asked for one), or the stage answered (or refused) it itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    Acknowledge,
+    Done,
+}
+
+/// NAKs `psn` with `code` and moves the QP to ERR: the stage refuses the request.
+fn refuse<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn, code: NakCode, event: fn(Qpn) -> AsyncEvent) -> Flow {
+    nak_and_fail(qp, ctx, psn, code, event);
+    Flow::Done
+}
+
+/// Handles one request packet addressed to this QP, in the responder's stages (IBTA 9.7.5.1,
+/// as rxe's responder runs them): the PSN check, where the request lands, the opcode sequence,
+/// the length, the execution (keys, bounds, resources and the memory access of each operation),
+/// the acknowledgement.
 pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPacket<&[u8]>) {
-    let bth = pkt.bth();
-    let psn = bth.psn();
-    let op = pkt.opcode();
-    let Some(info) = op.info() else { return };
+    let psn = pkt.bth().psn();
+    let Some(info) = pkt.opcode().info() else { return };
+    if !check_psn(qp, ctx, pkt, psn, info.kind) {
+        return;
+    }
+    let Some(to) = landing(qp, ctx, pkt, psn) else { return };
+    if !check_op_sequence(qp, ctx, info, psn) || !check_length(qp, ctx, pkt, info, psn) {
+        return;
+    }
+    let flow = match info.kind {
+        OpKind::Send => execute_send(qp, ctx, pkt, info, psn, &to),
+        OpKind::Write => execute_write(qp, ctx, pkt, info, psn, &to),
+        OpKind::ReadRequest => execute_read(qp, ctx, pkt, psn, to.pd),
+        OpKind::CompareSwap | OpKind::FetchAdd => execute_atomic(qp, ctx, pkt, info, psn, to.pd),
+        OpKind::AtomicWrite => execute_atomic_write(qp, ctx, pkt, psn, to.pd),
+        _ => Flow::Done,
+    };
+    if flow == Flow::Acknowledge {
+        acknowledge(qp, pkt, psn);
+    }
+}
+
+/// The PSN check (IBTA 9.7.5.1.2, C9-93): the expected PSN goes on; ahead of it, one PSN sequence
+/// NAK per gap (rxe: resp.sent_psn_nak); behind it, a duplicate (9.7.5.1.4). Whether to go on.
+fn check_psn<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPacket<&[u8]>, psn: Psn, kind: OpKind) -> bool {
     let d = psn.distance(qp.resp.epsn);
     if d > 0 {
-        // Ahead of the expected PSN: one PSN sequence NAK per gap (IBTA 9.7.5.1.2;
-        // rxe: resp.sent_psn_nak).
         ctx.counters.out_of_seq_request += 1;
         if !qp.resp.seq_nak_sent {
             qp.resp.seq_nak_sent = true;
@@ -83,256 +129,326 @@ pub(crate) fn handle_request<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: 
             let epsn = qp.resp.epsn;
             queue_ack(qp, epsn, Syndrome::Nak(NakCode::PsnSequenceError));
         }
-        return;
+        return false;
     }
     if d < 0 {
-        duplicate(qp, ctx, pkt, psn, info.kind);
-        return;
+        duplicate(qp, ctx, pkt, psn, kind);
+        return false;
     }
     qp.resp.seq_nak_sent = false;
-    // Where the request lands: an XRC target QP names an SRQ of its domain in XRCETH, whose PD
-    // governs access and whose CQ takes the completion (Annex A14); other QPs use their own.
-    let (pd, cq, srq) = if qp.qp_type == QpType::XrcTgt {
-        let n = pkt.xrceth().map_or(0, |x| x.xrc_srqn());
-        match ctx.srqs.get(&n) {
-            Some(s) if s.xrc.is_some_and(|(x, _)| Some(x) == qp.xrcd) => (Some(s.pd), s.xrc.map(|(_, c)| c), Some(n)),
-            // An SRQ of another domain, or none: NAK invalid request, never a delivery. (The XRC
-            // annex's exact statement could not be checked here; invalid request is what
-            // hardware reports as IBV_WC_REM_INV_REQ_ERR.)
-            _ => {
-                ctx.counters.xrc_srq_err += 1;
-                return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
-            }
+    true
+}
+
+/// Where the request lands: an XRC target QP names an SRQ of its domain in XRCETH, whose PD
+/// governs access and whose CQ takes the completion (Annex A14); other QPs use their own. An SRQ
+/// of another domain, or none, is an invalid request, never a delivery.
+fn landing<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPacket<&[u8]>, psn: Psn) -> Option<Landing> {
+    if qp.qp_type != QpType::XrcTgt {
+        return Some(Landing { pd: qp.pd, cq: qp.recv_cq, srq: qp.srq });
+    }
+    let n = pkt.xrceth().map_or(0, |x| x.xrc_srqn());
+    match ctx.srqs.get(&n) {
+        Some(s) if s.xrc.is_some_and(|(x, _)| Some(x) == qp.xrcd) => {
+            Some(Landing { pd: Some(s.pd), cq: s.xrc.map(|(_, c)| c), srq: Some(n) })
         }
-    } else {
-        (qp.pd, qp.recv_cq, qp.srq)
-    };
-    // Opcode sequence (a MIDDLE/LAST must continue a FIRST of the same kind; a FIRST or ONLY
-    // may not interrupt one: invalid request, as rxe's check_op_seq).
+        // (The XRC annex's exact statement could not be checked here; invalid request is what
+        // hardware reports as IBV_WC_REM_INV_REQ_ERR.)
+        _ => {
+            ctx.counters.xrc_srq_err += 1;
+            nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
+            None
+        }
+    }
+}
+
+/// The opcode sequence (IBTA 9.7.5.1.3, C9-96): a MIDDLE/LAST continues a FIRST of the same kind;
+/// a FIRST or ONLY may not interrupt one (invalid request, as rxe's check_op_seq).
+fn check_op_sequence<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, info: &OpcodeInfo, psn: Psn) -> bool {
     let continuing = !info.position.starts();
     match (&qp.resp.in_msg, continuing) {
-        (Some(m), true) if m.kind == info.kind => {}
-        (None, false) => {}
-        _ => return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr),
+        (Some(m), true) if m.kind == info.kind => true,
+        (None, false) => true,
+        _ => {
+            nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
+            false
+        }
     }
-    // Length: FIRST and MIDDLE carry exactly one MTU; LAST and ONLY at most one, and a LAST is
-    // not empty (rxe's check_length).
+}
+
+/// The length (IBTA 9.7.5.1.3, C9-98): FIRST and MIDDLE carry exactly one MTU; LAST and ONLY at
+/// most one, and a LAST is not empty (rxe's check_length).
+fn check_length<M: Memory>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<'_, M>,
+    pkt: &IbPacket<&[u8]>,
+    info: &OpcodeInfo,
+    psn: Psn,
+) -> bool {
     let mtu = qp.mtu() as usize;
     let plen = pkt.payload().len();
     let exact = matches!(info.position, Position::First | Position::Middle);
     let empty_last = info.position == Position::Last && plen == 0;
     if (exact && plen != mtu) || plen > mtu || empty_last {
-        return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
+        nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
+        return false;
     }
-    match info.kind {
-        OpKind::Send => {
-            if info.position.starts() {
-                let Some(wr) = qp.take_recv(ctx, srq) else {
-                    // No receive WQE: RNR NAK with the QP's min_rnr_timer (IBTA 9.7.5.2.8).
-                    ctx.counters.send_rnr_err += 1;
-                    let t = qp.attr.min_rnr_timer;
-                    queue_ack(qp, psn, Syndrome::RnrNak { timer: t });
-                    return;
-                };
-                qp.resp.in_msg = Some(InMsg { kind: OpKind::Send, recv: Some(wr), offset: 0, write: None, cq });
-            }
-            let Some(mut m) = qp.resp.in_msg.take() else { return };
-            let data = pkt.payload();
-            let wr = m.recv.take().expect("a SEND in progress holds its receive WQE");
-            if u64::from(m.offset) + data.len() as u64 > recv_capacity(&wr) {
-                // The message does not fit: LOC_LEN_ERR locally, invalid request to the sender.
-                qp.complete_recv(ctx, m.cq, wr.wr_id, WcStatus::LocLenErr, WcOpcode::Recv, 0, None, None);
-                return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
-            }
-            if !scatter(pd, ctx, &wr, m.offset, data) {
-                qp.complete_recv(ctx, m.cq, wr.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, 0, None, None);
-                return nak_and_fail(qp, ctx, psn, NakCode::RemoteOperationalError, AsyncEvent::QpFatal);
-            }
-            m.offset += data.len() as u32;
-            if info.position.ends() {
-                let inv = pkt.ieth().map(|i| i.rkey());
-                // SEND with invalidate: the named type 2 window of this PD is invalidated
-                // (IBTA 10.6.7.2.4); an R_Key naming none is an invalid request (as rxe).
-                if let Some(r) = inv {
-                    if !ctx.invalidate(pd, r) {
-                        qp.rq.push_front(wr);
-                        return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
-                    }
-                }
-                qp.resp.msn = qp.resp.msn.wrapping_add(1);
-                ctx.counters.rdma_recvs += 1;
-                qp.complete_message(ctx, pkt, m.cq, wr.wr_id, WcOpcode::Recv, m.offset, inv);
-            } else {
-                m.recv = Some(wr);
-                qp.resp.in_msg = Some(m);
-            }
-        }
-        OpKind::Write => {
-            let mut m = if info.position.starts() {
-                let Some(reth) = pkt.reth() else { return };
-                let (va, rkey, len) = (reth.va(), reth.rkey(), reth.dma_len());
-                // A zero-length WRITE checks no key (IBTA 9.4.4.1: R_Key is not validated when the
-                // DMA length is zero).
-                if len > 0 && remote_ok(qp, ctx, pd, rkey, va, u64::from(len), Access::REMOTE_WRITE).is_none() {
-                    return nak_and_fail(qp, ctx, psn, NakCode::RemoteAccessError, AsyncEvent::QpAccessErr);
-                }
-                InMsg { kind: OpKind::Write, recv: None, offset: 0, write: Some((va, rkey, len)), cq }
-            } else {
-                match qp.resp.in_msg.take() {
-                    Some(m) => m,
-                    None => return,
-                }
-            };
-            let (va, rkey, len) = m.write.unwrap_or_default();
-            let data = pkt.payload();
-            let end = u64::from(m.offset) + data.len() as u64;
-            if end > u64::from(len) || (info.position.ends() && end != u64::from(len)) {
-                // More or less data than the RETH announced.
-                return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
-            }
-            // A WRITE with immediate needs a receive WQE for its completion.
-            let needs_recv = pkt.immdt().is_some();
-            let recv_empty = match srq {
-                Some(n) => ctx.srqs.get(&n).is_none_or(|s| s.queue.is_empty()),
-                None => qp.rq.is_empty(),
-            };
-            if needs_recv && recv_empty {
-                ctx.counters.send_rnr_err += 1;
-                let t = qp.attr.min_rnr_timer;
-                queue_ack(qp, psn, Syndrome::RnrNak { timer: t });
-                qp.resp.in_msg = if info.position.starts() { None } else { Some(m) };
-                return;
-            }
-            if !data.is_empty() {
-                let Some(owner) = remote_ok(
-                    qp,
-                    ctx,
-                    pd,
-                    rkey,
-                    va.wrapping_add(u64::from(m.offset)),
-                    data.len() as u64,
-                    Access::REMOTE_WRITE,
-                ) else {
-                    return nak_and_fail(qp, ctx, psn, NakCode::RemoteAccessError, AsyncEvent::QpAccessErr);
-                };
-                if ctx.mem.write(owner, va.wrapping_add(u64::from(m.offset)), data).is_err() {
-                    return nak_and_fail(qp, ctx, psn, NakCode::RemoteOperationalError, AsyncEvent::QpFatal);
-                }
-            }
-            m.offset += data.len() as u32;
-            if info.position.ends() {
-                qp.resp.msn = qp.resp.msn.wrapping_add(1);
-                if needs_recv {
-                    if let Some(wr) = qp.take_recv(ctx, srq) {
-                        qp.complete_message(ctx, pkt, cq, wr.wr_id, WcOpcode::RecvRdmaWithImm, len, None);
-                    }
-                }
-            } else {
-                qp.resp.in_msg = Some(m);
-            }
-        }
-        OpKind::ReadRequest => {
-            let Some(reth) = pkt.reth() else { return };
-            let (va, rkey, len) = (reth.va(), reth.rkey(), reth.dma_len());
-            if len > 0 && remote_ok(qp, ctx, pd, rkey, va, u64::from(len), Access::REMOTE_READ).is_none() {
-                return nak_and_fail(qp, ctx, psn, NakCode::RemoteAccessError, AsyncEvent::QpAccessErr);
-            }
-            if !rd_atomic_slot(qp) {
-                return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
-            }
-            let npkts = super::packets_for(len, qp.mtu());
-            qp.resp.msn = qp.resp.msn.wrapping_add(1);
-            qp.resp.rd_atomic.push_back(RdAtomic {
-                first_psn: psn,
-                last_psn: psn + (npkts - 1),
-                atomic_orig: None,
-                atomic_pending: false,
-                atomic_write: false,
-            });
-            let msn = qp.resp.msn;
-            qp.resp.out.push_back(RespOut::Read { psn, va, rkey, remaining: len, first: true, total: len, msn, pd });
-            qp.resp.epsn = psn + npkts;
-            return;
-        }
-        OpKind::CompareSwap | OpKind::FetchAdd => {
-            let Some(a) = pkt.atomiceth() else { return };
-            let va = a.va();
-            // Atomics need 8-byte alignment (IBTA 9.4.5); otherwise invalid request.
-            if va % 8 != 0 {
-                return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
-            }
-            let Some(owner) = remote_ok(qp, ctx, pd, a.rkey(), va, 8, Access::REMOTE_ATOMIC) else {
-                return nak_and_fail(qp, ctx, psn, NakCode::RemoteAccessError, AsyncEvent::QpAccessErr);
-            };
-            if !rd_atomic_slot(qp) {
-                return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
-            }
-            let op = if info.kind == OpKind::CompareSwap {
-                AtomicOp::CompareSwap { compare: a.compare(), swap: a.swap_add() }
-            } else {
-                AtomicOp::FetchAdd { add: a.swap_add() }
-            };
-            // Executed now, or (a memory that answers later) in order with the memory's other
-            // accesses, its acknowledge waiting for the original value (poll_transmit).
-            let Ok(orig) = ctx.mem.start_atomic(owner, va, op) else {
-                return nak_and_fail(qp, ctx, psn, NakCode::RemoteOperationalError, AsyncEvent::QpFatal);
-            };
-            qp.resp.msn = qp.resp.msn.wrapping_add(1);
-            let done = match orig {
-                AtomicStart::Done(v) => Some(v),
-                AtomicStart::Later(_) => None,
-            };
-            qp.resp.rd_atomic.push_back(RdAtomic {
-                first_psn: psn,
-                last_psn: psn,
-                atomic_orig: done,
-                atomic_pending: done.is_none(),
-                atomic_write: false,
-            });
-            let msn = qp.resp.msn;
-            qp.resp.out.push_back(RespOut::Atomic { psn, orig, msn });
-            qp.resp.epsn = psn + 1;
-            return;
-        }
-        OpKind::AtomicWrite => {
-            // IBTA 1.5 9.4.6 (ATOMIC WRITE), as rxe (rxe_resp.c) applies it: the QP and the
-            // region must allow REMOTE_WRITE; the RETH names exactly 8 bytes and 8 bytes follow;
-            // the address is 8-byte aligned (else an invalid request, as a misaligned atomic);
-            // it takes a responder resource (max_dest_rd_atomic) so that a duplicate is
-            // acknowledged without writing again; the answer is a plain ACK.
-            let Some(reth) = pkt.reth() else { return };
-            let (va, rkey, len) = (reth.va(), reth.rkey(), reth.dma_len());
-            let data = pkt.payload();
-            if len != 8 || data.len() != 8 || va % 8 != 0 {
-                return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
-            }
-            let Some(owner) = remote_ok(qp, ctx, pd, rkey, va, 8, Access::REMOTE_WRITE) else {
-                return nak_and_fail(qp, ctx, psn, NakCode::RemoteAccessError, AsyncEvent::QpAccessErr);
-            };
-            if !rd_atomic_slot(qp) {
-                return nak_and_fail(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
-            }
-            if ctx.mem.write(owner, va, data).is_err() {
-                return nak_and_fail(qp, ctx, psn, NakCode::RemoteOperationalError, AsyncEvent::QpFatal);
-            }
-            qp.resp.msn = qp.resp.msn.wrapping_add(1);
-            qp.resp.rd_atomic.push_back(RdAtomic {
-                first_psn: psn,
-                last_psn: psn,
-                atomic_orig: None,
-                atomic_pending: false,
-                atomic_write: true,
-            });
-            qp.resp.epsn = psn + 1;
-            queue_ack(qp, psn, ACK);
-            return;
-        }
-        _ => return,
-    }
+    true
+}
+
+/// The acknowledgement of a SEND or WRITE packet (IBTA 9.7.5.1.6): the expected PSN moves on; an
+/// ACK when the packet asks for one (the ACK then covers the packets before it).
+fn acknowledge(qp: &mut Qp, pkt: &IbPacket<&[u8]>, psn: Psn) {
     qp.resp.epsn = psn + 1;
-    if bth.ack_req() {
+    if pkt.bth().ack_req() {
         queue_ack(qp, psn, ACK);
     }
+}
+
+/// A SEND packet: the first takes a receive WQE (none: RNR NAK, IBTA 9.7.5.2.8), its data is
+/// scattered into it (too long: LOC_LEN_ERR and an invalid request), the last completes it.
+fn execute_send<M: Memory>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<'_, M>,
+    pkt: &IbPacket<&[u8]>,
+    info: &OpcodeInfo,
+    psn: Psn,
+    to: &Landing,
+) -> Flow {
+    let Landing { pd, cq, srq } = *to;
+    if info.position.starts() {
+        let Some(wr) = qp.take_recv(ctx, srq) else {
+            // No receive WQE: RNR NAK with the QP's min_rnr_timer (IBTA 9.7.5.2.8).
+            ctx.counters.send_rnr_err += 1;
+            let t = qp.attr.min_rnr_timer;
+            queue_ack(qp, psn, Syndrome::RnrNak { timer: t });
+            return Flow::Done;
+        };
+        qp.resp.in_msg = Some(InMsg { kind: OpKind::Send, recv: Some(wr), offset: 0, write: None, cq });
+    }
+    let Some(mut m) = qp.resp.in_msg.take() else { return Flow::Done };
+    let data = pkt.payload();
+    let wr = m.recv.take().expect("a SEND in progress holds its receive WQE");
+    if u64::from(m.offset) + data.len() as u64 > recv_capacity(&wr) {
+        // The message does not fit: LOC_LEN_ERR locally, invalid request to the sender.
+        qp.complete_recv(ctx, m.cq, wr.wr_id, WcStatus::LocLenErr, WcOpcode::Recv, 0, None, None);
+        return refuse(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
+    }
+    if !scatter(pd, ctx, &wr, m.offset, data) {
+        qp.complete_recv(ctx, m.cq, wr.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, 0, None, None);
+        return refuse(qp, ctx, psn, NakCode::RemoteOperationalError, AsyncEvent::QpFatal);
+    }
+    m.offset += data.len() as u32;
+    if info.position.ends() {
+        let inv = pkt.ieth().map(|i| i.rkey());
+        // SEND with invalidate: the named type 2 window of this PD is invalidated
+        // (IBTA 10.6.7.2.4); an R_Key naming none is an invalid request (as rxe).
+        if let Some(r) = inv {
+            if !ctx.invalidate(pd, r) {
+                qp.rq.push_front(wr);
+                return refuse(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
+            }
+        }
+        qp.resp.msn = qp.resp.msn.wrapping_add(1);
+        ctx.counters.rdma_recvs += 1;
+        qp.complete_message(ctx, pkt, m.cq, wr.wr_id, WcOpcode::Recv, m.offset, inv);
+    } else {
+        m.recv = Some(wr);
+        qp.resp.in_msg = Some(m);
+    }
+    Flow::Acknowledge
+}
+
+/// An RDMA WRITE packet: the first checks the RETH's key and range (a zero-length WRITE checks
+/// none, IBTA 9.4.4.1), each places its data; a WRITE with immediate consumes a receive WQE.
+fn execute_write<M: Memory>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<'_, M>,
+    pkt: &IbPacket<&[u8]>,
+    info: &OpcodeInfo,
+    psn: Psn,
+    to: &Landing,
+) -> Flow {
+    let Landing { pd, cq, srq } = *to;
+    let mut m = if info.position.starts() {
+        let Some(reth) = pkt.reth() else { return Flow::Done };
+        let (va, rkey, len) = (reth.va(), reth.rkey(), reth.dma_len());
+        // A zero-length WRITE checks no key (IBTA 9.4.4.1: R_Key is not validated when the
+        // DMA length is zero).
+        if len > 0 && remote_ok(qp, ctx, pd, rkey, va, u64::from(len), Access::REMOTE_WRITE).is_none() {
+            return refuse(qp, ctx, psn, NakCode::RemoteAccessError, AsyncEvent::QpAccessErr);
+        }
+        InMsg { kind: OpKind::Write, recv: None, offset: 0, write: Some((va, rkey, len)), cq }
+    } else {
+        match qp.resp.in_msg.take() {
+            Some(m) => m,
+            None => return Flow::Done,
+        }
+    };
+    let (va, rkey, len) = m.write.unwrap_or_default();
+    let data = pkt.payload();
+    let end = u64::from(m.offset) + data.len() as u64;
+    if end > u64::from(len) || (info.position.ends() && end != u64::from(len)) {
+        // More or less data than the RETH announced.
+        return refuse(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
+    }
+    // A WRITE with immediate needs a receive WQE for its completion.
+    let needs_recv = pkt.immdt().is_some();
+    let recv_empty = match srq {
+        Some(n) => ctx.srqs.get(&n).is_none_or(|s| s.queue.is_empty()),
+        None => qp.rq.is_empty(),
+    };
+    if needs_recv && recv_empty {
+        ctx.counters.send_rnr_err += 1;
+        let t = qp.attr.min_rnr_timer;
+        queue_ack(qp, psn, Syndrome::RnrNak { timer: t });
+        qp.resp.in_msg = if info.position.starts() { None } else { Some(m) };
+        return Flow::Done;
+    }
+    if !data.is_empty() {
+        let Some(owner) =
+            remote_ok(qp, ctx, pd, rkey, va.wrapping_add(u64::from(m.offset)), data.len() as u64, Access::REMOTE_WRITE)
+        else {
+            return refuse(qp, ctx, psn, NakCode::RemoteAccessError, AsyncEvent::QpAccessErr);
+        };
+        if ctx.mem.write(owner, va.wrapping_add(u64::from(m.offset)), data).is_err() {
+            return refuse(qp, ctx, psn, NakCode::RemoteOperationalError, AsyncEvent::QpFatal);
+        }
+    }
+    m.offset += data.len() as u32;
+    if info.position.ends() {
+        qp.resp.msn = qp.resp.msn.wrapping_add(1);
+        if needs_recv {
+            if let Some(wr) = qp.take_recv(ctx, srq) {
+                qp.complete_message(ctx, pkt, cq, wr.wr_id, WcOpcode::RecvRdmaWithImm, len, None);
+            }
+        }
+    } else {
+        qp.resp.in_msg = Some(m);
+    }
+    Flow::Acknowledge
+}
+
+/// An RDMA READ request: key and range, a responder resource (max_dest_rd_atomic), then the
+/// responses queue (poll_transmit sends them).
+fn execute_read<M: Memory>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<'_, M>,
+    pkt: &IbPacket<&[u8]>,
+    psn: Psn,
+    pd: Option<PdId>,
+) -> Flow {
+    let Some(reth) = pkt.reth() else { return Flow::Done };
+    let (va, rkey, len) = (reth.va(), reth.rkey(), reth.dma_len());
+    if len > 0 && remote_ok(qp, ctx, pd, rkey, va, u64::from(len), Access::REMOTE_READ).is_none() {
+        return refuse(qp, ctx, psn, NakCode::RemoteAccessError, AsyncEvent::QpAccessErr);
+    }
+    if !rd_atomic_slot(qp) {
+        return refuse(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
+    }
+    let npkts = super::packets_for(len, qp.mtu());
+    qp.resp.msn = qp.resp.msn.wrapping_add(1);
+    qp.resp.rd_atomic.push_back(RdAtomic {
+        first_psn: psn,
+        last_psn: psn + (npkts - 1),
+        atomic_orig: None,
+        atomic_pending: false,
+        atomic_write: false,
+    });
+    let msn = qp.resp.msn;
+    qp.resp.out.push_back(RespOut::Read { psn, va, rkey, remaining: len, first: true, total: len, msn, pd });
+    qp.resp.epsn = psn + npkts;
+    Flow::Done
+}
+
+/// A CmpSwap or FetchAdd (IBTA 9.4.5): alignment, key, a responder resource, then the atomic
+/// (executed once: a duplicate replays its result).
+fn execute_atomic<M: Memory>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<'_, M>,
+    pkt: &IbPacket<&[u8]>,
+    info: &OpcodeInfo,
+    psn: Psn,
+    pd: Option<PdId>,
+) -> Flow {
+    let Some(a) = pkt.atomiceth() else { return Flow::Done };
+    let va = a.va();
+    // Atomics need 8-byte alignment (IBTA 9.4.5); otherwise invalid request.
+    if va % 8 != 0 {
+        return refuse(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
+    }
+    let Some(owner) = remote_ok(qp, ctx, pd, a.rkey(), va, 8, Access::REMOTE_ATOMIC) else {
+        return refuse(qp, ctx, psn, NakCode::RemoteAccessError, AsyncEvent::QpAccessErr);
+    };
+    if !rd_atomic_slot(qp) {
+        return refuse(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
+    }
+    let op = if info.kind == OpKind::CompareSwap {
+        AtomicOp::CompareSwap { compare: a.compare(), swap: a.swap_add() }
+    } else {
+        AtomicOp::FetchAdd { add: a.swap_add() }
+    };
+    // Executed now, or (a memory that answers later) in order with the memory's other
+    // accesses, its acknowledge waiting for the original value (poll_transmit).
+    let Ok(orig) = ctx.mem.start_atomic(owner, va, op) else {
+        return refuse(qp, ctx, psn, NakCode::RemoteOperationalError, AsyncEvent::QpFatal);
+    };
+    qp.resp.msn = qp.resp.msn.wrapping_add(1);
+    let done = match orig {
+        AtomicStart::Done(v) => Some(v),
+        AtomicStart::Later(_) => None,
+    };
+    qp.resp.rd_atomic.push_back(RdAtomic {
+        first_psn: psn,
+        last_psn: psn,
+        atomic_orig: done,
+        atomic_pending: done.is_none(),
+        atomic_write: false,
+    });
+    let msn = qp.resp.msn;
+    qp.resp.out.push_back(RespOut::Atomic { psn, orig, msn });
+    qp.resp.epsn = psn + 1;
+    Flow::Done
+}
+
+/// An ATOMIC WRITE.
+fn execute_atomic_write<M: Memory>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<'_, M>,
+    pkt: &IbPacket<&[u8]>,
+    psn: Psn,
+    pd: Option<PdId>,
+) -> Flow {
+    // IBTA 1.5 9.4.6 (ATOMIC WRITE), as rxe (rxe_resp.c) applies it: the QP and the
+    // region must allow REMOTE_WRITE; the RETH names exactly 8 bytes and 8 bytes follow;
+    // the address is 8-byte aligned (else an invalid request, as a misaligned atomic);
+    // it takes a responder resource (max_dest_rd_atomic) so that a duplicate is
+    // acknowledged without writing again; the answer is a plain ACK.
+    let Some(reth) = pkt.reth() else { return Flow::Done };
+    let (va, rkey, len) = (reth.va(), reth.rkey(), reth.dma_len());
+    let data = pkt.payload();
+    if len != 8 || data.len() != 8 || va % 8 != 0 {
+        return refuse(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
+    }
+    let Some(owner) = remote_ok(qp, ctx, pd, rkey, va, 8, Access::REMOTE_WRITE) else {
+        return refuse(qp, ctx, psn, NakCode::RemoteAccessError, AsyncEvent::QpAccessErr);
+    };
+    if !rd_atomic_slot(qp) {
+        return refuse(qp, ctx, psn, NakCode::InvalidRequest, AsyncEvent::QpReqErr);
+    }
+    if ctx.mem.write(owner, va, data).is_err() {
+        return refuse(qp, ctx, psn, NakCode::RemoteOperationalError, AsyncEvent::QpFatal);
+    }
+    qp.resp.msn = qp.resp.msn.wrapping_add(1);
+    qp.resp.rd_atomic.push_back(RdAtomic {
+        first_psn: psn,
+        last_psn: psn,
+        atomic_orig: None,
+        atomic_pending: false,
+        atomic_write: true,
+    });
+    qp.resp.epsn = psn + 1;
+    queue_ack(qp, psn, ACK);
+    Flow::Done
 }
 
 /// Makes room for one more outstanding READ/atomic: the oldest cached one is dropped once the
