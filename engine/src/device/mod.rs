@@ -9,7 +9,11 @@
 //!
 //! The reliable-connected machinery follows Linux rxe's split: the requester (`req`) turns send
 //! WQEs into request packets, the completer (`comp`) matches responses to WQEs and completes
-//! them, the responder (`resp`) executes incoming requests and answers them.
+//! them, the responder (`resp`) executes incoming requests and answers them; `unrel` is the
+//! responder of UC and UD. The modules form a tree: `dispatch` hands a QP's packets, timers and
+//! transmit turns to the roles; the roles work on the QP's state (`qp`: the shared part, and one
+//! state per role, as rxe's `qp->req`, `->comp`, `->resp`) and share `packet` (writing packets,
+//! scatter/gather); the only call between roles is the completer rewinding the requester.
 
 mod comp;
 mod dispatch;
