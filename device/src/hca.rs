@@ -521,7 +521,7 @@ impl Hca {
     /// Runs one verbs call of a client. `fds`: descriptors that came with the call (an XRC
     /// domain file); the answer may carry descriptors too (a completion channel's).
     pub fn call(&self, owner: u32, req: Request, fds: Vec<OwnedFd>) -> (Response, Vec<Arc<EventFd>>) {
-        let quiet = matches!(req, Request::PollCq { .. } | Request::GetAsyncEvent | Request::GetCqEvent(_));
+        let quiet = matches!(req, Request::GetAsyncEvent | Request::GetCqEvent(_));
         let mut st = self.shared.lock();
         let out = match st.clients.contains_key(&owner) {
             true => st.call(owner, req, fds),
@@ -1412,11 +1412,6 @@ impl State {
                 let c = self.channels.get_mut(&ch).ok_or(VerbsError::Inval)?;
                 ok(R::CqEvent(c.events.pop_front()))
             }
-            Request::PollCq { cq, max } => {
-                mine!(cqs, cq);
-                self.dev.memory().flush();
-                ok(R::Completions(self.dev.poll_cq(cq, max.min(4096) as usize)))
-            }
             Request::CreateQp(init) => {
                 mine!(pds, init.pd);
                 mine!(cqs, init.send_cq);
@@ -1475,24 +1470,6 @@ impl State {
                 let (s, a) = self.dev.query_qp(qpn)?;
                 ok(R::QpAttr(s, a))
             }
-            Request::PostSend { qpn, wrs } => {
-                mine!(qps, qpn);
-                for (i, wr) in wrs.into_iter().enumerate() {
-                    if let Err(err) = self.dev.post_send(qpn, wr) {
-                        return ok(R::PostErr { err, index: i as u32 });
-                    }
-                }
-                ok(R::Ok)
-            }
-            Request::PostRecv { qpn, wrs } => {
-                mine!(qps, qpn);
-                for (i, wr) in wrs.into_iter().enumerate() {
-                    if let Err(err) = self.dev.post_recv(qpn, wr) {
-                        return ok(R::PostErr { err, index: i as u32 });
-                    }
-                }
-                ok(R::Ok)
-            }
             Request::CreateSrq { pd, attr } => {
                 mine!(pds, pd);
                 let s = self.dev.create_srq(pd, attr)?;
@@ -1518,15 +1495,6 @@ impl State {
                 mine!(srqs, srqn);
                 let (a, n) = self.dev.query_srq(srqn)?;
                 ok(R::SrqAttr(a, n as u32))
-            }
-            Request::PostSrqRecv { srqn, wrs } => {
-                mine!(srqs, srqn);
-                for (i, wr) in wrs.into_iter().enumerate() {
-                    if let Err(err) = self.dev.post_srq_recv(srqn, wr) {
-                        return ok(R::PostErr { err, index: i as u32 });
-                    }
-                }
-                ok(R::Ok)
             }
             Request::DestroySrq(srqn) => {
                 mine!(srqs, srqn);

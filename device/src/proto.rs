@@ -155,13 +155,6 @@ pub enum Request {
     },
     /// `ibv_get_cq_event` without blocking: the next CQ event of the channel, if any.
     GetCqEvent(u32),
-    /// `ibv_poll_cq`.
-    PollCq {
-        /// The CQ.
-        cq: CqId,
-        /// Most completions to return.
-        max: u32,
-    },
     /// `ibv_create_qp`.
     CreateQp(QpInit),
     /// `ibv_destroy_qp`.
@@ -177,20 +170,6 @@ pub enum Request {
     },
     /// `ibv_query_qp`.
     QueryQp(Qpn),
-    /// `ibv_post_send` of a list.
-    PostSend {
-        /// The QP.
-        qpn: Qpn,
-        /// The list.
-        wrs: Vec<SendWr>,
-    },
-    /// `ibv_post_recv` of a list.
-    PostRecv {
-        /// The QP.
-        qpn: Qpn,
-        /// The list.
-        wrs: Vec<RecvWr>,
-    },
     /// `ibv_create_srq`.
     CreateSrq {
         /// Protection domain.
@@ -218,13 +197,6 @@ pub enum Request {
     },
     /// `ibv_query_srq`.
     QuerySrq(u32),
-    /// `ibv_post_srq_recv` of a list.
-    PostSrqRecv {
-        /// SRQ number.
-        srqn: u32,
-        /// The list.
-        wrs: Vec<RecvWr>,
-    },
     /// `ibv_destroy_srq`.
     DestroySrq(u32),
     /// `ibv_open_xrcd`; the domain file's fd travels with the frame (none: a private domain).
@@ -494,13 +466,6 @@ pub enum Response {
     Ok,
     /// The verbs error (errno).
     Err(VerbsError),
-    /// A post failed at this index of the list (`bad_wr`); the ones before it were posted.
-    PostErr {
-        /// The error.
-        err: VerbsError,
-        /// Index of the first WR not posted.
-        index: u32,
-    },
     /// Hello accepted: the client's owner id, the device. Three fds travel with it: the async
     /// event fd, the client's ring arena (a sealed memfd) and the doorbell (an eventfd).
     Hello {
@@ -532,8 +497,6 @@ pub enum Response {
     },
     /// A CQ event, if one was waiting.
     CqEvent(Option<CqId>),
-    /// Completions.
-    Completions(Vec<WorkCompletion>),
     /// A QP and its work queue rings (none for a queue it does not have).
     Qp {
         /// QP number.
@@ -778,12 +741,12 @@ mod tests {
         let (a, b) = UnixStream::pair().unwrap();
         let f = std::fs::File::open("/dev/null").unwrap();
         send(&a, &Request::OpenXrcd { create: true, exclusive: false }, &[f.as_raw_fd()]).unwrap();
-        send(&a, &Request::PollCq { cq: CqId(3), max: 16 }, &[]).unwrap();
+        send(&a, &Request::QueryQp(Qpn::new(3)), &[]).unwrap();
         let (m, fds): (Request, _) = recv(&b).unwrap();
         assert!(matches!(m, Request::OpenXrcd { create: true, exclusive: false }));
         assert_eq!(fds.len(), 1);
         let (m, fds): (Request, _) = recv(&b).unwrap();
-        assert!(matches!(m, Request::PollCq { cq: CqId(3), max: 16 }));
+        assert!(matches!(m, Request::QueryQp(q) if q == Qpn::new(3)));
         assert!(fds.is_empty());
     }
 

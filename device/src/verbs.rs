@@ -407,7 +407,6 @@ impl Inner {
         };
         match resp {
             Response::Err(e) => Err(Error::Verbs(e)),
-            Response::PostErr { err, index } => Err(Error::Post { err, index: index as usize }),
             r => Ok((r, fds)),
         }
     }
