@@ -23,7 +23,7 @@ use nix::poll::{PollFd, PollFlags};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use softrdma_engine::device::{
     ip_udp_header, AsyncEvent, Behaviour, CqId, Device, DeviceConfig, FlowPorts, IcrcPolicy, PdId, RecvMeta, Transmit,
-    XrcPolicy,
+    TransmitOptions, XrcPolicy,
 };
 use softrdma_engine::time::Instant;
 use softrdma_engine::verbs::{Access, Mtu, QpType, VerbsError, WcOpcode};
@@ -864,7 +864,6 @@ impl State {
                 self.dev.memory_ready();
             }
             let loopback_icrc = self.loopback_icrc();
-            self.dev.set_loopback_icrc(loopback_icrc);
             let mut buf = std::mem::take(&mut self.buf);
             let mut sent = 0;
             loop {
@@ -872,8 +871,8 @@ impl State {
                 // GSO send being built (Linux numbers segments 0, 1, 2, ...); `wire` corrects it
                 // when the packet does not.
                 let id = self.gso.next_id();
-                self.dev.set_ip_id(id);
-                let Some(t) = self.dev.poll_transmit(now, &mut buf) else { break };
+                let opts = TransmitOptions { ip_id: id, loopback_icrc };
+                let Some(t) = self.dev.poll_transmit_with(now, &mut buf, opts) else { break };
                 trace_packet("tx", &buf[..t.len]);
                 self.emit(now, t, &buf[..t.len], id);
                 sent += 1;

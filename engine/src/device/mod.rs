@@ -235,6 +235,27 @@ pub struct RecvMeta {
     pub dst: Option<IpAddr>,
 }
 
+/// How [`Device::poll_transmit_with`] writes a packet's ICRC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransmitOptions {
+    /// The IPv4 Identification the ICRC is computed for (0 unless set). A transport that sends
+    /// several packets in one UDP GSO send, whose segments Linux numbers 0, 1, 2, ..., gives the
+    /// number this packet will get, so that its ICRC need not be computed twice (design D5).
+    pub ip_id: u16,
+    /// Whether a packet to the device's own address (internal loopback) gets an ICRC (the
+    /// default). A transport that neither captures such packets nor injects faults into them
+    /// may leave it out and hand them back with [`Device::handle_internal_packet`]: an HCA's
+    /// loopback never puts them on a wire, so no CRC can go wrong (two 4 KiB CRCs per packet
+    /// saved).
+    pub loopback_icrc: bool,
+}
+
+impl Default for TransmitOptions {
+    fn default() -> TransmitOptions {
+        TransmitOptions { ip_id: 0, loopback_icrc: true }
+    }
+}
+
 /// Metadata of a packet [`Device::poll_transmit`] wrote.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transmit {
@@ -493,10 +514,6 @@ pub fn ip_udp_header(src: IpAddr, dst: IpAddr, sport: u16, udp_payload_len: usiz
 /// One emulated HCA.
 pub struct Device<M: Memory> {
     config: DeviceConfig,
-    /// The IPv4 Identification the ICRC of the next transmitted packet is computed for.
-    ip_id: u16,
-    /// Whether packets to this device's own address get an ICRC.
-    loopback_icrc: bool,
     rng: Rng,
     mem: M,
     pds: HashMap<PdId, Pd>,
@@ -550,8 +567,8 @@ macro_rules! ctx {
             se: false,
             port_mtu: $d.config.mtu,
             dst: $d.config.addr,
-            ip_id: $d.ip_id,
-            loopback_icrc: $d.loopback_icrc,
+            ip_id: 0,
+            loopback_icrc: true,
             behaviour: $d.config.behaviour,
         }
     };
@@ -578,8 +595,6 @@ impl<M: Memory> Device<M> {
             next_id: 1,
             next_qpn,
             ready: VecDeque::new(),
-            ip_id: 0,
-            loopback_icrc: true,
             in_ready: Default::default(),
             mem_waiters: Vec::new(),
             timers: Default::default(),
@@ -957,18 +972,10 @@ impl<M: Memory> Device<M> {
     }
 
     /// Takes a packet this device sent to itself through internal loopback (never on a wire)
-    /// while [`Device::set_loopback_icrc`] is off: its ICRC was not computed, so it is not
+    /// without an ICRC ([`TransmitOptions::loopback_icrc`] off): its ICRC was not computed, so it is not
     /// checked; everything else is, as for [`Device::handle_packet`].
     pub fn handle_internal_packet(&mut self, now: Instant, meta: RecvMeta, payload: &[u8]) {
         self.handle(now, meta, payload, false);
-    }
-
-    /// Whether packets to the device's own address (internal loopback) get an ICRC (the
-    /// default). A transport that neither captures them nor injects faults into them may turn
-    /// it off and hand them back with [`Device::handle_internal_packet`]: an HCA's loopback
-    /// never puts them on a wire, so no CRC can go wrong (two 4 KiB CRCs per packet saved).
-    pub fn set_loopback_icrc(&mut self, on: bool) {
-        self.loopback_icrc = on;
     }
 
     fn handle(&mut self, now: Instant, meta: RecvMeta, payload: &[u8], verify: bool) {
@@ -1052,7 +1059,7 @@ impl<M: Memory> Device<M> {
 
     /// The next MAD of the CM as a QP1 packet: UD SEND_ONLY to QP1, DETH Q_Key 0x80010000 and
     /// source QP 1, one PSN per MAD (IBTA 13.5; the kernel's MAD layer over rxe).
-    fn poll_gsi(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+    fn poll_gsi(&mut self, now: Instant, buf: &mut [u8], opts: TransmitOptions) -> Option<Transmit> {
         let m = self.cm.poll_mad()?;
         let psn = self.gsi_psn;
         self.gsi_psn = psn + 1;
@@ -1072,6 +1079,7 @@ impl<M: Memory> Device<M> {
         ib.payload_len = m.mad.len();
         ib.deth = Some(DethRepr { qkey: GSI_QKEY, src_qp: Qpn::GSI });
         let mut ctx = ctx!(self, now);
+        (ctx.ip_id, ctx.loopback_icrc) = (opts.ip_id, opts.loopback_icrc);
         let t = packet::emit(&mut ctx, Qpn::GSI, m.dst, buf, &ib, |_, out| {
             out.copy_from_slice(&m.mad);
             true
@@ -1106,17 +1114,15 @@ impl<M: Memory> Device<M> {
         }
     }
 
-    /// Sets the IPv4 Identification that the ICRC of the packets [`Device::poll_transmit`] writes
-    /// from now on is computed for (0 unless set). A transport that sends several packets in one
-    /// UDP GSO send, whose segments Linux numbers 0, 1, 2, ..., sets the number the next packet
-    /// will get, so that its ICRC need not be computed twice (design D5).
-    pub fn set_ip_id(&mut self, id: u16) {
-        self.ip_id = id;
+    /// Writes the next packet to send into `buf` (at least MTU + 64 bytes) and says where it goes,
+    /// with the default [`TransmitOptions`].
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        self.poll_transmit_with(now, buf, TransmitOptions::default())
     }
 
-    /// Writes the next packet to send into `buf` (at least MTU + 64 bytes) and says where it goes.
-    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
-        if let Some(t) = self.poll_gsi(now, buf) {
+    /// [`Device::poll_transmit`], the packet's ICRC written as `opts` say.
+    pub fn poll_transmit_with(&mut self, now: Instant, buf: &mut [u8], opts: TransmitOptions) -> Option<Transmit> {
+        if let Some(t) = self.poll_gsi(now, buf, opts) {
             return Some(t);
         }
         while let Some(qpn) = self.ready.pop_front() {
@@ -1126,6 +1132,7 @@ impl<M: Memory> Device<M> {
             };
             let blocked = self.mem.would_block_count();
             let mut ctx = ctx!(self, now);
+            (ctx.ip_id, ctx.loopback_icrc) = (opts.ip_id, opts.loopback_icrc);
             let sent = qp.poll_transmit(&mut ctx, buf);
             self.sync_timer(qpn);
             if let Some(t) = sent {
