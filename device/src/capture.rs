@@ -14,7 +14,9 @@ use std::net::IpAddr;
 use std::path::Path;
 
 use softrdma_engine::device::ip_udp_header;
-use softrdma_engine::wire::{checksum, icrc, ipv4::Packet as Ipv4Packet};
+use softrdma_engine::wire::{
+    ethernet, icrc, udp, EtherType, EthernetAddress, EthernetFrame, EthernetRepr, Ipv4Packet, Ipv6Packet, UdpPacket,
+};
 use softrdma_pcap::PcapWriter;
 
 /// A capture file being written.
@@ -58,33 +60,33 @@ impl Tap {
         payload: &[u8],
         ip_id: Option<u16>,
     ) -> io::Result<()> {
-        let (mut hdr, n) = ip_udp_header(src, dst, sport, payload.len(), ip_id.unwrap_or(0));
-        if ip_id.is_none() && matches!((src, dst), (IpAddr::V4(_), IpAddr::V4(_))) {
-            if let Some(id) = icrc::solve_ipv4_id(&hdr[..n], payload) {
-                hdr[4..6].copy_from_slice(&id.to_be_bytes());
-            }
-        }
-        let v4 = hdr[0] >> 4 == 4;
+        let (hdr, n) = ip_udp_header(src, dst, sport, payload.len(), ip_id.unwrap_or(0));
+        let v4 = matches!((src, dst), (IpAddr::V4(_), IpAddr::V4(_)));
+        let eth = EthernetRepr {
+            src_addr: EthernetAddress(mac_of(src)),
+            dst_addr: EthernetAddress(mac_of(dst)),
+            ethertype: if v4 { EtherType::Ipv4 } else { EtherType::Ipv6 },
+        };
         self.frame.clear();
-        self.frame.extend_from_slice(&mac_of(dst));
-        self.frame.extend_from_slice(&mac_of(src));
-        self.frame.extend_from_slice(if v4 { &[0x08, 0x00] } else { &[0x86, 0xdd] });
+        self.frame.resize(ethernet::HEADER_LEN, 0);
+        eth.emit(&mut EthernetFrame::new_unchecked(&mut self.frame[..]));
         let l3 = self.frame.len();
         self.frame.extend_from_slice(&hdr[..n]);
         self.frame.extend_from_slice(payload);
+        let udp = l3 + n - udp::HEADER_LEN;
         if v4 {
-            Ipv4Packet::new_unchecked(&mut self.frame[l3..l3 + 20]).fill_checksum();
+            if ip_id.is_none() {
+                if let Some(id) = icrc::solve_ipv4_id(&hdr[..n], payload) {
+                    let mut ip = Ipv4Packet::new_unchecked(&mut self.frame[l3..udp]);
+                    ip.set_ident(id);
+                    ip.fill_checksum();
+                }
+            }
         } else {
             // RFC 8200 8.1: the UDP checksum is mandatory over IPv6.
-            let udp = l3 + 40;
-            let ulen = self.frame.len() - udp;
-            let mut acc = checksum::sum(0, &self.frame[l3 + 8..l3 + 40]);
-            acc = checksum::sum(acc, &(ulen as u32).to_be_bytes());
-            acc = checksum::sum(acc, &[0, 0, 0, 17]);
-            acc = checksum::sum(acc, &self.frame[udp..]);
-            let c = !checksum::fold(acc);
-            let c = if c == 0 { 0xffff } else { c };
-            self.frame[udp + 6..udp + 8].copy_from_slice(&c.to_be_bytes());
+            let ip = Ipv6Packet::new_unchecked(&self.frame[l3..udp]);
+            let (s6, d6) = (ip.src_addr(), ip.dst_addr());
+            UdpPacket::new_unchecked(&mut self.frame[udp..]).fill_checksum_v6(s6, d6);
         }
         self.out.write_packet(time_ns, &self.frame, self.frame.len() as u32)?;
         self.frames += 1;

@@ -40,7 +40,10 @@ use crate::memory::{Memory, Owner};
 use crate::rng::Rng;
 use crate::time::{Duration, Instant};
 use crate::verbs::{Access, AttrMask, Mtu, QpState, QpType, VerbsError, WcOpcode, WcStatus};
-use crate::wire::{icrc, ipv4, udp, BthPacket, BthRepr, DethRepr, IbPacket, IbRepr, Opcode, Psn, Qpn, ROCE_V2_PORT};
+use crate::wire::{
+    icrc, ipv4, ipv6, udp, BthPacket, BthRepr, DethRepr, IbPacket, IbRepr, IpProtocol, Ipv4Packet, Ipv4Repr, Ipv6Packet,
+    Ipv6Repr, Opcode, Psn, Qpn, UdpPacket, UdpRepr, ROCE_V2_PORT,
+};
 use crate::wr::{RecvWr, SendWr, WorkCompletion};
 
 use self::qp::Qp;
@@ -477,37 +480,45 @@ impl FlowPorts {
 /// Returns the bytes and their length (28 for IPv4, 48 for IPv6).
 pub fn ip_udp_header(src: IpAddr, dst: IpAddr, sport: u16, udp_payload_len: usize, ip_id: u16) -> ([u8; 48], usize) {
     let mut h = [0u8; 48];
-    let udp_len = (udp::HEADER_LEN + udp_payload_len) as u16;
+    let udp = UdpRepr { src_port: sport, dst_port: ROCE_V2_PORT, payload_len: udp_payload_len };
+    let l4_len = udp::HEADER_LEN + udp_payload_len;
+    // What a Linux sender of RoCEv2 writes: IPv4 with DF, TTL 64 and the given ID; otherwise
+    // IPv6 (an IPv4 address as IPv4-mapped) with hop limit 64. A length beyond what the IP
+    // header holds is not a RoCE packet: the header is then left as far as it was written.
     let n = match (src, dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
-            let total = (ipv4::HEADER_LEN + usize::from(udp_len)) as u16;
-            h[0] = 0x45;
-            h[2..4].copy_from_slice(&total.to_be_bytes());
-            h[4..6].copy_from_slice(&ip_id.to_be_bytes());
-            h[6] = 0x40; // DF
-            h[8] = 64;
-            h[9] = 17;
-            h[12..16].copy_from_slice(&s.octets());
-            h[16..20].copy_from_slice(&d.octets());
-            20
+            let r = Ipv4Repr {
+                src_addr: s,
+                dst_addr: d,
+                protocol: IpProtocol::Udp,
+                payload_len: l4_len,
+                dscp_ecn: 0,
+                ident: ip_id,
+                dont_frag: true,
+                ttl: 64,
+            };
+            let _ = r.emit(&mut Ipv4Packet::new_unchecked(&mut h[..]));
+            ipv4::HEADER_LEN
         }
         (s, d) => {
             let to6 = |a: IpAddr| match a {
                 IpAddr::V4(a) => a.to_ipv6_mapped(),
                 IpAddr::V6(a) => a,
             };
-            h[0] = 0x60;
-            h[4..6].copy_from_slice(&udp_len.to_be_bytes());
-            h[6] = 17;
-            h[7] = 64;
-            h[8..24].copy_from_slice(&to6(s).octets());
-            h[24..40].copy_from_slice(&to6(d).octets());
-            40
+            let r = Ipv6Repr {
+                src_addr: to6(s),
+                dst_addr: to6(d),
+                next_header: IpProtocol::Udp,
+                payload_len: l4_len,
+                hop_limit: 64,
+                traffic_class: 0,
+                flow_label: 0,
+            };
+            let _ = r.emit(&mut Ipv6Packet::new_unchecked(&mut h[..]));
+            ipv6::HEADER_LEN
         }
     };
-    h[n..n + 2].copy_from_slice(&sport.to_be_bytes());
-    h[n + 2..n + 4].copy_from_slice(&ROCE_V2_PORT.to_be_bytes());
-    h[n + 4..n + 6].copy_from_slice(&udp_len.to_be_bytes());
+    let _ = udp.emit(&mut UdpPacket::new_unchecked(&mut h[n..]));
     (h, n + udp::HEADER_LEN)
 }
 
