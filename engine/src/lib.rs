@@ -34,6 +34,7 @@
 pub mod cm;
 pub mod connect;
 pub mod device;
+pub mod fault;
 pub mod memory;
 pub mod modify;
 pub mod rng;

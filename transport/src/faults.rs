@@ -91,20 +91,9 @@ impl Default for Faults {
 }
 
 /// What a scripted wire does with one datagram (a conformance test's filter decides it, one
-/// datagram at a time; [`Faults::sample`] draws a combination of these at random instead).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fate {
-    /// Deliver it after the link latency.
-    Deliver,
-    /// Lose it.
-    Drop,
-    /// Deliver it twice.
-    Duplicate,
-    /// Deliver it after the latency plus this much.
-    Delay(Duration),
-    /// Deliver it with one bit flipped.
-    Corrupt,
-}
+/// datagram at a time; [`Faults::sample`] draws a combination of these at random instead). The
+/// engine defines it, so that its own tests (the CM's) script the same outcomes.
+pub use softrdma_engine::fault::Fate;
 
 /// The faults [`Faults::sample`] drew for one datagram.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -44,13 +44,8 @@ enum Side {
     B,
 }
 
-/// What the wire does with one MAD.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fate {
-    Deliver,
-    Drop,
-    Duplicate,
-}
+// What the wire does with one MAD: the fault model's outcome.
+use crate::fault::Fate;
 
 /// One MAD put on the wire.
 #[derive(Debug, Clone)]
@@ -126,6 +121,7 @@ impl Pair {
                         Fate::Deliver => 1,
                         Fate::Drop => 0,
                         Fate::Duplicate => 2,
+                        Fate::Delay(_) | Fate::Corrupt => panic!("the CM tests' wire delivers, drops or duplicates"),
                     };
                     self.wire.push(sent);
                     if let Some(to) = to {
