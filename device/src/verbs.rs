@@ -25,6 +25,7 @@ use std::sync::atomic::{fence, Ordering};
 
 use crate::arena::{Arena, RingDesc};
 use crate::client::{ClientError, Connection};
+#[cfg(feature = "embedded")]
 use crate::hca::Hca;
 use crate::proto::{ClientEvent, CqEntry, DeviceInfo, RecvEntry, Request, Response, SendEntry};
 
@@ -57,7 +58,14 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 enum Backend {
     Daemon(Connection),
-    Embedded { hca: Arc<Hca>, owner: u32, event_fd: OwnedFd },
+    /// A device in this process (feature `embedded`; the verbs shim leaves it out, so
+    /// libibverbs.so does not carry the device, its transport and its capture).
+    #[cfg(feature = "embedded")]
+    Embedded {
+        hca: Arc<Hca>,
+        owner: u32,
+        event_fd: OwnedFd,
+    },
 }
 
 struct Inner {
@@ -186,6 +194,7 @@ impl Inner {
             Backend::Daemon(c) => {
                 Some(HangupWatch::start(c.hangup_fd(), c.event_fd.as_fd()).map_err(|_| VerbsError::NoMem)?)
             }
+            #[cfg(feature = "embedded")]
             Backend::Embedded { .. } => None,
         };
         Ok(Inner {
@@ -392,6 +401,7 @@ impl Inner {
     fn call_fds(&self, req: Request, fd: Option<RawFd>) -> Result<(Response, Vec<OwnedFd>)> {
         let (resp, fds) = match &self.backend {
             Backend::Daemon(c) => c.call(&req, fd.as_slice())?,
+            #[cfg(feature = "embedded")]
             Backend::Embedded { hca, owner, .. } => {
                 let fds = match fd {
                     // SAFETY: the caller lends a descriptor it keeps open for the call.
@@ -415,6 +425,7 @@ impl Inner {
     fn hangup_fd(&self) -> Option<BorrowedFd<'_>> {
         match &self.backend {
             Backend::Daemon(c) => Some(c.hangup_fd()),
+            #[cfg(feature = "embedded")]
             Backend::Embedded { .. } => None,
         }
     }
@@ -586,6 +597,7 @@ impl Context {
     }
 
     /// A context on a device running in this process.
+    #[cfg(feature = "embedded")]
     pub fn embedded(hca: &Arc<Hca>) -> Result<Context> {
         let a = hca.attach(std::process::id() as i32).map_err(|_| VerbsError::NoMem)?;
         let event_fd = a.event_fd.as_fd().try_clone_to_owned().map_err(|_| VerbsError::NoMem)?;
@@ -597,6 +609,7 @@ impl Context {
     /// A context on a device in this process whose memory the device reaches only through a
     /// helper thread of this context (the fallback for processes the kernel guards against
     /// cross-process access; here to exercise it).
+    #[cfg(feature = "embedded")]
     pub fn embedded_with_memory_helper(hca: &Arc<Hca>) -> Result<Context> {
         let (ctx, theirs) = Context::embedded_with_helper_socket(hca, crate::memory::HELPER_TIMEOUT)?;
         let progress = Arc::new(crate::memory::HelperProgress::default());
@@ -611,6 +624,7 @@ impl Context {
     /// A context on a device in this process that reaches its memory only through a helper
     /// on the socket returned, which the caller serves (or, to test a client whose helper
     /// stops answering, does not), each answer awaited at most `timeout`.
+    #[cfg(feature = "embedded")]
     pub fn embedded_with_helper_socket(
         hca: &Arc<Hca>,
         timeout: std::time::Duration,
@@ -690,6 +704,7 @@ impl Context {
     pub fn event_fd(&self) -> BorrowedFd<'_> {
         match &self.inner.backend {
             Backend::Daemon(c) => c.event_fd.as_fd(),
+            #[cfg(feature = "embedded")]
             Backend::Embedded { event_fd, .. } => event_fd.as_fd(),
         }
     }
@@ -703,6 +718,7 @@ impl Context {
     }
 }
 
+#[cfg(feature = "embedded")]
 impl Drop for Inner {
     fn drop(&mut self) {
         if let Backend::Embedded { hca, owner, .. } = &self.backend {

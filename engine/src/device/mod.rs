@@ -41,8 +41,8 @@ use crate::rng::Rng;
 use crate::time::{Duration, Instant};
 use crate::verbs::{Access, AttrMask, Mtu, QpState, QpType, VerbsError, WcOpcode, WcStatus};
 use crate::wire::{
-    icrc, ipv4, ipv6, udp, BthPacket, BthRepr, DethRepr, IbPacket, IbRepr, IpProtocol, Ipv4Packet, Ipv4Repr, Ipv6Packet,
-    Ipv6Repr, Opcode, Psn, Qpn, UdpPacket, UdpRepr, ROCE_V2_PORT,
+    icrc, ipv4, ipv6, udp, BthPacket, BthRepr, DethRepr, IbPacket, IbRepr, IpProtocol, Ipv4Packet, Ipv4Repr,
+    Ipv6Packet, Ipv6Repr, Opcode, Psn, Qpn, UdpPacket, UdpRepr, ROCE_V2_PORT,
 };
 use crate::wr::{RecvWr, SendWr, WorkCompletion};
 
