@@ -31,7 +31,6 @@
 //! beside the generated `infiniband/`. Nothing outside the namespace changes.
 
 use std::fs;
-use std::net::IpAddr;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -57,46 +56,10 @@ pub(crate) fn devices(dir: &Path) -> Vec<Presented> {
     for name in names {
         // The shim leaves out a device it cannot talk to, and so numbers the rest without it.
         let Ok(c) = Connection::connect_in(dir, &name) else { continue };
-        let ifname = interface_of(c.info.addr);
+        let ifname = softrdma_transport::udp::interface_of(c.info.addr);
         out.push(Presented { index: out.len(), info: c.info.clone(), ifname });
     }
     out
-}
-
-/// The interface holding `addr`: the one with that address, else the one whose subnet holds it
-/// (127.0.0.5 is on `lo` through 127.0.0.1/8).
-fn interface_of(addr: IpAddr) -> Option<String> {
-    let mut subnet = None;
-    for a in nix::ifaddrs::getifaddrs().ok()? {
-        let (Some(ip), mask) = (a.address.as_ref().and_then(ip_of), a.netmask.as_ref().and_then(ip_of)) else {
-            continue;
-        };
-        if ip == addr {
-            return Some(a.interface_name);
-        }
-        if subnet.is_none() && mask.is_some_and(|m| same_subnet(ip, addr, m)) {
-            subnet = Some(a.interface_name);
-        }
-    }
-    subnet
-}
-
-fn ip_of(s: &nix::sys::socket::SockaddrStorage) -> Option<IpAddr> {
-    s.as_sockaddr_in().map(|v4| IpAddr::V4(v4.ip())).or_else(|| s.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
-}
-
-fn same_subnet(a: IpAddr, b: IpAddr, mask: IpAddr) -> bool {
-    match (a, b, mask) {
-        (IpAddr::V4(a), IpAddr::V4(b), IpAddr::V4(m)) => {
-            let m = u32::from(m);
-            u32::from(a) & m == u32::from(b) & m
-        }
-        (IpAddr::V6(a), IpAddr::V6(b), IpAddr::V6(m)) => {
-            let m = u128::from(m);
-            u128::from(a) & m == u128::from(b) & m
-        }
-        _ => false,
-    }
 }
 
 /// Files (path relative to /sys/class, contents) and symlinks (path, target) of a tree.
@@ -324,14 +287,5 @@ mod tests {
     fn gids_print_as_the_kernel_prints_them() {
         let g = softrdma_device::proto::gid_of("127.0.0.5".parse().unwrap());
         assert_eq!(gid_string(&g), "0000:0000:0000:0000:0000:ffff:7f00:0005");
-    }
-
-    #[test]
-    fn an_address_belongs_to_the_interface_whose_subnet_holds_it() {
-        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
-        assert!(same_subnet(ip("127.0.0.1"), ip("127.0.0.5"), ip("255.0.0.0")));
-        assert!(!same_subnet(ip("10.0.0.1"), ip("10.0.1.1"), ip("255.255.255.0")));
-        assert!(!same_subnet(ip("10.0.0.1"), ip("::1"), ip("255.0.0.0")));
-        assert!(same_subnet(ip("fd00::1"), ip("fd00::2"), ip("ffff:ffff:ffff:ffff::")));
     }
 }

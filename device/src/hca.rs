@@ -12,7 +12,7 @@ use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::io;
 use std::net::IpAddr;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -373,6 +373,9 @@ impl Hca {
             gso: cfg.gso,
             gro: true,
         })?;
+        // The device thread polls its own descriptor of the receive socket (the same socket, so
+        // the same readiness), so that it can wait with the state's lock released.
+        let udp_poll = udp.as_fd().try_clone_to_owned().map_err(io_err("UDP socket descriptor"))?;
         let flow_ports = if cfg.flow_ports == 0 {
             FlowPorts { base: cfg.port, count: 0 }
         } else {
@@ -460,7 +463,7 @@ impl Hca {
         let s2 = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("{}-engine", cfg.name))
-            .spawn(move || run(&s2))
+            .spawn(move || run(&s2, &udp_poll))
             .map_err(io_err("device thread"))?;
         Ok(Hca { shared, thread: Mutex::new(Some(thread)) })
     }
@@ -600,8 +603,9 @@ fn flip_bit(d: &mut [u8], bit: Option<usize>) {
     }
 }
 
-/// The device thread.
-fn run(sh: &Shared) {
+/// The device thread; `udp` is a descriptor of the state's receive socket (`RoceUdp`), polled
+/// while the state's lock is released.
+fn run(sh: &Shared, udp: &OwnedFd) {
     // Adaptive polling (design D4): after ring or wire activity the device keeps looking at the rings
     // for a short while with the clients' doorbells suppressed, then clears the flag, fences,
     // looks once more (a post that saw the flag set is found here) and sleeps.
@@ -612,7 +616,7 @@ fn run(sh: &Shared) {
         if sh.stop.load(Ordering::SeqCst) {
             return;
         }
-        let (timeout, udp_fd, spinning_now, group_fds) = {
+        let (timeout, spinning_now, groups) = {
             let mut st = sh.lock();
             let before = st.io.ring_wqes + st.io.udp_rcvd;
             st.pump();
@@ -633,14 +637,14 @@ fn run(sh: &Shared) {
             let cm_retry = st.cm.has_backlog().then(|| now + softrdma_engine::time::Duration::from_millis(1));
             let next = [st.dev.poll_timeout(), st.delayed.peek().map(|d| d.0.at), cm_retry].into_iter().flatten().min();
             let t = if spinning { Some(0) } else { next.map(|t| t.saturating_since(now).as_nanos()) };
-            (t, st.udp.as_raw_fd(), spinning, st.groups.fds())
+            (t, spinning, st.groups.sockets())
         };
         let ts = timeout.map(|ns| nix::sys::time::TimeSpec::from_duration(std::time::Duration::from_nanos(ns)));
-        // SAFETY-free: the fds stay open as long as `sh` (the state owns the sockets; a group
-        // socket closed meanwhile by a leave only makes this poll see POLLNVAL).
-        let udp_b = unsafe_borrow(udp_fd);
-        let mut fds = vec![PollFd::new(udp_b, PollFlags::POLLIN), PollFd::new(sh.wake.as_fd(), PollFlags::POLLIN)];
-        fds.extend(group_fds.iter().map(|f| PollFd::new(unsafe_borrow(*f), PollFlags::POLLIN)));
+        // The group sockets are shared with the state: one that a leave drops meanwhile stays open
+        // (and a member) until this poll returns and `groups` goes, as the kernel would keep it
+        // for a poll in progress anyway.
+        let mut fds = vec![PollFd::new(udp.as_fd(), PollFlags::POLLIN), PollFd::new(sh.wake.as_fd(), PollFlags::POLLIN)];
+        fds.extend(groups.iter().map(|g| PollFd::new(g.as_fd(), PollFlags::POLLIN)));
         let _ = nix::poll::ppoll(&mut fds, ts, None);
         let group_readable = fds[2..].iter().any(|f| f.revents().is_some_and(|r| r.contains(PollFlags::POLLIN)));
         if spinning_now && spin_yields() {
@@ -797,12 +801,6 @@ fn trace_packet(dir: &str, p: &[u8]) {
         let qpn = u32::from_be_bytes([0, p[5], p[6], p[7]]);
         tracing::trace!(dir, opcode = p[0], qpn, psn, ack_req = p[8] >> 7, len = p.len());
     }
-}
-
-fn unsafe_borrow(fd: RawFd) -> std::os::fd::BorrowedFd<'static> {
-    // SAFETY: the UDP socket lives in the device state, which outlives the device thread that
-    // polls it (`Hca::stop` joins the thread before the state can be dropped).
-    unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
 }
 
 impl State {

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
 
 use softrdma_transport::GroupSocket;
 
@@ -31,7 +31,8 @@ struct Join {
 #[derive(Debug)]
 struct Group {
     joins: Vec<Join>,
-    sock: Option<GroupSocket>,
+    /// Shared with the device thread while it polls (see [`Groups::sockets`]).
+    sock: Option<Arc<GroupSocket>>,
 }
 
 /// One group as `softrdma stat` shows it.
@@ -77,7 +78,7 @@ impl Groups {
         if !send_only && entry.sock.is_none() {
             let IpAddr::V4(i) = iface else { return Err(ENOTSUPP) };
             match GroupSocket::join(g, i, port) {
-                Ok(s) => entry.sock = Some(s),
+                Ok(s) => entry.sock = Some(Arc::new(s)),
                 Err(e) => {
                     if entry.joins.is_empty() {
                         self.groups.remove(&g);
@@ -118,9 +119,10 @@ impl Groups {
         self.groups.retain(|_, g| !g.joins.is_empty());
     }
 
-    /// The member sockets' descriptors, to poll.
-    pub(crate) fn fds(&self) -> Vec<RawFd> {
-        self.groups.values().filter_map(|g| g.sock.as_ref().map(|s| s.as_raw_fd())).collect()
+    /// The member sockets, to poll without the state's lock: a socket that a leave drops
+    /// meanwhile closes (and leaves its IP group) when the poller lets go of it too.
+    pub(crate) fn sockets(&self) -> Vec<Arc<GroupSocket>> {
+        self.groups.values().filter_map(|g| g.sock.clone()).collect()
     }
 
     /// Takes what the member sockets hold (at most `max` datagrams per group), handing each to
@@ -202,7 +204,7 @@ mod tests {
         }
         let more = IpAddr::V4(Ipv4Addr::new(239, 89, 0, 1));
         assert_eq!(gs.join(1, 1, more, true, LO, 0), Err(libc::ENOMEM));
-        assert!(gs.fds().is_empty(), "send-only joins hold no socket");
+        assert!(gs.sockets().is_empty(), "send-only joins hold no socket");
         gs.drop_where(|_, _| true);
         assert!(gs.info().is_empty());
     }

@@ -31,4 +31,4 @@ pub mod faults;
 pub mod sim;
 pub mod udp;
 
-pub use udp::{active_mtu, interface_mtu, GroupSocket, RoceUdp, UdpConfig, UdpError, UdpStats};
+pub use udp::{active_mtu, interface_mtu, interface_of, GroupSocket, RoceUdp, UdpConfig, UdpError, UdpStats};

@@ -899,12 +899,9 @@ fn socket_addr(name: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<So
     }
 }
 
-/// The MTU of the interface that holds `addr`, from `/sys/class/net/<name>/mtu`; `None` if no
-/// interface holds it, or for the unspecified address.
-///
-/// An address matches an interface that lists it exactly, or lies inside the prefix of a loopback
-/// interface's address: Linux routes all of 127.0.0.0/8 to `lo` although only 127.0.0.1/8 is
-/// listed, so 127.0.0.2 gives lo's MTU (65536).
+/// The MTU of the interface that holds `addr` ([`interface_of`]), from
+/// `/sys/class/net/<name>/mtu`; `None` if no interface holds it, or for the unspecified address.
+/// So 127.0.0.2 gives lo's MTU (65536).
 pub fn interface_mtu(addr: IpAddr) -> Option<u32> {
     let name = interface_of(addr)?;
     // An alias label ("eth0:1") names the address, not a device; the MTU is the device's.
@@ -915,8 +912,19 @@ pub fn interface_mtu(addr: IpAddr) -> Option<u32> {
     std::fs::read_to_string(format!("/sys/class/net/{device}/mtu")).ok()?.trim().parse().ok()
 }
 
-/// The name of the interface holding `addr` (see [`interface_mtu`]).
-fn interface_of(addr: IpAddr) -> Option<String> {
+/// The name of the network interface that holds `addr`, the one rule for every place that names
+/// a device's interface (its MTU here, `ndev_ifindex` in the verbs shim, the interface the
+/// command presents in sysfs); `None` for the unspecified address or when no interface holds it.
+///
+/// An interface holds `addr` when it lists it exactly (the first such interface, as
+/// `getifaddrs(3)` lists them), else when it is a loopback interface (`IFF_LOOPBACK`) and one of
+/// its addresses' prefixes contains `addr`: Linux delivers all of 127.0.0.0/8 locally through
+/// `lo` although only 127.0.0.1/8 is listed, so a device at 127.0.0.5 is on `lo`. Other subnets
+/// do not count: a device can bind only an address of this host, and the loopback prefix is the
+/// only one whose unlisted addresses are.
+///
+/// The name may be an IPv4 alias label (`eth0:1`), which names the address rather than a device.
+pub fn interface_of(addr: IpAddr) -> Option<String> {
     if addr.is_unspecified() {
         return None;
     }
@@ -935,17 +943,25 @@ fn interface_of(addr: IpAddr) -> Option<String> {
         .iter()
         .filter(|i| i.flags.contains(nix::net::if_::InterfaceFlags::IFF_LOOPBACK))
         .find(|i| match (ip_of(&i.address), ip_of(&i.netmask)) {
-            (Some(IpAddr::V4(a)), Some(IpAddr::V4(m))) => match addr {
-                IpAddr::V4(x) => u32::from(a) & u32::from(m) == u32::from(x) & u32::from(m),
-                IpAddr::V6(_) => false,
-            },
-            (Some(IpAddr::V6(a)), Some(IpAddr::V6(m))) => match addr {
-                IpAddr::V6(x) => u128::from(a) & u128::from(m) == u128::from(x) & u128::from(m),
-                IpAddr::V4(_) => false,
-            },
+            (Some(a), Some(m)) => same_prefix(a, addr, m),
             _ => false,
         })
         .map(|i| i.interface_name.clone())
+}
+
+/// Whether `a` and `b` agree under `mask` (all three of one family).
+fn same_prefix(a: IpAddr, b: IpAddr, mask: IpAddr) -> bool {
+    match (a, b, mask) {
+        (IpAddr::V4(a), IpAddr::V4(b), IpAddr::V4(m)) => {
+            let m = u32::from(m);
+            u32::from(a) & m == u32::from(b) & m
+        }
+        (IpAddr::V6(a), IpAddr::V6(b), IpAddr::V6(m)) => {
+            let m = u128::from(m);
+            u128::from(a) & m == u128::from(b) & m
+        }
+        _ => false,
+    }
 }
 
 /// The port's active MTU for an interface MTU, as Linux rxe derives it: `rxe_set_mtu()`
@@ -978,6 +994,26 @@ mod tests {
         let bases: Vec<u16> = pool_bases(0xFFFF, 1).collect();
         assert_eq!((bases.len(), bases[0], bases[1], bases[0x3FFF]), (0x4000, 0xFFFF, 0xC000, 0xFFFE));
         assert_eq!(pool_bases(0xC000, 1).count(), 0x4000);
+    }
+
+    #[test]
+    fn prefixes() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert!(same_prefix(ip("127.0.0.1"), ip("127.0.0.5"), ip("255.0.0.0")));
+        assert!(!same_prefix(ip("10.0.0.1"), ip("10.0.1.1"), ip("255.255.255.0")));
+        assert!(!same_prefix(ip("10.0.0.1"), ip("::1"), ip("255.0.0.0")));
+        assert!(same_prefix(ip("fd00::1"), ip("fd00::2"), ip("ffff:ffff:ffff:ffff::")));
+    }
+
+    #[test]
+    fn loopback_addresses_are_on_lo() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        // Where the test runs, lo may be down (a new network namespace): then no interface holds
+        // 127.0.0.1 either, and there is nothing to check.
+        if let Some(lo) = interface_of(ip("127.0.0.1")) {
+            assert_eq!(interface_of(ip("127.0.0.5")), Some(lo));
+        }
+        assert_eq!(interface_of(ip("0.0.0.0")), None);
     }
 
     #[test]
@@ -1058,5 +1094,11 @@ impl GroupSocket {
 impl AsRawFd for GroupSocket {
     fn as_raw_fd(&self) -> RawFd {
         self.sock.as_raw_fd()
+    }
+}
+
+impl AsFd for GroupSocket {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
     }
 }

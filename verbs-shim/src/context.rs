@@ -306,39 +306,15 @@ pub unsafe extern "C" fn ibv_query_gid(
     })
 }
 
-/// The interface index of the device's address (0 when none has it).
+/// The interface index of the device's address (0 when no interface holds it), by the rule of
+/// `softrdma_transport::interface_of`.
 fn ifindex_of(addr: std::net::IpAddr) -> u32 {
-    let mut ifs: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills a list freed below.
-    if unsafe { libc::getifaddrs(&mut ifs) } != 0 {
+    let Some(name) = softrdma_transport::interface_of(addr).and_then(|n| std::ffi::CString::new(n).ok()) else {
         return 0;
-    }
-    let mut found = 0;
-    let mut p = ifs;
-    while let Some(i) = unsafe { p.as_ref() } {
-        // SAFETY: ifa_addr, when set, points at a sockaddr of the family it names.
-        let a = unsafe { i.ifa_addr.as_ref() }.and_then(|sa| unsafe {
-            match i32::from(sa.sa_family) {
-                libc::AF_INET => {
-                    let s = &*(i.ifa_addr as *const libc::sockaddr_in);
-                    Some(std::net::IpAddr::from(u32::from_be(s.sin_addr.s_addr).to_be_bytes()))
-                }
-                libc::AF_INET6 => {
-                    let s = &*(i.ifa_addr as *const libc::sockaddr_in6);
-                    Some(std::net::IpAddr::from(s.sin6_addr.s6_addr))
-                }
-                _ => None,
-            }
-        });
-        let on_lo = addr.is_loopback() && a.is_some_and(|a| a.is_loopback());
-        if a == Some(addr) || on_lo {
-            found = unsafe { libc::if_nametoindex(i.ifa_name) };
-            break;
-        }
-        p = i.ifa_next;
-    }
-    unsafe { libc::freeifaddrs(ifs) };
-    found
+    };
+    // SAFETY: `name` is a NUL-terminated string that lives across the call, and if_nametoindex(3)
+    // only reads it.
+    unsafe { libc::if_nametoindex(name.as_ptr()) }
 }
 
 fn gid_entry(ctx: &Ctx) -> ffi::ibv_gid_entry {
