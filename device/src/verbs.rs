@@ -954,6 +954,8 @@ impl RawMr {
         let (ctx, req) = (self.ctx.clone(), Request::DeregMr(self.keys.lkey));
         // Out of the registry first, so no post gathers from memory about to be given back.
         let entry = ctx.inner.mrs_lock().remove(&self.keys.lkey);
+        // SAFETY: `me` is in a ManuallyDrop that is never used again (destroy_now): its context
+        // reference is dropped once, here, and nothing else of it needed dropping.
         match destroy_now(self, &ctx, req, |me| unsafe { std::ptr::drop_in_place(&mut me.ctx) }) {
             Ok(()) => Ok(()),
             Err((me, e)) => {

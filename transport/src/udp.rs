@@ -844,18 +844,23 @@ unsafe fn parse_message(hdr: &libc::msghdr, name: &libc::sockaddr_storage, len: 
     while !c.is_null() {
         let (level, kind, cmsg_len) = unsafe { ((*c).cmsg_level, (*c).cmsg_type, (*c).cmsg_len as usize) };
         let data = unsafe { libc::CMSG_DATA(c) };
+        // SAFETY: CMSG_LEN only computes a length.
         let data_len = cmsg_len.saturating_sub(unsafe { libc::CMSG_LEN(0) } as usize);
+        // SAFETY: read only when the message holds 4 data bytes, unaligned.
         let int = || (data_len >= 4).then(|| unsafe { data.cast::<libc::c_int>().read_unaligned() });
         match (level, kind) {
             (libc::IPPROTO_IP, libc::IP_PKTINFO) if data_len >= mem::size_of::<libc::in_pktinfo>() => {
+                // SAFETY: the message holds an in_pktinfo (length checked above), read unaligned.
                 let info = unsafe { data.cast::<libc::in_pktinfo>().read_unaligned() };
                 // ipi_addr is the header's destination address (ipi_spec_dst the local one).
                 meta.dst = Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(info.ipi_addr.s_addr))));
             }
             (libc::IPPROTO_IP, libc::IP_TTL) => meta.ttl = int().map(|v| v as u8),
             // IP_TOS comes as one byte.
+            // SAFETY: the message holds at least the one byte read.
             (libc::IPPROTO_IP, libc::IP_TOS) if data_len >= 1 => meta.tos = Some(unsafe { data.read() }),
             (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) if data_len >= mem::size_of::<libc::in6_pktinfo>() => {
+                // SAFETY: the message holds an in6_pktinfo (length checked above), read unaligned.
                 let info = unsafe { data.cast::<libc::in6_pktinfo>().read_unaligned() };
                 meta.dst = Some(IpAddr::V6(Ipv6Addr::from(info.ipi6_addr.s6_addr)));
             }
@@ -868,6 +873,7 @@ unsafe fn parse_message(hdr: &libc::msghdr, name: &libc::sockaddr_storage, len: 
             }
             _ => {}
         }
+        // SAFETY: `c` is a header of this control buffer; CMSG_NXTHDR stays within it (or gives null).
         c = unsafe { libc::CMSG_NXTHDR(hdr, c) };
     }
     meta
