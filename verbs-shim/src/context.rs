@@ -71,64 +71,63 @@ pub(crate) fn nonblocking(fd: c_int) -> bool {
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_open_device(device: *mut ffi::ibv_device) -> *mut ffi::ibv_context {
-    // SAFETY: the caller keeps the C API's contract for `ibv_open_device` (rdma-core's man pages): `device` is a
-    // device of a list this library returned (ibv_get_device_list).
-    unsafe {
-        ptr_call(|| {
-            let d = dev_of(device)?;
-            let dev = Context::open(&d.name).map_err(|e| {
-                eprintln!("softrdma: cannot open {}: {e}", d.name);
-                Errno(libc::ENODEV)
-            })?;
-            let mut vctx = ffi::verbs_context { sz: std::mem::size_of::<ffi::verbs_context>(), ..Default::default() };
-            crate::cq::fill_ops(&mut vctx);
-            crate::qp::fill_ops(&mut vctx);
-            crate::mem::fill_ops(&mut vctx);
-            vctx.query_port = Some(query_port_ex);
-            vctx.query_device_ex = Some(query_device_ex);
-            let c = &mut vctx.context;
-            c.device = device;
-            // A real descriptor, as the uverbs file is (programs dup or poll it); it carries no
-            // commands here (the device connection does), so it is /dev/null, closed with the context.
-            c.cmd_fd = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
-            c.async_fd = dev.event_fd().as_raw_fd();
-            crate::cq::clear_nonblock(c.async_fd);
-            c.num_comp_vectors = 1;
-            c.abi_compat = usize::MAX as *mut libc::c_void; // __VERBS_ABI_IS_EXTENDED
-            c.ops._compat_query_device = Some(ibv_query_device);
-            c.ops._compat_query_port = Some(ibv_query_port);
-            let ctx = Box::new(Ctx {
-                vctx,
-                info: d.info.clone(),
-                dev,
-                qps: Default::default(),
-                tgt_handles: Default::default(),
-                xrc_rcv: Default::default(),
-                cqs: Default::default(),
-                srqs: Default::default(),
-                fatal_reported: AtomicBool::new(false),
-            });
-            Ok(Box::leak(ctx).c())
-        })
-    }
+    ptr_call(|| {
+        let d = dev_of(device)?;
+        let dev = Context::open(&d.name).map_err(|e| {
+            eprintln!("softrdma: cannot open {}: {e}", d.name);
+            Errno(libc::ENODEV)
+        })?;
+        let mut vctx = ffi::verbs_context { sz: std::mem::size_of::<ffi::verbs_context>(), ..Default::default() };
+        crate::cq::fill_ops(&mut vctx);
+        crate::qp::fill_ops(&mut vctx);
+        crate::mem::fill_ops(&mut vctx);
+        vctx.query_port = Some(query_port_ex);
+        vctx.query_device_ex = Some(query_device_ex);
+        let c = &mut vctx.context;
+        c.device = device;
+        // A real descriptor, as the uverbs file is (programs dup or poll it); it carries no
+        // commands here (the device connection does), so it is /dev/null, closed with the context.
+        // SAFETY: a NUL-terminated literal path; open(2) only reads it.
+        c.cmd_fd = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        c.async_fd = dev.event_fd().as_raw_fd();
+        crate::cq::clear_nonblock(c.async_fd);
+        c.num_comp_vectors = 1;
+        c.abi_compat = usize::MAX as *mut libc::c_void; // __VERBS_ABI_IS_EXTENDED
+        c.ops._compat_query_device = Some(ibv_query_device);
+        c.ops._compat_query_port = Some(ibv_query_port);
+        let ctx = Box::new(Ctx {
+            vctx,
+            info: d.info.clone(),
+            dev,
+            qps: Default::default(),
+            tgt_handles: Default::default(),
+            xrc_rcv: Default::default(),
+            cqs: Default::default(),
+            srqs: Default::default(),
+            fatal_reported: AtomicBool::new(false),
+        });
+        Ok(Box::leak(ctx).c())
+    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_close_device(context: *mut ffi::ibv_context) -> c_int {
-    // SAFETY: the caller keeps the C API's contract for `ibv_close_device` (rdma-core's man pages): `context` is a
-    // context this library opened (ibv_open_device) and has not closed.
-    unsafe {
-        errno_call(|| {
-            let ctx = ctx_of(context)? as *const Ctx as *mut Ctx;
-            if (*ctx).vctx.context.cmd_fd >= 0 {
-                libc::close((*ctx).vctx.context.cmd_fd);
-            }
-            // The connection closes with it; the device destroys what the program left, as uverbs
-            // does when a context's file is closed.
-            drop(Box::from_raw(ctx));
-            Ok(())
-        })
-    }
+    errno_call(|| {
+        let ctx = ctx_of(context)? as *const Ctx as *mut Ctx;
+        // SAFETY: ctx_of accepted `context` as a Ctx that ibv_open_device leaked from a Box; per
+        // ibv_close_device(3) the program closes it once, after destroying what it made in it.
+        let cmd_fd = unsafe { (*ctx).vctx.context.cmd_fd };
+        if cmd_fd >= 0 {
+            // SAFETY: cmd_fd is the /dev/null descriptor ibv_open_device opened for this context
+            // alone; it is closed only here.
+            unsafe { libc::close(cmd_fd) };
+        }
+        // The connection closes with it; the device destroys what the program left, as uverbs
+        // does when a context's file is closed.
+        // SAFETY: as above, `ctx` came from Box::leak and is released once, here.
+        drop(unsafe { Box::from_raw(ctx) });
+        Ok(())
+    })
 }
 
 /// The device attributes (rxe's, from the device's limits).
@@ -202,30 +201,30 @@ unsafe extern "C" fn query_device_ex(
     attr: *mut ffi::ibv_device_attr_ex,
     attr_size: usize,
 ) -> c_int {
-    // SAFETY: `query_device_ex` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `context` is a context this library opened (ibv_open_device) and has not closed;
-    // `input` points to a readable ibv_query_device_ex_input; `attr` points to an ibv_device_attr_ex the
-    // caller owns for the call (read, and written where the call reports back).
-    unsafe {
-        errno_call(|| {
-            let ctx = ctx_of(context)?;
-            if let Some(i) = input.as_ref() {
-                if i.comp_mask != 0 {
-                    return Err(EINVAL);
-                }
-            }
-            if attr.is_null() || attr_size < std::mem::size_of::<ffi::ibv_device_attr>() {
+    errno_call(|| {
+        let ctx = ctx_of(context)?;
+        // SAFETY: ibv_query_device_ex(3): `input` is NULL or a readable
+        // ibv_query_device_ex_input.
+        if let Some(i) = unsafe { input.as_ref() } {
+            if i.comp_mask != 0 {
                 return Err(EINVAL);
             }
-            let mut ex = ffi::ibv_device_attr_ex { orig_attr: device_attr(&ctx.info), ..Default::default() };
-            ex.phys_port_cnt_ex = 1;
-            ex.device_cap_flags_ex = u64::from(ex.orig_attr.device_cap_flags);
-            let n = attr_size.min(std::mem::size_of::<ffi::ibv_device_attr_ex>());
+        }
+        if attr.is_null() || attr_size < std::mem::size_of::<ffi::ibv_device_attr>() {
+            return Err(EINVAL);
+        }
+        let mut ex = ffi::ibv_device_attr_ex { orig_attr: device_attr(&ctx.info), ..Default::default() };
+        ex.phys_port_cnt_ex = 1;
+        ex.device_cap_flags_ex = u64::from(ex.orig_attr.device_cap_flags);
+        let n = attr_size.min(std::mem::size_of::<ffi::ibv_device_attr_ex>());
+        // SAFETY: `attr` is non-NULL (checked) and, by the attr_size contract, has attr_size
+        // writable bytes; n <= attr_size and `ex` is a local, so the copy stays inside both.
+        unsafe {
             std::ptr::write_bytes(attr as *mut u8, 0, attr_size);
             std::ptr::copy_nonoverlapping(&ex as *const _ as *const u8, attr as *mut u8, n);
-            Ok(())
-        })
-    }
+        }
+        Ok(())
+    })
 }
 
 /// The port (there is one: port 1). Link layer Ethernet, state ACTIVE, RoCEv2 GID at index 0.
@@ -262,23 +261,22 @@ unsafe extern "C" fn query_port_ex(
     attr: *mut ffi::ibv_port_attr,
     len: usize,
 ) -> c_int {
-    // SAFETY: `query_port_ex` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `context` is a context this library opened (ibv_open_device) and has not closed; `attr`
-    // points to an ibv_port_attr the caller owns for the call (read, and written where the call reports back).
-    unsafe {
-        errno_call(|| {
-            let ctx = ctx_of(context)?;
-            if port != 1 || attr.is_null() {
-                return Err(EINVAL);
-            }
-            // The port_attr_len contract: fill what the caller's structure has, never more.
-            let a = port_attr(&ctx.info);
-            let n = len.min(std::mem::size_of::<ffi::ibv_port_attr>());
+    errno_call(|| {
+        let ctx = ctx_of(context)?;
+        if port != 1 || attr.is_null() {
+            return Err(EINVAL);
+        }
+        // The port_attr_len contract: fill what the caller's structure has, never more.
+        let a = port_attr(&ctx.info);
+        let n = len.min(std::mem::size_of::<ffi::ibv_port_attr>());
+        // SAFETY: `attr` is non-NULL (checked) with `len` writable bytes (the port_attr_len
+        // contract); n <= len and `a` is a local.
+        unsafe {
             std::ptr::write_bytes(attr as *mut u8, 0, len);
             std::ptr::copy_nonoverlapping(&a as *const _ as *const u8, attr as *mut u8, n);
-            Ok(())
-        })
-    }
+        }
+        Ok(())
+    })
 }
 
 /// The exported `ibv_query_port` (programs built against old headers, and the fallback of the
@@ -289,15 +287,12 @@ pub unsafe extern "C" fn ibv_query_port(
     port: u8,
     attr: *mut ffi::_compat_ibv_port_attr,
 ) -> c_int {
-    // SAFETY: the caller keeps the C API's contract for `ibv_query_port` (rdma-core's man pages): `context` is a
-    // context this library opened (ibv_open_device) and has not closed; `attr` points to a _compat_ibv_port_attr
-    // the caller owns for the call (read, and written where the call reports back).
-    unsafe {
-        // rdma-core keeps that structure private (the header only declares it): it is ibv_port_attr
-        // without port_cap_flags2 and what follows, 48 bytes.
-        const COMPAT_PORT_ATTR_LEN: usize = std::mem::offset_of!(ffi::ibv_port_attr, port_cap_flags2);
-        query_port_ex(context, port, attr as *mut ffi::ibv_port_attr, COMPAT_PORT_ATTR_LEN)
-    }
+    // rdma-core keeps that structure private (the header only declares it): it is ibv_port_attr
+    // without port_cap_flags2 and what follows, 48 bytes.
+    const COMPAT_PORT_ATTR_LEN: usize = std::mem::offset_of!(ffi::ibv_port_attr, port_cap_flags2);
+    // SAFETY: the caller's `attr` is NULL or a writable _compat_ibv_port_attr, which is exactly
+    // COMPAT_PORT_ATTR_LEN bytes; `context` is passed on as received.
+    unsafe { query_port_ex(context, port, attr as *mut ffi::ibv_port_attr, COMPAT_PORT_ATTR_LEN) }
 }
 
 /// The port's GID table: index 0 is the device's address (its RoCEv2 GID); the other entries
@@ -360,23 +355,19 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
     flags: u32,
     entry_size: usize,
 ) -> c_int {
-    // SAFETY: `_ibv_query_gid_ex` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `context` is a context this library opened (ibv_open_device) and has not closed;
-    // `entry` points to an ibv_gid_entry the caller owns for the call (read, and written where the call reports
-    // back).
-    unsafe {
-        errno_call(|| {
-            let ctx = ctx_of(context)?;
-            if flags != 0 || entry.is_null() || entry_size < std::mem::size_of::<ffi::ibv_gid_entry>() {
-                return Err(EINVAL);
-            }
-            if gid_at(ctx, port, index)?.is_none() {
-                return Err(Errno(libc::ENODATA));
-            }
-            *entry = gid_entry(ctx);
-            Ok(())
-        })
-    }
+    errno_call(|| {
+        let ctx = ctx_of(context)?;
+        if flags != 0 || entry.is_null() || entry_size < std::mem::size_of::<ffi::ibv_gid_entry>() {
+            return Err(EINVAL);
+        }
+        if gid_at(ctx, port, index)?.is_none() {
+            return Err(Errno(libc::ENODATA));
+        }
+        // SAFETY: `entry` is non-NULL with at least one ibv_gid_entry of room (entry_size,
+        // checked).
+        unsafe { *entry = gid_entry(ctx) };
+        Ok(())
+    })
 }
 
 #[no_mangle]
@@ -387,27 +378,23 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
     flags: u32,
     entry_size: usize,
 ) -> isize {
-    // SAFETY: `_ibv_query_gid_table` is installed in an object's operation table, and libibverbs calls it under
-    // that operation's contract: `context` is a context this library opened (ibv_open_device) and has not closed;
-    // `entries` points to an ibv_gid_entry the caller owns for the call (read, and written where the call reports
-    // back).
-    unsafe {
-        let r = minus1_call(|| {
-            let ctx = ctx_of(context)?;
-            if flags != 0 || entries.is_null() || entry_size < std::mem::size_of::<ffi::ibv_gid_entry>() {
-                return Err(EINVAL);
-            }
-            if max == 0 {
-                return Err(EINVAL);
-            }
-            *entries = gid_entry(ctx);
-            Ok(1)
-        });
-        if r < 0 {
-            -(crate::last_errno() as isize)
-        } else {
-            r as isize
+    let r = minus1_call(|| {
+        let ctx = ctx_of(context)?;
+        if flags != 0 || entries.is_null() || entry_size < std::mem::size_of::<ffi::ibv_gid_entry>() {
+            return Err(EINVAL);
         }
+        if max == 0 {
+            return Err(EINVAL);
+        }
+        // SAFETY: `entries` is non-NULL with room for max >= 1 entries of entry_size >=
+        // size_of::<ibv_gid_entry>() (both checked).
+        unsafe { *entries = gid_entry(ctx) };
+        Ok(1)
+    });
+    if r < 0 {
+        -(crate::last_errno() as isize)
+    } else {
+        r as isize
     }
 }
 
@@ -525,35 +512,36 @@ pub unsafe extern "C" fn ibv_get_async_event(
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ffi::ibv_async_event) {
-    // SAFETY: the caller keeps the C API's contract for `ibv_ack_async_event` (rdma-core's man pages): `event` is
-    // points to an ibv_async_event the caller owns for the call (read, and written where the call reports back).
-    unsafe {
-        let Some(e) = event.as_ref() else { return };
-        match e.event_type {
-            ffi::IBV_EVENT_CQ_ERR => {
-                if let Some(cq) = e.element.cq.as_mut() {
-                    cq.async_events_completed += 1;
-                }
+    // SAFETY: ibv_ack_async_event(3): `event` is NULL or an event ibv_get_async_event filled in.
+    let Some(e) = (unsafe { event.as_ref() }) else { return };
+    match e.event_type {
+        ffi::IBV_EVENT_CQ_ERR => {
+            // SAFETY: for a CQ event ibv_get_async_event set the `cq` member, a CQ the program
+            // may not destroy before acknowledging its events.
+            if let Some(cq) = unsafe { e.element.cq.as_mut() } {
+                cq.async_events_completed += 1;
             }
-            ffi::IBV_EVENT_SRQ_LIMIT_REACHED | ffi::IBV_EVENT_SRQ_ERR => {
-                if let Some(srq) = e.element.srq.as_mut() {
-                    srq.events_completed += 1;
-                }
-            }
-            ffi::IBV_EVENT_COMM_EST
-            | ffi::IBV_EVENT_SQ_DRAINED
-            | ffi::IBV_EVENT_QP_FATAL
-            | ffi::IBV_EVENT_QP_REQ_ERR
-            | ffi::IBV_EVENT_QP_ACCESS_ERR
-            | ffi::IBV_EVENT_QP_LAST_WQE_REACHED
-            | ffi::IBV_EVENT_PATH_MIG
-            | ffi::IBV_EVENT_PATH_MIG_ERR => {
-                if let Some(qp) = e.element.qp.as_mut() {
-                    qp.events_completed += 1;
-                }
-            }
-            _ => {}
         }
+        ffi::IBV_EVENT_SRQ_LIMIT_REACHED | ffi::IBV_EVENT_SRQ_ERR => {
+            // SAFETY: for an SRQ event the `srq` member is set, an SRQ kept until acknowledged.
+            if let Some(srq) = unsafe { e.element.srq.as_mut() } {
+                srq.events_completed += 1;
+            }
+        }
+        ffi::IBV_EVENT_COMM_EST
+        | ffi::IBV_EVENT_SQ_DRAINED
+        | ffi::IBV_EVENT_QP_FATAL
+        | ffi::IBV_EVENT_QP_REQ_ERR
+        | ffi::IBV_EVENT_QP_ACCESS_ERR
+        | ffi::IBV_EVENT_QP_LAST_WQE_REACHED
+        | ffi::IBV_EVENT_PATH_MIG
+        | ffi::IBV_EVENT_PATH_MIG_ERR => {
+            // SAFETY: for a QP event the `qp` member is set, a QP kept until acknowledged.
+            if let Some(qp) = unsafe { e.element.qp.as_mut() } {
+                qp.events_completed += 1;
+            }
+        }
+        _ => {}
     }
 }
 

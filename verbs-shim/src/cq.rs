@@ -34,17 +34,15 @@ pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut ffi::ibv_context)
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ffi::ibv_comp_channel) -> c_int {
-    // SAFETY: the caller keeps the C API's contract for `ibv_destroy_comp_channel` (rdma-core's man pages):
-    // `channel` is a completion channel this library created and has not destroyed.
-    unsafe {
-        errno_call(|| {
-            let c = nonnull(channel)?;
-            if c.refcnt > 0 {
-                return Err(Errno(libc::EBUSY));
-            }
-            crate::mem::destroy_obj(channel as *mut Channel, |c| &mut c.inner, |i| i.destroy())
-        })
-    }
+    errno_call(|| {
+        let c = nonnull(channel)?;
+        if c.refcnt > 0 {
+            return Err(Errno(libc::EBUSY));
+        }
+        // SAFETY: ibv_destroy_comp_channel(3): `channel` (non-NULL) is a Channel this library
+        // made, destroyed once and not used after success.
+        unsafe { crate::mem::destroy_obj(channel as *mut Channel, |c| &mut c.inner, |i| i.destroy()) }
+    })
 }
 
 /// Clears O_NONBLOCK on an event fd the device made, so the flag says what the program wants.
@@ -88,6 +86,10 @@ impl Cq {
     }
 }
 
+/// A CQ of `context`, with `channel` (NULL for none).
+///
+/// # Safety
+/// `channel` is NULL or a completion channel this library made and the program has not destroyed.
 unsafe fn create(
     context: *mut ffi::ibv_context,
     cqe: c_int,
@@ -95,29 +97,26 @@ unsafe fn create(
     channel: *mut ffi::ibv_comp_channel,
     comp_vector: c_int,
 ) -> Result<*mut Cq, Errno> {
-    // SAFETY: the caller keeps `create`'s contract (an entry point passes on what its own caller guarantees):
-    // `context` is a context this library opened (ibv_open_device) and has not closed; `cq_context` is opaque
-    // (stored or passed on, never dereferenced); `channel` is a completion channel this library created and has not
-    // destroyed.
-    unsafe {
-        let ctx = ctx_of(context)?;
-        if cqe < 1 || cqe as u32 > ctx.info.limits.max_cqe || !(0..1).contains(&comp_vector) {
-            return Err(EINVAL);
-        }
-        let ch = match (channel as *mut Channel).as_mut() {
-            Some(c) => Some(c.inner.as_ref().ok_or(EINVAL)?),
-            None => None,
-        };
-        let inner = ctx.dev.create_cq(cqe as u32, ch)?;
-        if let Some(c) = channel.as_mut() {
-            c.refcnt += 1;
-        }
-        let mut ex = ffi::ibv_cq_ex { context, channel, cq_context, handle: inner.id().0, cqe, ..Default::default() };
-        fill_ex(&mut ex);
-        let cq = into_c(Cq { ex, ctx, inner: Some(inner), poll: Default::default() });
-        lock(&ctx.cqs).insert((*cq).inner().id().0, cq as usize);
-        Ok(cq)
+    let ctx = ctx_of(context)?;
+    if cqe < 1 || cqe as u32 > ctx.info.limits.max_cqe || !(0..1).contains(&comp_vector) {
+        return Err(EINVAL);
     }
+    // SAFETY: per the contract, `channel` is NULL or a live Channel (its ibv_comp_channel first).
+    let ch = match unsafe { (channel as *mut Channel).as_ref() } {
+        Some(c) => Some(c.inner.as_ref().ok_or(EINVAL)?),
+        None => None,
+    };
+    let inner = ctx.dev.create_cq(cqe as u32, ch)?;
+    // SAFETY: as above; the program does not use the channel's refcnt itself.
+    if let Some(c) = unsafe { channel.as_mut() } {
+        c.refcnt += 1;
+    }
+    let mut ex = ffi::ibv_cq_ex { context, channel, cq_context, handle: inner.id().0, cqe, ..Default::default() };
+    fill_ex(&mut ex);
+    let cq = into_c(Cq { ex, ctx, inner: Some(inner), poll: Default::default() });
+    // SAFETY: into_c has just made `cq`; nothing else references it yet.
+    lock(&ctx.cqs).insert(unsafe { &*cq }.inner().id().0, cq as usize);
+    Ok(cq)
 }
 
 #[no_mangle]
@@ -128,10 +127,8 @@ pub unsafe extern "C" fn ibv_create_cq(
     channel: *mut ffi::ibv_comp_channel,
     comp_vector: c_int,
 ) -> *mut ffi::ibv_cq {
-    // SAFETY: the caller keeps the C API's contract for `ibv_create_cq` (rdma-core's man pages): `context` is a
-    // context this library opened (ibv_open_device) and has not closed; `cq_context` is opaque (stored or passed
-    // on, never dereferenced); `channel` is a completion channel this library created and has not destroyed.
-    unsafe { ptr_call(|| Ok(create(context, cqe, cq_context, channel, comp_vector)? as *mut ffi::ibv_cq)) }
+    // SAFETY: ibv_create_cq(3): `channel` is NULL or one of the program's completion channels.
+    ptr_call(|| Ok(unsafe { create(context, cqe, cq_context, channel, comp_vector) }? as *mut ffi::ibv_cq))
 }
 
 /// The completion fields `ibv_wc_read_*` can give here.
@@ -147,69 +144,64 @@ unsafe extern "C" fn create_cq_ex(
     context: *mut ffi::ibv_context,
     attr: *mut ffi::ibv_cq_init_attr_ex,
 ) -> *mut ffi::ibv_cq_ex {
-    // SAFETY: `create_cq_ex` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `context` is a context this library opened (ibv_open_device) and has not closed; `attr`
-    // points to an ibv_cq_init_attr_ex the caller owns for the call (read, and written where the call reports
-    // back).
-    unsafe {
-        ptr_call(|| {
-            let a = nonnull(attr)?;
-            if a.comp_mask & !(ffi::IBV_CQ_INIT_ATTR_MASK_FLAGS | ffi::IBV_CQ_INIT_ATTR_MASK_PD) != 0 {
-                return Err(EINVAL);
-            }
-            if a.comp_mask & ffi::IBV_CQ_INIT_ATTR_MASK_PD != 0 && !a.parent_domain.is_null() {
-                // Parent domains are not modelled.
-                return Err(Errno(libc::EOPNOTSUPP));
-            }
-            if a.wc_flags & !WC_FLAGS_SUPPORTED != 0 {
-                // Timestamps, CVLAN, flow tags, tag matching: no such hardware here.
-                return Err(Errno(libc::EOPNOTSUPP));
-            }
-            if a.comp_mask & ffi::IBV_CQ_INIT_ATTR_MASK_FLAGS != 0
-                && a.flags & !(ffi::IBV_CREATE_CQ_ATTR_SINGLE_THREADED | ffi::IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN) != 0
-            {
-                return Err(Errno(libc::EOPNOTSUPP));
-            }
-            let cq = create(context, a.cqe as c_int, a.cq_context, a.channel, a.comp_vector as c_int)?;
-            Ok(cq as *mut ffi::ibv_cq_ex)
-        })
-    }
+    ptr_call(|| {
+        let a = nonnull(attr)?;
+        if a.comp_mask & !(ffi::IBV_CQ_INIT_ATTR_MASK_FLAGS | ffi::IBV_CQ_INIT_ATTR_MASK_PD) != 0 {
+            return Err(EINVAL);
+        }
+        if a.comp_mask & ffi::IBV_CQ_INIT_ATTR_MASK_PD != 0 && !a.parent_domain.is_null() {
+            // Parent domains are not modelled.
+            return Err(Errno(libc::EOPNOTSUPP));
+        }
+        if a.wc_flags & !WC_FLAGS_SUPPORTED != 0 {
+            // Timestamps, CVLAN, flow tags, tag matching: no such hardware here.
+            return Err(Errno(libc::EOPNOTSUPP));
+        }
+        if a.comp_mask & ffi::IBV_CQ_INIT_ATTR_MASK_FLAGS != 0
+            && a.flags & !(ffi::IBV_CREATE_CQ_ATTR_SINGLE_THREADED | ffi::IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN) != 0
+        {
+            return Err(Errno(libc::EOPNOTSUPP));
+        }
+        // SAFETY: ibv_create_cq_ex(3): `attr->channel` is NULL or one of the program's channels.
+        let cq = unsafe { create(context, a.cqe as c_int, a.cq_context, a.channel, a.comp_vector as c_int) }?;
+        Ok(cq as *mut ffi::ibv_cq_ex)
+    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ffi::ibv_cq) -> c_int {
-    // SAFETY: the caller keeps the C API's contract for `ibv_destroy_cq` (rdma-core's man pages): `cq` is a CQ this
-    // library created and has not destroyed.
-    unsafe {
-        errno_call(|| {
-            let c = cq_of(cq)?;
-            let (ctx, id, channel) = (&*c.ctx, c.inner().id().0, c.ex.channel);
-            crate::mem::destroy_obj(cq as *mut Cq, |c| &mut c.inner, |i| i.destroy())?;
-            lock(&ctx.cqs).remove(&id);
-            if let Some(ch) = channel.as_mut() {
-                ch.refcnt -= 1;
-            }
-            Ok(())
-        })
-    }
+    errno_call(|| {
+        let c = cq_of(cq)?;
+        // SAFETY: `c.ctx` is the context the CQ was made in, which the program may not close
+        // before destroying the CQ.
+        let (ctx, id, channel) = (unsafe { &*c.ctx }, c.inner().id().0, c.ex.channel);
+        // SAFETY: ibv_destroy_cq(3): `cq` (accepted by cq_of) is a Cq of this library, destroyed
+        // once and not used after success.
+        unsafe { crate::mem::destroy_obj(cq as *mut Cq, |c| &mut c.inner, |i| i.destroy()) }?;
+        lock(&ctx.cqs).remove(&id);
+        // SAFETY: the CQ's channel is NULL or a live channel: its refcnt keeps the program from
+        // destroying it (EBUSY) while this CQ used it.
+        if let Some(ch) = unsafe { channel.as_mut() } {
+            ch.refcnt -= 1;
+        }
+        Ok(())
+    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ffi::ibv_cq, cqe: c_int) -> c_int {
-    // SAFETY: the caller keeps the C API's contract for `ibv_resize_cq` (rdma-core's man pages): `cq` is a CQ this
-    // library created and has not destroyed.
-    unsafe {
-        errno_call(|| {
-            let c = cq_of(cq)?;
-            let ctx = &*c.ctx;
-            if cqe < 1 || cqe as u32 > ctx.info.limits.max_cqe {
-                return Err(EINVAL);
-            }
-            c.inner().resize(cqe as u32)?;
-            (*cq).cqe = cqe;
-            Ok(())
-        })
-    }
+    errno_call(|| {
+        let c = cq_of(cq)?;
+        // SAFETY: `c.ctx` is the CQ's context, open while the CQ exists.
+        let ctx = unsafe { &*c.ctx };
+        if cqe < 1 || cqe as u32 > ctx.info.limits.max_cqe {
+            return Err(EINVAL);
+        }
+        c.inner().resize(cqe as u32)?;
+        // SAFETY: cq_of accepted `cq` as a live CQ of this library.
+        unsafe { (*cq).cqe = cqe };
+        Ok(())
+    })
 }
 
 /// An `ibv_wc` from a softrdma completion.
@@ -258,37 +250,35 @@ fn roce_packet_type(w: &WorkCompletion) -> u8 {
 }
 
 unsafe extern "C" fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::ibv_wc) -> c_int {
-    // SAFETY: `poll_cq` is installed in an object's operation table, and libibverbs calls it under that operation's
-    // contract: `cq` is a CQ this library created and has not destroyed; `wc` points to as many writable ibv_wc as
-    // the call's count says.
-    unsafe {
-        minus1_call(|| {
-            let c = cq_of(cq)?;
-            if n < 0 || (n > 0 && wc.is_null()) {
-                return Err(EINVAL);
-            }
-            let mut st = lock(&c.poll);
-            let mut k = 0usize;
-            // Completions an extended poll read but did not hand out come first.
-            while k < n as usize {
-                let Some(w) = st.pending.pop_front() else { break };
-                *wc.add(k) = to_wc(&w);
+    minus1_call(|| {
+        let c = cq_of(cq)?;
+        if n < 0 || (n > 0 && wc.is_null()) {
+            return Err(EINVAL);
+        }
+        let mut st = lock(&c.poll);
+        let mut k = 0usize;
+        // Completions an extended poll read but did not hand out come first.
+        while k < n as usize {
+            let Some(w) = st.pending.pop_front() else { break };
+            // SAFETY: ibv_poll_cq(3): `wc` (non-NULL, checked) points to `n` writable ibv_wc,
+            // and k < n.
+            unsafe { *wc.add(k) = to_wc(&w) };
+            k += 1;
+        }
+        if k < n as usize {
+            for w in c.inner().poll((n as usize - k) as u32)? {
+                // SAFETY: as above: the device returns at most n - k completions, so k < n.
+                unsafe { *wc.add(k) = to_wc(&w) };
                 k += 1;
             }
-            if k < n as usize {
-                for w in c.inner().poll((n as usize - k) as u32)? {
-                    *wc.add(k) = to_wc(&w);
-                    k += 1;
-                }
-            }
-            if k == 0 {
-                // Programs spin on an empty CQ (a NIC needs no CPU to make progress; this device
-                // does): give the CPU away so the device thread runs when cores are few.
-                std::thread::yield_now();
-            }
-            Ok(k as c_int)
-        })
-    }
+        }
+        if k == 0 {
+            // Programs spin on an empty CQ (a NIC needs no CPU to make progress; this device
+            // does): give the CPU away so the device thread runs when cores are few.
+            std::thread::yield_now();
+        }
+        Ok(k as c_int)
+    })
 }
 
 unsafe extern "C" fn req_notify_cq(cq: *mut ffi::ibv_cq, solicited_only: c_int) -> c_int {
@@ -309,40 +299,39 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     cq: *mut *mut ffi::ibv_cq,
     cq_context: *mut *mut c_void,
 ) -> c_int {
-    // SAFETY: the caller keeps the C API's contract for `ibv_get_cq_event` (rdma-core's man pages): `channel` is a
-    // completion channel this library created and has not destroyed; `cq` is writable where the call stores a
-    // pointer; `cq_context` is writable where the call stores a pointer.
-    unsafe {
-        minus1_call(|| {
-            let ch = (channel as *mut Channel).as_ref().ok_or(EINVAL)?;
-            let inner = ch.inner.as_ref().ok_or(EINVAL)?;
-            let ctx = ctx_of(ch.ch.context)?;
-            let wait = if nonblocking(ch.ch.fd) { Some(Duration::ZERO) } else { None };
-            loop {
-                let Some(id) = inner.get_cq_event(wait)? else { return Err(Errno(libc::EAGAIN)) };
-                // An event for a CQ the program has destroyed since is dropped.
-                let Some(p) = lock(&ctx.cqs).get(&id.0).copied() else { continue };
-                let c = &*(p as *const Cq);
+    minus1_call(|| {
+        // SAFETY: ibv_get_cq_event(3): `channel` is NULL or a live completion channel of the
+        // program (a Channel, its ibv_comp_channel first).
+        let ch = unsafe { (channel as *mut Channel).as_ref() }.ok_or(EINVAL)?;
+        let inner = ch.inner.as_ref().ok_or(EINVAL)?;
+        let ctx = ctx_of(ch.ch.context)?;
+        let wait = if nonblocking(ch.ch.fd) { Some(Duration::ZERO) } else { None };
+        loop {
+            let Some(id) = inner.get_cq_event(wait)? else { return Err(Errno(libc::EAGAIN)) };
+            // An event for a CQ the program has destroyed since is dropped.
+            let Some(p) = lock(&ctx.cqs).get(&id.0).copied() else { continue };
+            // SAFETY: ctx.cqs holds only live Cqs (ibv_destroy_cq removes a CQ before returning).
+            let c = unsafe { &*(p as *const Cq) };
+            // SAFETY: `cq` and `cq_context` are NULL or writable slots of the caller.
+            unsafe {
                 if let Some(out) = cq.as_mut() {
                     *out = p as *mut ffi::ibv_cq;
                 }
                 if let Some(out) = cq_context.as_mut() {
                     *out = c.ex.cq_context;
                 }
-                return Ok(0);
             }
-        })
-    }
+            return Ok(0);
+        }
+    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ffi::ibv_cq, n: u32) {
-    // SAFETY: the caller keeps the C API's contract for `ibv_ack_cq_events` (rdma-core's man pages): `cq` is a CQ
-    // this library created and has not destroyed.
-    unsafe {
-        if let Some(c) = cq.as_mut() {
-            c.comp_events_completed = c.comp_events_completed.wrapping_add(n);
-        }
+    // SAFETY: ibv_ack_cq_events(3): `cq` is NULL or a CQ the program has not destroyed (it
+    // must acknowledge events before destroying it).
+    if let Some(c) = unsafe { cq.as_mut() } {
+        c.comp_events_completed = c.comp_events_completed.wrapping_add(n);
     }
 }
 
@@ -355,141 +344,134 @@ pub(crate) fn fill_ops(v: &mut ffi::verbs_context) {
 // The extended CQ: start_poll reads the first completion (ENOENT when none), next_poll the next,
 // end_poll ends the batch; the accessors read the current one.
 
+/// The Cq behind an extended CQ.
+///
+/// # Safety
+/// `p` is a CQ this library made (every ibv_cq_ex it hands out is a Cq's first field) and is not
+/// destroyed while the reference lives.
 unsafe fn ex_cq<'a>(p: *mut ffi::ibv_cq_ex) -> &'a Cq {
-    // SAFETY: the caller keeps `ex_cq`'s contract (an entry point passes on what its own caller guarantees): `p` is
-    // a CQ this library created and has not destroyed.
+    // SAFETY: per the contract.
     unsafe { &*(p as *const Cq) }
 }
 
+/// The next completion of an extended poll (0), or ENOENT.
+///
+/// # Safety
+/// `cq` is an extended CQ of this library, not destroyed during the call.
 unsafe fn advance(cq: *mut ffi::ibv_cq_ex) -> c_int {
-    // SAFETY: the caller keeps `advance`'s contract (an entry point passes on what its own caller guarantees): `cq`
-    // is a CQ this library created and has not destroyed.
-    unsafe {
-        match crate::guarded(|| Ok(advance_inner(cq))) {
-            Ok(r) => r,
-            Err(Errno(e)) => e,
-        }
+    // SAFETY: this function's contract.
+    match crate::guarded(|| Ok(unsafe { advance_inner(cq) })) {
+        Ok(r) => r,
+        Err(Errno(e)) => e,
     }
 }
 
+/// [`advance`], inside its panic guard.
+///
+/// # Safety
+/// As for [`advance`].
 unsafe fn advance_inner(cq: *mut ffi::ibv_cq_ex) -> c_int {
-    // SAFETY: the caller keeps `advance_inner`'s contract (an entry point passes on what its own caller
-    // guarantees): `cq` is a CQ this library created and has not destroyed.
-    unsafe {
-        let Ok(c) = cq_of(cq as *mut ffi::ibv_cq) else { return libc::EINVAL };
-        let mut st = lock(&c.poll);
-        if st.pending.is_empty() {
-            match c.inner().poll(16) {
-                Ok(ws) => st.pending.extend(ws),
-                Err(e) => return crate::errno_of(&e),
-            }
+    let Ok(c) = cq_of(cq as *mut ffi::ibv_cq) else { return libc::EINVAL };
+    let mut st = lock(&c.poll);
+    if st.pending.is_empty() {
+        match c.inner().poll(16) {
+            Ok(ws) => st.pending.extend(ws),
+            Err(e) => return crate::errno_of(&e),
         }
-        match st.pending.pop_front() {
-            Some(w) => {
+    }
+    match st.pending.pop_front() {
+        Some(w) => {
+            // SAFETY: cq_of accepted `cq`, a live CQ; its status and wr_id are the fields the
+            // program reads after start_poll/next_poll.
+            unsafe {
                 (*cq).status = w.status as u32;
                 (*cq).wr_id = w.wr_id;
-                st.cur = Some(w);
-                0
             }
-            None => {
-                st.cur = None;
-                libc::ENOENT
-            }
+            st.cur = Some(w);
+            0
+        }
+        None => {
+            st.cur = None;
+            libc::ENOENT
         }
     }
 }
 
 unsafe extern "C" fn start_poll(cq: *mut ffi::ibv_cq_ex, attr: *mut ffi::ibv_poll_cq_attr) -> c_int {
-    // SAFETY: `start_poll` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `cq` is a CQ this library created and has not destroyed; `attr` points to a
-    // ibv_poll_cq_attr the caller owns for the call (read, and written where the call reports back).
-    unsafe {
-        if let Some(a) = attr.as_ref() {
-            if a.comp_mask != 0 {
-                return libc::EINVAL;
-            }
+    // SAFETY: ibv_start_poll(3): `attr` is NULL or a readable ibv_poll_cq_attr.
+    if let Some(a) = unsafe { attr.as_ref() } {
+        if a.comp_mask != 0 {
+            return libc::EINVAL;
         }
-        advance(cq)
     }
+    // SAFETY: rdma-core calls start_poll through the ops of an ibv_cq_ex this library made.
+    unsafe { advance(cq) }
 }
 
 unsafe extern "C" fn next_poll(cq: *mut ffi::ibv_cq_ex) -> c_int {
-    // SAFETY: `next_poll` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `cq` is a CQ this library created and has not destroyed.
+    // SAFETY: next_poll is called through the ops of an ibv_cq_ex this library made.
     unsafe { advance(cq) }
 }
 
 unsafe extern "C" fn end_poll(cq: *mut ffi::ibv_cq_ex) {
-    // SAFETY: `end_poll` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `cq` is a CQ this library created and has not destroyed.
-    unsafe {
-        lock(&ex_cq(cq).poll).cur = None;
-    }
+    // SAFETY: end_poll is called through the ops of an ibv_cq_ex this library made.
+    lock(&unsafe { ex_cq(cq) }.poll).cur = None;
 }
 
+/// The current completion of an extended poll (all-zero outside a batch).
+///
+/// # Safety
+/// `cq` is an extended CQ of this library, not destroyed during the call.
 unsafe fn cur(cq: *mut ffi::ibv_cq_ex) -> ffi::ibv_wc {
-    // SAFETY: the caller keeps `cur`'s contract (an entry point passes on what its own caller guarantees): `cq` is
-    // a CQ this library created and has not destroyed.
-    unsafe {
-        match &lock(&ex_cq(cq).poll).cur {
-            Some(w) => to_wc(w),
-            None => ffi::ibv_wc::default(),
-        }
+    // SAFETY: this function's contract.
+    match &lock(&unsafe { ex_cq(cq) }.poll).cur {
+        Some(w) => to_wc(w),
+        None => ffi::ibv_wc::default(),
     }
 }
 
 unsafe extern "C" fn read_opcode(cq: *mut ffi::ibv_cq_ex) -> ffi::ibv_wc_opcode {
-    // SAFETY: `read_opcode` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `cq` is a CQ this library created and has not destroyed.
-    unsafe { cur(cq).opcode }
+    // SAFETY: called through the ops of an ibv_cq_ex this library made (fill_ex), not destroyed.
+    unsafe { cur(cq) }.opcode
 }
 unsafe extern "C" fn read_vendor_err(cq: *mut ffi::ibv_cq_ex) -> u32 {
-    // SAFETY: `read_vendor_err` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `cq` is a CQ this library created and has not destroyed.
-    unsafe { cur(cq).vendor_err }
+    // SAFETY: called through the ops of an ibv_cq_ex this library made (fill_ex), not destroyed.
+    unsafe { cur(cq) }.vendor_err
 }
 unsafe extern "C" fn read_byte_len(cq: *mut ffi::ibv_cq_ex) -> u32 {
-    // SAFETY: `read_byte_len` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `cq` is a CQ this library created and has not destroyed.
-    unsafe { cur(cq).byte_len }
+    // SAFETY: called through the ops of an ibv_cq_ex this library made (fill_ex), not destroyed.
+    unsafe { cur(cq) }.byte_len
 }
 unsafe extern "C" fn read_imm_data(cq: *mut ffi::ibv_cq_ex) -> u32 {
-    // SAFETY: `read_imm_data` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `cq` is a CQ this library created and has not destroyed.
-    unsafe {
-        let w = cur(cq);
-        w.__bindgen_anon_1.imm_data
-    }
+    // SAFETY: as for every ibv_wc_read_* accessor: called through the ops of an ibv_cq_ex this
+    // library made (fill_ex), which the program has not destroyed.
+    let w = unsafe { cur(cq) };
+    // SAFETY: both members of the union are u32, and to_wc always initializes one of them.
+    unsafe { w.__bindgen_anon_1.imm_data }
 }
 unsafe extern "C" fn read_qp_num(cq: *mut ffi::ibv_cq_ex) -> u32 {
-    // SAFETY: `read_qp_num` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `cq` is a CQ this library created and has not destroyed.
-    unsafe { cur(cq).qp_num }
+    // SAFETY: called through the ops of an ibv_cq_ex this library made (fill_ex), not destroyed.
+    unsafe { cur(cq) }.qp_num
 }
 unsafe extern "C" fn read_src_qp(cq: *mut ffi::ibv_cq_ex) -> u32 {
-    // SAFETY: `read_src_qp` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `cq` is a CQ this library created and has not destroyed.
-    unsafe { cur(cq).src_qp }
+    // SAFETY: called through the ops of an ibv_cq_ex this library made (fill_ex), not destroyed.
+    unsafe { cur(cq) }.src_qp
 }
 unsafe extern "C" fn read_wc_flags(cq: *mut ffi::ibv_cq_ex) -> u32 {
-    // SAFETY: `read_wc_flags` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `cq` is a CQ this library created and has not destroyed.
-    unsafe { cur(cq).wc_flags }
+    // SAFETY: called through the ops of an ibv_cq_ex this library made (fill_ex), not destroyed.
+    unsafe { cur(cq) }.wc_flags
 }
 unsafe extern "C" fn read_slid(cq: *mut ffi::ibv_cq_ex) -> u32 {
-    // SAFETY: `read_slid` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `cq` is a CQ this library created and has not destroyed.
-    unsafe { u32::from(cur(cq).slid) }
+    // SAFETY: called through the ops of an ibv_cq_ex this library made (fill_ex), not destroyed.
+    u32::from(unsafe { cur(cq) }.slid)
 }
 unsafe extern "C" fn read_sl(cq: *mut ffi::ibv_cq_ex) -> u8 {
-    // SAFETY: `read_sl` is installed in an object's operation table, and libibverbs calls it under that operation's
-    // contract: `cq` is a CQ this library created and has not destroyed.
-    unsafe { cur(cq).sl }
+    // SAFETY: called through the ops of an ibv_cq_ex this library made (fill_ex), not destroyed.
+    unsafe { cur(cq) }.sl
 }
 unsafe extern "C" fn read_dlid_path_bits(cq: *mut ffi::ibv_cq_ex) -> u8 {
-    // SAFETY: `read_dlid_path_bits` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `cq` is a CQ this library created and has not destroyed.
-    unsafe { cur(cq).dlid_path_bits }
+    // SAFETY: called through the ops of an ibv_cq_ex this library made (fill_ex), not destroyed.
+    unsafe { cur(cq) }.dlid_path_bits
 }
 
 fn fill_ex(ex: &mut ffi::ibv_cq_ex) {
@@ -540,13 +522,13 @@ mod tests {
         );
         assert_eq!(c.wc_flags, ffi::IBV_WC_WITH_IMM | ffi::IBV_WC_GRH);
         // imm_data is in network order in memory: the wire bytes 01 02 03 04.
-        // SAFETY: the test wrote this union field just above: it reads what it wrote.
+        // SAFETY: both union members are u32, and to_wc initialized one.
         assert_eq!(unsafe { c.__bindgen_anon_1.imm_data }.to_ne_bytes(), [1, 2, 3, 4]);
         let mut w = wc(WcOpcode::Recv);
         w.invalidated_rkey = Some(0xabcd);
         let c = to_wc(&w);
         assert_eq!(c.wc_flags, ffi::IBV_WC_WITH_INV);
-        // SAFETY: the test wrote this union field just above: it reads what it wrote.
+        // SAFETY: as above.
         assert_eq!(unsafe { c.__bindgen_anon_1.invalidated_rkey }, 0xabcd);
         let mut w = wc(WcOpcode::RdmaRead);
         w.status = WcStatus::RemAccessErr;

@@ -53,7 +53,7 @@ fn make_dev(index: usize, name: &str, info: DeviceInfo) -> &'static Dev {
 /// The directory this library was loaded from (the shim directory: `softrdma` is one level up
 /// in a cargo target dir).
 fn shim_dir() -> Option<PathBuf> {
-    // SAFETY: Dl_info is a C struct of pointers: all zero bytes (null pointers) is a valid value.
+    // SAFETY: Dl_info is two C strings and two addresses (raw pointers): all-zero is NULLs.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     // SAFETY: dladdr only reads the address and fills `info`.
     let ok = unsafe { libc::dladdr(shim_dir as *const libc::c_void, &mut info) };
@@ -145,56 +145,53 @@ pub(crate) fn guid_be(info: &DeviceInfo) -> u64 {
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_list(num: *mut c_int) -> *mut *mut ffi::ibv_device {
-    // SAFETY: the caller keeps the C API's contract for `ibv_get_device_list` (rdma-core's man pages): `num` is
-    // points to a c_int the caller owns for the call (read, and written where the call reports back).
-    unsafe {
-        let r = ptr_call(|| {
-            let devs = discover()?;
-            let mut list: Vec<*mut ffi::ibv_device> =
-                devs.iter().map(|d| &d.dev as *const ffi::ibv_device as *mut ffi::ibv_device).collect();
-            let n = list.len();
-            list.push(std::ptr::null_mut());
-            if let Some(num) = num.as_mut() {
-                *num = n as c_int;
-            }
-            Ok(Box::into_raw(list.into_boxed_slice()) as *mut *mut ffi::ibv_device)
-        });
-        if r.is_null() {
-            if let Some(num) = num.as_mut() {
-                *num = 0;
-            }
+    let r = ptr_call(|| {
+        let devs = discover()?;
+        let mut list: Vec<*mut ffi::ibv_device> =
+            devs.iter().map(|d| &d.dev as *const ffi::ibv_device as *mut ffi::ibv_device).collect();
+        let n = list.len();
+        list.push(std::ptr::null_mut());
+        // SAFETY: ibv_get_device_list(3): `num` is NULL or points to an int the caller lets us
+        // write.
+        if let Some(num) = unsafe { num.as_mut() } {
+            *num = n as c_int;
         }
-        r
+        Ok(Box::into_raw(list.into_boxed_slice()) as *mut *mut ffi::ibv_device)
+    });
+    if r.is_null() {
+        // SAFETY: as above, `num` is NULL or a writable int.
+        if let Some(num) = unsafe { num.as_mut() } {
+            *num = 0;
+        }
     }
+    r
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ffi::ibv_device) {
-    // SAFETY: the caller keeps the C API's contract for `ibv_free_device_list` (rdma-core's man pages): `list` is
-    // writable where the call stores a pointer.
-    unsafe {
-        if list.is_null() {
-            return;
-        }
-        let mut n = 0;
-        while !(*list.add(n)).is_null() {
-            n += 1;
-        }
-        drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(list, n + 1)));
+    if list.is_null() {
+        return;
     }
+    let mut n = 0;
+    // SAFETY: ibv_free_device_list(3): `list` is an array ibv_get_device_list returned, which ends
+    // with the NULL entry it put there, so every entry up to that one is in bounds.
+    while !unsafe { *list.add(n) }.is_null() {
+        n += 1;
+    }
+    // SAFETY: ibv_get_device_list made `list` with Box::into_raw from a boxed slice of exactly
+    // n + 1 entries (the devices and the NULL), and the caller frees it once.
+    drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(list, n + 1)) });
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_name(dev: *mut ffi::ibv_device) -> *const c_char {
-    // SAFETY: the caller keeps the C API's contract for `ibv_get_device_name` (rdma-core's man pages): `dev` is a
-    // device of a list this library returned (ibv_get_device_list).
-    unsafe {
-        match dev.as_ref() {
-            Some(d) => d.name.as_ptr(),
-            None => {
-                set_errno(libc::EINVAL);
-                std::ptr::null()
-            }
+    // SAFETY: `dev` is NULL or an entry of a list from ibv_get_device_list; the devices it points
+    // to are never freed (DEVICES keeps them for the life of the process).
+    match unsafe { dev.as_ref() } {
+        Some(d) => d.name.as_ptr(),
+        None => {
+            set_errno(libc::EINVAL);
+            std::ptr::null()
         }
     }
 }
@@ -229,34 +226,37 @@ pub unsafe extern "C" fn ibv_read_sysfs_file(
     buf: *mut c_char,
     size: usize,
 ) -> c_int {
-    // SAFETY: the caller keeps the C API's contract for `ibv_read_sysfs_file` (rdma-core's man pages): `dir` is a
-    // NUL-terminated string; `file` is a NUL-terminated string; `buf` is a NUL-terminated string.
-    unsafe {
-        minus1_call(|| {
-            if dir.is_null() || file.is_null() || buf.is_null() || size == 0 {
-                return Err(Errno(libc::EINVAL));
-            }
-            let dir = CStr::from_ptr(dir).to_string_lossy().into_owned();
-            let file = CStr::from_ptr(file).to_string_lossy().into_owned();
-            let known = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
-            let dev = known.iter().find(|d| dir.trim_end_matches('/') == format!("/sys/class/infiniband/{}", d.name));
-            let text = match (dev, file.as_str()) {
-                (Some(_), "board_id") => "softrdma".to_owned(),
-                (Some(_), "fw_ver") => env!("CARGO_PKG_VERSION").to_owned(),
-                (Some(_), "hw_rev") => "0".to_owned(),
-                (Some(_), "hca_type") => "softrdma".to_owned(),
-                (Some(_), "node_type") => "1: CA".to_owned(),
-                (Some(d), "node_guid") => guid_text(d.info.node_guid),
-                (Some(d), "sys_image_guid") => guid_text(d.info.node_guid),
-                _ => return Err(Errno(libc::ENOENT)),
-            };
-            let bytes = text.as_bytes();
-            let n = bytes.len().min(size - 1);
+    minus1_call(|| {
+        if dir.is_null() || file.is_null() || buf.is_null() || size == 0 {
+            return Err(Errno(libc::EINVAL));
+        }
+        // SAFETY: `dir` and `file` are non-NULL (checked) NUL-terminated paths, as
+        // ibv_read_sysfs_file's callers in rdma-core pass them.
+        let (dir, file) = unsafe { (CStr::from_ptr(dir), CStr::from_ptr(file)) };
+        let dir = dir.to_string_lossy().into_owned();
+        let file = file.to_string_lossy().into_owned();
+        let known = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+        let dev = known.iter().find(|d| dir.trim_end_matches('/') == format!("/sys/class/infiniband/{}", d.name));
+        let text = match (dev, file.as_str()) {
+            (Some(_), "board_id") => "softrdma".to_owned(),
+            (Some(_), "fw_ver") => env!("CARGO_PKG_VERSION").to_owned(),
+            (Some(_), "hw_rev") => "0".to_owned(),
+            (Some(_), "hca_type") => "softrdma".to_owned(),
+            (Some(_), "node_type") => "1: CA".to_owned(),
+            (Some(d), "node_guid") => guid_text(d.info.node_guid),
+            (Some(d), "sys_image_guid") => guid_text(d.info.node_guid),
+            _ => return Err(Errno(libc::ENOENT)),
+        };
+        let bytes = text.as_bytes();
+        let n = bytes.len().min(size - 1);
+        // SAFETY: `buf` is non-NULL (checked) with room for `size` bytes, and n + 1 <= size; a
+        // Rust String never overlaps the caller's buffer.
+        unsafe {
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf as *mut u8, n);
             *buf.add(n) = 0;
-            Ok(n as c_int)
-        })
-    }
+        }
+        Ok(n as c_int)
+    })
 }
 
 fn guid_text(g: u64) -> String {

@@ -36,26 +36,28 @@ impl Pd {
 
 /// Destroys the softrdma object behind a C object: on success the C object is freed; on an
 /// error (EBUSY...) it stays as it was.
+///
+/// # Safety
+/// `obj` is NULL or a pointer `into_c` returned for a `C` that no one else uses during the call;
+/// once this returns Ok it is freed and must not be used again.
 pub(crate) unsafe fn destroy_obj<C, T>(
     obj: *mut C,
     slot: impl FnOnce(&mut C) -> &mut Option<T>,
     destroy: impl FnOnce(T) -> Result<(), (T, softrdma_device::verbs::Error)>,
 ) -> Result<(), Errno> {
-    // SAFETY: the caller keeps `destroy_obj`'s contract (an entry point passes on what its own caller guarantees):
-    // `T>( obj` points to a C the caller owns for the call (read, and written where the call reports back).
-    unsafe {
-        let c = obj.as_mut().ok_or(EINVAL)?;
-        let s = slot(c);
-        let inner = s.take().ok_or(EINVAL)?;
-        match destroy(inner) {
-            Ok(()) => {
-                drop(Box::from_raw(obj));
-                Ok(())
-            }
-            Err((inner, e)) => {
-                *s = Some(inner);
-                Err(e.into())
-            }
+    // SAFETY: per the contract, `obj` is NULL or a live, unaliased `C`.
+    let c = unsafe { obj.as_mut() }.ok_or(EINVAL)?;
+    let s = slot(c);
+    let inner = s.take().ok_or(EINVAL)?;
+    match destroy(inner) {
+        Ok(()) => {
+            // SAFETY: `obj` came from into_c (a Box) and `c`, the last use of it, is done.
+            drop(unsafe { Box::from_raw(obj) });
+            Ok(())
+        }
+        Err((inner, e)) => {
+            *s = Some(inner);
+            Err(e.into())
         }
     }
 }
@@ -72,9 +74,9 @@ pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ffi::ibv_context) -> *mut ff
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ffi::ibv_pd) -> c_int {
-    // SAFETY: the caller keeps the C API's contract for `ibv_dealloc_pd` (rdma-core's man pages): `pd` is a
-    // protection domain this library allocated and has not freed.
-    unsafe { errno_call(|| destroy_obj(pd as *mut Pd, |p| &mut p.inner, |i| i.destroy())) }
+    // SAFETY: ibv_dealloc_pd(3): `pd` is NULL or a Pd this library made (its C structure is the
+    // first field), destroyed once and not used after success.
+    errno_call(|| unsafe { destroy_obj(pd as *mut Pd, |p| &mut p.inner, |i| i.destroy()) })
 }
 
 /// A memory region of the program's memory.
@@ -112,26 +114,27 @@ fn mr_access(access: c_int) -> Result<Access, Errno> {
     Ok(Access(a & 0x3f))
 }
 
+/// Registers `[addr, addr+len)` in `pd`.
+///
+/// # Safety
+/// ibv_reg_mr(3)'s contract: the range stays allocated until the region is deregistered (the
+/// device reads and writes it in this process's memory meanwhile).
 unsafe fn reg(pd: *mut ffi::ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: c_int) -> Result<*mut Mr, Errno> {
-    // SAFETY: the caller keeps `reg`'s contract (an entry point passes on what its own caller guarantees): `pd` is
-    // a protection domain this library allocated and has not freed; `addr` is the caller's buffer, valid for the
-    // length the call names.
-    unsafe {
-        let p = pd_of(pd)?;
-        let acc = mr_access(access)?;
-        if iova != addr as u64 {
-            // The device's regions are addressed by virtual address; an IOVA other than the
-            // address is not modelled.
-            return Err(Errno(libc::EOPNOTSUPP));
-        }
-        if addr.is_null() && len > 0 {
-            return Err(Errno(libc::EFAULT));
-        }
-        let raw = p.inner().reg_mr_raw(addr as u64, len as u64, acc)?;
-        let k = raw.keys();
-        let mr = ffi::ibv_mr { context: p.pd.context, pd, addr, length: len, handle: 0, lkey: k.lkey, rkey: k.rkey };
-        Ok(into_c(Mr { mr, inner: Some(raw), access }))
+    let p = pd_of(pd)?;
+    let acc = mr_access(access)?;
+    if iova != addr as u64 {
+        // The device's regions are addressed by virtual address; an IOVA other than the
+        // address is not modelled.
+        return Err(Errno(libc::EOPNOTSUPP));
     }
+    if addr.is_null() && len > 0 {
+        return Err(Errno(libc::EFAULT));
+    }
+    // SAFETY: this function's contract is reg_mr_raw's: the range outlives the registration.
+    let raw = unsafe { p.inner().reg_mr_raw(addr as u64, len as u64, acc) }?;
+    let k = raw.keys();
+    let mr = ffi::ibv_mr { context: p.pd.context, pd, addr, length: len, handle: 0, lkey: k.lkey, rkey: k.rkey };
+    Ok(into_c(Mr { mr, inner: Some(raw), access }))
 }
 
 #[no_mangle]
@@ -141,10 +144,8 @@ pub unsafe extern "C" fn ibv_reg_mr(
     len: usize,
     access: c_int,
 ) -> *mut ffi::ibv_mr {
-    // SAFETY: the caller keeps the C API's contract for `ibv_reg_mr` (rdma-core's man pages): `pd` is a protection
-    // domain this library allocated and has not freed; `addr` is the caller's buffer, valid for the length the call
-    // names.
-    unsafe { ptr_call(|| Ok(reg(pd, addr, len, addr as u64, access)? as *mut ffi::ibv_mr)) }
+    // SAFETY: ibv_reg_mr(3): the program keeps `addr`..`addr+len` allocated until ibv_dereg_mr.
+    ptr_call(|| Ok(unsafe { reg(pd, addr, len, addr as u64, access) }? as *mut ffi::ibv_mr))
 }
 
 #[no_mangle]
@@ -155,10 +156,8 @@ pub unsafe extern "C" fn ibv_reg_mr_iova(
     iova: u64,
     access: c_int,
 ) -> *mut ffi::ibv_mr {
-    // SAFETY: the caller keeps the C API's contract for `ibv_reg_mr_iova` (rdma-core's man pages): `pd` is a
-    // protection domain this library allocated and has not freed; `addr` is the caller's buffer, valid for the
-    // length the call names.
-    unsafe { ptr_call(|| Ok(reg(pd, addr, len, iova, access)? as *mut ffi::ibv_mr)) }
+    // SAFETY: as for ibv_reg_mr, the program keeps the range allocated until ibv_dereg_mr.
+    ptr_call(|| Ok(unsafe { reg(pd, addr, len, iova, access) }? as *mut ffi::ibv_mr))
 }
 
 #[no_mangle]
@@ -169,10 +168,8 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
     iova: u64,
     access: u32,
 ) -> *mut ffi::ibv_mr {
-    // SAFETY: the caller keeps the C API's contract for `ibv_reg_mr_iova2` (rdma-core's man pages): `pd` is a
-    // protection domain this library allocated and has not freed; `addr` is the caller's buffer, valid for the
-    // length the call names.
-    unsafe { ptr_call(|| Ok(reg(pd, addr, len, iova, access as c_int)? as *mut ffi::ibv_mr)) }
+    // SAFETY: as for ibv_reg_mr, the program keeps the range allocated until ibv_dereg_mr.
+    ptr_call(|| Ok(unsafe { reg(pd, addr, len, iova, access as c_int) }? as *mut ffi::ibv_mr))
 }
 
 #[no_mangle]
@@ -189,9 +186,9 @@ pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ffi::ibv_mr) -> c_int {
-    // SAFETY: the caller keeps the C API's contract for `ibv_dereg_mr` (rdma-core's man pages): `mr` is an MR this
-    // library registered and has not deregistered.
-    unsafe { errno_call(|| destroy_obj(mr as *mut Mr, |m| &mut m.inner, |i| i.destroy())) }
+    // SAFETY: ibv_dereg_mr(3): `mr` is NULL or a Mr this library made (its C structure is the
+    // first field), destroyed once and not used after success.
+    errno_call(|| unsafe { destroy_obj(mr as *mut Mr, |m| &mut m.inner, |i| i.destroy()) })
 }
 
 /// `ibv_rereg_mr`: a new translation, PD or access for the region, in place: its keys stay (as
@@ -206,46 +203,45 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     len: usize,
     access: c_int,
 ) -> c_int {
-    // SAFETY: the caller keeps the C API's contract for `ibv_rereg_mr` (rdma-core's man pages): `mr` is an MR this
-    // library registered and has not deregistered; `pd` is a protection domain this library allocated and has not
-    // freed; `addr` is the caller's buffer, valid for the length the call names.
-    unsafe {
-        let r = crate::guarded(|| {
-            let m = (mr as *mut Mr).as_mut().ok_or(EINVAL)?;
-            let f = flags as u32;
-            if f == 0 || f & !ffi::IBV_REREG_MR_FLAGS_SUPPORTED != 0 {
+    let r = crate::guarded(|| {
+        // SAFETY: ibv_rereg_mr(3): `mr` is NULL or a region from ibv_reg_mr (an Mr, its
+        // ibv_mr first), not deregistered, and not used by another thread during the call.
+        let m = unsafe { (mr as *mut Mr).as_mut() }.ok_or(EINVAL)?;
+        let f = flags as u32;
+        if f == 0 || f & !ffi::IBV_REREG_MR_FLAGS_SUPPORTED != 0 {
+            return Err(EINVAL);
+        }
+        let new_pd = if f & ffi::IBV_REREG_MR_CHANGE_PD != 0 { Some(pd_of(pd)?) } else { None };
+        let range = if f & ffi::IBV_REREG_MR_CHANGE_TRANSLATION != 0 {
+            if addr.is_null() || len == 0 {
                 return Err(EINVAL);
             }
-            let new_pd = if f & ffi::IBV_REREG_MR_CHANGE_PD != 0 { Some(pd_of(pd)?) } else { None };
-            let range = if f & ffi::IBV_REREG_MR_CHANGE_TRANSLATION != 0 {
-                if addr.is_null() || len == 0 {
-                    return Err(EINVAL);
-                }
-                Some((addr as u64, len as u64))
-            } else {
-                None
-            };
-            let acc = if f & ffi::IBV_REREG_MR_CHANGE_ACCESS != 0 { Some(mr_access(access)?) } else { None };
-            let inner = m.inner.as_mut().ok_or(EINVAL)?;
-            inner.rereg(new_pd.as_ref().map(|p| p.inner()), range, acc)?;
-            if let Some((a, l)) = range {
-                m.mr.addr = a as *mut c_void;
-                m.mr.length = l as usize;
-            }
-            if new_pd.is_some() {
-                m.mr.pd = pd;
-            }
-            if acc.is_some() {
-                m.access = access;
-            }
-            Ok(())
-        });
-        match r {
-            Ok(()) => 0,
-            Err(Errno(e)) => {
-                crate::set_errno(e);
-                ffi::IBV_REREG_MR_ERR_INPUT
-            }
+            Some((addr as u64, len as u64))
+        } else {
+            None
+        };
+        let acc = if f & ffi::IBV_REREG_MR_CHANGE_ACCESS != 0 { Some(mr_access(access)?) } else { None };
+        let inner = m.inner.as_mut().ok_or(EINVAL)?;
+        // SAFETY: with IBV_REREG_MR_CHANGE_TRANSLATION the program keeps the new range
+        // allocated until the region is deregistered, as for ibv_reg_mr.
+        unsafe { inner.rereg(new_pd.as_ref().map(|p| p.inner()), range, acc) }?;
+        if let Some((a, l)) = range {
+            m.mr.addr = a as *mut c_void;
+            m.mr.length = l as usize;
+        }
+        if new_pd.is_some() {
+            m.mr.pd = pd;
+        }
+        if acc.is_some() {
+            m.access = access;
+        }
+        Ok(())
+    });
+    match r {
+        Ok(()) => 0,
+        Err(Errno(e)) => {
+            crate::set_errno(e);
+            ffi::IBV_REREG_MR_ERR_INPUT
         }
     }
 }
@@ -272,50 +268,46 @@ unsafe extern "C" fn alloc_mw(pd: *mut ffi::ibv_pd, ty: ffi::ibv_mw_type) -> *mu
 }
 
 unsafe extern "C" fn dealloc_mw(mw: *mut ffi::ibv_mw) -> c_int {
-    // SAFETY: `dealloc_mw` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `mw` is a memory window this library allocated and has not freed.
-    unsafe { errno_call(|| destroy_obj(mw as *mut Mw, |m| &mut m.inner, |i| i.destroy())) }
+    // SAFETY: ibv_dealloc_mw(3): `mw` is NULL or a Mw this library made (its C structure is the
+    // first field), destroyed once and not used after success.
+    errno_call(|| unsafe { destroy_obj(mw as *mut Mw, |m| &mut m.inner, |i| i.destroy()) })
 }
 
 /// The bind operation of a `ibv_mw_bind_info` for window `mw` (its next R_Key).
+///
+/// # Safety
+/// `mw` is NULL or a window this library made, and `info.mr` NULL or one of its regions, neither
+/// destroyed.
 pub(crate) unsafe fn bind_op(mw: *mut ffi::ibv_mw, rkey: u32, info: &ffi::ibv_mw_bind_info) -> Result<SendOp, Errno> {
-    // SAFETY: the caller keeps `bind_op`'s contract (an entry point passes on what its own caller guarantees):
-    // `crate) unsafe fn bind_op(mw` is a memory window this library allocated and has not freed.
-    unsafe {
-        let mw = mw.as_ref().ok_or(EINVAL)?;
-        let mr = info.mr.as_ref();
-        let access = Access(info.mw_access_flags & 0x3f);
-        Ok(SendOp::BindMw {
-            mw_rkey: mw.rkey,
-            new_rkey: rkey,
-            mr_lkey: mr.map(|m| m.lkey).unwrap_or(0),
-            addr: info.addr,
-            length: info.length,
-            access,
-        })
-    }
+    // SAFETY: per the contract, both are NULL or live objects of this library.
+    let (mw, mr) = unsafe { (mw.as_ref().ok_or(EINVAL)?, info.mr.as_ref()) };
+    let access = Access(info.mw_access_flags & 0x3f);
+    Ok(SendOp::BindMw {
+        mw_rkey: mw.rkey,
+        new_rkey: rkey,
+        mr_lkey: mr.map(|m| m.lkey).unwrap_or(0),
+        addr: info.addr,
+        length: info.length,
+        access,
+    })
 }
 
 /// `ibv_bind_mw` (type 1): a bind work request on the QP; the window's R_Key becomes the next one.
 unsafe extern "C" fn bind_mw(qp: *mut ffi::ibv_qp, mw: *mut ffi::ibv_mw, bind: *mut ffi::ibv_mw_bind) -> c_int {
-    // SAFETY: `bind_mw` is installed in an object's operation table, and libibverbs calls it under that operation's
-    // contract: `qp` is a QP this library created or opened and has not destroyed; `mw` is a memory window this
-    // library allocated and has not freed; `bind` points to an ibv_mw_bind the caller owns for the call (read,
-    // and written where the call reports back).
-    unsafe {
-        errno_call(|| {
-            let b = nonnull(bind)?;
-            let w = nonnull(mw)?;
-            let new_rkey = MemoryWindow::inc_rkey(w.rkey);
-            let op = bind_op(mw, new_rkey, &b.bind_info)?;
-            let mut wr = SendWr::new(b.wr_id, op, Vec::new());
-            wr.signaled = b.send_flags & ffi::IBV_SEND_SIGNALED != 0;
-            wr.fence = b.send_flags & ffi::IBV_SEND_FENCE != 0;
-            crate::qp::post_one(qp, wr)?;
-            w.rkey = new_rkey;
-            Ok(())
-        })
-    }
+    errno_call(|| {
+        let b = nonnull(bind)?;
+        let w = nonnull(mw)?;
+        let new_rkey = MemoryWindow::inc_rkey(w.rkey);
+        // SAFETY: ibv_bind_mw(3): `mw` is a live window (non-NULL, checked) and
+        // `bind_info.mr` NULL or a live region of the program.
+        let op = unsafe { bind_op(mw, new_rkey, &b.bind_info) }?;
+        let mut wr = SendWr::new(b.wr_id, op, Vec::new());
+        wr.signaled = b.send_flags & ffi::IBV_SEND_SIGNALED != 0;
+        wr.fence = b.send_flags & ffi::IBV_SEND_FENCE != 0;
+        crate::qp::post_one(qp, wr)?;
+        w.rkey = new_rkey;
+        Ok(())
+    })
 }
 
 pub(crate) fn fill_ops(v: &mut ffi::verbs_context) {
@@ -363,17 +355,15 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ffi::ibv_pd, attr: *mut ffi::ibv
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ffi::ibv_ah) -> c_int {
-    // SAFETY: the caller keeps the C API's contract for `ibv_destroy_ah` (rdma-core's man pages): `ah` is an
-    // address handle this library created and has not destroyed.
-    unsafe {
-        errno_call(|| {
-            if ah.is_null() {
-                return Err(EINVAL);
-            }
-            drop(Box::from_raw(ah as *mut Ah));
-            Ok(())
-        })
-    }
+    errno_call(|| {
+        if ah.is_null() {
+            return Err(EINVAL);
+        }
+        // SAFETY: ibv_destroy_ah(3): `ah` (non-NULL) came from ibv_create_ah, an Ah that into_c
+        // boxed, and is destroyed once.
+        drop(unsafe { Box::from_raw(ah as *mut Ah) });
+        Ok(())
+    })
 }
 
 /// The sender of a UD receive, from the 40-byte GRH slot at the start of its buffer: for RoCEv2
@@ -399,35 +389,30 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
     grh: *mut ffi::ibv_grh,
     attr: *mut ffi::ibv_ah_attr,
 ) -> c_int {
-    // SAFETY: the caller keeps the C API's contract for `ibv_init_ah_from_wc` (rdma-core's man pages): `context` is
-    // a context this library opened (ibv_open_device) and has not closed; `wc` points to as many writable ibv_wc as
-    // the call's count says; `grh` points to an ibv_grh the caller owns for the call (read, and written where the
-    // call reports back); `attr` points to an ibv_ah_attr the caller owns for the call (read, and written where
-    // the call reports back).
-    unsafe {
-        crate::minus1_call(|| {
-            ctx_of(context)?;
-            let wc = nonnull(wc)?;
-            let out = nonnull(attr)?;
-            if wc.wc_flags & ffi::IBV_WC_GRH == 0 || grh.is_null() {
-                // RoCE addresses need the GRH.
-                return Err(EINVAL);
-            }
-            let bytes = &*(grh as *const [u8; 40]);
-            let (sgid, hop, flow, tclass) = grh_source(bytes);
-            *out = ffi::ibv_ah_attr::default();
-            out.is_global = 1;
-            out.port_num = port;
-            out.grh.dgid.raw = sgid;
-            out.grh.flow_label = flow;
-            out.grh.hop_limit = hop.max(1);
-            out.grh.traffic_class = tclass;
-            out.grh.sgid_index = 0;
-            out.dlid = wc.slid;
-            out.sl = wc.sl;
-            Ok(0)
-        })
-    }
+    crate::minus1_call(|| {
+        ctx_of(context)?;
+        let wc = nonnull(wc)?;
+        let out = nonnull(attr)?;
+        if wc.wc_flags & ffi::IBV_WC_GRH == 0 || grh.is_null() {
+            // RoCE addresses need the GRH.
+            return Err(EINVAL);
+        }
+        // SAFETY: ibv_init_ah_from_wc(3): with IBV_WC_GRH set, `grh` (non-NULL, checked) points
+        // to the 40-byte GRH the receive buffer starts with.
+        let bytes = unsafe { &*(grh as *const [u8; 40]) };
+        let (sgid, hop, flow, tclass) = grh_source(bytes);
+        *out = ffi::ibv_ah_attr::default();
+        out.is_global = 1;
+        out.port_num = port;
+        out.grh.dgid.raw = sgid;
+        out.grh.flow_label = flow;
+        out.grh.hop_limit = hop.max(1);
+        out.grh.traffic_class = tclass;
+        out.grh.sgid_index = 0;
+        out.dlid = wc.slid;
+        out.sl = wc.sl;
+        Ok(0)
+    })
 }
 
 #[no_mangle]
@@ -437,24 +422,21 @@ pub unsafe extern "C" fn ibv_create_ah_from_wc(
     grh: *mut ffi::ibv_grh,
     port: u8,
 ) -> *mut ffi::ibv_ah {
-    // SAFETY: the caller keeps the C API's contract for `ibv_create_ah_from_wc` (rdma-core's man pages): `pd` is a
-    // protection domain this library allocated and has not freed; `wc` points to as many writable ibv_wc as the
-    // call's count says; `grh` points to an ibv_grh the caller owns for the call (read, and written where the
-    // call reports back).
-    unsafe {
-        ptr_call(|| {
-            let p = pd_of(pd)?;
-            let mut attr = ffi::ibv_ah_attr::default();
-            if ibv_init_ah_from_wc(p.pd.context, port, wc, grh, &mut attr) != 0 {
-                return Err(Errno(crate::last_errno()));
-            }
-            let ah = ibv_create_ah(pd, &mut attr);
-            if ah.is_null() {
-                return Err(Errno(crate::last_errno()));
-            }
-            Ok(ah)
-        })
-    }
+    ptr_call(|| {
+        let p = pd_of(pd)?;
+        let mut attr = ffi::ibv_ah_attr::default();
+        // SAFETY: `wc` and `grh` are the program's, as ibv_create_ah_from_wc(3) requires them
+        // (a completion and its GRH); `attr` is a local.
+        if unsafe { ibv_init_ah_from_wc(p.pd.context, port, wc, grh, &mut attr) } != 0 {
+            return Err(Errno(crate::last_errno()));
+        }
+        // SAFETY: `pd` was accepted by pd_of and `attr` is a local.
+        let ah = unsafe { ibv_create_ah(pd, &mut attr) };
+        if ah.is_null() {
+            return Err(Errno(crate::last_errno()));
+        }
+        Ok(ah)
+    })
 }
 
 /// An XRC domain.
@@ -477,52 +459,49 @@ unsafe extern "C" fn open_xrcd(
     context: *mut ffi::ibv_context,
     attr: *mut ffi::ibv_xrcd_init_attr,
 ) -> *mut ffi::ibv_xrcd {
-    // SAFETY: `open_xrcd` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `context` is a context this library opened (ibv_open_device) and has not closed; `attr`
-    // points to an ibv_xrcd_init_attr the caller owns for the call (read, and written where the call reports
-    // back).
-    unsafe {
-        ptr_call(|| {
-            let ctx: &Ctx = ctx_of(context)?;
-            let a = nonnull(attr)?;
-            let need = ffi::IBV_XRCD_INIT_ATTR_FD | ffi::IBV_XRCD_INIT_ATTR_OFLAGS;
-            if a.comp_mask & need != need || a.comp_mask & !(ffi::IBV_XRCD_INIT_ATTR_RESERVED - 1) != 0 {
-                return Err(EINVAL);
-            }
-            let inner = open_domain(ctx, a.fd, a.oflags)?;
-            Ok(into_c(Xrcd { xrcd: ffi::ibv_xrcd { context }, inner: Some(inner) }) as *mut ffi::ibv_xrcd)
-        })
-    }
+    ptr_call(|| {
+        let ctx: &Ctx = ctx_of(context)?;
+        let a = nonnull(attr)?;
+        let need = ffi::IBV_XRCD_INIT_ATTR_FD | ffi::IBV_XRCD_INIT_ATTR_OFLAGS;
+        if a.comp_mask & need != need || a.comp_mask & !(ffi::IBV_XRCD_INIT_ATTR_RESERVED - 1) != 0 {
+            return Err(EINVAL);
+        }
+        // SAFETY: ibv_open_xrcd(3): `fd` is -1 or the program's open descriptor, which
+        // open_domain only borrows for the call.
+        let inner = unsafe { open_domain(ctx, a.fd, a.oflags) }?;
+        Ok(into_c(Xrcd { xrcd: ffi::ibv_xrcd { context }, inner: Some(inner) }) as *mut ffi::ibv_xrcd)
+    })
 }
 
 /// The device's XRC domain for `ibv_open_xrcd` / OFED's `ibv_open_xrc_domain`: the one of the
 /// file `fd` names, or a private one for fd -1 (which needs O_CREAT: the kernel's EAGAIN when
 /// there is nothing to open, ib_uverbs_open_xrcd).
+///
+/// # Safety
+/// `fd` is -1 or a descriptor that stays open for the call; it is borrowed, never closed.
 pub(crate) unsafe fn open_domain(ctx: &Ctx, fd: c_int, oflags: c_int) -> Result<XrcDomain, Errno> {
-    // SAFETY: the caller keeps `open_domain`'s contract (an entry point passes on what its own caller guarantees):
-    // what the body dereferences is what that contract makes valid.
-    unsafe {
-        let create = oflags & libc::O_CREAT != 0;
-        let exclusive = oflags & libc::O_EXCL != 0;
-        if fd == -1 {
-            if !create {
-                return Err(Errno(libc::EAGAIN));
-            }
-            return Ok(ctx.dev.open_xrcd(None, create, exclusive)?);
+    let create = oflags & libc::O_CREAT != 0;
+    let exclusive = oflags & libc::O_EXCL != 0;
+    if fd == -1 {
+        if !create {
+            return Err(Errno(libc::EAGAIN));
         }
-        if fd < 0 {
-            return Err(Errno(libc::EBADF));
-        }
-        // Borrowed: the program keeps its descriptor.
-        let f = ManuallyDrop::new(File::from_raw_fd(fd));
-        Ok(ctx.dev.open_xrcd(Some(&f), create, exclusive)?)
+        return Ok(ctx.dev.open_xrcd(None, create, exclusive)?);
     }
+    if fd < 0 {
+        return Err(Errno(libc::EBADF));
+    }
+    // Borrowed: the program keeps its descriptor.
+    // SAFETY: per the contract `fd` is open for the call, and ManuallyDrop keeps the File from
+    // closing it.
+    let f = ManuallyDrop::new(unsafe { File::from_raw_fd(fd) });
+    Ok(ctx.dev.open_xrcd(Some(&f), create, exclusive)?)
 }
 
 unsafe extern "C" fn close_xrcd(xrcd: *mut ffi::ibv_xrcd) -> c_int {
-    // SAFETY: `close_xrcd` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `xrcd` is an XRC domain this library opened and has not closed.
-    unsafe { errno_call(|| destroy_obj(xrcd as *mut Xrcd, |x| &mut x.inner, |i| i.destroy())) }
+    // SAFETY: ibv_close_xrcd(3): `xrcd` is NULL or a Xrcd this library made (its C structure is the
+    // first field), destroyed once and not used after success.
+    errno_call(|| unsafe { destroy_obj(xrcd as *mut Xrcd, |x| &mut x.inner, |i| i.destroy()) })
 }
 
 #[cfg(test)]

@@ -178,24 +178,26 @@ pub(crate) fn rcv_qp_event(
 
 /// `ibv_create_qp` of OFED's IBV_QPT_XRC: an XRC_SEND QP (no receive queue; sends name the
 /// remote SRQ in `xrc_remote_srq_num`); `attr` is OFED's `ibv_qp_init_attr`, with the domain.
+///
+/// # Safety
+/// `attr` is NULL or points to OFED's larger `ibv_qp_init_attr` (with `xrc_domain`), readable and
+/// writable; `pd` and the CQ in it are NULL or objects of this library not yet destroyed.
 pub(crate) unsafe fn create_xrc_qp(
     pd: *mut ffi::ibv_pd,
     attr: *mut ffi::ibv_qp_init_attr,
 ) -> Result<*mut ffi::ibv_qp, Errno> {
-    // SAFETY: the caller keeps `create_xrc_qp`'s contract (an entry point passes on what its own caller
-    // guarantees): `crate) unsafe fn create_xrc_qp( pd` is a protection domain this library allocated and has not
-    // freed; `attr` points to an ibv_qp_init_attr the caller owns for the call (read, and written where the call
-    // reports back).
-    unsafe {
-        let a = nonnull(attr as *mut QpInitAttr)?;
-        let d = domain_of(a.xrc_domain)?;
-        let p = pd_of(pd)?;
-        if d.c.context != p.pd.context || !a.base.srq.is_null() {
-            return Err(EINVAL);
-        }
-        a.base.cap.max_recv_wr = 0;
-        a.base.cap.max_recv_sge = 0;
-        let qp = create(Create {
+    let a = nonnull(attr as *mut QpInitAttr)?;
+    let d = domain_of(a.xrc_domain)?;
+    let p = pd_of(pd)?;
+    if d.c.context != p.pd.context || !a.base.srq.is_null() {
+        return Err(EINVAL);
+    }
+    a.base.cap.max_recv_wr = 0;
+    a.base.cap.max_recv_sge = 0;
+    // SAFETY: the pointers passed on are the caller's, checked above (`pd`) or as this function's
+    // contract requires them (the send CQ); the receive side is NULL.
+    let qp = unsafe {
+        create(Create {
             context: p.pd.context,
             qp_context: a.base.qp_context,
             pd,
@@ -207,27 +209,26 @@ pub(crate) unsafe fn create_xrc_qp(
             sq_sig_all: a.base.sq_sig_all,
             xrcd: std::ptr::null_mut(),
             extended: false,
-        })?;
-        (*qp).set_ofed_xrc(a.xrc_domain);
-        Ok(qp as *mut ffi::ibv_qp)
-    }
+        })
+    }?;
+    // SAFETY: `create` returned a live QP that nothing else references yet.
+    unsafe { (*qp).set_ofed_xrc(a.xrc_domain) };
+    Ok(qp as *mut ffi::ibv_qp)
 }
 
 /// `ibv_open_xrc_domain`: the XRC domain of the file `fd` names (shared by every process that
 /// opens the same file), or with fd -1 and O_CREAT a private one.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_open_xrc_domain(context: *mut ffi::ibv_context, fd: c_int, oflag: c_int) -> *mut c_void {
-    // SAFETY: the caller keeps the C API's contract for `ibv_open_xrc_domain` (rdma-core's man pages): `context` is
-    // a context this library opened (ibv_open_device) and has not closed.
-    unsafe {
-        ptr_call(|| {
-            let ctx = ctx_of(context)?;
-            let inner = open_domain(ctx, fd, oflag)?;
-            let c = XrcDomainC { context, handle: inner.id().0 };
-            let d = Domain { c, magic: MAGIC, ctx, inner: Some(inner), regs: Default::default() };
-            Ok(into_c(d) as *mut c_void)
-        })
-    }
+    ptr_call(|| {
+        let ctx = ctx_of(context)?;
+        // SAFETY: OFED's ibv_open_xrc_domain: `fd` is -1 or a descriptor the program keeps open
+        // across the call (open_domain only borrows it).
+        let inner = unsafe { open_domain(ctx, fd, oflag) }?;
+        let c = XrcDomainC { context, handle: inner.id().0 };
+        let d = Domain { c, magic: MAGIC, ctx, inner: Some(inner), regs: Default::default() };
+        Ok(into_c(d) as *mut c_void)
+    })
 }
 
 /// `ibv_close_xrc_domain`: this process's registrations go first (as they would at exit), then
@@ -235,23 +236,21 @@ pub unsafe extern "C" fn ibv_open_xrc_domain(context: *mut ffi::ibv_context, fd:
 /// EBUSY while this process's XRC SRQs still use the domain.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_close_xrc_domain(d: *mut c_void) -> c_int {
-    // SAFETY: the caller keeps the C API's contract for `ibv_close_xrc_domain` (rdma-core's man pages): `d` is the
-    // caller's buffer, valid for the length the call names.
-    unsafe {
-        errno_call(|| {
-            let dom = domain_of(d)?;
-            let regs: Vec<QueuePair> = lock(&dom.regs).drain().map(|(_, q)| q).collect();
-            for q in regs {
-                if let Some(h) = q.handle() {
-                    lock(&dom.ctx().xrc_rcv).remove(&h);
-                }
-                if let Err((q, _)) = q.release() {
-                    std::mem::forget(q);
-                }
+    errno_call(|| {
+        let dom = domain_of(d)?;
+        let regs: Vec<QueuePair> = lock(&dom.regs).drain().map(|(_, q)| q).collect();
+        for q in regs {
+            if let Some(h) = q.handle() {
+                lock(&dom.ctx().xrc_rcv).remove(&h);
             }
-            destroy_obj(d as *mut Domain, |x| &mut x.inner, |i| i.destroy())
-        })
-    }
+            if let Err((q, _)) = q.release() {
+                std::mem::forget(q);
+            }
+        }
+        // SAFETY: domain_of accepted `d` as a Domain this library made with into_c; the program
+        // closes it once and does not use it afterwards.
+        unsafe { destroy_obj(d as *mut Domain, |x| &mut x.inner, |i| i.destroy()) }
+    })
 }
 
 /// `ibv_create_xrc_srq`: an XRC SRQ of the domain whose completions go to `xrc_cq`; its number
@@ -263,30 +262,30 @@ pub unsafe extern "C" fn ibv_create_xrc_srq(
     xrc_cq: *mut ffi::ibv_cq,
     attr: *mut ffi::ibv_srq_init_attr,
 ) -> *mut ffi::ibv_srq {
-    // SAFETY: the caller keeps the C API's contract for `ibv_create_xrc_srq` (rdma-core's man pages): `pd` is a
-    // protection domain this library allocated and has not freed; `xrc_domain` is an XRC domain handle this library
-    // returned; `xrc_cq` is a CQ this library created and has not destroyed; `attr` points to a
-    // ibv_srq_init_attr the caller owns for the call (read, and written where the call reports back).
-    unsafe {
-        ptr_call(|| {
-            let p = pd_of(pd)?;
-            let d = domain_of(xrc_domain)?;
-            let cq = cq_of(xrc_cq)?;
-            let a = nonnull(attr)?;
-            let context = p.pd.context;
-            if d.c.context != context || (*xrc_cq).context != context {
-                return Err(EINVAL);
-            }
-            let ctx = ctx_of(context)?;
-            let inner = d.inner().create_srq(p.inner(), cq.inner(), srq_attr(&a.attr, ctx)?)?;
-            let n = inner.srq_num();
-            let s = new_srq(context, pd, a.srq_context, inner) as *mut SrqHead;
+    ptr_call(|| {
+        let p = pd_of(pd)?;
+        let d = domain_of(xrc_domain)?;
+        let cq = cq_of(xrc_cq)?;
+        let a = nonnull(attr)?;
+        let context = p.pd.context;
+        // SAFETY: cq_of accepted `xrc_cq` as a live CQ of this library.
+        if d.c.context != context || unsafe { (*xrc_cq).context } != context {
+            return Err(EINVAL);
+        }
+        let ctx = ctx_of(context)?;
+        let inner = d.inner().create_srq(p.inner(), cq.inner(), srq_attr(&a.attr, ctx)?)?;
+        let n = inner.srq_num();
+        // SAFETY: `context` is the PD's, which ctx_of has just accepted.
+        let s = unsafe { new_srq(context, pd, a.srq_context, inner) } as *mut SrqHead;
+        // SAFETY: new_srq returned a fresh Srq, whose first field is laid out as OFED's ibv_srq
+        // head (SrqHead); nothing else references it yet.
+        unsafe {
             (*s).xrc_srq_num = n;
             (*s).xrc_domain = xrc_domain as *mut XrcDomainC;
             (*s).xrc_cq = xrc_cq;
-            Ok(s as *mut ffi::ibv_srq)
-        })
-    }
+        }
+        Ok(s as *mut ffi::ibv_srq)
+    })
 }
 
 /// `ibv_create_xrc_rcv_qp`: a receive QP in `init_attr->xrc_domain` (the other fields are
@@ -330,25 +329,18 @@ pub unsafe extern "C" fn ibv_query_xrc_rcv_qp(
     _attr_mask: c_int,
     init_attr: *mut c_void,
 ) -> c_int {
-    // SAFETY: the caller keeps the C API's contract for `ibv_query_xrc_rcv_qp` (rdma-core's man pages):
-    // `xrc_domain` is an XRC domain handle this library returned; `attr` points to an ibv_qp_attr the caller owns
-    // for the call (read, and written where the call reports back); `init_attr` is the caller's buffer, valid for
-    // the length the call names.
-    unsafe {
-        errno_call(|| {
-            let d = domain_of(xrc_domain)?;
-            let out = nonnull(attr)?;
-            let (st, a) = d.with_rcv_qp(xrc_qp_num, |q| Ok(q.query()?))?;
-            *out = query_to_c(st, &a, Default::default());
-            if let Some(i) = (init_attr as *mut QpInitAttr).as_mut() {
-                *i = QpInitAttr {
-                    base: ffi::ibv_qp_init_attr { qp_type: IBV_QPT_XRC, ..Default::default() },
-                    xrc_domain,
-                };
-            }
-            Ok(())
-        })
-    }
+    errno_call(|| {
+        let d = domain_of(xrc_domain)?;
+        let out = nonnull(attr)?;
+        let (st, a) = d.with_rcv_qp(xrc_qp_num, |q| Ok(q.query()?))?;
+        *out = query_to_c(st, &a, Default::default());
+        // SAFETY: OFED's ibv_query_xrc_rcv_qp: `init_attr` is NULL or a writable OFED
+        // ibv_qp_init_attr.
+        if let Some(i) = unsafe { (init_attr as *mut QpInitAttr).as_mut() } {
+            *i = QpInitAttr { base: ffi::ibv_qp_init_attr { qp_type: IBV_QPT_XRC, ..Default::default() }, xrc_domain };
+        }
+        Ok(())
+    })
 }
 
 /// `ibv_reg_xrc_rcv_qp`: registers this process with receive QP `xrc_qp_num` of the domain

@@ -126,6 +126,11 @@ pub(crate) struct Create<'a> {
     pub(crate) extended: bool,
 }
 
+/// A QP of the objects `a` names.
+///
+/// # Safety
+/// The pointers in `a` are NULL or objects of this library (context, PD, CQs, SRQ, XRC domain)
+/// that the caller has not destroyed.
 pub(crate) unsafe fn create(a: Create<'_>) -> Result<*mut Qp, Errno> {
     let ctx = ctx_of(a.context)?;
     let ty = QpType::from_ibv(a.qp_type).ok_or(Errno(libc::EOPNOTSUPP))?;
@@ -190,22 +195,23 @@ pub(crate) unsafe fn create(a: Create<'_>) -> Result<*mut Qp, Errno> {
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_qp(pd: *mut ffi::ibv_pd, attr: *mut ffi::ibv_qp_init_attr) -> *mut ffi::ibv_qp {
-    // SAFETY: the caller keeps the C API's contract for `ibv_create_qp` (rdma-core's man pages): `pd` is a
-    // protection domain this library allocated and has not freed; `attr` points to an ibv_qp_init_attr the caller
-    // owns for the call (read, and written where the call reports back).
-    unsafe {
-        ptr_call(|| {
-            let p = pd_of(pd)?;
-            let a = nonnull(attr)?;
-            if a.qp_type == ffi::IBV_QPT_XRC_RECV {
-                // A target QP belongs to an XRC domain: ibv_create_qp_ex with IBV_QP_INIT_ATTR_XRCD.
-                // (ibv_create_qp_ex with only IBV_QP_INIT_ATTR_PD comes here, so XRC_SEND does.)
-                return Err(EINVAL);
-            }
-            if a.qp_type == crate::ofed_xrc::IBV_QPT_XRC {
-                return crate::ofed_xrc::create_xrc_qp(pd, attr);
-            }
-            let qp = create(Create {
+    ptr_call(|| {
+        let p = pd_of(pd)?;
+        let a = nonnull(attr)?;
+        if a.qp_type == ffi::IBV_QPT_XRC_RECV {
+            // A target QP belongs to an XRC domain: ibv_create_qp_ex with IBV_QP_INIT_ATTR_XRCD.
+            // (ibv_create_qp_ex with only IBV_QP_INIT_ATTR_PD comes here, so XRC_SEND does.)
+            return Err(EINVAL);
+        }
+        if a.qp_type == crate::ofed_xrc::IBV_QPT_XRC {
+            // SAFETY: an OFED program's ibv_create_qp with IBV_QPT_XRC passes OFED's larger
+            // ibv_qp_init_attr (with the domain), and `pd` was accepted by pd_of.
+            return unsafe { crate::ofed_xrc::create_xrc_qp(pd, attr) };
+        }
+        // SAFETY: ibv_create_qp(3): the CQs and SRQ in `attr` are NULL or the program's live
+        // objects; `pd` was accepted by pd_of.
+        let qp = unsafe {
+            create(Create {
                 context: p.pd.context,
                 qp_context: a.qp_context,
                 pd,
@@ -217,10 +223,10 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ffi::ibv_pd, attr: *mut ffi::ibv
                 sq_sig_all: a.sq_sig_all,
                 xrcd: std::ptr::null_mut(),
                 extended: false,
-            })?;
-            Ok(qp as *mut ffi::ibv_qp)
-        })
-    }
+            })
+        }?;
+        Ok(qp as *mut ffi::ibv_qp)
+    })
 }
 
 /// The `ibv_wr_*` operations this device can post.
@@ -240,49 +246,47 @@ unsafe extern "C" fn create_qp_ex(
     context: *mut ffi::ibv_context,
     attr: *mut ffi::ibv_qp_init_attr_ex,
 ) -> *mut ffi::ibv_qp {
-    // SAFETY: `create_qp_ex` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `context` is a context this library opened (ibv_open_device) and has not closed; `attr`
-    // points to an ibv_qp_init_attr_ex the caller owns for the call (read, and written where the call reports
-    // back).
-    unsafe {
-        ptr_call(|| {
-            let a = nonnull(attr)?;
-            let m = a.comp_mask;
-            let known = ffi::IBV_QP_INIT_ATTR_PD
-                | ffi::IBV_QP_INIT_ATTR_XRCD
-                | ffi::IBV_QP_INIT_ATTR_CREATE_FLAGS
-                | ffi::IBV_QP_INIT_ATTR_MAX_TSO_HEADER
-                | ffi::IBV_QP_INIT_ATTR_IND_TABLE
-                | ffi::IBV_QP_INIT_ATTR_RX_HASH
-                | ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-            if m & !known != 0 {
-                return Err(EINVAL);
-            }
-            let unsupported =
-                ffi::IBV_QP_INIT_ATTR_MAX_TSO_HEADER | ffi::IBV_QP_INIT_ATTR_IND_TABLE | ffi::IBV_QP_INIT_ATTR_RX_HASH;
-            let create_flags = if m & ffi::IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 { a.create_flags } else { 0 };
-            let block_self = ffi::IBV_QP_CREATE_BLOCK_SELF_MCAST_LB;
-            // The one creation flag this device has: a UD QP that does not hear its own multicast
-            // sends (what `mckey -l` asks for).
-            if m & unsupported != 0
-                || create_flags & !block_self != 0
-                || (create_flags != 0 && a.qp_type != ffi::IBV_QPT_UD)
-            {
-                return Err(Errno(libc::EOPNOTSUPP));
-            }
-            let extended = m & ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
-            if extended && a.send_ops_flags & !SEND_OPS_SUPPORTED != 0 {
-                return Err(Errno(libc::EOPNOTSUPP));
-            }
-            let xrcd = if m & ffi::IBV_QP_INIT_ATTR_XRCD != 0 { a.xrcd } else { std::ptr::null_mut() };
-            let pd = if m & ffi::IBV_QP_INIT_ATTR_PD != 0 { a.pd } else { std::ptr::null_mut() };
-            if a.qp_type == ffi::IBV_QPT_XRC_RECV && xrcd.is_null() {
-                return Err(EINVAL);
-            }
-            if a.qp_type != ffi::IBV_QPT_XRC_RECV && pd.is_null() {
-                return Err(EINVAL);
-            }
-            let qp = create(Create {
+    ptr_call(|| {
+        let a = nonnull(attr)?;
+        let m = a.comp_mask;
+        let known = ffi::IBV_QP_INIT_ATTR_PD
+            | ffi::IBV_QP_INIT_ATTR_XRCD
+            | ffi::IBV_QP_INIT_ATTR_CREATE_FLAGS
+            | ffi::IBV_QP_INIT_ATTR_MAX_TSO_HEADER
+            | ffi::IBV_QP_INIT_ATTR_IND_TABLE
+            | ffi::IBV_QP_INIT_ATTR_RX_HASH
+            | ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        if m & !known != 0 {
+            return Err(EINVAL);
+        }
+        let unsupported =
+            ffi::IBV_QP_INIT_ATTR_MAX_TSO_HEADER | ffi::IBV_QP_INIT_ATTR_IND_TABLE | ffi::IBV_QP_INIT_ATTR_RX_HASH;
+        let create_flags = if m & ffi::IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 { a.create_flags } else { 0 };
+        let block_self = ffi::IBV_QP_CREATE_BLOCK_SELF_MCAST_LB;
+        // The one creation flag this device has: a UD QP that does not hear its own multicast
+        // sends (what `mckey -l` asks for).
+        if m & unsupported != 0
+            || create_flags & !block_self != 0
+            || (create_flags != 0 && a.qp_type != ffi::IBV_QPT_UD)
+        {
+            return Err(Errno(libc::EOPNOTSUPP));
+        }
+        let extended = m & ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
+        if extended && a.send_ops_flags & !SEND_OPS_SUPPORTED != 0 {
+            return Err(Errno(libc::EOPNOTSUPP));
+        }
+        let xrcd = if m & ffi::IBV_QP_INIT_ATTR_XRCD != 0 { a.xrcd } else { std::ptr::null_mut() };
+        let pd = if m & ffi::IBV_QP_INIT_ATTR_PD != 0 { a.pd } else { std::ptr::null_mut() };
+        if a.qp_type == ffi::IBV_QPT_XRC_RECV && xrcd.is_null() {
+            return Err(EINVAL);
+        }
+        if a.qp_type != ffi::IBV_QPT_XRC_RECV && pd.is_null() {
+            return Err(EINVAL);
+        }
+        // SAFETY: ibv_create_qp_ex(3): the PD, CQs, SRQ and XRC domain in `attr` are NULL or the
+        // program's live objects.
+        let qp = unsafe {
+            create(Create {
                 context,
                 qp_context: a.qp_context,
                 pd,
@@ -294,16 +298,19 @@ unsafe extern "C" fn create_qp_ex(
                 sq_sig_all: a.sq_sig_all,
                 xrcd,
                 extended,
-            })?;
-            if create_flags & block_self != 0 {
-                if let Err(e) = (*qp).inner().block_self_mcast_lb() {
-                    ibv_destroy_qp(qp as *mut ffi::ibv_qp);
-                    return Err(e.into());
-                }
+            })
+        }?;
+        // SAFETY: `create` has just made `qp`; nothing else references it yet.
+        let q = unsafe { &*qp };
+        if create_flags & block_self != 0 {
+            if let Err(e) = q.inner().block_self_mcast_lb() {
+                // SAFETY: `qp` is the live QP made above, destroyed once here and not returned.
+                unsafe { ibv_destroy_qp(qp as *mut ffi::ibv_qp) };
+                return Err(e.into());
             }
-            Ok(qp as *mut ffi::ibv_qp)
-        })
-    }
+        }
+        Ok(qp as *mut ffi::ibv_qp)
+    })
 }
 
 unsafe extern "C" fn open_qp(context: *mut ffi::ibv_context, attr: *mut ffi::ibv_qp_open_attr) -> *mut ffi::ibv_qp {
@@ -349,22 +356,21 @@ unsafe extern "C" fn open_qp(context: *mut ffi::ibv_context, attr: *mut ffi::ibv
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ffi::ibv_qp) -> c_int {
-    // SAFETY: the caller keeps the C API's contract for `ibv_destroy_qp` (rdma-core's man pages): `qp` is a QP this
-    // library created or opened and has not destroyed.
-    unsafe {
-        // The error of QueuePair::destroy gives the QP back: large, and rare.
-        #[allow(clippy::result_large_err)]
-        errno_call(|| {
-            let q = qp_of(qp)?;
-            let (ctx, qpn, handle) = (&*q.ctx, q.inner().qpn(), q.inner().handle());
-            destroy_obj(qp as *mut Qp, |q| &mut q.inner, |i| i.destroy())?;
-            match handle {
-                Some(h) => lock(&ctx.tgt_handles).remove(&h),
-                None => lock(&ctx.qps).remove(&qpn),
-            };
-            Ok(())
-        })
-    }
+    // The error of QueuePair::destroy gives the QP back: large, and rare.
+    #[allow(clippy::result_large_err)]
+    errno_call(|| {
+        let q = qp_of(qp)?;
+        // SAFETY: `q.ctx` is the QP's context, which the program may not close before the QP.
+        let (ctx, qpn, handle) = (unsafe { &*q.ctx }, q.inner().qpn(), q.inner().handle());
+        // SAFETY: ibv_destroy_qp(3): `qp` (accepted by qp_of) is a Qp of this library, destroyed
+        // once and not used after success.
+        unsafe { destroy_obj(qp as *mut Qp, |q| &mut q.inner, |i| i.destroy()) }?;
+        match handle {
+            Some(h) => lock(&ctx.tgt_handles).remove(&h),
+            None => lock(&ctx.qps).remove(&qpn),
+        };
+        Ok(())
+    })
 }
 
 #[no_mangle]
@@ -440,20 +446,18 @@ pub(crate) fn modify(q: &QueuePair, qp_type: ffi::ibv_qp_type, a: &ffi::ibv_qp_a
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ffi::ibv_qp, attr: *mut ffi::ibv_qp_attr, mask: c_int) -> c_int {
-    // SAFETY: the caller keeps the C API's contract for `ibv_modify_qp` (rdma-core's man pages): `qp` is a QP this
-    // library created or opened and has not destroyed; `attr` points to an ibv_qp_attr the caller owns for the
-    // call (read, and written where the call reports back).
-    unsafe {
-        errno_call(|| {
-            let q = qp_of(qp)?;
-            let a = nonnull(attr)?;
-            modify(q.inner(), crate::ofed_xrc::upstream_type((*qp).qp_type), a, mask)?;
-            if mask & ffi::IBV_QP_STATE as c_int != 0 {
-                (*qp).state = a.qp_state;
-            }
-            Ok(())
-        })
-    }
+    errno_call(|| {
+        let q = qp_of(qp)?;
+        let a = nonnull(attr)?;
+        // SAFETY: qp_of accepted `qp` as a live QP of this library; libibverbs lets the
+        // provider keep ibv_qp.state current.
+        let c = unsafe { &mut *qp };
+        modify(q.inner(), crate::ofed_xrc::upstream_type(c.qp_type), a, mask)?;
+        if mask & ffi::IBV_QP_STATE as c_int != 0 {
+            c.state = a.qp_state;
+        }
+        Ok(())
+    })
 }
 
 /// The engine's QP attributes as `struct ibv_qp_attr` (the address vector global, on port 1).
@@ -501,38 +505,36 @@ pub unsafe extern "C" fn ibv_query_qp(
     _mask: c_int,
     init: *mut ffi::ibv_qp_init_attr,
 ) -> c_int {
-    // SAFETY: the caller keeps the C API's contract for `ibv_query_qp` (rdma-core's man pages): `qp` is a QP this
-    // library created or opened and has not destroyed; `attr` points to an ibv_qp_attr the caller owns for the
-    // call (read, and written where the call reports back); `init` points to an ibv_qp_init_attr the caller owns
-    // for the call (read, and written where the call reports back).
-    unsafe {
-        errno_call(|| {
-            let q = qp_of(qp)?;
-            let out = nonnull(attr)?;
-            let (st, a) = q.inner().query()?;
-            (*qp).state = st.to_ibv();
-            *out = query_to_c(st, &a, q.init.cap);
-            if !q.ofed_xrcd.is_null() {
-                if let Some(i) = (init as *mut crate::ofed_xrc::QpInitAttr).as_mut() {
-                    // An OFED program's ibv_qp_init_attr, which has the XRC domain after sq_sig_all.
-                    i.xrc_domain = q.ofed_xrcd;
-                }
+    errno_call(|| {
+        let q = qp_of(qp)?;
+        let out = nonnull(attr)?;
+        let (st, a) = q.inner().query()?;
+        // SAFETY: qp_of accepted `qp` as a live QP of this library.
+        unsafe { (*qp).state = st.to_ibv() };
+        *out = query_to_c(st, &a, q.init.cap);
+        if !q.ofed_xrcd.is_null() {
+            // SAFETY: a QP made through OFED's XRC call belongs to an OFED program, whose
+            // `init` is NULL or its larger, writable ibv_qp_init_attr.
+            if let Some(i) = unsafe { (init as *mut crate::ofed_xrc::QpInitAttr).as_mut() } {
+                // An OFED program's ibv_qp_init_attr, which has the XRC domain after sq_sig_all.
+                i.xrc_domain = q.ofed_xrcd;
             }
-            if let Some(i) = init.as_mut() {
-                let b = &(*qp);
-                *i = ffi::ibv_qp_init_attr {
-                    qp_context: b.qp_context,
-                    send_cq: b.send_cq,
-                    recv_cq: b.recv_cq,
-                    srq: b.srq,
-                    cap: q.init.cap,
-                    qp_type: b.qp_type,
-                    sq_sig_all: q.init.sq_sig_all,
-                };
-            }
-            Ok(())
-        })
-    }
+        }
+        // SAFETY: ibv_query_qp(3): `init` is NULL or a writable ibv_qp_init_attr; `qp` is live
+        // (qp_of).
+        if let Some((i, b)) = unsafe { init.as_mut().map(|i| (i, &*qp)) } {
+            *i = ffi::ibv_qp_init_attr {
+                qp_context: b.qp_context,
+                send_cq: b.send_cq,
+                recv_cq: b.recv_cq,
+                srq: b.srq,
+                cap: q.init.cap,
+                qp_type: b.qp_type,
+                sq_sig_all: q.init.sq_sig_all,
+            };
+        }
+        Ok(())
+    })
 }
 
 /// `ibv_query_qp_data_in_order`: data lands in order (the device copies each packet's payload
@@ -545,75 +547,84 @@ pub unsafe extern "C" fn ibv_query_qp_data_in_order(qp: *mut ffi::ibv_qp, _op: u
     1
 }
 
+/// The gather/scatter list of a work request.
+///
+/// # Safety
+/// `list` is NULL or points to `n` readable ibv_sge (a work request's sg_list and num_sge).
 unsafe fn sges(list: *mut ffi::ibv_sge, n: c_int) -> Result<Vec<Sge>, Errno> {
-    // SAFETY: the caller keeps `sges`'s contract (an entry point passes on what its own caller guarantees): `list`
-    // points to as many readable SGEs as the call's count says.
-    unsafe {
-        if n < 0 || (n > 0 && list.is_null()) {
-            return Err(EINVAL);
-        }
-        Ok((0..n as usize)
-            .map(|i| {
-                let s = &*list.add(i);
-                Sge { addr: s.addr, length: s.length, lkey: s.lkey }
-            })
-            .collect())
+    if n < 0 || (n > 0 && list.is_null()) {
+        return Err(EINVAL);
     }
+    Ok((0..n as usize)
+        .map(|i| {
+            // SAFETY: `list` is non-NULL here (n > 0) and i < n, per the contract.
+            let s = unsafe { &*list.add(i) };
+            Sge { addr: s.addr, length: s.length, lkey: s.lkey }
+        })
+        .collect())
 }
 
 /// A softrdma send work request from an `ibv_send_wr` posted to a QP of type `ty`. `wr.ud` shares
 /// its union with `wr.rdma` and `wr.atomic`, and `qp_type.xrc` means something only on an XRC
 /// initiator, so each is read only for the QP type that defines it.
+///
+/// # Safety
+/// `w` is a work request as ibv_post_send(3) takes it: its sg_list holds num_sge entries, and a
+/// UD request's `ah`, a bind's `mw` and `mr` are NULL or the program's live objects.
 unsafe fn send_wr(w: &ffi::ibv_send_wr, ty: ffi::ibv_qp_type) -> Result<SendWr, Errno> {
-    // SAFETY: the caller keeps `send_wr`'s contract (an entry point passes on what its own caller guarantees): what
-    // the body dereferences is what that contract makes valid.
-    unsafe {
-        let imm = u32::from_be(w.__bindgen_anon_1.imm_data);
-        let rdma = w.wr.rdma;
-        let at = w.wr.atomic;
-        let op = match w.opcode {
-            ffi::IBV_WR_SEND => SendOp::Send,
-            ffi::IBV_WR_SEND_WITH_IMM => SendOp::SendWithImm { imm },
-            ffi::IBV_WR_SEND_WITH_INV => SendOp::SendWithInv { rkey: w.__bindgen_anon_1.invalidate_rkey },
-            ffi::IBV_WR_RDMA_WRITE => SendOp::Write { remote_addr: rdma.remote_addr, rkey: rdma.rkey },
-            ffi::IBV_WR_RDMA_WRITE_WITH_IMM => {
-                SendOp::WriteWithImm { remote_addr: rdma.remote_addr, rkey: rdma.rkey, imm }
-            }
-            ffi::IBV_WR_RDMA_READ => SendOp::Read { remote_addr: rdma.remote_addr, rkey: rdma.rkey },
-            ffi::IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::CompareSwap {
-                remote_addr: at.remote_addr,
-                rkey: at.rkey,
-                compare: at.compare_add,
-                swap: at.swap,
-            },
-            ffi::IBV_WR_ATOMIC_FETCH_AND_ADD => {
-                SendOp::FetchAdd { remote_addr: at.remote_addr, rkey: at.rkey, add: at.compare_add }
-            }
-            // The 8 bytes to write are the WR's gather list (rxe takes them from sg_list).
-            ffi::IBV_WR_ATOMIC_WRITE => SendOp::AtomicWrite { remote_addr: rdma.remote_addr, rkey: rdma.rkey },
-            ffi::IBV_WR_LOCAL_INV => SendOp::LocalInv { rkey: w.__bindgen_anon_1.invalidate_rkey },
-            ffi::IBV_WR_BIND_MW => {
+    // SAFETY: these unions hold plain integers (u32 imm/invalidate_rkey; rdma and atomic are
+    // plain-integer structs that fit in the union), so any bytes read are valid values; each is
+    // used only for the opcodes that define it.
+    let (imm, inv_rkey, rdma, at) = unsafe {
+        (u32::from_be(w.__bindgen_anon_1.imm_data), w.__bindgen_anon_1.invalidate_rkey, w.wr.rdma, w.wr.atomic)
+    };
+    let op = match w.opcode {
+        ffi::IBV_WR_SEND => SendOp::Send,
+        ffi::IBV_WR_SEND_WITH_IMM => SendOp::SendWithImm { imm },
+        ffi::IBV_WR_SEND_WITH_INV => SendOp::SendWithInv { rkey: inv_rkey },
+        ffi::IBV_WR_RDMA_WRITE => SendOp::Write { remote_addr: rdma.remote_addr, rkey: rdma.rkey },
+        ffi::IBV_WR_RDMA_WRITE_WITH_IMM => SendOp::WriteWithImm { remote_addr: rdma.remote_addr, rkey: rdma.rkey, imm },
+        ffi::IBV_WR_RDMA_READ => SendOp::Read { remote_addr: rdma.remote_addr, rkey: rdma.rkey },
+        ffi::IBV_WR_ATOMIC_CMP_AND_SWP => {
+            SendOp::CompareSwap { remote_addr: at.remote_addr, rkey: at.rkey, compare: at.compare_add, swap: at.swap }
+        }
+        ffi::IBV_WR_ATOMIC_FETCH_AND_ADD => {
+            SendOp::FetchAdd { remote_addr: at.remote_addr, rkey: at.rkey, add: at.compare_add }
+        }
+        // The 8 bytes to write are the WR's gather list (rxe takes them from sg_list).
+        ffi::IBV_WR_ATOMIC_WRITE => SendOp::AtomicWrite { remote_addr: rdma.remote_addr, rkey: rdma.rkey },
+        ffi::IBV_WR_LOCAL_INV => SendOp::LocalInv { rkey: inv_rkey },
+        ffi::IBV_WR_BIND_MW => {
+            // SAFETY: with IBV_WR_BIND_MW the program filled bind_mw; its window and region are
+            // NULL or live (this function's contract).
+            unsafe {
                 let b = w.__bindgen_anon_2.bind_mw;
                 crate::mem::bind_op(b.mw, b.rkey, &b.bind_info)?
             }
-            _ => return Err(EINVAL),
-        };
-        let mut wr = SendWr::new(w.wr_id, op, sges(w.sg_list, w.num_sge)?);
-        let f = w.send_flags;
-        wr.signaled = f & ffi::IBV_SEND_SIGNALED != 0;
-        wr.fence = f & ffi::IBV_SEND_FENCE != 0;
-        wr.solicited = f & ffi::IBV_SEND_SOLICITED != 0;
-        wr.inline = f & ffi::IBV_SEND_INLINE != 0;
-        if ty == ffi::IBV_QPT_XRC_SEND {
-            wr.remote_srqn = w.qp_type.xrc.remote_srqn;
         }
-        if ty == ffi::IBV_QPT_UD {
-            let ud = w.wr.ud;
-            let ah = (ud.ah as *const Ah).as_ref().ok_or(EINVAL)?;
-            wr.ud = Some(UdDest { dest: ah.dest, remote_qpn: ud.remote_qpn, remote_qkey: ud.remote_qkey });
-        }
-        Ok(wr)
+        _ => return Err(EINVAL),
+    };
+    // SAFETY: the request's sg_list holds num_sge entries (this function's contract).
+    let mut wr = SendWr::new(w.wr_id, op, unsafe { sges(w.sg_list, w.num_sge) }?);
+    let f = w.send_flags;
+    wr.signaled = f & ffi::IBV_SEND_SIGNALED != 0;
+    wr.fence = f & ffi::IBV_SEND_FENCE != 0;
+    wr.solicited = f & ffi::IBV_SEND_SOLICITED != 0;
+    wr.inline = f & ffi::IBV_SEND_INLINE != 0;
+    if ty == ffi::IBV_QPT_XRC_SEND {
+        // SAFETY: on an XRC initiator the program sets qp_type.xrc (a u32 union member).
+        wr.remote_srqn = unsafe { w.qp_type.xrc.remote_srqn };
     }
+    if ty == ffi::IBV_QPT_UD {
+        // SAFETY: on a UD QP the program fills wr.ud, whose `ah` is NULL or an address handle of
+        // this library (an Ah) not yet destroyed.
+        let (ud, ah) = unsafe {
+            let ud = w.wr.ud;
+            (ud, (ud.ah as *const Ah).as_ref().ok_or(EINVAL)?)
+        };
+        wr.ud = Some(UdDest { dest: ah.dest, remote_qpn: ud.remote_qpn, remote_qkey: ud.remote_qkey });
+    }
+    Ok(wr)
 }
 
 /// Posts a list: the valid prefix goes to the queue; the first request that is not posted is
@@ -646,56 +657,59 @@ unsafe extern "C" fn post_send(
     wr: *mut ffi::ibv_send_wr,
     bad: *mut *mut ffi::ibv_send_wr,
 ) -> c_int {
-    // SAFETY: `post_send` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `qp` is a QP this library created or opened and has not destroyed; `wr` heads a NULL-
-    // terminated list of send work requests, readable for the call; `bad` is writable where the call stores a
-    // pointer.
-    unsafe {
-        let r = crate::guarded(|| {
-            let q = qp_of(qp)?;
-            let mut items = Vec::new();
-            let mut conv_err = None;
-            let mut p = wr;
-            while let Some(w) = p.as_ref() {
-                match send_wr(w, crate::ofed_xrc::upstream_type((*qp).qp_type)) {
-                    Ok(s) => items.push((s, p)),
-                    Err(Errno(e)) => {
-                        conv_err = Some((e, p));
-                        break;
-                    }
+    let r = crate::guarded(|| {
+        let q = qp_of(qp)?;
+        let mut items = Vec::new();
+        let mut conv_err = None;
+        let mut p = wr;
+        // SAFETY: qp_of accepted `qp` as a live QP of this library.
+        let ty = crate::ofed_xrc::upstream_type(unsafe { (*qp).qp_type });
+        // SAFETY: ibv_post_send(3): `wr` is a NULL-terminated list of readable work requests,
+        // each as send_wr requires, which the program leaves alone during the call.
+        while let Some(w) = unsafe { p.as_ref() } {
+            // SAFETY: as above.
+            match unsafe { send_wr(w, ty) } {
+                Ok(s) => items.push((s, p)),
+                Err(Errno(e)) => {
+                    conv_err = Some((e, p));
+                    break;
                 }
-                p = w.next;
             }
-            Ok(post(items, conv_err, bad, |wrs| q.inner().post_send(wrs)))
-        });
-        r.unwrap_or_else(|Errno(e)| {
-            if let Some(b) = bad.as_mut() {
-                *b = wr;
-            }
-            e
-        })
-    }
+            p = w.next;
+        }
+        Ok(post(items, conv_err, bad, |wrs| q.inner().post_send(wrs)))
+    });
+    r.unwrap_or_else(|Errno(e)| {
+        // SAFETY: ibv_post_send(3): `bad` is NULL or a writable slot for the failed request.
+        if let Some(b) = unsafe { bad.as_mut() } {
+            *b = wr;
+        }
+        e
+    })
 }
 
 /// Receive requests with the C request each came from, and the first one that could not be read
 /// (its errno).
 type RecvList = (Vec<(RecvWr, *mut ffi::ibv_recv_wr)>, Option<(c_int, *mut ffi::ibv_recv_wr)>);
 
+/// The requests of a receive list.
+///
+/// # Safety
+/// ibv_post_recv(3)'s contract: `wr` is a NULL-terminated list of readable requests, each with
+/// num_sge entries in its sg_list.
 unsafe fn recv_list(wr: *mut ffi::ibv_recv_wr) -> RecvList {
-    // SAFETY: the caller keeps `recv_list`'s contract (an entry point passes on what its own caller guarantees):
-    // `wr` heads a NULL-terminated list of receive work requests, readable for the call.
-    unsafe {
-        let mut items = Vec::new();
-        let mut p = wr;
-        while let Some(w) = p.as_ref() {
-            match sges(w.sg_list, w.num_sge) {
-                Ok(sg_list) => items.push((RecvWr { wr_id: w.wr_id, sg_list }, p)),
-                Err(Errno(e)) => return (items, Some((e, p))),
-            }
-            p = w.next;
+    let mut items = Vec::new();
+    let mut p = wr;
+    // SAFETY: per the contract, every `next` is NULL or a readable request.
+    while let Some(w) = unsafe { p.as_ref() } {
+        // SAFETY: per the contract, sg_list holds num_sge entries.
+        match unsafe { sges(w.sg_list, w.num_sge) } {
+            Ok(sg_list) => items.push((RecvWr { wr_id: w.wr_id, sg_list }, p)),
+            Err(Errno(e)) => return (items, Some((e, p))),
         }
-        (items, None)
+        p = w.next;
     }
+    (items, None)
 }
 
 unsafe extern "C" fn post_recv(
@@ -703,25 +717,22 @@ unsafe extern "C" fn post_recv(
     wr: *mut ffi::ibv_recv_wr,
     bad: *mut *mut ffi::ibv_recv_wr,
 ) -> c_int {
-    // SAFETY: `post_recv` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `qp` is a QP this library created or opened and has not destroyed; `wr` heads a NULL-
-    // terminated list of receive work requests, readable for the call; `bad` is writable where the call stores a
-    // pointer.
-    unsafe {
-        let r = crate::guarded(|| {
-            let q = qp_of(qp)?;
-            if !(*qp).srq.is_null() {
-                // A QP attached to an SRQ has no receive queue of its own.
-                if let Some(b) = bad.as_mut() {
-                    *b = wr;
-                }
-                return Ok(libc::EINVAL);
+    let r = crate::guarded(|| {
+        let q = qp_of(qp)?;
+        // SAFETY: qp_of accepted `qp` as a live QP of this library.
+        if !unsafe { (*qp).srq }.is_null() {
+            // A QP attached to an SRQ has no receive queue of its own.
+            // SAFETY: ibv_post_recv(3): `bad` is NULL or a writable slot.
+            if let Some(b) = unsafe { bad.as_mut() } {
+                *b = wr;
             }
-            let (items, conv_err) = recv_list(wr);
-            Ok(post(items, conv_err, bad, |wrs| q.inner().post_recv(wrs)))
-        });
-        r.unwrap_or_else(|Errno(e)| e)
-    }
+            return Ok(libc::EINVAL);
+        }
+        // SAFETY: ibv_post_recv(3): `wr` is the program's NULL-terminated list of requests.
+        let (items, conv_err) = unsafe { recv_list(wr) };
+        Ok(post(items, conv_err, bad, |wrs| q.inner().post_recv(wrs)))
+    });
+    r.unwrap_or_else(|Errno(e)| e)
 }
 
 unsafe extern "C" fn post_srq_recv(
@@ -729,18 +740,13 @@ unsafe extern "C" fn post_srq_recv(
     wr: *mut ffi::ibv_recv_wr,
     bad: *mut *mut ffi::ibv_recv_wr,
 ) -> c_int {
-    // SAFETY: `post_srq_recv` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `srq` is an SRQ this library created and has not destroyed; `wr` heads a NULL-
-    // terminated list of receive work requests, readable for the call; `bad` is writable where the call stores a
-    // pointer.
-    unsafe {
-        let r = crate::guarded(|| {
-            let s = srq_of(srq)?;
-            let (items, conv_err) = recv_list(wr);
-            Ok(post(items, conv_err, bad, |wrs| s.inner().post_recv(wrs)))
-        });
-        r.unwrap_or_else(|Errno(e)| e)
-    }
+    let r = crate::guarded(|| {
+        let s = srq_of(srq)?;
+        // SAFETY: ibv_post_srq_recv(3): `wr` is the program's NULL-terminated list of requests.
+        let (items, conv_err) = unsafe { recv_list(wr) };
+        Ok(post(items, conv_err, bad, |wrs| s.inner().post_recv(wrs)))
+    });
+    r.unwrap_or_else(|Errno(e)| e)
 }
 
 /// Posts one send work request (ibv_bind_mw).
@@ -751,30 +757,26 @@ pub(crate) fn post_one(qp: *mut ffi::ibv_qp, wr: SendWr) -> Result<(), Errno> {
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_attach_mcast(qp: *mut ffi::ibv_qp, gid: *const ffi::ibv_gid, _lid: u16) -> c_int {
-    // SAFETY: the caller keeps the C API's contract for `ibv_attach_mcast` (rdma-core's man pages): `qp` is a QP
-    // this library created or opened and has not destroyed; `gid` points to a readable ibv_gid.
-    unsafe {
-        errno_call(|| {
-            let q = qp_of(qp)?;
-            let g = gid.as_ref().ok_or(EINVAL)?;
-            q.inner().attach_mcast(gid_ip(g.raw))?;
-            Ok(())
-        })
-    }
+    errno_call(|| {
+        let q = qp_of(qp)?;
+        // SAFETY: ibv_attach_mcast(3)/ibv_detach_mcast(3): `gid` is NULL or a readable ibv_gid.
+        let g = unsafe { gid.as_ref() }.ok_or(EINVAL)?;
+        // SAFETY: ibv_gid's members are all plain bytes (raw, or two u64), so raw is always valid.
+        q.inner().attach_mcast(gid_ip(unsafe { g.raw }))?;
+        Ok(())
+    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_detach_mcast(qp: *mut ffi::ibv_qp, gid: *const ffi::ibv_gid, _lid: u16) -> c_int {
-    // SAFETY: the caller keeps the C API's contract for `ibv_detach_mcast` (rdma-core's man pages): `qp` is a QP
-    // this library created or opened and has not destroyed; `gid` points to a readable ibv_gid.
-    unsafe {
-        errno_call(|| {
-            let q = qp_of(qp)?;
-            let g = gid.as_ref().ok_or(EINVAL)?;
-            q.inner().detach_mcast(gid_ip(g.raw))?;
-            Ok(())
-        })
-    }
+    errno_call(|| {
+        let q = qp_of(qp)?;
+        // SAFETY: ibv_attach_mcast(3)/ibv_detach_mcast(3): `gid` is NULL or a readable ibv_gid.
+        let g = unsafe { gid.as_ref() }.ok_or(EINVAL)?;
+        // SAFETY: ibv_gid's members are all plain bytes (raw, or two u64), so raw is always valid.
+        q.inner().detach_mcast(gid_ip(unsafe { g.raw }))?;
+        Ok(())
+    })
 }
 
 // Shared receive queues.
@@ -787,6 +789,11 @@ pub(crate) fn srq_attr(a: &ffi::ibv_srq_attr, ctx: &Ctx) -> Result<SrqAttr, Errn
     Ok(SrqAttr { max_wr: a.max_wr, max_sge: a.max_sge, srq_limit: a.srq_limit })
 }
 
+/// A new Srq of `inner`, recorded in the context's table of SRQs.
+///
+/// # Safety
+/// `context` is a context of this library (the caller has checked it with ctx_of), and `pd` the
+/// PD the SRQ was made in.
 pub(crate) unsafe fn new_srq(
     context: *mut ffi::ibv_context,
     pd: *mut ffi::ibv_pd,
@@ -803,75 +810,65 @@ pub(crate) unsafe fn new_srq(
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_srq(pd: *mut ffi::ibv_pd, attr: *mut ffi::ibv_srq_init_attr) -> *mut ffi::ibv_srq {
-    // SAFETY: the caller keeps the C API's contract for `ibv_create_srq` (rdma-core's man pages): `pd` is a
-    // protection domain this library allocated and has not freed; `attr` points to an ibv_srq_init_attr the
-    // caller owns for the call (read, and written where the call reports back).
-    unsafe {
-        ptr_call(|| {
-            let p = pd_of(pd)?;
-            let a = nonnull(attr)?;
-            let ctx = ctx_of(p.pd.context)?;
-            let inner = p.inner().create_srq(srq_attr(&a.attr, ctx)?)?;
-            Ok(new_srq(p.pd.context, pd, a.srq_context, inner) as *mut ffi::ibv_srq)
-        })
-    }
+    ptr_call(|| {
+        let p = pd_of(pd)?;
+        let a = nonnull(attr)?;
+        let ctx = ctx_of(p.pd.context)?;
+        let inner = p.inner().create_srq(srq_attr(&a.attr, ctx)?)?;
+        // SAFETY: the PD's context was accepted by ctx_of above, and `pd` by pd_of.
+        Ok(unsafe { new_srq(p.pd.context, pd, a.srq_context, inner) } as *mut ffi::ibv_srq)
+    })
 }
 
 unsafe extern "C" fn create_srq_ex(
     context: *mut ffi::ibv_context,
     attr: *mut ffi::ibv_srq_init_attr_ex,
 ) -> *mut ffi::ibv_srq {
-    // SAFETY: `create_srq_ex` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `context` is a context this library opened (ibv_open_device) and has not closed; `attr`
-    // points to an ibv_srq_init_attr_ex the caller owns for the call (read, and written where the call reports
-    // back).
-    unsafe {
-        ptr_call(|| {
-            let ctx = ctx_of(context)?;
-            let a = nonnull(attr)?;
-            let m = a.comp_mask;
-            if m & !(ffi::IBV_SRQ_INIT_ATTR_RESERVED - 1) != 0 {
-                return Err(EINVAL);
-            }
-            let ty = if m & ffi::IBV_SRQ_INIT_ATTR_TYPE != 0 { a.srq_type } else { ffi::IBV_SRQT_BASIC };
-            if m & ffi::IBV_SRQ_INIT_ATTR_PD == 0 {
-                return Err(EINVAL);
-            }
-            let p = pd_of(a.pd)?;
-            let sa = srq_attr(&a.attr, ctx)?;
-            let inner = match ty {
-                ffi::IBV_SRQT_BASIC => p.inner().create_srq(sa)?,
-                ffi::IBV_SRQT_XRC => {
-                    let need = ffi::IBV_SRQ_INIT_ATTR_XRCD | ffi::IBV_SRQ_INIT_ATTR_CQ;
-                    if m & need != need {
-                        return Err(EINVAL);
-                    }
-                    let x = xrcd_of(a.xrcd)?;
-                    let cq = cq_of(a.cq)?;
-                    x.inner.as_ref().ok_or(EINVAL)?.create_srq(p.inner(), cq.inner(), sa)?
+    ptr_call(|| {
+        let ctx = ctx_of(context)?;
+        let a = nonnull(attr)?;
+        let m = a.comp_mask;
+        if m & !(ffi::IBV_SRQ_INIT_ATTR_RESERVED - 1) != 0 {
+            return Err(EINVAL);
+        }
+        let ty = if m & ffi::IBV_SRQ_INIT_ATTR_TYPE != 0 { a.srq_type } else { ffi::IBV_SRQT_BASIC };
+        if m & ffi::IBV_SRQ_INIT_ATTR_PD == 0 {
+            return Err(EINVAL);
+        }
+        let p = pd_of(a.pd)?;
+        let sa = srq_attr(&a.attr, ctx)?;
+        let inner = match ty {
+            ffi::IBV_SRQT_BASIC => p.inner().create_srq(sa)?,
+            ffi::IBV_SRQT_XRC => {
+                let need = ffi::IBV_SRQ_INIT_ATTR_XRCD | ffi::IBV_SRQ_INIT_ATTR_CQ;
+                if m & need != need {
+                    return Err(EINVAL);
                 }
-                // Tag matching is hardware offload this device does not have.
-                ffi::IBV_SRQT_TM => return Err(Errno(libc::EOPNOTSUPP)),
-                _ => return Err(EINVAL),
-            };
-            Ok(new_srq(context, a.pd, a.srq_context, inner) as *mut ffi::ibv_srq)
-        })
-    }
+                let x = xrcd_of(a.xrcd)?;
+                let cq = cq_of(a.cq)?;
+                x.inner.as_ref().ok_or(EINVAL)?.create_srq(p.inner(), cq.inner(), sa)?
+            }
+            // Tag matching is hardware offload this device does not have.
+            ffi::IBV_SRQT_TM => return Err(Errno(libc::EOPNOTSUPP)),
+            _ => return Err(EINVAL),
+        };
+        // SAFETY: `context` was accepted by ctx_of above, and `a.pd` by pd_of.
+        Ok(unsafe { new_srq(context, a.pd, a.srq_context, inner) } as *mut ffi::ibv_srq)
+    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ffi::ibv_srq) -> c_int {
-    // SAFETY: the caller keeps the C API's contract for `ibv_destroy_srq` (rdma-core's man pages): `srq` is an SRQ
-    // this library created and has not destroyed.
-    unsafe {
-        errno_call(|| {
-            let s = srq_of(srq)?;
-            let (ctx, n) = (&*s.ctx, s.inner().srq_num());
-            destroy_obj(srq as *mut Srq, |s| &mut s.inner, |i| i.destroy())?;
-            lock(&ctx.srqs).remove(&n);
-            Ok(())
-        })
-    }
+    errno_call(|| {
+        let s = srq_of(srq)?;
+        // SAFETY: `s.ctx` is the SRQ's context, which the program may not close before the SRQ.
+        let (ctx, n) = (unsafe { &*s.ctx }, s.inner().srq_num());
+        // SAFETY: ibv_destroy_srq(3): `srq` (accepted by srq_of) is an Srq of this library,
+        // destroyed once and not used after success.
+        unsafe { destroy_obj(srq as *mut Srq, |s| &mut s.inner, |i| i.destroy()) }?;
+        lock(&ctx.srqs).remove(&n);
+        Ok(())
+    })
 }
 
 #[no_mangle]
@@ -931,20 +928,23 @@ pub(crate) fn fill_ops(v: &mut ffi::verbs_context) {
 
 /// Runs `f` on the QP's batch under its lock (threads may call these at once; each call is then
 /// whole, though interleaving two threads' batches on one QP is the program's error).
+///
+/// # Safety
+/// `qp` is an extended QP of this library (its ibv_qp_ex is a Qp's first field), not destroyed
+/// during the call.
 unsafe fn with<R>(qp: *mut ffi::ibv_qp_ex, f: impl FnOnce(&mut Build) -> R) -> R {
-    // SAFETY: the caller keeps `with`'s contract (an entry point passes on what its own caller guarantees): `qp` is
-    // a QP this library created and has not destroyed.
-    unsafe {
-        let q = &*(qp as *const Qp);
-        let mut b = lock(&q.build);
-        f(&mut b)
-    }
+    // SAFETY: per the contract.
+    let q = unsafe { &*(qp as *const Qp) };
+    let mut b = lock(&q.build);
+    f(&mut b)
 }
 
 /// Applies `f` to the batch's last work request; with none, the batch fails with EINVAL.
+///
+/// # Safety
+/// As for [`with`].
 unsafe fn on_last(qp: *mut ffi::ibv_qp_ex, f: impl FnOnce(&mut SendWr)) {
-    // SAFETY: the caller keeps `on_last`'s contract (an entry point passes on what its own caller guarantees): `qp`
-    // is a QP this library created and has not destroyed.
+    // SAFETY: this function's contract is with's.
     unsafe {
         with(qp, |b| match b.wrs.last_mut() {
             Some(w) => f(w),
@@ -957,114 +957,95 @@ fn fail(b: &mut Build) {
     b.err.get_or_insert(libc::EINVAL);
 }
 
+/// Adds a work request of `op` to the batch, with the wr_id and flags the program set in `qp`.
+///
+/// # Safety
+/// As for [`with`].
 unsafe fn push(qp: *mut ffi::ibv_qp_ex, op: SendOp) {
-    // SAFETY: the caller keeps `push`'s contract (an entry point passes on what its own caller guarantees): `qp` is
-    // a QP this library created and has not destroyed.
-    unsafe {
-        let f = (*qp).wr_flags;
-        let mut wr = SendWr::new((*qp).wr_id, op, Vec::new());
-        wr.signaled = f & ffi::IBV_SEND_SIGNALED != 0;
-        wr.fence = f & ffi::IBV_SEND_FENCE != 0;
-        wr.solicited = f & ffi::IBV_SEND_SOLICITED != 0;
-        with(qp, |b| b.wrs.push(wr));
-    }
+    // SAFETY: per the contract `qp` is a live ibv_qp_ex; the program sets wr_id and wr_flags
+    // before each ibv_wr_* call.
+    let (f, wr_id) = unsafe { ((*qp).wr_flags, (*qp).wr_id) };
+    let mut wr = SendWr::new(wr_id, op, Vec::new());
+    wr.signaled = f & ffi::IBV_SEND_SIGNALED != 0;
+    wr.fence = f & ffi::IBV_SEND_FENCE != 0;
+    wr.solicited = f & ffi::IBV_SEND_SOLICITED != 0;
+    // SAFETY: this function's contract is with's.
+    unsafe { with(qp, |b| b.wrs.push(wr)) };
 }
 
 unsafe extern "C" fn wr_start(qp: *mut ffi::ibv_qp_ex) {
-    // SAFETY: `wr_start` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `qp` is a QP this library created and has not destroyed.
-    unsafe {
-        with(qp, |b| *b = Build::default());
-    }
+    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
+    // the program has not destroyed.
+    unsafe { with(qp, |b| *b = Build::default()) };
 }
 unsafe extern "C" fn wr_abort(qp: *mut ffi::ibv_qp_ex) {
-    // SAFETY: `wr_abort` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `qp` is a QP this library created and has not destroyed.
-    unsafe {
-        with(qp, |b| *b = Build::default());
-    }
+    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
+    // the program has not destroyed.
+    unsafe { with(qp, |b| *b = Build::default()) };
 }
 unsafe extern "C" fn wr_complete(qp: *mut ffi::ibv_qp_ex) -> c_int {
-    // SAFETY: `wr_complete` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `qp` is a QP this library created and has not destroyed.
-    unsafe {
-        let b = with(qp, std::mem::take);
-        if let Some(e) = b.err {
-            return e;
-        }
-        let r = crate::guarded(|| {
-            let q = qp_of(qp as *mut ffi::ibv_qp)?;
-            q.inner().post_send(b.wrs)?;
-            Ok(())
-        });
-        // The inline data was copied at post; its buffers may go now.
-        drop(b.inline);
-        match r {
-            Ok(()) => 0,
-            Err(Errno(e)) => e,
-        }
+    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
+    // the program has not destroyed.
+    let b = unsafe { with(qp, std::mem::take) };
+    if let Some(e) = b.err {
+        return e;
+    }
+    let r = crate::guarded(|| {
+        let q = qp_of(qp as *mut ffi::ibv_qp)?;
+        q.inner().post_send(b.wrs)?;
+        Ok(())
+    });
+    // The inline data was copied at post; its buffers may go now.
+    drop(b.inline);
+    match r {
+        Ok(()) => 0,
+        Err(Errno(e)) => e,
     }
 }
 unsafe extern "C" fn wr_send(qp: *mut ffi::ibv_qp_ex) {
-    // SAFETY: `wr_send` is installed in an object's operation table, and libibverbs calls it under that operation's
-    // contract: `qp` is a QP this library created and has not destroyed.
-    unsafe {
-        push(qp, SendOp::Send);
-    }
+    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
+    // the program has not destroyed.
+    unsafe { push(qp, SendOp::Send) };
 }
 unsafe extern "C" fn wr_send_imm(qp: *mut ffi::ibv_qp_ex, imm: u32) {
-    // SAFETY: `wr_send_imm` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `qp` is a QP this library created and has not destroyed.
-    unsafe {
-        push(qp, SendOp::SendWithImm { imm: u32::from_be(imm) });
-    }
+    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
+    // the program has not destroyed.
+    unsafe { push(qp, SendOp::SendWithImm { imm: u32::from_be(imm) }) };
 }
 unsafe extern "C" fn wr_send_inv(qp: *mut ffi::ibv_qp_ex, rkey: u32) {
-    // SAFETY: `wr_send_inv` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `qp` is a QP this library created and has not destroyed.
-    unsafe {
-        push(qp, SendOp::SendWithInv { rkey });
-    }
+    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
+    // the program has not destroyed.
+    unsafe { push(qp, SendOp::SendWithInv { rkey }) };
 }
 unsafe extern "C" fn wr_rdma_write(qp: *mut ffi::ibv_qp_ex, rkey: u32, remote_addr: u64) {
-    // SAFETY: `wr_rdma_write` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `qp` is a QP this library created and has not destroyed.
-    unsafe {
-        push(qp, SendOp::Write { remote_addr, rkey });
-    }
+    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
+    // the program has not destroyed.
+    unsafe { push(qp, SendOp::Write { remote_addr, rkey }) };
 }
 unsafe extern "C" fn wr_rdma_write_imm(qp: *mut ffi::ibv_qp_ex, rkey: u32, remote_addr: u64, imm: u32) {
-    // SAFETY: `wr_rdma_write_imm` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `qp` is a QP this library created and has not destroyed.
-    unsafe {
-        push(qp, SendOp::WriteWithImm { remote_addr, rkey, imm: u32::from_be(imm) });
-    }
+    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
+    // the program has not destroyed.
+    unsafe { push(qp, SendOp::WriteWithImm { remote_addr, rkey, imm: u32::from_be(imm) }) };
 }
 unsafe extern "C" fn wr_rdma_read(qp: *mut ffi::ibv_qp_ex, rkey: u32, remote_addr: u64) {
-    // SAFETY: `wr_rdma_read` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `qp` is a QP this library created and has not destroyed.
-    unsafe {
-        push(qp, SendOp::Read { remote_addr, rkey });
-    }
+    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
+    // the program has not destroyed.
+    unsafe { push(qp, SendOp::Read { remote_addr, rkey }) };
 }
 unsafe extern "C" fn wr_atomic_cmp_swp(qp: *mut ffi::ibv_qp_ex, rkey: u32, remote_addr: u64, compare: u64, swap: u64) {
-    // SAFETY: `wr_atomic_cmp_swp` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `qp` is a QP this library created and has not destroyed.
-    unsafe {
-        push(qp, SendOp::CompareSwap { remote_addr, rkey, compare, swap });
-    }
+    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
+    // the program has not destroyed.
+    unsafe { push(qp, SendOp::CompareSwap { remote_addr, rkey, compare, swap }) };
 }
 unsafe extern "C" fn wr_atomic_fetch_add(qp: *mut ffi::ibv_qp_ex, rkey: u32, remote_addr: u64, add: u64) {
-    // SAFETY: `wr_atomic_fetch_add` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `qp` is a QP this library created and has not destroyed.
-    unsafe {
-        push(qp, SendOp::FetchAdd { remote_addr, rkey, add });
-    }
+    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
+    // the program has not destroyed.
+    unsafe { push(qp, SendOp::FetchAdd { remote_addr, rkey, add }) };
 }
 /// `ibv_wr_atomic_write`: the 8 bytes at `atomic_wr` are copied now, as the WR's inline data.
 unsafe extern "C" fn wr_atomic_write(qp: *mut ffi::ibv_qp_ex, rkey: u32, remote_addr: u64, atomic_wr: *const c_void) {
-    // SAFETY: `wr_atomic_write` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `qp` is a QP this library created and has not destroyed; `atomic_wr` points to 8
+    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
+    // the program has not destroyed. ibv_wr_atomic_write(3): `atomic_wr` points to 8
     // readable bytes.
     unsafe {
         push(qp, SendOp::AtomicWrite { remote_addr, rkey });
@@ -1072,11 +1053,9 @@ unsafe extern "C" fn wr_atomic_write(qp: *mut ffi::ibv_qp_ex, rkey: u32, remote_
     }
 }
 unsafe extern "C" fn wr_local_inv(qp: *mut ffi::ibv_qp_ex, rkey: u32) {
-    // SAFETY: `wr_local_inv` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `qp` is a QP this library created and has not destroyed.
-    unsafe {
-        push(qp, SendOp::LocalInv { rkey });
-    }
+    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
+    // the program has not destroyed.
+    unsafe { push(qp, SendOp::LocalInv { rkey }) };
 }
 unsafe extern "C" fn wr_bind_mw(
     qp: *mut ffi::ibv_qp_ex,
@@ -1084,50 +1063,55 @@ unsafe extern "C" fn wr_bind_mw(
     rkey: u32,
     info: *const ffi::ibv_mw_bind_info,
 ) {
-    // SAFETY: `wr_bind_mw` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `qp` is a QP this library created and has not destroyed; `mw` is a memory window this
-    // library allocated and has not freed; `info` points to a readable ibv_mw_bind_info.
+    // SAFETY: ibv_wr_bind_mw(3): `info` is NULL or a readable ibv_mw_bind_info whose region is
+    // NULL or live, and `mw` is the program's window.
+    let op = unsafe { info.as_ref().map(|i| crate::mem::bind_op(mw, rkey, i)) };
+    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
+    // the program has not destroyed.
     unsafe {
-        match info.as_ref().map(|i| crate::mem::bind_op(mw, rkey, i)) {
+        match op {
             Some(Ok(op)) => push(qp, op),
             _ => with(qp, fail),
         }
     }
 }
 unsafe extern "C" fn wr_set_sge(qp: *mut ffi::ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
-    // SAFETY: `wr_set_sge` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `qp` is a QP this library created and has not destroyed.
-    unsafe {
-        on_last(qp, |w| w.sg_list = vec![Sge { addr, length, lkey }]);
-    }
+    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
+    // the program has not destroyed.
+    unsafe { on_last(qp, |w| w.sg_list = vec![Sge { addr, length, lkey }]) };
 }
 unsafe extern "C" fn wr_set_sge_list(qp: *mut ffi::ibv_qp_ex, n: usize, list: *const ffi::ibv_sge) {
-    // SAFETY: `wr_set_sge_list` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `qp` is a QP this library created and has not destroyed; `list` points to as many
-    // readable SGEs as the call's count says.
+    // SAFETY: ibv_wr_set_sge_list(3): `list` holds `n` readable ibv_sge.
+    let sg = unsafe { sges(list as *mut ffi::ibv_sge, n as c_int) };
+    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
+    // the program has not destroyed.
     unsafe {
-        match sges(list as *mut ffi::ibv_sge, n as c_int) {
+        match sg {
             Ok(s) => on_last(qp, |w| w.sg_list = s),
             Err(_) => with(qp, fail),
         }
     }
 }
 /// Inline data is copied now: the program may reuse its buffers as soon as the call returns.
+///
+/// # Safety
+/// As for [`with`]; and each `(p, n)` of `bufs` with n > 0 is NULL or `n` readable bytes.
 unsafe fn set_inline(qp: *mut ffi::ibv_qp_ex, bufs: &[(*const u8, usize)]) {
-    // SAFETY: the caller keeps `set_inline`'s contract (an entry point passes on what its own caller guarantees):
-    // `qp` is a QP this library created and has not destroyed.
-    unsafe {
-        let mut data = Vec::new();
-        for &(p, n) in bufs {
-            if n > 0 {
-                if p.is_null() {
-                    return with(qp, fail);
-                }
-                data.extend_from_slice(std::slice::from_raw_parts(p, n));
+    let mut data = Vec::new();
+    for &(p, n) in bufs {
+        if n > 0 {
+            if p.is_null() {
+                // SAFETY: this function's contract is with's.
+                return unsafe { with(qp, fail) };
             }
+            // SAFETY: per the contract, a non-NULL `p` has `n` readable bytes.
+            data.extend_from_slice(unsafe { std::slice::from_raw_parts(p, n) });
         }
-        let data = data.into_boxed_slice();
-        let sge = Sge { addr: data.as_ptr() as u64, length: data.len() as u32, lkey: 0 };
+    }
+    let data = data.into_boxed_slice();
+    let sge = Sge { addr: data.as_ptr() as u64, length: data.len() as u32, lkey: 0 };
+    // SAFETY: this function's contract is with's.
+    unsafe {
         with(qp, |b| match b.wrs.last_mut() {
             Some(w) => {
                 w.inline = true;
@@ -1135,47 +1119,50 @@ unsafe fn set_inline(qp: *mut ffi::ibv_qp_ex, bufs: &[(*const u8, usize)]) {
                 b.inline.push(data);
             }
             None => fail(b),
-        });
-    }
+        })
+    };
 }
 unsafe extern "C" fn wr_set_inline_data(qp: *mut ffi::ibv_qp_ex, addr: *mut c_void, length: usize) {
-    // SAFETY: `wr_set_inline_data` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `qp` is a QP this library created and has not destroyed; `addr` is the caller's buffer,
-    // valid for the length the call names.
-    unsafe {
-        set_inline(qp, &[(addr as *const u8, length)]);
-    }
+    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
+    // the program has not destroyed. ibv_wr_set_inline_data(3): `addr` has `length`
+    // readable bytes.
+    unsafe { set_inline(qp, &[(addr as *const u8, length)]) };
 }
 unsafe extern "C" fn wr_set_inline_data_list(qp: *mut ffi::ibv_qp_ex, n: usize, list: *const ffi::ibv_data_buf) {
-    // SAFETY: `wr_set_inline_data_list` is installed in an object's operation table, and libibverbs calls it under
-    // that operation's contract: `qp` is a QP this library created and has not destroyed; `list` points to a
-    // readable ibv_data_buf.
-    unsafe {
-        if n > 0 && list.is_null() {
-            return with(qp, fail);
-        }
-        let bufs: Vec<(*const u8, usize)> =
-            (0..n).map(|i| ((*list.add(i)).addr as *const u8, (*list.add(i)).length)).collect();
-        set_inline(qp, &bufs);
+    if n > 0 && list.is_null() {
+        // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
+        // the program has not destroyed.
+        return unsafe { with(qp, fail) };
     }
+    // SAFETY: ibv_wr_set_inline_data_list(3): `list` (non-NULL when n > 0) holds `n` readable
+    // ibv_data_buf, and i < n.
+    let bufs: Vec<(*const u8, usize)> = (0..n)
+        .map(|i| unsafe {
+            let b = &*list.add(i);
+            (b.addr as *const u8, b.length)
+        })
+        .collect();
+    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
+    // the program has not destroyed. Each buffer has its `length` readable bytes.
+    unsafe { set_inline(qp, &bufs) };
 }
 unsafe extern "C" fn wr_set_ud_addr(qp: *mut ffi::ibv_qp_ex, ah: *mut ffi::ibv_ah, remote_qpn: u32, remote_qkey: u32) {
-    // SAFETY: `wr_set_ud_addr` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `qp` is a QP this library created and has not destroyed; `ah` is an address handle this
-    // library created and has not destroyed.
+    // SAFETY: ibv_wr_set_ud_addr(3): `ah` is NULL or an address handle of this library (an Ah)
+    // the program has not destroyed.
+    let dest = unsafe { (ah as *const Ah).as_ref() }.map(|a| a.dest);
+    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
+    // the program has not destroyed.
     unsafe {
-        match (ah as *const Ah).as_ref().map(|a| a.dest) {
+        match dest {
             Some(dest) => on_last(qp, |w| w.ud = Some(UdDest { dest, remote_qpn, remote_qkey })),
             None => with(qp, fail),
         }
     }
 }
 unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ffi::ibv_qp_ex, srqn: u32) {
-    // SAFETY: `wr_set_xrc_srqn` is installed in an object's operation table, and libibverbs calls it under that
-    // operation's contract: `qp` is a QP this library created and has not destroyed.
-    unsafe {
-        on_last(qp, |w| w.remote_srqn = srqn);
-    }
+    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
+    // the program has not destroyed.
+    unsafe { on_last(qp, |w| w.remote_srqn = srqn) };
 }
 
 fn fill_ex(ex: &mut ffi::ibv_qp_ex) {

@@ -63,7 +63,8 @@ fn new_id(
         None => channel,
     };
     let handle = cma.handle();
-    // SAFETY: rdma_cm_id is a C struct of integers, pointers and unions of them: all zero bytes is a valid value.
+    // SAFETY: rdma_cm_id is a bindgen C struct of integers, raw pointers, Option'd function
+    // pointers and unions of those, for all of which all-zero bytes are valid (NULL / None / 0).
     let mut cid: c::rdma_cm_id = unsafe { std::mem::zeroed() };
     cid.channel = chan_ptr;
     cid.context = context;
@@ -537,7 +538,7 @@ fn ud_ah_attr(local: SocketAddr, remote: SocketAddr, tos: u8) -> ffi::ibv_ah_att
 }
 
 fn path_record(local: SocketAddr, remote: SocketAddr, tos: u8, mtu: u8) -> c::ibv_sa_path_rec {
-    // SAFETY: ibv_sa_path_rec is a C struct of integers: all zero bytes is a valid value.
+    // SAFETY: ibv_sa_path_rec is plain integers and GIDs (byte arrays): all-zero is valid.
     let mut r: c::ibv_sa_path_rec = unsafe { std::mem::zeroed() };
     r.sgid.raw = softrdma_device::proto::gid_of(local.ip());
     r.dgid.raw = softrdma_device::proto::gid_of(remote.ip());
@@ -1386,7 +1387,8 @@ fn deliver(rec: CmRecord) -> Result<Option<Box<Event>>, Errno> {
         }
     };
     drop(ids);
-    // SAFETY: rdma_cm_event is a C struct of integers, pointers and unions of them: all zero bytes is a valid value.
+    // SAFETY: rdma_cm_event is integers, raw pointers and a union of parameter structs of the
+    // same: all-zero bytes are a valid value (NULL pointers, zero lengths).
     let mut ev: c::rdma_cm_event = unsafe { std::mem::zeroed() };
     ev.event = rec.event as _;
     ev.status = rec.status;
