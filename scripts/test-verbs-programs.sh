@@ -725,7 +725,7 @@ perf() {
   if [ "$src" = 0 ] && [ "$crc" = 0 ] && [ "$rows" -ge "${want_rows:-1}" ]; then
     result "$name ($rows result rows)" ok
   else
-    result "$name" fail "server rc=$src client rc=$crc, $rows result rows; $(tail -q -n 2 "$slog" "$clog" | tr '\n' ' ')"
+    result "$name" fail "server rc=$src client rc=$crc, $rows result rows; server: $(tail -n 4 "$slog" | tr '\n' ' ') client: $(tail -n 4 "$clog" | tr '\n' ' ')"
   fi
 }
 
