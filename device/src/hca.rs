@@ -372,6 +372,7 @@ impl Hca {
             sport_count: cfg.flow_ports,
             gso: cfg.gso,
             gro: true,
+            steered: false,
         })?;
         // The device thread polls its own descriptor of the receive socket (the same socket, so
         // the same readiness), so that it can wait with the state's lock released.

@@ -13,6 +13,8 @@
 //!   property tests run the real engine over it (design decision D7).
 //! - [`udp`], the real wire: RoCEv2 datagrams over UDP sockets (port 4791, a pool of source
 //!   ports for flow entropy, batched with GSO/GRO), and the interface MTU to active MTU rule.
+//! - [`steer`], steering on a device's port: a `SO_REUSEPORT` group whose classic BPF program
+//!   hands each datagram to the socket of the process that owns its destination QP.
 //!
 //! The test workloads that run engine devices over [`sim`] (`softrdma sim`) live in their own
 //! crate, `softrdma-workloads`: nothing here exists only for tests.
@@ -29,6 +31,7 @@
 
 pub mod faults;
 pub mod sim;
+pub mod steer;
 pub mod udp;
 
 pub use udp::{active_mtu, interface_mtu, interface_of, GroupSocket, RoceUdp, UdpConfig, UdpError, UdpStats};

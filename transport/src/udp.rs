@@ -27,8 +27,10 @@
 //!   `IPV6_RECVHOPLIMIT` and `IP_RECVTOS`/`IPV6_RECVTCLASS` (capture rebuilds the IP header from
 //!   them, design decision D8), and tries 4 MiB receive and send buffers (the kernel caps them at
 //!   `net.core.rmem_max`/`wmem_max`; failure is ignored).
-//! - `SO_REUSEADDR`/`SO_REUSEPORT` are never set: a second device on the same address and port
-//!   must fail to bind, not silently share (and steal) the traffic.
+//! - `SO_REUSEADDR` is never set, and `SO_REUSEPORT` only for a steered device
+//!   ([`UdpConfig::steered`], [`crate::steer`]), after checking with a plain bind that the port is
+//!   free: a second device on the same address and port must fail to bind, not silently share
+//!   (and steal) the traffic.
 //!
 //! # Batching
 //!
@@ -89,7 +91,7 @@ pub const RECV_BUDGET: usize = 256;
 pub const ROCE_HEADER_OVERHEAD: u32 = 80;
 
 /// Socket buffer size asked for (the kernel caps it at `net.core.rmem_max`/`wmem_max`).
-const SOCKET_BUFFER_BYTES: usize = 4 << 20;
+pub(crate) const SOCKET_BUFFER_BYTES: usize = 4 << 20;
 
 /// Buffers per `recvmmsg`.
 const RECV_BATCH: usize = 32;
@@ -121,13 +123,26 @@ pub struct UdpConfig {
     pub gso: bool,
     /// Let the kernel coalesce received datagrams (UDP GRO) when it supports it.
     pub gro: bool,
+    /// Make the receive socket member 0 of a steered `SO_REUSEPORT` group ([`crate::steer`]):
+    /// client processes get further members, and a program steers each datagram by its
+    /// destination QPN. The port is first bound without `SO_REUSEPORT` once, so a port somebody
+    /// already has still fails as "address in use" rather than joining their group.
+    pub steered: bool,
 }
 
 impl UdpConfig {
     /// A device at `addr` on [`ROCE_V2_PORT`], 16 source ports from [`SPORT_RANGE_START`], GSO
     /// and GRO on.
     pub fn new(addr: IpAddr) -> UdpConfig {
-        UdpConfig { addr, port: ROCE_V2_PORT, sport_base: SPORT_RANGE_START, sport_count: 16, gso: true, gro: true }
+        UdpConfig {
+            addr,
+            port: ROCE_V2_PORT,
+            sport_base: SPORT_RANGE_START,
+            sport_count: 16,
+            gso: true,
+            gro: true,
+            steered: false,
+        }
     }
 }
 
@@ -264,6 +279,7 @@ pub struct RoceUdp {
     gro: bool,
     ring: RecvRing,
     stats: UdpStats,
+    steering: Option<crate::steer::Steering>,
 }
 
 impl fmt::Debug for RoceUdp {
@@ -304,8 +320,22 @@ impl RoceUdp {
             )));
         }
 
-        let wanted = SocketAddr::new(addr, config.port);
+        let mut wanted = SocketAddr::new(addr, config.port);
+        if config.steered {
+            // A plain bind first: a port another socket has fails here as in use, instead of
+            // joining that socket's group (same uid) or racing it. The probe's port is kept
+            // (port 0 picks one), and it is closed before the group's first member binds.
+            let probe = new_socket(wanted)?;
+            probe.bind(&SockAddr::from(wanted)).map_err(|error| bind_error(wanted, addr, error))?;
+            if let Some(a) = probe.local_addr().ok().and_then(|a| a.as_socket()) {
+                wanted.set_port(a.port());
+            }
+        }
         let recv = new_socket(wanted)?;
+        if config.steered {
+            nsock::setsockopt(&recv, sockopt::ReusePort, &true)
+                .map_err(|e| setup_error(wanted, "setting SO_REUSEPORT", e.into()))?;
+        }
         recv.bind(&SockAddr::from(wanted)).map_err(|error| bind_error(wanted, addr, error))?;
         let local = recv
             .local_addr()
@@ -326,7 +356,57 @@ impl RoceUdp {
             bind_pool(addr, config.sport_base, config.sport_count)?
         };
 
-        Ok(RoceUdp { recv, local, pool, sport_base, gso, gro, ring: RecvRing::new(), stats: UdpStats::default() })
+        let steering = if config.steered { Some(crate::steer::Steering::new(local, &recv)?) } else { None };
+        Ok(RoceUdp {
+            recv,
+            local,
+            pool,
+            sport_base,
+            gso,
+            gro,
+            ring: RecvRing::new(),
+            stats: UdpStats::default(),
+            steering,
+        })
+    }
+
+    /// A client's endpoint on a steered device's port: `fd` is the member socket the device
+    /// made for it ([`crate::steer::Steering::add_member`]). It receives what the steering program
+    /// gives its member and sends from the device's port (no source-port pool: the pool's ports
+    /// are the device's). GSO as the kernel allows; no GRO (see [`crate::steer`]).
+    pub fn from_member(fd: std::os::fd::OwnedFd) -> Result<RoceUdp, UdpError> {
+        let recv = Socket::from(fd);
+        let unknown = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0);
+        let local = recv.local_addr().ok().and_then(|a| a.as_socket()).ok_or_else(|| {
+            setup_error(unknown, "reading a member socket's address", io::ErrorKind::InvalidInput.into())
+        })?;
+        recv.set_nonblocking(true).map_err(|e| setup_error(local, "setting O_NONBLOCK", e))?;
+        // SAFETY: fcntl(2) F_SETFD on a descriptor this function owns (`recv`), no pointers.
+        if unsafe { libc::fcntl(recv.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
+            return Err(setup_error(local, "setting FD_CLOEXEC", io::Error::last_os_error()));
+        }
+        let gso = nsock::getsockopt(&recv, sockopt::UdpGsoSegment).is_ok();
+        Ok(RoceUdp {
+            recv,
+            local,
+            pool: Vec::new(),
+            sport_base: local.port(),
+            gso,
+            gro: false,
+            ring: RecvRing::new(),
+            stats: UdpStats::default(),
+            steering: None,
+        })
+    }
+
+    /// The steering of a device bound with [`UdpConfig::steered`].
+    pub fn steering(&self) -> Option<&crate::steer::Steering> {
+        self.steering.as_ref()
+    }
+
+    /// The steering of a device bound with [`UdpConfig::steered`], to add members and move blocks.
+    pub fn steering_mut(&mut self) -> Option<&mut crate::steer::Steering> {
+        self.steering.as_mut()
     }
 
     /// The receive socket's address and port.
@@ -616,17 +696,17 @@ fn classify_send_error(error: io::Error) -> io::Result<Option<Sent>> {
     }
 }
 
-fn bind_error(local: SocketAddr, addr: IpAddr, error: io::Error) -> UdpError {
+pub(crate) fn bind_error(local: SocketAddr, addr: IpAddr, error: io::Error) -> UdpError {
     UdpError::Bind { local, addr, problem: BindProblem::of(&error), error }
 }
 
-fn setup_error(local: SocketAddr, what: &'static str, error: io::Error) -> UdpError {
+pub(crate) fn setup_error(local: SocketAddr, what: &'static str, error: io::Error) -> UdpError {
     UdpError::Setup { local, what, error }
 }
 
 /// A nonblocking, close-on-exec UDP socket for `local`'s family with the options every socket
 /// here has (V6ONLY, no fragmentation, a large send buffer). Not bound yet.
-fn new_socket(local: SocketAddr) -> Result<Socket, UdpError> {
+pub(crate) fn new_socket(local: SocketAddr) -> Result<Socket, UdpError> {
     let socket = Socket::new(Domain::for_address(local), Type::DGRAM, Some(Protocol::UDP)).map_err(|e| {
         let what = if e.raw_os_error() == Some(libc::EMFILE) {
             "creating a socket (too many open files: each source port of the pool is one socket)"
@@ -660,7 +740,7 @@ fn new_socket(local: SocketAddr) -> Result<Socket, UdpError> {
 }
 
 /// The receive socket's ancillary data: destination address, TTL, TOS.
-fn configure_receive(socket: &Socket, local: SocketAddr) -> Result<(), UdpError> {
+pub(crate) fn configure_receive(socket: &Socket, local: SocketAddr) -> Result<(), UdpError> {
     let fail = |what: &'static str| move |e: nix::errno::Errno| setup_error(local, what, e.into());
     if local.is_ipv6() {
         nsock::setsockopt(socket, sockopt::Ipv6RecvPacketInfo, &true).map_err(fail("setting IPV6_RECVPKTINFO"))?;

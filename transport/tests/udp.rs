@@ -22,7 +22,7 @@ const V6: IpAddr = IpAddr::V6(Ipv6Addr::LOCALHOST);
 const DEADLINE: Duration = Duration::from_secs(5);
 
 fn config(addr: IpAddr, port: u16, sport_base: u16, sport_count: u16) -> UdpConfig {
-    UdpConfig { addr, port, sport_base, sport_count, gso: true, gro: true }
+    UdpConfig { addr, port, sport_base, sport_count, gso: true, gro: true, steered: false }
 }
 
 /// Devices on `addrs` sharing one receive port (peers send to their own port number), searching
@@ -38,7 +38,7 @@ fn bind_group(
     'ports: for port in first_port..first_port + 100 {
         let mut devices = Vec::new();
         for &addr in addrs {
-            let cfg = UdpConfig { addr, port, sport_base, sport_count, gso, gro };
+            let cfg = UdpConfig { addr, port, sport_base, sport_count, gso, gro, steered: false };
             match RoceUdp::bind(&cfg) {
                 Ok(d) => devices.push(d),
                 Err(UdpError::Bind { problem: BindProblem::InUse, local, .. }) if local.port() == port => {
