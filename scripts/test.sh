@@ -32,6 +32,9 @@ bash scripts/build-shim.sh
 step "tests"
 cargo test --workspace --locked
 
+step "the embedded devices' tests again with the application's calls driving the devices (SOFTRDMA_PROGRESS=application)"
+SOFTRDMA_PROGRESS=application cargo test --locked -p softrdma-device --test embedded
+
 step "example programs (examples/c: the seeds' workloads)"
 bash scripts/build-examples.sh
 

@@ -62,6 +62,11 @@ pub(crate) struct BenchArgs {
     /// as root, with no cluster already up).
     #[arg(long)]
     no_cluster: bool,
+    /// Only the progress comparison (`bench_progress`): RC ping-pong between two devices in this
+    /// process, moved by the device threads and by the application's calls, beside busy-poll UDP.
+    /// Prints its table; needs no packages, daemons or perftest.
+    #[arg(long)]
+    progress: bool,
 }
 
 /// The Debian packages the comparison needs, by the program that tells whether one is there.
@@ -521,6 +526,14 @@ fn now_utc() -> String {
 }
 
 pub(crate) fn run_bench(a: &BenchArgs) -> Result<ExitCode> {
+    if a.progress {
+        let (iters, rounds) = if a.quick { (2_000, 1) } else { (20_000, 3) };
+        eprintln!("softrdma bench --progress: {rounds} round(s) of {iters} round trips per way");
+        let f = crate::bench_progress::run([a.addr0, a.addr1], iters, rounds)?;
+        let cmd = if a.quick { "softrdma bench --progress --quick" } else { "softrdma bench --progress" };
+        print!("{}", crate::bench_progress::table(&f, cmd));
+        return Ok(ExitCode::SUCCESS);
+    }
     let exe = std::env::current_exe().context("finding the softrdma executable")?;
     let shim = crate::shim::dir()?;
     ensure_packages(a.no_install)?;

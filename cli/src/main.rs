@@ -26,6 +26,7 @@
 mod bench;
 mod bench_cluster;
 mod bench_parse;
+mod bench_progress;
 mod bench_scale;
 mod cluster;
 mod demo;

@@ -85,7 +85,42 @@ pub struct HcaConfig {
     /// Most entries of one CQ (`max_cqe`); None: rxe's 32767. A CQ's completion ring in the
     /// client's arena takes 128 bytes per entry, so the limit is MAX_CQE_LIMIT.
     pub max_cqe: Option<u32>,
+    /// Who moves the device's work: its own thread, or the threads that post and poll.
+    pub progress: Progress,
 }
+
+/// Who makes a device progress (design D2 revised: the data path in the application).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Progress {
+    /// The device thread does everything: it spins for a while after activity (1 ms,
+    /// `$SOFTRDMA_SPIN_US`) and sleeps in poll otherwise. A process of its own (the daemon) has to
+    /// work this way; every message then passes through the device's thread besides the
+    /// application's.
+    #[default]
+    DeviceThread,
+    /// The application's threads drive the device in the calls they make anyway, as a user-space
+    /// provider over a NIC does: posting runs the engine and sends ([`Hca::drive`]), polling an
+    /// empty CQ receives, runs the timers and writes completions. The device thread becomes a
+    /// *progress thread* that never spins: it serves what no call drives (one-sided targets,
+    /// timers, completion-channel sleepers) from a blocking poll on the socket, the doorbell and
+    /// the engine's next timer, and keeps off the socket while an application thread drove the
+    /// device within the last [`PARK`], so the two do not contend for every packet.
+    Application,
+}
+
+impl Progress {
+    /// `$SOFTRDMA_PROGRESS`: `application` or `device` (the default; anything else too).
+    pub fn from_env() -> Progress {
+        match std::env::var("SOFTRDMA_PROGRESS").as_deref() {
+            Ok("application") => Progress::Application,
+            _ => Progress::DeviceThread,
+        }
+    }
+}
+
+/// How long the progress thread of a [`Progress::Application`] device stays off the socket after
+/// an application thread last drove the device (and how often it looks again meanwhile).
+pub const PARK: std::time::Duration = std::time::Duration::from_micros(500);
 
 /// The largest `max_cqe` a device takes: ConnectX's (2^22 - 1); one such CQ's ring is half the
 /// arena's ring space.
@@ -93,7 +128,8 @@ pub const MAX_CQE_LIMIT: u32 = (1 << 22) - 1;
 
 impl HcaConfig {
     /// A device `name` on `addr` with the defaults: UDP 4791, MTU from the interface, no capture,
-    /// no faults, 8 flow ports, the "some IPv4 ID" ICRC check, one send per packet (no GSO).
+    /// no faults, 8 flow ports, the "some IPv4 ID" ICRC check, one send per packet (no GSO),
+    /// progress as `$SOFTRDMA_PROGRESS` says ([`Progress::from_env`]).
     pub fn new(name: &str, addr: IpAddr) -> HcaConfig {
         HcaConfig {
             name: name.to_owned(),
@@ -112,6 +148,7 @@ impl HcaConfig {
             cm_timer_permille: 1000,
             path_cache_ttl: crate::paths::DEFAULT_TTL,
             max_cqe: None,
+            progress: Progress::from_env(),
         }
     }
 }
@@ -340,6 +377,11 @@ pub(crate) struct Shared {
     wake: EventFd,
     stop: AtomicBool,
     info: DeviceInfo,
+    progress: Progress,
+    /// [`Progress::Application`]: nanoseconds since `epoch` until which an application thread
+    /// counts as driving the device (it drove it less than [`PARK`] ago).
+    driven_until: std::sync::atomic::AtomicU64,
+    epoch: std::time::Instant,
 }
 
 /// A running device.
@@ -460,6 +502,9 @@ impl Hca {
             wake: eventfd().map_err(io_err("eventfd"))?,
             stop: AtomicBool::new(false),
             info,
+            progress: cfg.progress,
+            driven_until: std::sync::atomic::AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
         });
         let s2 = shared.clone();
         let thread = std::thread::Builder::new()
@@ -569,6 +614,37 @@ impl Hca {
         (*st.dev.counters(), io)
     }
 
+    /// Who makes this device progress.
+    pub fn progress(&self) -> Progress {
+        self.shared.progress
+    }
+
+    /// Drives the device from the calling thread (a [`Progress::Application`] device's clients
+    /// call this after posting and when a poll finds nothing): moves posted work into the engine,
+    /// runs due timers, sends, writes completions, and with `receive` also reads what the socket
+    /// holds (batch by batch) and answers it. Returns the datagrams received. On a
+    /// [`Progress::DeviceThread`] device it does the same work, which the device thread would
+    /// have done a little later.
+    pub fn drive(&self, receive: bool) -> usize {
+        let sh = &self.shared;
+        let until = sh.epoch.elapsed() + PARK;
+        sh.driven_until.store(until.as_nanos() as u64, Ordering::Relaxed);
+        let mut st = sh.lock();
+        st.pump();
+        let mut received = 0;
+        if receive {
+            for _ in 0..64 {
+                let n = st.receive();
+                if n == 0 {
+                    break;
+                }
+                received += n;
+                st.pump();
+            }
+        }
+        received
+    }
+
     /// Stops the device thread and flushes the capture.
     pub fn stop(&self) {
         self.shared.stop.store(true, Ordering::SeqCst);
@@ -613,15 +689,25 @@ fn run(sh: &Shared, udp: &OwnedFd) {
     let mut spin_until: Option<std::time::Instant> = None;
     // Datagrams arrived in the last round: an answer (or the next request) tends to follow.
     let mut received = false;
+    let application = sh.progress == Progress::Application;
     loop {
         if sh.stop.load(Ordering::SeqCst) {
             return;
         }
+        // An application thread drives the device: stay off the socket until it stops (it looks
+        // at the socket itself; two threads taking turns per packet would only add wake-ups).
+        let driven_for = application
+            .then(|| {
+                let until = sh.driven_until.load(Ordering::Relaxed);
+                let now = sh.epoch.elapsed().as_nanos() as u64;
+                (until > now).then(|| std::time::Duration::from_nanos(until - now))
+            })
+            .flatten();
         let (timeout, spinning_now, groups) = {
             let mut st = sh.lock();
             let before = st.io.ring_wqes + st.io.udp_rcvd;
             st.pump();
-            if st.io.ring_wqes + st.io.udp_rcvd != before || received {
+            if !application && (st.io.ring_wqes + st.io.udp_rcvd != before || received) {
                 if spin_until.is_none() {
                     st.set_polling(true);
                 }
@@ -637,15 +723,18 @@ fn run(sh: &Shared, udp: &OwnedFd) {
             // A CM channel whose pipe was full is looked at again every millisecond.
             let cm_retry = st.cm.has_backlog().then(|| now + softrdma_engine::time::Duration::from_millis(1));
             let next = [st.dev.poll_timeout(), st.delayed.peek().map(|d| d.0.at), cm_retry].into_iter().flatten().min();
-            let t = if spinning { Some(0) } else { next.map(|t| t.saturating_since(now).as_nanos()) };
+            let mut t = if spinning { Some(0) } else { next.map(|t| t.saturating_since(now).as_nanos()) };
+            if let Some(d) = driven_for {
+                t = Some(t.map_or(d.as_nanos() as u64, |t| t.min(d.as_nanos() as u64)));
+            }
             (t, spinning, st.groups.sockets())
         };
         let ts = timeout.map(|ns| nix::sys::time::TimeSpec::from_duration(std::time::Duration::from_nanos(ns)));
         // The group sockets are shared with the state: one that a leave drops meanwhile stays open
         // (and a member) until this poll returns and `groups` goes, as the kernel would keep it
         // for a poll in progress anyway.
-        let mut fds =
-            vec![PollFd::new(udp.as_fd(), PollFlags::POLLIN), PollFd::new(sh.wake.as_fd(), PollFlags::POLLIN)];
+        let udp_events = if driven_for.is_some() { PollFlags::empty() } else { PollFlags::POLLIN };
+        let mut fds = vec![PollFd::new(udp.as_fd(), udp_events), PollFd::new(sh.wake.as_fd(), PollFlags::POLLIN)];
         fds.extend(groups.iter().map(|g| PollFd::new(g.as_fd(), PollFlags::POLLIN)));
         let _ = nix::poll::ppoll(&mut fds, ts, None);
         let group_readable = fds[2..].iter().any(|f| f.revents().is_some_and(|r| r.contains(PollFlags::POLLIN)));
@@ -863,6 +952,10 @@ impl State {
             if self.dev.memory().helper_round() {
                 self.dev.memory_ready();
             }
+            // Completions are visible before the answers leave (a responder's receive completion
+            // does not wait for the ACK it sends, IBTA 9.7.5.1 and 10.8.1 tie neither to the
+            // other): the application polling this CQ need not wait for our send syscalls.
+            self.fill_cq_rings();
             let loopback_icrc = self.loopback_icrc();
             let mut buf = std::mem::take(&mut self.buf);
             let mut sent = 0;

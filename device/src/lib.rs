@@ -25,4 +25,4 @@ pub mod runtime;
 pub mod server;
 pub mod verbs;
 
-pub use hca::{Hca, HcaConfig};
+pub use hca::{Hca, HcaConfig, Progress};

@@ -288,7 +288,7 @@ impl Inner {
     fn give_back(&self, off: u64, len: u32) {
         let _turn = self.producer(&self.release);
         while !matches!(self.arena.produce(&self.release, &(off, len)), Ok(true)) {
-            self.ring_doorbell();
+            self.ring_doorbell(true);
             std::thread::yield_now();
         }
     }
@@ -326,9 +326,10 @@ impl Inner {
     /// Posts a list onto a ring: each request is checked and encoded by `prepare` (its error
     /// is the post's), a full ring is ENOMEM; on an error the requests before `index` were
     /// posted, and `undo` takes back what `prepare` did for the one that was not. One doorbell
-    /// for the list.
+    /// for the list (`urgent` for a send queue, see `ring_doorbell`).
     fn post_list<W, E: serde::Serialize>(
         &self,
+        urgent: bool,
         ring: Option<RingDesc>,
         wrs: Vec<W>,
         mut prepare: impl FnMut(W) -> std::result::Result<E, VerbsError>,
@@ -361,7 +362,7 @@ impl Inner {
         }
         drop(turn);
         if n > 0 {
-            self.ring_doorbell();
+            self.ring_doorbell(urgent);
         }
         r
     }
@@ -390,11 +391,44 @@ impl Inner {
     /// After publishing work on a ring: tell the device, unless it is polling the rings now
     /// (design D4: the fence orders our producer index before our look at its flag; the device
     /// fences between clearing the flag and its last scan).
-    fn ring_doorbell(&self) {
+    ///
+    /// On a device the application drives, a send (`urgent`) runs the device now, from this
+    /// thread, as a provider's post_send rings the NIC; receives are not urgent: the device takes
+    /// them off the ring before it looks at the next packets anyway.
+    fn ring_doorbell(&self, urgent: bool) {
         self.arena.posted().fetch_add(1, Ordering::Release);
+        if self.application_driven() {
+            if urgent {
+                self.drive(false);
+            }
+            return;
+        }
         fence(Ordering::SeqCst);
         if self.arena.polling().load(Ordering::SeqCst) == 0 {
             let _ = nix::unistd::write(&self.doorbell, &1u64.to_ne_bytes());
+        }
+    }
+
+    /// Whether the application's threads drive this device ([`crate::hca::Progress::Application`]).
+    fn application_driven(&self) -> bool {
+        match &self.backend {
+            #[cfg(feature = "embedded")]
+            Backend::Embedded { hca, .. } => hca.progress() == crate::hca::Progress::Application,
+            _ => false,
+        }
+    }
+
+    /// On a device that the application's threads drive, runs it from this thread now (with
+    /// `receive`, reading the socket too) and says so; `false` for every other device.
+    #[cfg_attr(not(feature = "embedded"), allow(unused_variables))]
+    fn drive(&self, receive: bool) -> bool {
+        match &self.backend {
+            #[cfg(feature = "embedded")]
+            Backend::Embedded { hca, .. } if hca.progress() == crate::hca::Progress::Application => {
+                hca.drive(receive);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -1060,10 +1094,18 @@ impl CompletionQueue {
         }
         let left = max as usize - entries.len();
         if left > 0 {
-            self.ctx.inner.arena.consume::<CqEntry>(&ring, left, |e| {
+            let took = self.ctx.inner.arena.consume::<CqEntry>(&ring, left, |e| {
                 entries.extend(e);
                 true
             });
+            // Nothing there: on a device the application drives, this poll is what makes it
+            // progress (receive, timers, completions), as a provider's poll_cq does.
+            if took == 0 && entries.is_empty() && self.ctx.inner.drive(true) {
+                self.ctx.inner.arena.consume::<CqEntry>(&ring, left, |e| {
+                    entries.extend(e);
+                    true
+                });
+            }
         }
         drop(ring);
         Ok(entries.into_iter().map(|e| self.ctx.inner.complete(e)).collect())
@@ -1422,7 +1464,7 @@ impl QueuePair {
     /// `ibv_post_send` of a list, onto the send queue's ring in shared memory (no system call
     /// but the doorbell). On an error the requests before `index` were posted.
     pub fn post_send(&self, wrs: Vec<SendWr>) -> Result<()> {
-        self.ctx.inner.post_list(self.sq, wrs, |wr| Ok(SendEntry { data: self.check_send(&wr)?, wr }), |_| {})
+        self.ctx.inner.post_list(true, self.sq, wrs, |wr| Ok(SendEntry { data: self.check_send(&wr)?, wr }), |_| {})
     }
 
     /// `ibv_post_recv` of a list, onto the receive queue's ring: EINVAL in RESET, for a QP
@@ -1449,7 +1491,7 @@ impl QueuePair {
                 *n = n.saturating_sub(1);
             }
         };
-        inner.post_list(self.rq, wrs, prepare, undo)
+        inner.post_list(false, self.rq, wrs, prepare, undo)
     }
 
     /// `ibv_attach_mcast` (UD).
@@ -1519,7 +1561,7 @@ impl SharedReceiveQueue {
             }
             Ok(inner.recv_entry(self.pd, wr))
         };
-        inner.post_list(Some(self.ring), wrs, prepare, |e| inner.unstage(e))
+        inner.post_list(false, Some(self.ring), wrs, prepare, |e| inner.unstage(e))
     }
 
     /// `ibv_modify_srq` with IBV_SRQ_LIMIT.

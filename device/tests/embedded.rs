@@ -967,3 +967,80 @@ fn resize_counts_the_completions_of_work_posted_before_it() {
         a.cq.resize(if round % 2 == 0 { 7 } else { 256 }).unwrap();
     }
 }
+
+/// Devices that the application's calls drive (`Progress::Application`): the target of one-sided
+/// work makes no call at all, yet its progress thread answers WRITEs, READs and atomics in time
+/// (they would otherwise wait for the requester's retransmission timer and fail after retries);
+/// a thread asleep on a completion channel wakes for a SEND; and the requester's own calls move
+/// its work.
+#[test]
+fn application_driven_devices_serve_one_sided_targets_and_channel_sleepers_without_calls() {
+    let dev = |name: &str, addr: IpAddr| {
+        let mut c = HcaConfig::new(name, addr);
+        c.port = 47931;
+        c.seed = Some(47931);
+        c.progress = softrdma_device::Progress::Application;
+        Arc::new(Hca::start(c).unwrap())
+    };
+    let (da, db) = (dev("app0", A), dev("app1", B));
+    let (mut a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
+    // Shorter transport timer and few retries: a target that did not answer shows as an error.
+    let o = ConnectOptions { mtu: Mtu::Mtu1024, timeout: 14, retry_cnt: 1, ..ConnectOptions::default() };
+    a.qp.connect(100, &b.qp.endpoint(900), &o).unwrap();
+    b.qp.connect(900, &a.qp.endpoint(100), &o).unwrap();
+    let data = pattern(50_000, 3);
+    a.mr.as_mut_slice()[..data.len()].copy_from_slice(&data);
+    let t0 = std::time::Instant::now();
+    for round in 0..20u64 {
+        a.qp.post_send(vec![SendWr::new(
+            round,
+            SendOp::Write { remote_addr: b.mr.addr() + 4096, rkey: b.mr.rkey() },
+            vec![a.mr.sge(0..data.len())],
+        )])
+        .unwrap();
+        let w = one(&a.cq);
+        assert_eq!((w.wr_id, w.status), (round, WcStatus::Success));
+    }
+    // READ it back into another part of a's region, then an atomic on b's memory.
+    a.qp.post_send(vec![SendWr::new(
+        50,
+        SendOp::Read { remote_addr: b.mr.addr() + 4096, rkey: b.mr.rkey() },
+        vec![a.mr.sge(100_000..100_000 + data.len())],
+    )])
+    .unwrap();
+    assert_eq!(one(&a.cq).status, WcStatus::Success);
+    assert_eq!(&a.mr.as_slice()[100_000..100_000 + data.len()], &data[..]);
+    a.qp.post_send(vec![SendWr::new(
+        51,
+        SendOp::FetchAdd { remote_addr: b.mr.addr(), rkey: b.mr.rkey(), add: 5 },
+        vec![a.mr.sge(200_000..200_008)],
+    )])
+    .unwrap();
+    assert_eq!(one(&a.cq).status, WcStatus::Success);
+    // 22 one-sided operations, each answered by a device whose application made no call: well
+    // under one transport timeout each (code 14: 67 ms) when the progress thread answers.
+    let took = t0.elapsed();
+    assert!(took < Duration::from_secs(5), "one-sided work took {took:?}");
+    assert_eq!(&b.mr.as_slice()[4096..4096 + data.len()], &data[..]);
+    assert_eq!(u64::from_ne_bytes(b.mr.as_slice()[..8].try_into().unwrap()), 5);
+
+    // A thread asleep on b's completion channel wakes for a SEND.
+    let ch = b._ctx.create_comp_channel().unwrap();
+    let cq = b._ctx.create_cq(16, Some(&ch)).unwrap();
+    let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    let qb = b._pd.qp_builder(QpType::Rc, &cq).caps(caps).build().unwrap();
+    let qa = a._pd.qp_builder(QpType::Rc, &a.cq).caps(caps).build().unwrap();
+    qa.connect(1, &qb.endpoint(2), &o).unwrap();
+    qb.connect(2, &qa.endpoint(1), &o).unwrap();
+    qb.post_recv(vec![RecvWr { wr_id: 7, sg_list: vec![b.mr.sge(300_000..300_064)] }]).unwrap();
+    cq.req_notify(false).unwrap();
+    let sleeper = std::thread::spawn(move || {
+        let got = ch.get_cq_event(Some(T)).unwrap();
+        let w = cq.poll(4).unwrap();
+        (got.is_some(), w.len(), w.first().map(|w| (w.wr_id, w.status)))
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    qa.post_send(vec![SendWr::new(8, SendOp::Send, vec![a.mr.sge(0..64)])]).unwrap();
+    assert_eq!(one(&a.cq).status, WcStatus::Success);
+    assert_eq!(sleeper.join().unwrap(), (true, 1, Some((7, WcStatus::Success))));
+}
