@@ -935,7 +935,7 @@ impl State {
     /// Moves everything that can move: due timers, delayed packets, the engine's transmissions
     /// and the internal loopback, until nothing is left (bounded), then routes events.
     fn pump(&mut self) {
-        for _ in 0..1024 {
+        for round in 0..1024 {
             let ring_work = self.service_rings();
             self.io.ring_wqes += ring_work as u64;
             let now = self.now();
@@ -955,7 +955,10 @@ impl State {
             // Completions are visible before the answers leave (a responder's receive completion
             // does not wait for the ACK it sends, IBTA 9.7.5.1 and 10.8.1 tie neither to the
             // other): the application polling this CQ need not wait for our send syscalls.
-            self.fill_cq_rings();
+            // Once per pump: the scan visits every CQ of every client.
+            if round == 0 {
+                self.fill_cq_rings();
+            }
             let loopback_icrc = self.loopback_icrc();
             let mut buf = std::mem::take(&mut self.buf);
             let mut sent = 0;
