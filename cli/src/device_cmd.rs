@@ -121,6 +121,11 @@ impl DeviceArgs {
         };
         c.seed = self.seed;
         c.gso = !self.no_gso;
+        // A daemon serves processes: its own thread moves the work (whatever
+        // $SOFTRDMA_PROGRESS says for devices embedded in a program), and its port is steered
+        // so that clients may run their own QPs (SOFTRDMA_DATAPATH=provider).
+        c.progress = softrdma_device::Progress::DeviceThread;
+        c.steered = true;
         c.behaviour =
             Behaviour::by_name(&self.profile).ok_or_else(|| anyhow::anyhow!("unknown profile {}", self.profile))?;
         c.cm_response_timeout = self.cm_response_timeout.unwrap_or(profile_cm_response_timeout(c.behaviour));

@@ -37,6 +37,9 @@ use crate::faults::{Copy, FaultCounts, FaultInjector, Faults};
 use crate::memory::{range_mapped, ProcessMemory, STAGE_VA};
 use crate::proto::{ClientEvent, CqEntry, DeviceInfo, IoStats, RecvEntry, Request, Response, SendEntry};
 
+/// A descriptor an answer hands to its client (an event fd, a member socket of the steered port).
+pub type OutFd = Arc<dyn AsFd + Send + Sync>;
+
 /// The RoCEv2 UDP port (IANA).
 pub const ROCE_PORT: u16 = 4791;
 
@@ -87,6 +90,10 @@ pub struct HcaConfig {
     pub max_cqe: Option<u32>,
     /// Who moves the device's work: its own thread, or the threads that post and poll.
     pub progress: Progress,
+    /// Make the port a steered `SO_REUSEPORT` group (`softrdma_transport::steer`), so that
+    /// clients can run their own QPs on it (`Request::JoinSteering`). The daemon does this;
+    /// where the kernel refuses, the device runs unsteered and says so to a client that asks.
+    pub steered: bool,
 }
 
 /// Who makes a device progress (design D2 revised: the data path in the application).
@@ -149,6 +156,7 @@ impl HcaConfig {
             path_cache_ttl: crate::paths::DEFAULT_TTL,
             max_cqe: None,
             progress: Progress::from_env(),
+            steered: false,
         }
     }
 }
@@ -210,6 +218,8 @@ struct Client {
     seen_posted: u32,
     /// Work left in a ring because the engine's queue was full: look again next time.
     backlog: bool,
+    /// Its member of the steered port, when it runs its own QPs.
+    steer: Option<u32>,
 }
 
 /// What a new client gets.
@@ -351,6 +361,7 @@ struct State {
 struct Gso {
     enabled: bool,
     dst: IpAddr,
+    dqpn: u32,
     sport: u16,
     seg: usize,
     n: usize,
@@ -403,19 +414,45 @@ fn node_guid(addr: IpAddr) -> u64 {
 impl Hca {
     /// Starts a device: binds UDP, opens the capture, starts the device thread.
     pub fn start(cfg: HcaConfig) -> Result<Hca, HcaError> {
-        let io_err = |what: &str| {
-            let what = what.to_owned();
-            move |source| HcaError::Io { what, source }
-        };
-        let udp = RoceUdp::bind(&UdpConfig {
+        let ucfg = UdpConfig {
             addr: cfg.addr,
             port: cfg.port,
             sport_base: 0xc000,
             sport_count: cfg.flow_ports,
             gso: cfg.gso,
             gro: true,
-            steered: false,
-        })?;
+            steered: cfg.steered,
+        };
+        let udp = match RoceUdp::bind(&ucfg) {
+            // A kernel without SO_ATTACH_REUSEPORT_CBPF (or another setup failure of the steered
+            // group): the device runs unsteered; clients that ask to run their own QPs are told.
+            Err(udp::UdpError::Setup { what, error, .. }) if cfg.steered => {
+                tracing::warn!("port steering unavailable ({what}: {error}); running unsteered");
+                RoceUdp::bind(&UdpConfig { steered: false, ..ucfg })?
+            }
+            r => r?,
+        };
+        Hca::start_on(cfg, udp, None)
+    }
+
+    /// Starts the part of a steered device that runs in a client process (a user-space
+    /// provider): `member` is the socket of the device's port the daemon made for this process
+    /// (`Request::JoinSteering`) and `blocks` the QPN blocks steered to it. The engine allocates
+    /// QPNs from those blocks only; packets for any other QPN of the device's address (the
+    /// daemon's, other processes') go out through the port, which steers them.
+    pub fn start_member(mut cfg: HcaConfig, member: OwnedFd, blocks: Vec<u32>) -> Result<Hca, HcaError> {
+        let udp = RoceUdp::from_member(member)?;
+        cfg.port = udp.local_addr().port();
+        cfg.flow_ports = 0;
+        cfg.steered = false;
+        Hca::start_on(cfg, udp, Some(blocks))
+    }
+
+    fn start_on(cfg: HcaConfig, udp: RoceUdp, blocks: Option<Vec<u32>>) -> Result<Hca, HcaError> {
+        let io_err = |what: &str| {
+            let what = what.to_owned();
+            move |source| HcaError::Io { what, source }
+        };
         // The device thread polls its own descriptor of the receive socket (the same socket, so
         // the same readiness), so that it can wait with the state's lock released.
         let udp_poll = udp.as_fd().try_clone_to_owned().map_err(io_err("UDP socket descriptor"))?;
@@ -439,6 +476,9 @@ impl Hca {
             dc.limits.max_cqe = m.clamp(1, MAX_CQE_LIMIT);
         }
         let mut dev = Device::new(dc, ProcessMemory::default());
+        if let Some(b) = blocks {
+            dev.restrict_qpns_to(b);
+        }
         dev.set_xrc_policy(cfg.xrc_policy);
         {
             let cm = dev.cm().config_mut();
@@ -490,6 +530,7 @@ impl Hca {
             gso: Gso {
                 enabled: cfg.gso,
                 dst: cfg.addr,
+                dqpn: 0,
                 sport: 0,
                 seg: 0,
                 n: 0,
@@ -554,6 +595,7 @@ impl Hca {
             cq_rings: HashMap::new(),
             seen_posted: 0,
             backlog: false,
+            steer: None,
         };
         st.clients.insert(owner, c);
         Ok(Attached { owner, event_fd: fd, arena: arena_fd, doorbell, release })
@@ -569,7 +611,7 @@ impl Hca {
 
     /// Runs one verbs call of a client. `fds`: descriptors that came with the call (an XRC
     /// domain file); the answer may carry descriptors too (a completion channel's).
-    pub fn call(&self, owner: u32, req: Request, fds: Vec<OwnedFd>) -> (Response, Vec<Arc<EventFd>>) {
+    pub fn call(&self, owner: u32, req: Request, fds: Vec<OwnedFd>) -> (Response, Vec<OutFd>) {
         let quiet = matches!(req, Request::GetAsyncEvent | Request::GetCqEvent(_));
         let mut st = self.shared.lock();
         let out = match st.clients.contains_key(&owner) {
@@ -1052,17 +1094,20 @@ impl State {
     fn deliver(&mut self, dst: IpAddr, sport: u16, data: &[u8], icrc_id: u16, flip: Option<usize>) {
         let addr = self.addr();
         let mcast = dst.is_multicast();
-        if dst != addr {
+        // On a steered port, a QP of this address may live in another process: through the
+        // port (which steers it) unless this engine runs it.
+        let local = dst == addr && softrdma_transport::steer::dest_qpn(data).is_none_or(|q| self.dev.owns_qpn(q));
+        if !local {
             self.wire(dst, sport, data, icrc_id, flip);
         }
-        if dst == addr || mcast {
+        if local || mcast {
             // Internal loopback carries IPv4 ID 0.
             let mut d = data.to_vec();
             if self.loopback_icrc() {
                 self.fix_icrc(dst, sport, &mut d, icrc_id, 0);
             }
             flip_bit(&mut d, flip);
-            if dst == addr {
+            if local {
                 self.capture(dst, sport, &d, 0);
             }
             self.loopback.push_back((sport, d, mcast.then_some(dst)));
@@ -1099,8 +1144,12 @@ impl State {
             return;
         }
         let b = &self.gso;
+        // One destination QP per GSO send: a receiver's steered port picks the socket for the
+        // whole run by its first segment.
+        let dqpn = softrdma_transport::steer::dest_qpn(data).unwrap_or(u32::MAX);
         let fits = b.n > 0
             && b.dst == dst
+            && b.dqpn == dqpn
             && b.sport == sport
             && !b.closed
             && data.len() <= b.seg
@@ -1110,6 +1159,7 @@ impl State {
             self.flush();
             let b = &mut self.gso;
             b.dst = dst;
+            b.dqpn = dqpn;
             b.sport = sport;
             b.seg = data.len();
             b.closed = false;
@@ -1264,7 +1314,7 @@ impl State {
         &mut self.clients.get_mut(&owner).expect("caller checked the client").objects
     }
 
-    fn call(&mut self, owner: u32, req: Request, fds: Vec<OwnedFd>) -> (Response, Vec<Arc<EventFd>>) {
+    fn call(&mut self, owner: u32, req: Request, fds: Vec<OwnedFd>) -> (Response, Vec<OutFd>) {
         match req {
             Request::CmJoin { id, group, send_only, user } => {
                 return (self.mcast_join(owner, id, group, send_only, user), Vec::new());
@@ -1301,7 +1351,7 @@ impl State {
         owner: u32,
         req: Request,
         fds: Vec<OwnedFd>,
-    ) -> Result<(Response, Vec<Arc<EventFd>>), VerbsError> {
+    ) -> Result<(Response, Vec<OutFd>), VerbsError> {
         use Response as R;
         let ok = |r: Response| Ok((r, Vec::new()));
         let o = owner;
@@ -1690,6 +1740,27 @@ impl State {
                 self.dev.set_block_self_mcast_lb(qpn)?;
                 ok(R::Ok)
             }
+            Request::JoinSteering => {
+                let State { udp, dev, clients, .. } = self;
+                // An unsteered port (the kernel refused the group): the client stays on the
+                // device path.
+                let steering = udp.steering_mut().ok_or(VerbsError::NotSupp)?;
+                let c = clients.get_mut(&o).expect("checked");
+                if c.steer.is_some() {
+                    return Err(VerbsError::Inval);
+                }
+                let m = steering.add_member().map_err(|_| VerbsError::NoMem)?;
+                let block = match steering.assign_block(m.index, |b| dev.reserve_qpn_block(b)) {
+                    Ok(Some(b)) => b,
+                    _ => {
+                        let _ = steering.release(m.index);
+                        return Err(VerbsError::NoMem);
+                    }
+                };
+                c.steer = Some(m.index);
+                let fd: OutFd = Arc::new(m.fd);
+                Ok((R::Steering { index: m.index, blocks: vec![block] }, vec![fd]))
+            }
             // Routed to the CM in `call` before this match.
             _ => Err(VerbsError::Inval),
         }
@@ -1723,7 +1794,7 @@ impl State {
     }
 
     /// Gives a new SRQ its ring (or destroys it again when the arena is full).
-    fn srq_ring(&mut self, o: u32, srqn: u32, max_wr: u32) -> Result<(Response, Vec<Arc<EventFd>>), VerbsError> {
+    fn srq_ring(&mut self, o: u32, srqn: u32, max_wr: u32) -> Result<(Response, Vec<OutFd>), VerbsError> {
         let c = self.clients.get_mut(&o).expect("checked");
         let Some(ring) = c.alloc.ring(max_wr, WQE_SLOT) else {
             let _ = self.dev.destroy_srq(srqn);
@@ -1853,6 +1924,13 @@ impl State {
 
     fn detach(&mut self, owner: u32) {
         let Some(c) = self.clients.remove(&owner) else { return };
+        // Its blocks of QPNs come back to the device, its member waits for the next client.
+        if let (Some(i), Some(st)) = (c.steer, self.udp.steering_mut()) {
+            for b in st.blocks_of(i) {
+                self.dev.release_qpn_block(b);
+            }
+            let _ = st.release(i);
+        }
         // rdma_cm IDs first, as ucma's close: established connections get their DREQ.
         let now = self.now();
         self.cm.detach(&mut self.dev, now, owner);

@@ -23,7 +23,7 @@ use softrdma_engine::wr::{RecvWr, SendWr, WorkCompletion};
 pub use crate::arena::RingDesc;
 
 /// The protocol version; `Hello` with another one is refused.
-pub const VERSION: u32 = 7;
+pub const VERSION: u32 = 8;
 
 /// A request of the device to a client's memory helper (the fallback of design D3 where the
 /// kernel refuses cross-process access: the client serves its own memory on a socket pair).
@@ -384,6 +384,9 @@ pub enum Request {
         /// The group.
         group: IpAddr,
     },
+    /// The client runs its own QPs (`SOFTRDMA_DATAPATH=provider`): it asks for a socket of the
+    /// device's steered port and a block of QPNs whose datagrams the port steers to that socket.
+    JoinSteering,
 }
 
 /// A send queue ring entry: the work request and, for IBV_SEND_INLINE, its data, copied by the
@@ -549,6 +552,14 @@ pub enum Response {
     CmIds(Vec<(IdInfo, i32)>),
     /// The device's multicast groups and their members (`softrdma stat`).
     McastGroups(Vec<crate::mcast::GroupInfo>),
+    /// `JoinSteering` granted: the client's member of the steered port (its socket travels with
+    /// the answer) and the QPN blocks it allocates from.
+    Steering {
+        /// The member index.
+        index: u32,
+        /// QPN blocks (`softrdma_engine::device::QPN_BLOCK_SHIFT`).
+        blocks: Vec<u32>,
+    },
 }
 
 /// The device's side of the CM, for `softrdma stat`.

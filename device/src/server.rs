@@ -178,7 +178,7 @@ fn serve_calls(hca: &Hca, owner: u32, sock: &UnixStream, pidfd: &OwnedFd) {
             }
         };
         let (resp, out) = hca.call(owner, req, in_fds);
-        let raw: Vec<_> = out.iter().map(|f| f.as_raw_fd()).collect();
+        let raw: Vec<_> = out.iter().map(|f| f.as_fd().as_raw_fd()).collect();
         if proto::send(sock, &resp, &raw).is_err() {
             return;
         }

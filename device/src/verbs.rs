@@ -65,6 +65,11 @@ enum Backend {
         hca: Arc<Hca>,
         owner: u32,
         event_fd: OwnedFd,
+        /// A provider's link to the daemon of the device whose port it shares
+        /// ([`Context::provider`]): kept open for the context's life, so that the daemon takes
+        /// its member and QPN blocks back when this process goes.
+        #[allow(dead_code)]
+        daemon: Option<Connection>,
     },
 }
 
@@ -636,7 +641,43 @@ impl Context {
         let a = hca.attach(std::process::id() as i32).map_err(|_| VerbsError::NoMem)?;
         let event_fd = a.event_fd.as_fd().try_clone_to_owned().map_err(|_| VerbsError::NoMem)?;
         let info = hca.info().clone();
-        let backend = Backend::Embedded { hca: hca.clone(), owner: a.owner, event_fd };
+        let backend = Backend::Embedded { hca: hca.clone(), owner: a.owner, event_fd, daemon: None };
+        Ok(Context { inner: Arc::new(Inner::new(backend, info, a.arena, a.doorbell, a.release)?) })
+    }
+
+    /// Opens device `name` as a user-space provider (`SOFTRDMA_DATAPATH=provider`; the data-path
+    /// issue's items 1-3): this process runs the engine for its own QPs on a socket of the
+    /// device's steered port that the daemon gives it, with QPNs from a block the port steers
+    /// to that socket, and its threads drive it from their post and poll calls
+    /// ([`crate::hca::Progress::Application`]); a progress thread serves one-sided targets,
+    /// timers and channel sleepers. Its QPs talk to every other QP of the device, the daemon's
+    /// and other providers', through the port, and to other devices over the wire.
+    ///
+    /// Not (yet) the daemon's: the objects live in this process, so XRC domains shared through a
+    /// file with other processes, rdma_cm on these QPs, and the daemon's capture, fault
+    /// injection, profile and counters do not cover them. Errors: the daemon's port is not
+    /// steered (`NotSupp`), no QPN block is free (`NoMem`).
+    #[cfg(feature = "embedded")]
+    pub fn provider(name: &str) -> Result<Context> {
+        let c = Connection::connect(name)?;
+        let (resp, mut fds) = c.call(&Request::JoinSteering, &[])?;
+        let blocks = match resp {
+            Response::Steering { blocks, .. } => blocks,
+            Response::Err(e) => return Err(Error::Verbs(e)),
+            _ => return unexpected(),
+        };
+        let member = fds.pop().ok_or(Error::Verbs(VerbsError::Inval))?;
+        let mut cfg = crate::hca::HcaConfig::new(&c.info.name, c.info.addr);
+        cfg.mtu = Some(c.info.active_mtu);
+        cfg.progress = crate::hca::Progress::Application;
+        let hca = Arc::new(Hca::start_member(cfg, member, blocks).map_err(|e| {
+            tracing::warn!("provider for {name}: {e}");
+            Error::Verbs(VerbsError::NoMem)
+        })?);
+        let a = hca.attach(std::process::id() as i32).map_err(|_| VerbsError::NoMem)?;
+        let event_fd = a.event_fd.as_fd().try_clone_to_owned().map_err(|_| VerbsError::NoMem)?;
+        let info = hca.info().clone();
+        let backend = Backend::Embedded { hca, owner: a.owner, event_fd, daemon: Some(c) };
         Ok(Context { inner: Arc::new(Inner::new(backend, info, a.arena, a.doorbell, a.release)?) })
     }
 

@@ -41,8 +41,8 @@ use socket2::{SockAddr, Socket};
 
 use crate::udp::{self, UdpError};
 
-/// Bits of a QPN below the block number.
-pub const BLOCK_SHIFT: u32 = 12;
+/// Bits of a QPN below the block number (the engine allocates QPNs by the same blocks).
+pub const BLOCK_SHIFT: u32 = softrdma_engine::device::QPN_BLOCK_SHIFT;
 /// QPNs per block (4096).
 pub const BLOCK_QPNS: u32 = 1 << BLOCK_SHIFT;
 /// Blocks in the 24-bit QPN space (4096).
@@ -270,13 +270,18 @@ impl Steering {
     /// one run of the program) and installs the new program. `None` if `index` is not a client
     /// member, no block is free, or the program would grow beyond what the kernel takes; the
     /// caller then allocates from the daemon's blocks (the daemon path still works for them).
-    pub fn assign_block(&mut self, index: u32) -> io::Result<Option<u32>> {
+    ///
+    /// `take` is asked about each candidate block and says whether the device can give it up
+    /// (it has no QP there; it then stops allocating from it); a block it refuses is passed over.
+    pub fn assign_block(&mut self, index: u32, mut take: impl FnMut(u32) -> bool) -> io::Result<Option<u32>> {
         if index == DAEMON_INDEX || index as usize >= self.members.len() || self.spare.contains(&index) {
             return Ok(None);
         }
         let free = |b: u32| assignable(b) && !self.owners.contains_key(&b);
-        let adjacent = self.blocks_of(index).into_iter().flat_map(|b| [b + 1, b.wrapping_sub(1)]).find(|&b| free(b));
-        let Some(block) = adjacent.or_else(|| (1..BLOCKS - 1).find(|&b| free(b))) else {
+        let mut candidates =
+            self.blocks_of(index).into_iter().flat_map(|b| [b + 1, b.wrapping_sub(1)]).collect::<Vec<_>>();
+        candidates.extend(1..BLOCKS - 1);
+        let Some(block) = candidates.into_iter().find(|&b| free(b) && take(b)) else {
             return Ok(None);
         };
         self.owners.insert(block, index);

@@ -63,9 +63,9 @@ fn each_datagram_reaches_the_member_that_owns_its_qpn() {
     let (i1, mut c1) = member(&mut dev);
     let (i2, mut c2) = member(&mut dev);
     assert_eq!((i1, i2), (1, 2));
-    let b1 = dev.steering_mut().unwrap().assign_block(i1).unwrap().expect("a block for member 1");
-    let b1b = dev.steering_mut().unwrap().assign_block(i1).unwrap().expect("a second block for member 1");
-    let b2 = dev.steering_mut().unwrap().assign_block(i2).unwrap().expect("a block for member 2");
+    let b1 = dev.steering_mut().unwrap().assign_block(i1, |_| true).unwrap().expect("a block for member 1");
+    let b1b = dev.steering_mut().unwrap().assign_block(i1, |_| true).unwrap().expect("a second block for member 1");
+    let b2 = dev.steering_mut().unwrap().assign_block(i2, |_| true).unwrap().expect("a block for member 2");
     assert_eq!(b1b, b1 + 1, "a member's blocks stay together");
     let s = dev.steering().unwrap();
     assert_eq!(s.owner(block_start(b1) + 5), i1);
@@ -101,8 +101,8 @@ fn a_client_closing_its_socket_moves_no_other_clients_traffic_and_a_released_mem
     let to = dev.local_addr();
     let (i1, c1) = member(&mut dev);
     let (i2, mut c2) = member(&mut dev);
-    let b1 = dev.steering_mut().unwrap().assign_block(i1).unwrap().unwrap();
-    let b2 = dev.steering_mut().unwrap().assign_block(i2).unwrap().unwrap();
+    let b1 = dev.steering_mut().unwrap().assign_block(i1, |_| true).unwrap().unwrap();
+    let b2 = dev.steering_mut().unwrap().assign_block(i2, |_| true).unwrap().unwrap();
     // The client of member 1 goes away: its descriptor closes, the group's copy stays, and the
     // kernel does not move member 2 into slot 1.
     drop(c1);
@@ -119,10 +119,10 @@ fn a_client_closing_its_socket_moves_no_other_clients_traffic_and_a_released_mem
     let got = collect(&mut [&mut dev, &mut c2], 1);
     assert_eq!(got, vec![vec![3], vec![]]);
     // A released member cannot be given blocks until a client has it again.
-    assert_eq!(dev.steering_mut().unwrap().assign_block(i1).unwrap(), None);
+    assert_eq!(dev.steering_mut().unwrap().assign_block(i1, |_| true).unwrap(), None);
     let (again, mut c3) = member(&mut dev);
     assert_eq!(again, i1, "the spare member is handed out again");
-    let b3 = dev.steering_mut().unwrap().assign_block(again).unwrap().unwrap();
+    let b3 = dev.steering_mut().unwrap().assign_block(again, |_| true).unwrap().unwrap();
     tx.send_to(&bth(block_start(b3), 4), to).unwrap();
     let got = collect(&mut [&mut dev, &mut c2, &mut c3], 1);
     assert_eq!(got, vec![vec![], vec![], vec![4]]);
@@ -133,8 +133,12 @@ fn a_client_closing_its_socket_moves_no_other_clients_traffic_and_a_released_mem
 fn the_daemon_and_unknown_members_never_get_blocks() {
     let mut dev = steered_device();
     let s = dev.steering_mut().unwrap();
-    assert_eq!(s.assign_block(DAEMON_INDEX).unwrap(), None);
-    assert_eq!(s.assign_block(7).unwrap(), None);
+    assert_eq!(s.assign_block(DAEMON_INDEX, |_| true).unwrap(), None);
+    assert_eq!(s.assign_block(7, |_| true).unwrap(), None);
+    // A block the device refuses (it has a QP there) is passed over.
+    let (i, _c) = member(&mut dev);
+    let b = dev.steering_mut().unwrap().assign_block(i, |b| b > 5).unwrap();
+    assert_eq!(b, Some(6));
 }
 
 #[test]

@@ -69,11 +69,25 @@ pub(crate) fn nonblocking(fd: c_int) -> bool {
     fl >= 0 && fl & libc::O_NONBLOCK != 0
 }
 
+/// `SOFTRDMA_DATAPATH=provider`: this process runs the engine for its own QPs on a socket of the
+/// daemon's steered port ([`Context::provider`]); anything else (`device`, the default): the
+/// daemon runs them. A daemon that cannot steer its port leaves a provider on the device path,
+/// with a warning.
+fn open_context(name: &str) -> softrdma_device::verbs::Result<Context> {
+    if std::env::var("SOFTRDMA_DATAPATH").as_deref() == Ok("provider") {
+        match Context::provider(name) {
+            Ok(c) => return Ok(c),
+            Err(e) => eprintln!("softrdma: {name}: no provider data path ({e}); the device runs this process's QPs"),
+        }
+    }
+    Context::open(name)
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn ibv_open_device(device: *mut ffi::ibv_device) -> *mut ffi::ibv_context {
     ptr_call(|| {
         let d = dev_of(device)?;
-        let dev = Context::open(&d.name).map_err(|e| {
+        let dev = open_context(&d.name).map_err(|e| {
             eprintln!("softrdma: cannot open {}: {e}", d.name);
             Errno(libc::ENODEV)
         })?;

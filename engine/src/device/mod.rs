@@ -538,6 +538,12 @@ pub struct Device<M: Memory> {
     xrc_policy: XrcPolicy,
     next_id: u32,
     next_qpn: u32,
+    /// QPN blocks ([`QPN_BLOCK_SHIFT`]) this device may not allocate from (a device whose port is
+    /// steered: the blocks given to client processes that run their own QPs).
+    qpn_reserved: std::collections::BTreeSet<u32>,
+    /// The only QPN blocks this device allocates from (a client process's part of a steered
+    /// device); `None`: the whole QPN space.
+    qpn_only: Option<Vec<u32>>,
     /// QPs that may have a packet to send, in round-robin order (a QP appears at most once:
     /// `in_ready` says which are queued).
     ready: VecDeque<Qpn>,
@@ -556,6 +562,15 @@ pub struct Device<M: Memory> {
     cm: Cm,
     /// QP1's send PSN: one per MAD, carried across connections (kernel mad.c starts it at 0).
     gsi_psn: Psn,
+}
+
+/// QPNs come in blocks of 2^12 when a device's port is steered (a block is the unit that steers
+/// to one process; `softrdma_transport::steer`).
+pub const QPN_BLOCK_SHIFT: u32 = 12;
+
+/// The block of a QPN.
+pub fn qpn_block(qpn: u32) -> u32 {
+    (qpn & Qpn::MASK) >> QPN_BLOCK_SHIFT
 }
 
 /// QP1's Q_Key (IB_QP1_QKEY, IBTA 13.4.6.2).
@@ -605,6 +620,8 @@ impl<M: Memory> Device<M> {
             xrc_policy: XrcPolicy::default(),
             next_id: 1,
             next_qpn,
+            qpn_reserved: Default::default(),
+            qpn_only: None,
             ready: VecDeque::new(),
             in_ready: Default::default(),
             mem_waiters: Vec::new(),
@@ -842,9 +859,26 @@ impl<M: Memory> Device<M> {
         Ok(qpn)
     }
 
-    /// A free QPN (random start, never 0 or 1, as hardware).
+    /// A free QPN (random start, never 0 or 1, as hardware), outside the reserved blocks and,
+    /// when the device has only some blocks, inside them (ENOMEM when they are full).
     fn alloc_qpn(&mut self) -> Result<Qpn, VerbsError> {
         if self.qps.len() >= self.config.limits.max_qp as usize {
+            return Err(VerbsError::NoMem);
+        }
+        if let Some(blocks) = &self.qpn_only {
+            let span = blocks.len() << QPN_BLOCK_SHIFT;
+            let at = |i: usize| {
+                (blocks[i >> QPN_BLOCK_SHIFT] << QPN_BLOCK_SHIFT) | (i as u32 & ((1 << QPN_BLOCK_SHIFT) - 1))
+            };
+            // Resume after the last QPN handed out (its index among the blocks' QPNs).
+            let start = (0..span).find(|&i| at(i) == self.next_qpn).unwrap_or(0);
+            for k in 0..span {
+                let q = at((start + k) % span);
+                if q >= 0x11 && q != Qpn::MASK && !self.qps.contains_key(&Qpn::new(q)) {
+                    self.next_qpn = at((start + k + 1) % span);
+                    return Ok(Qpn::new(q));
+                }
+            }
             return Err(VerbsError::NoMem);
         }
         Ok(loop {
@@ -853,10 +887,50 @@ impl<M: Memory> Device<M> {
             if self.next_qpn < 0x11 {
                 self.next_qpn = 0x11;
             }
+            if self.qpn_reserved.contains(&qpn_block(q.value())) {
+                // Skip the rest of a block that is someone else's.
+                self.next_qpn = ((qpn_block(q.value()) + 1) << QPN_BLOCK_SHIFT) & Qpn::MASK;
+                continue;
+            }
             if q.value() >= 0x11 && !self.qps.contains_key(&q) {
                 break q;
             }
         })
+    }
+
+    /// Keeps QPN block `block` out of this device's allocation (its port steers that block to
+    /// another process, which runs those QPs). `false`, and nothing reserved, if a QP of this
+    /// device already has a QPN there, or the block is 0 (QP0/QP1) or the last (multicast).
+    pub fn reserve_qpn_block(&mut self, block: u32) -> bool {
+        let last = Qpn::MASK >> QPN_BLOCK_SHIFT;
+        if block == 0 || block >= last || self.qps.keys().any(|q| qpn_block(q.value()) == block) {
+            return false;
+        }
+        self.qpn_reserved.insert(block);
+        true
+    }
+
+    /// Gives a reserved block back to this device's allocation.
+    pub fn release_qpn_block(&mut self, block: u32) {
+        self.qpn_reserved.remove(&block);
+    }
+
+    /// Makes this device allocate QPNs only from `blocks` (a client process's share of a steered
+    /// port; see [`Device::reserve_qpn_block`] for the other side).
+    pub fn restrict_qpns_to(&mut self, blocks: Vec<u32>) {
+        if let Some(&b) = blocks.first() {
+            self.next_qpn = b << QPN_BLOCK_SHIFT;
+        }
+        self.qpn_only = Some(blocks);
+    }
+
+    /// Whether `qpn` is one this device allocates (in its blocks, or not in a reserved block).
+    pub fn owns_qpn(&self, qpn: u32) -> bool {
+        let b = qpn_block(qpn);
+        match &self.qpn_only {
+            Some(blocks) => blocks.contains(&b),
+            None => !self.qpn_reserved.contains(&b),
+        }
     }
 
     /// Destroys a QP and removes its completions from its CQs.
