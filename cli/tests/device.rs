@@ -317,3 +317,93 @@ fn an_idle_device_ends_after_its_idle_time_but_not_while_a_client_is_attached() 
     std::thread::sleep(Duration::from_millis(2500));
     assert!(daemon_holds_lock(rt, "idle2"));
 }
+
+/// `SOFTRDMA_DATAPATH=provider`'s path on the Rust API: two processes' worth of providers and a
+/// client on the device path share one daemon's steered port. Each provider allocates its QPNs
+/// from its own block; their RC traffic between each other goes through the port, steered by the
+/// kernel, without the daemon's engine seeing a packet; traffic with the device path's QP reaches
+/// the daemon. A provider that goes away gives its block back.
+#[test]
+fn providers_run_their_own_qps_on_the_steered_port() {
+    use softrdma_device::verbs::*;
+    let (_base, rt) = rtdir();
+    let rt = rt.as_path();
+    let _g = up(rt, "tp", "127.0.0.1", 47948, &[]);
+    struct Side {
+        qp: QueuePair,
+        cq: CompletionQueue,
+        mr: MemoryRegion,
+        _pd: ProtectionDomain,
+        _ctx: Context,
+    }
+    let side = |ctx: Context| {
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64, None).unwrap();
+        let qp = pd.qp_builder(QpType::Rc, &cq).build().unwrap();
+        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+        let mr = pd.alloc_mr(1 << 16, access).unwrap();
+        Side { qp, cq, mr, _pd: pd, _ctx: ctx }
+    };
+    let connect = |a: &Side, b: &Side| {
+        let o = ConnectOptions { mtu: Mtu::Mtu1024, ..ConnectOptions::default() };
+        a.qp.connect(1, &b.qp.endpoint(2), &o).unwrap();
+        b.qp.connect(2, &a.qp.endpoint(1), &o).unwrap();
+    };
+    let one = |cq: &CompletionQueue| {
+        let w = cq.wait(1, Duration::from_secs(10)).unwrap();
+        assert_eq!(w.len(), 1, "no completion");
+        assert_eq!(w[0].status, WcStatus::Success, "{w:?}");
+    };
+    // SEND a -> b, then WRITE a -> b and READ it back into a.
+    let exchange = |a: &mut Side, b: &mut Side, seed: u8| {
+        let data: Vec<u8> = (0..6000).map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed)).collect();
+        a.mr.as_mut_slice()[..6000].copy_from_slice(&data);
+        b.qp.post_recv(vec![RecvWr { wr_id: 1, sg_list: vec![b.mr.sge(0..8192)] }]).unwrap();
+        a.qp.post_send(vec![SendWr::new(2, SendOp::Send, vec![a.mr.sge(0..6000)])]).unwrap();
+        one(&a.cq);
+        one(&b.cq);
+        assert_eq!(&b.mr.as_slice()[..6000], &data[..]);
+        let (addr, rkey) = (b.mr.addr() + 10_000, b.mr.rkey());
+        a.qp.post_send(vec![SendWr::new(3, SendOp::Write { remote_addr: addr, rkey }, vec![a.mr.sge(0..6000)])])
+            .unwrap();
+        one(&a.cq);
+        a.qp.post_send(vec![SendWr::new(4, SendOp::Read { remote_addr: addr, rkey }, vec![a.mr.sge(20_000..26_000)])])
+            .unwrap();
+        one(&a.cq);
+        assert_eq!(&a.mr.as_slice()[20_000..26_000], &data[..]);
+        assert_eq!(&b.mr.as_slice()[10_000..16_000], &data[..]);
+    };
+    let mut p1 = side(Context::provider_in(rt, "tp").unwrap());
+    let mut p2 = side(Context::provider_in(rt, "tp").unwrap());
+    let mut d = side(Context::open_in(rt, "tp").unwrap());
+    let block = |qpn: u32| qpn >> softrdma_engine::device::QPN_BLOCK_SHIFT;
+    let (b1, b2, bd) = (block(p1.qp.qpn()), block(p2.qp.qpn()), block(d.qp.qpn()));
+    assert!(b1 != b2 && b1 != bd && b2 != bd, "QPN blocks {b1} {b2} {bd}");
+
+    // Provider to provider: the daemon's engine receives nothing.
+    connect(&p1, &p2);
+    let before = stat(rt, "tp")["rcvd_pkts"].as_u64().unwrap();
+    exchange(&mut p1, &mut p2, 1);
+    exchange(&mut p2, &mut p1, 2);
+    assert_eq!(stat(rt, "tp")["rcvd_pkts"].as_u64().unwrap(), before, "steered traffic reached the daemon");
+
+    // A provider that goes gives its block back: the next one gets it (the lowest free block).
+    drop(p2);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut p3 = loop {
+        let p = side(Context::provider_in(rt, "tp").unwrap());
+        if block(p.qp.qpn()) == b2 || Instant::now() > deadline {
+            break p;
+        }
+        drop(p);
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(block(p3.qp.qpn()), b2, "the block of a provider that went is not given again");
+
+    // Provider to a QP on the device path, both ways: through the daemon's engine.
+    connect(&p3, &d);
+    exchange(&mut p3, &mut d, 3);
+    exchange(&mut d, &mut p3, 4);
+    assert!(stat(rt, "tp")["rcvd_pkts"].as_u64().unwrap() > before);
+    drop((p1, p3, d));
+}

@@ -69,12 +69,20 @@ pub(crate) fn nonblocking(fd: c_int) -> bool {
     fl >= 0 && fl & libc::O_NONBLOCK != 0
 }
 
+thread_local! {
+    /// Set while librdmacm opens its devices' contexts: those stay on the device path.
+    pub(crate) static DEVICE_PATH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// `SOFTRDMA_DATAPATH=provider`: this process runs the engine for its own QPs on a socket of the
 /// daemon's steered port ([`Context::provider`]); anything else (`device`, the default): the
 /// daemon runs them. A daemon that cannot steer its port leaves a provider on the device path,
 /// with a warning.
+///
+/// Contexts librdmacm opens stay on the device path ([`DEVICE_PATH`]): the connection manager
+/// is the daemon's and moves its QPs through their states.
 fn open_context(name: &str) -> softrdma_device::verbs::Result<Context> {
-    if std::env::var("SOFTRDMA_DATAPATH").as_deref() == Ok("provider") {
+    if std::env::var("SOFTRDMA_DATAPATH").as_deref() == Ok("provider") && !DEVICE_PATH.get() {
         match Context::provider(name) {
             Ok(c) => return Ok(c),
             Err(e) => eprintln!("softrdma: {name}: no provider data path ({e}); the device runs this process's QPs"),

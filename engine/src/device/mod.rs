@@ -412,6 +412,9 @@ pub(crate) struct Ctx<'a, M: Memory> {
     pub(crate) loopback_icrc: bool,
     /// The device's wire choices.
     pub(crate) behaviour: Behaviour,
+    /// Which QPNs this engine runs (a packet to this address for another QPN leaves through
+    /// the port, so it needs its ICRC).
+    pub(crate) qpns: &'a QpnSpace,
 }
 
 impl<M: Memory> Ctx<'_, M> {
@@ -538,12 +541,8 @@ pub struct Device<M: Memory> {
     xrc_policy: XrcPolicy,
     next_id: u32,
     next_qpn: u32,
-    /// QPN blocks ([`QPN_BLOCK_SHIFT`]) this device may not allocate from (a device whose port is
-    /// steered: the blocks given to client processes that run their own QPs).
-    qpn_reserved: std::collections::BTreeSet<u32>,
-    /// The only QPN blocks this device allocates from (a client process's part of a steered
-    /// device); `None`: the whole QPN space.
-    qpn_only: Option<Vec<u32>>,
+    /// Which QPN blocks are this engine's (a steered port shares the QPN space among processes).
+    qpns: QpnSpace,
     /// QPs that may have a packet to send, in round-robin order (a QP appears at most once:
     /// `in_ready` says which are queued).
     ready: VecDeque<Qpn>,
@@ -573,6 +572,28 @@ pub fn qpn_block(qpn: u32) -> u32 {
     (qpn & Qpn::MASK) >> QPN_BLOCK_SHIFT
 }
 
+/// Which QPNs an engine runs, when a steered port shares a device's QPN space among processes.
+#[derive(Debug, Default)]
+pub(crate) struct QpnSpace {
+    /// QPN blocks ([`QPN_BLOCK_SHIFT`]) this engine may not allocate from (the daemon's: the
+    /// blocks given to client processes that run their own QPs).
+    reserved: std::collections::BTreeSet<u32>,
+    /// The only QPN blocks this engine allocates from (a client process's share); `None`: the
+    /// whole QPN space.
+    only: Option<Vec<u32>>,
+}
+
+impl QpnSpace {
+    /// Whether `qpn` is one this engine runs.
+    pub(crate) fn owns(&self, qpn: u32) -> bool {
+        let b = qpn_block(qpn);
+        match &self.only {
+            Some(blocks) => blocks.contains(&b),
+            None => !self.reserved.contains(&b),
+        }
+    }
+}
+
 /// QP1's Q_Key (IB_QP1_QKEY, IBTA 13.4.6.2).
 pub const GSI_QKEY: u32 = 0x8001_0000;
 
@@ -596,6 +617,7 @@ macro_rules! ctx {
             ip_id: 0,
             loopback_icrc: true,
             behaviour: $d.config.behaviour,
+            qpns: &$d.qpns,
         }
     };
 }
@@ -620,8 +642,7 @@ impl<M: Memory> Device<M> {
             xrc_policy: XrcPolicy::default(),
             next_id: 1,
             next_qpn,
-            qpn_reserved: Default::default(),
-            qpn_only: None,
+            qpns: QpnSpace::default(),
             ready: VecDeque::new(),
             in_ready: Default::default(),
             mem_waiters: Vec::new(),
@@ -865,7 +886,7 @@ impl<M: Memory> Device<M> {
         if self.qps.len() >= self.config.limits.max_qp as usize {
             return Err(VerbsError::NoMem);
         }
-        if let Some(blocks) = &self.qpn_only {
+        if let Some(blocks) = &self.qpns.only {
             let span = blocks.len() << QPN_BLOCK_SHIFT;
             let at = |i: usize| {
                 (blocks[i >> QPN_BLOCK_SHIFT] << QPN_BLOCK_SHIFT) | (i as u32 & ((1 << QPN_BLOCK_SHIFT) - 1))
@@ -887,7 +908,7 @@ impl<M: Memory> Device<M> {
             if self.next_qpn < 0x11 {
                 self.next_qpn = 0x11;
             }
-            if self.qpn_reserved.contains(&qpn_block(q.value())) {
+            if self.qpns.reserved.contains(&qpn_block(q.value())) {
                 // Skip the rest of a block that is someone else's.
                 self.next_qpn = ((qpn_block(q.value()) + 1) << QPN_BLOCK_SHIFT) & Qpn::MASK;
                 continue;
@@ -906,13 +927,13 @@ impl<M: Memory> Device<M> {
         if block == 0 || block >= last || self.qps.keys().any(|q| qpn_block(q.value()) == block) {
             return false;
         }
-        self.qpn_reserved.insert(block);
+        self.qpns.reserved.insert(block);
         true
     }
 
     /// Gives a reserved block back to this device's allocation.
     pub fn release_qpn_block(&mut self, block: u32) {
-        self.qpn_reserved.remove(&block);
+        self.qpns.reserved.remove(&block);
     }
 
     /// Makes this device allocate QPNs only from `blocks` (a client process's share of a steered
@@ -921,16 +942,12 @@ impl<M: Memory> Device<M> {
         if let Some(&b) = blocks.first() {
             self.next_qpn = b << QPN_BLOCK_SHIFT;
         }
-        self.qpn_only = Some(blocks);
+        self.qpns.only = Some(blocks);
     }
 
     /// Whether `qpn` is one this device allocates (in its blocks, or not in a reserved block).
     pub fn owns_qpn(&self, qpn: u32) -> bool {
-        let b = qpn_block(qpn);
-        match &self.qpn_only {
-            Some(blocks) => blocks.contains(&b),
-            None => !self.qpn_reserved.contains(&b),
-        }
+        self.qpns.owns(qpn)
     }
 
     /// Destroys a QP and removes its completions from its CQs.

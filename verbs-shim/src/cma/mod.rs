@@ -85,8 +85,11 @@ fn open_devs(names: &[String]) -> Vec<Arc<CmDev>> {
             // SAFETY: a valid ibv_device from libibverbs.
             let name = unsafe { std::ffi::CStr::from_ptr((*dev).name.as_ptr()) };
             if name.to_str().ok() == Some(want.as_str()) {
+                // rdma_cm's QPs stay on the device path (the daemon's CM drives them).
+                crate::context::DEVICE_PATH.set(true);
                 // SAFETY: open a device of libibverbs' list.
                 verbs = unsafe { (api.open_device)(dev) };
+                crate::context::DEVICE_PATH.set(false);
             }
         }
         if verbs.is_null() {
