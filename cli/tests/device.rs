@@ -405,5 +405,32 @@ fn providers_run_their_own_qps_on_the_steered_port() {
     exchange(&mut p3, &mut d, 3);
     exchange(&mut d, &mut p3, 4);
     assert!(stat(rt, "tp")["rcvd_pkts"].as_u64().unwrap() > before);
+
+    // A forked child keeps no socket of the port (it would take its parent's datagrams).
+    let bound_to_port = || {
+        (0..4096).any(|fd| {
+            // SAFETY: getsockname(2) on descriptor numbers, into a local sockaddr_in; only
+            // async-signal-safe calls, as the child of a threaded process may make.
+            unsafe {
+                let mut a: libc::sockaddr_in = std::mem::zeroed();
+                let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+                libc::getsockname(fd, (&raw mut a).cast(), &mut len) == 0
+                    && a.sin_family == libc::AF_INET as libc::sa_family_t
+                    && u16::from_be(a.sin_port) == 47948
+            }
+        })
+    };
+    assert!(bound_to_port(), "the parent holds its members");
+    // SAFETY: fork(2); the child only runs async-signal-safe code and _exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let code = if bound_to_port() { 1 } else { 0 };
+        // SAFETY: leaves the child at once, running nothing of the parent's.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child just forked.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child kept a member socket");
     drop((p1, p3, d));
 }

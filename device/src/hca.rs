@@ -12,7 +12,7 @@ use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::io;
 use std::net::IpAddr;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -399,6 +399,58 @@ pub(crate) struct Shared {
 pub struct Hca {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// A member of a steered port: its descriptors, which a forked child must not keep.
+    member_fds: Vec<RawFd>,
+}
+
+/// Descriptors of steered-port members in this process (-1: free slot). A forked child replaces
+/// each with a fresh unbound socket ([`forget_members_in_child`]): the child never takes its
+/// parent's datagrams, and its copy of the device fails quietly instead of stealing them.
+static MEMBER_FDS: [std::sync::atomic::AtomicI32; 64] = [const { std::sync::atomic::AtomicI32::new(-1) }; 64];
+
+/// `pthread_atfork` child handler: only async-signal-safe calls (socket, dup2, close).
+extern "C" fn forget_members_in_child() {
+    for slot in &MEMBER_FDS {
+        let fd = slot.load(Ordering::Relaxed);
+        if fd < 0 {
+            continue;
+        }
+        // SAFETY: plain syscalls on descriptor numbers; `fd` is this process's (inherited) copy
+        // of a member socket, replaced in place so no other code's descriptor number changes.
+        unsafe {
+            let s = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0);
+            if s >= 0 {
+                libc::dup2(s, fd);
+                libc::close(s);
+            }
+        }
+    }
+}
+
+/// Files the descriptors of a member socket for [`forget_members_in_child`] (registered once).
+fn register_member_fds(fds: &[RawFd]) {
+    static ATFORK: std::sync::Once = std::sync::Once::new();
+    ATFORK.call_once(|| {
+        // SAFETY: pthread_atfork(3) with a handler that lives for the whole program.
+        unsafe { libc::pthread_atfork(None, None, Some(forget_members_in_child)) };
+    });
+    for &fd in fds {
+        if let Some(slot) =
+            MEMBER_FDS.iter().find(|s| s.compare_exchange(-1, fd, Ordering::SeqCst, Ordering::SeqCst).is_ok())
+        {
+            let _ = slot;
+        } else {
+            tracing::warn!("more than {} member sockets: a forked child keeps a copy of fd {fd}", MEMBER_FDS.len());
+        }
+    }
+}
+
+fn unregister_member_fds(fds: &[RawFd]) {
+    for &fd in fds {
+        if let Some(slot) = MEMBER_FDS.iter().find(|s| s.load(Ordering::SeqCst) == fd) {
+            slot.store(-1, Ordering::SeqCst);
+        }
+    }
 }
 
 fn eventfd() -> io::Result<EventFd> {
@@ -456,6 +508,9 @@ impl Hca {
         // The device thread polls its own descriptor of the receive socket (the same socket, so
         // the same readiness), so that it can wait with the state's lock released.
         let udp_poll = udp.as_fd().try_clone_to_owned().map_err(io_err("UDP socket descriptor"))?;
+        let member_fds =
+            if blocks.is_some() { vec![udp.as_fd().as_raw_fd(), udp_poll.as_raw_fd()] } else { Vec::new() };
+        register_member_fds(&member_fds);
         let flow_ports = if cfg.flow_ports == 0 {
             FlowPorts { base: cfg.port, count: 0 }
         } else {
@@ -552,7 +607,7 @@ impl Hca {
             .name(format!("{}-engine", cfg.name))
             .spawn(move || run(&s2, &udp_poll))
             .map_err(io_err("device thread"))?;
-        Ok(Hca { shared, thread: Mutex::new(Some(thread)) })
+        Ok(Hca { shared, thread: Mutex::new(Some(thread)), member_fds })
     }
 
     /// What the device says about itself.
@@ -704,6 +759,8 @@ impl Hca {
 impl Drop for Hca {
     fn drop(&mut self) {
         self.stop();
+        // The sockets close with the state, after this; a later socket may reuse the numbers.
+        unregister_member_fds(&self.member_fds);
     }
 }
 
