@@ -31,7 +31,7 @@ use softrdma_engine::wire::{icrc, IbPacket, Qpn};
 use softrdma_engine::wr::RecvWr;
 use softrdma_transport::udp::{self, RoceUdp, UdpConfig};
 
-use crate::arena::{Allocator, Arena, RingDesc, CQE_SLOT, STAGING_LEN, STAGING_OFF, WQE_SLOT};
+use crate::arena::{Allocator, Arena, RingAllocator, RingDesc, CQE_SLOT, STAGING_LEN, STAGING_OFF, WQE_SLOT};
 use crate::capture::Tap;
 use crate::faults::{Copy, FaultCounts, FaultInjector, Faults};
 use crate::memory::{range_mapped, ProcessMemory, STAGE_VA};
@@ -87,8 +87,8 @@ pub struct HcaConfig {
     pub max_cqe: Option<u32>,
 }
 
-/// The largest `max_cqe` a device takes: ConnectX's (2^22 - 1); one such CQ's ring is half the
-/// arena's ring space.
+/// The largest `max_cqe` a device takes: ConnectX's (2^22 - 1); one such CQ's ring is 512 MiB
+/// of the arena's (sparse) ring space.
 pub const MAX_CQE_LIMIT: u32 = (1 << 22) - 1;
 
 impl HcaConfig {
@@ -155,7 +155,7 @@ struct Client {
     event_fd: Arc<EventFd>,
     /// The client's ring arena and where its rings are.
     arena: Arc<Arena>,
-    alloc: Allocator,
+    alloc: RingAllocator,
     /// Its staging area, the ring on which it gives staging back, what is staged by token, and
     /// the device's staging memory region in each of its PDs.
     staging: Allocator,
@@ -479,7 +479,7 @@ impl Hca {
         let fd = Arc::new(eventfd()?);
         let arena = Arc::new(Arena::create()?);
         let arena_fd = arena.fd().as_fd().try_clone_to_owned()?;
-        let mut alloc = Allocator::default();
+        let mut alloc = RingAllocator::default();
         let release = alloc.ring(4096, 64).ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))?;
         arena.reset(&release);
         // One doorbell per device: any client's doorbell makes the device look at the rings of
