@@ -24,7 +24,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 
-use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+use nix::fcntl::{fallocate, fcntl, FallocateFlags, FcntlArg, SealFlag};
 use nix::sys::memfd::{memfd_create, MFdFlags};
 use nix::sys::mman::{madvise, mmap, munmap, MapFlags, MmapAdvise, ProtFlags};
 use serde::{Deserialize, Serialize};
@@ -50,6 +50,9 @@ const HEADER: usize = 4096;
 const POLLING_OFF: usize = 64;
 const POSTED_OFF: usize = 128;
 const RING_HEADER: usize = 128;
+/// The page size `discard` rounds to (a larger real page only makes it zero whole pages it could
+/// not free: still inside the released ring).
+const PAGE: usize = 4096;
 
 /// Slot size of send and receive queue rings (a work request with 32 SGEs fits).
 pub const WQE_SLOT: u32 = 1024;
@@ -290,6 +293,22 @@ impl Arena {
         true
     }
 
+    /// Gives the memory of a released ring's slots back to the system (the whole pages among
+    /// them: a page shared with a live neighbour stays); they read as zeros until touched again.
+    /// The device, after the ring's queue is destroyed: no live ring has a slot there.
+    pub fn discard(&self, r: &RingDesc) {
+        if !self.check(r) {
+            return;
+        }
+        let start = (r.slots as usize).next_multiple_of(PAGE);
+        let end = (r.slots as usize + r.bytes()) / PAGE * PAGE;
+        if end > start {
+            let flags = FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE;
+            // Best effort: a kernel that cannot punch keeps the pages, as before.
+            let _ = fallocate(&self.fd, flags, start as i64, (end - start) as i64);
+        }
+    }
+
     /// Resets a ring's indices (the device, when it hands a ring out).
     pub fn reset(&self, r: &RingDesc) {
         if self.check(r) {
@@ -513,6 +532,43 @@ mod tests {
             al.ring(1, 64).unwrap();
         }
         assert!(al.ring(1, 64).is_none(), "no header left: the caller's ENOMEM");
+    }
+
+    #[test]
+    fn a_discarded_ring_gives_its_pages_back_and_spares_its_neighbours() {
+        let dev = Arena::create().unwrap();
+        let client = Arena::open(dev.fd().as_fd().try_clone_to_owned().unwrap()).unwrap();
+        let mut al = RingAllocator::default();
+        let (a, b, c) = (al.ring(8, 64).unwrap(), al.ring(64, WQE_SLOT).unwrap(), al.ring(8, 64).unwrap());
+        for r in [&a, &b, &c] {
+            dev.reset(r);
+            for i in 0..r.cap {
+                assert!(client.produce(r, &(u64::from(i), [7u8; 32])).unwrap());
+            }
+        }
+        let resident = || {
+            let st = nix::sys::stat::fstat(dev.fd()).unwrap();
+            st.st_blocks as u64 * 512
+        };
+        let before = resident();
+        al.release(&b);
+        dev.discard(&b);
+        assert!(before - resident() >= 60 * 1024, "b's 64 KiB of slots are given back: {before} -> {}", resident());
+        // The neighbours keep their entries.
+        for r in [&a, &c] {
+            let mut got = Vec::new();
+            dev.consume::<(u64, [u8; 32])>(r, usize::MAX, |v| {
+                got.push(v.unwrap().0);
+                true
+            });
+            assert_eq!(got, (0..8).collect::<Vec<_>>());
+        }
+        // The space is handed out again and works.
+        let d = al.ring(64, WQE_SLOT).unwrap();
+        assert_eq!(d.slots, b.slots);
+        dev.reset(&d);
+        assert!(client.produce(&d, &1u64).unwrap());
+        assert_eq!(dev.pending(&d), 1);
     }
 
     #[test]

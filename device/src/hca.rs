@@ -175,6 +175,15 @@ struct Client {
     backlog: bool,
 }
 
+impl Client {
+    /// The ring of a destroyed queue: its space goes back to the allocator, its touched pages
+    /// back to the system (an idle ring's slots were never touched: nothing to give).
+    fn give_back(&mut self, r: &RingDesc) {
+        self.alloc.release(r);
+        self.arena.discard(r);
+    }
+}
+
 /// What a new client gets.
 pub struct Attached {
     /// Its owner id.
@@ -1381,7 +1390,7 @@ impl State {
                 let c = self.clients.get_mut(&o).expect("checked");
                 c.objects.cqs.remove(&cq);
                 if let Some(r) = c.cq_rings.remove(&cq) {
-                    c.alloc.release(&r);
+                    c.give_back(&r);
                 }
                 if let Some(w) = self.cqs.remove(&cq) {
                     // Events of the CQ still queued on its channel go with it.
@@ -1454,7 +1463,7 @@ impl State {
                 c.objects.qps.remove(&qpn);
                 c.objects.mcast.retain(|(q, _)| *q != qpn);
                 for r in [c.sq.remove(&qpn), c.rq.remove(&qpn)].into_iter().flatten() {
-                    c.alloc.release(&r);
+                    c.give_back(&r);
                 }
                 ok(R::Ok)
             }
@@ -1500,7 +1509,7 @@ impl State {
                 let c = self.clients.get_mut(&o).expect("checked");
                 c.objects.srqs.remove(&srqn);
                 if let Some(r) = c.srq_rings.remove(&srqn) {
-                    c.alloc.release(&r);
+                    c.give_back(&r);
                 }
                 ok(R::Ok)
             }
