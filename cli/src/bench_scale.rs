@@ -42,7 +42,8 @@ pub struct ScaleReport {
     /// The device's advertised max_qp (for the whole device, all clients together).
     pub max_qp: u64,
     /// Ring space one idle QP takes in its client's arena (virtual: send and receive ring of
-    /// `IDLE_WR` slots of `WQE_SLOT` bytes each, plus headers); the arena's ring half is fixed.
+    /// `IDLE_WR` slots of `WQE_SLOT` bytes each, plus their two 128-byte headers, the only part
+    /// an idle QP touches).
     pub ring_bytes_per_qp: u64,
     /// Wall time to create the QPs (one `ibv_create_qp` each).
     pub create_secs: f64,
@@ -169,9 +170,9 @@ fn all_ok(w: &[WorkCompletion], n: usize, what: &str) -> Result<()> {
 ///
 /// A device that refuses a create or a connect is not an error: the report gives the count
 /// reached and the device's answer (`created`, `connected`, `error`), measured up to there.
-/// (Each client has one ring arena whose ring half is 32 MiB; an idle QP's two rings take
-/// `ring_bytes_per_qp` of it, about 33 KB, so one context holds about 1,000 of them before
-/// `create_qp` fails with ENOMEM, far below the device's max_qp.)
+/// (Each client has one ring arena with 32 GiB of sparse ring space; an idle QP's two rings
+/// take `ring_bytes_per_qp` of it, about 33 KB, so one context holds about a million of them,
+/// more than the device's max_qp.)
 pub fn rc_scale(dev: &str, qps: usize) -> Result<ScaleReport> {
     let ctx = Context::open(dev).with_context(|| format!("open device {dev}"))?;
     let daemon_pid = u32::try_from(ctx.info().pid).context("daemon pid")?;

@@ -6,6 +6,10 @@
 //!
 //! A ring is a header (producer index and consumer index, each on its own cache line) and
 //! `cap` slots of `slot` bytes; the indices run freely and wrap, a slot is `index & (cap - 1)`.
+//! Headers and slots live apart: the headers packed together at the start of the arena (an idle
+//! queue touches 128 bytes of it, not a page of its own), the slots in a large sparse region
+//! after them (a memfd page costs memory only once it is touched, so ring space is virtual and an
+//! idle ring's slots cost nothing).
 //! A slot holds a little-endian u32 length and a postcard-encoded work request or completion.
 //! Either side may be hostile to the other: the reader copies a slot out before decoding it, bounds
 //! every length, and trusts no index further than `cap` entries.
@@ -20,19 +24,24 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 
-use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+use nix::fcntl::{fallocate, fcntl, FallocateFlags, FcntlArg, SealFlag};
 use nix::sys::memfd::{memfd_create, MFdFlags};
 use nix::sys::mman::{madvise, mmap, munmap, MapFlags, MmapAdvise, ProtFlags};
 use serde::{Deserialize, Serialize};
 
 /// Bytes of one client's arena (virtual: memfd pages are allocated only as they are touched, so
-/// an idle QP costs the pages its rings' headers and first slots touch, not its ring space).
+/// an idle QP costs the 256 bytes of its two ring headers, not its ring space).
 pub const ARENA_LEN: usize = STAGING_OFF + (32 << 20);
-/// The rings live in the first GiB: room for 30,000 QPs of 16 send and 16 receive slots, or
-/// 4,000 of perftest's default depths (128 send, 512 receive) in one process. After them comes
-/// the receive staging area (32 MiB), where the device puts received SEND data for the client
-/// to scatter into its buffers when it polls.
-pub const STAGING_OFF: usize = 1 << 30;
+/// Where the ring headers are: after the arena's own header page, 128 bytes each, packed; room
+/// for 524,256 rings (the device's 131,072 QPs have at most two each, CQs and SRQs one).
+pub const HEADERS_OFF: usize = HEADER;
+/// Where ring slots start (the end of the header region).
+pub const SLOTS_OFF: usize = 64 << 20;
+/// The ring slots live from 64 MiB to 32 GiB (virtual; sparse): room for 1,046,000 QPs of 16
+/// send and 16 receive slots, or 52,000 of perftest's default depths (128 send, 512 receive) in
+/// one process, beyond the device's max_qp. After them comes the receive staging area (32 MiB), where the device puts received
+/// SEND data for the client to scatter into its buffers when it polls.
+pub const STAGING_OFF: usize = 32 << 30;
 /// Bytes of the staging area.
 pub const STAGING_LEN: usize = ARENA_LEN - STAGING_OFF;
 
@@ -41,6 +50,9 @@ const HEADER: usize = 4096;
 const POLLING_OFF: usize = 64;
 const POSTED_OFF: usize = 128;
 const RING_HEADER: usize = 128;
+/// The page size `discard` rounds to (a larger real page only makes it zero whole pages it could
+/// not free: still inside the released ring).
+const PAGE: usize = 4096;
 
 /// Slot size of send and receive queue rings (a work request with 32 SGEs fits).
 pub const WQE_SLOT: u32 = 1024;
@@ -50,8 +62,10 @@ pub const CQE_SLOT: u32 = 128;
 /// Where a ring is in the arena.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RingDesc {
-    /// Offset of its header.
+    /// Offset of its header (in the header region).
     pub off: u64,
+    /// Offset of its first slot (in the slot region).
+    pub slots: u64,
     /// Slots (a power of two).
     pub cap: u32,
     /// Bytes per slot.
@@ -59,9 +73,9 @@ pub struct RingDesc {
 }
 
 impl RingDesc {
-    /// Bytes the ring takes.
+    /// Bytes the ring's slots take.
     pub fn bytes(&self) -> usize {
-        RING_HEADER + self.cap as usize * self.slot as usize
+        self.cap as usize * self.slot as usize
     }
 }
 
@@ -151,9 +165,14 @@ impl Arena {
     fn check(&self, r: &RingDesc) -> bool {
         r.cap.is_power_of_two()
             && (4..=WQE_SLOT).contains(&r.slot)
-            && r.off as usize >= HEADER
+            && r.off as usize >= HEADERS_OFF
             && r.off % 64 == 0
-            && (r.off as usize).checked_add(r.bytes()).is_some_and(|e| e <= self.len)
+            && (r.off as usize).checked_add(RING_HEADER).is_some_and(|e| e <= SLOTS_OFF)
+            && r.slots as usize >= SLOTS_OFF
+            && r.slots % 64 == 0
+            && (r.cap as usize)
+                .checked_mul(r.slot as usize)
+                .is_some_and(|b| (r.slots as usize).checked_add(b).is_some_and(|e| e <= STAGING_OFF && e <= self.len))
     }
 
     /// Producer and consumer indices of a ring.
@@ -163,8 +182,8 @@ impl Arena {
 
     fn slot_ptr(&self, r: &RingDesc, idx: u32) -> *mut u8 {
         let i = (idx & (r.cap - 1)) as usize;
-        // SAFETY: `check` bounded the ring inside the mapping; i < cap.
-        unsafe { self.ptr.as_ptr().add(r.off as usize + RING_HEADER + i * r.slot as usize) }
+        // SAFETY: `check` bounded the ring's slots inside the mapping; i < cap.
+        unsafe { self.ptr.as_ptr().add(r.slots as usize + i * r.slot as usize) }
     }
 
     /// Producer side: appends one encoded entry; `Ok(false)` when the ring is full.
@@ -274,6 +293,22 @@ impl Arena {
         true
     }
 
+    /// Gives the memory of a released ring's slots back to the system (the whole pages among
+    /// them: a page shared with a live neighbour stays); they read as zeros until touched again.
+    /// The device, after the ring's queue is destroyed: no live ring has a slot there.
+    pub fn discard(&self, r: &RingDesc) {
+        if !self.check(r) {
+            return;
+        }
+        let start = (r.slots as usize).next_multiple_of(PAGE);
+        let end = (r.slots as usize + r.bytes()) / PAGE * PAGE;
+        if end > start {
+            let flags = FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE;
+            // Best effort: a kernel that cannot punch keeps the pages, as before.
+            let _ = fallocate(&self.fd, flags, start as i64, (end - start) as i64);
+        }
+    }
+
     /// Resets a ring's indices (the device, when it hands a ring out).
     pub fn reset(&self, r: &RingDesc) {
         if self.check(r) {
@@ -292,16 +327,49 @@ impl Drop for Arena {
     }
 }
 
-/// The device's allocator of ring space in one arena: first fit over a sorted free list.
+/// The device's allocator of space in one arena (ring slots, staging): first fit over a sorted
+/// free list.
 #[derive(Debug)]
 pub struct Allocator {
     free: Vec<(usize, usize)>,
 }
 
-impl Default for Allocator {
+/// The device's allocator of rings in one arena: a header from the header region, slots from
+/// the slot region.
+#[derive(Debug)]
+pub struct RingAllocator {
+    headers: Allocator,
+    slots: Allocator,
+}
+
+impl Default for RingAllocator {
     /// The ring space of an arena.
-    fn default() -> Allocator {
-        Allocator::span(HEADER, STAGING_OFF - HEADER)
+    fn default() -> RingAllocator {
+        RingAllocator {
+            headers: Allocator::span(HEADERS_OFF, SLOTS_OFF - HEADERS_OFF),
+            slots: Allocator::span(SLOTS_OFF, STAGING_OFF - SLOTS_OFF),
+        }
+    }
+}
+
+impl RingAllocator {
+    /// A ring of at least `entries` slots of `slot` bytes; `None` when the arena has no room
+    /// for its header or its slots (the caller's ENOMEM).
+    pub fn ring(&mut self, entries: u32, slot: u32) -> Option<RingDesc> {
+        let cap = entries.max(1).checked_next_power_of_two()?;
+        let bytes = (cap as usize).checked_mul(slot as usize)?;
+        let off = self.headers.alloc(RING_HEADER)?;
+        let Some(slots) = self.slots.alloc(bytes) else {
+            self.headers.free(off, RING_HEADER);
+            return None;
+        };
+        Some(RingDesc { off: off as u64, slots: slots as u64, cap, slot })
+    }
+
+    /// Gives a ring's header and slots back.
+    pub fn release(&mut self, r: &RingDesc) {
+        self.headers.free(r.off as usize, RING_HEADER);
+        self.slots.free(r.slots as usize, r.bytes());
     }
 }
 
@@ -322,18 +390,6 @@ impl Allocator {
             self.free[i] = (off + want, len - want);
         }
         Some(off)
-    }
-
-    /// A ring of at least `entries` slots of `slot` bytes; `None` when the arena is full.
-    pub fn ring(&mut self, entries: u32, slot: u32) -> Option<RingDesc> {
-        let cap = entries.max(1).checked_next_power_of_two()?;
-        let off = self.alloc(RingDesc { off: 0, cap, slot }.bytes())?;
-        Some(RingDesc { off: off as u64, cap, slot })
-    }
-
-    /// Gives a ring's space back.
-    pub fn release(&mut self, r: &RingDesc) {
-        self.free(r.off as usize, r.bytes());
     }
 
     /// Gives `bytes` at `off` back (what `alloc` returned for that size).
@@ -362,7 +418,7 @@ mod tests {
     fn produce_consume_across_two_mappings() {
         let dev = Arena::create().unwrap();
         let client = Arena::open(dev.fd().as_fd().try_clone_to_owned().unwrap()).unwrap();
-        let mut al = Allocator::default();
+        let mut al = RingAllocator::default();
         let r = al.ring(3, WQE_SLOT).unwrap();
         assert_eq!(r.cap, 4);
         dev.reset(&r);
@@ -390,7 +446,7 @@ mod tests {
     #[test]
     fn hostile_indices_and_slots_are_bounded() {
         let dev = Arena::create().unwrap();
-        let mut al = Allocator::default();
+        let mut al = RingAllocator::default();
         let r = al.ring(8, 64).unwrap();
         dev.reset(&r);
         // A producer index far ahead: at most `cap` entries are looked at; garbage slots decode
@@ -414,14 +470,27 @@ mod tests {
         });
         assert!(bad);
         // Descriptors outside the arena are refused.
-        let outside = RingDesc { off: ARENA_LEN as u64, cap: 4, slot: 64 };
+        let outside = RingDesc { off: ARENA_LEN as u64, slots: SLOTS_OFF as u64, cap: 4, slot: 64 };
         assert!(dev.produce(&outside, &1u64).is_err());
         assert_eq!(dev.consume::<u64>(&outside, 4, |_| true), 0);
+        // Slots in the header region, in the staging area or beyond the arena are refused, and
+        // so is a header among the slots.
+        for (off, slots) in [
+            (r.off, HEADERS_OFF as u64),
+            (r.off, (STAGING_OFF - 128) as u64),
+            (r.off, u64::MAX - 63),
+            (SLOTS_OFF as u64, r.slots),
+            (HEADER as u64 - 64, r.slots),
+        ] {
+            let bad = RingDesc { off, slots, cap: 4, slot: 64 };
+            assert!(dev.produce(&bad, &1u64).is_err(), "{bad:?}");
+            assert_eq!(dev.pending(&bad), 0);
+        }
     }
 
     #[test]
     fn allocator_reuses_and_merges() {
-        let mut al = Allocator::default();
+        let mut al = RingAllocator::default();
         let a = al.ring(16, WQE_SLOT).unwrap();
         let b = al.ring(16, WQE_SLOT).unwrap();
         let c = al.ring(16, CQE_SLOT).unwrap();
@@ -429,11 +498,77 @@ mod tests {
         al.release(&b);
         al.release(&a);
         let d = al.ring(32, WQE_SLOT).unwrap();
-        assert_eq!(d.off, a.off, "a and b merged into one hole");
+        assert_eq!(d.slots, a.slots, "a and b merged into one hole");
+        assert!(d.off < c.off, "headers are reused too");
         al.release(&c);
         al.release(&d);
-        assert_eq!(al.free, vec![(HEADER, STAGING_OFF - HEADER)]);
-        assert!(al.ring(1 << 30, WQE_SLOT).is_none());
+        assert_eq!(al.headers.free, vec![(HEADERS_OFF, SLOTS_OFF - HEADERS_OFF)]);
+        assert_eq!(al.slots.free, vec![(SLOTS_OFF, STAGING_OFF - SLOTS_OFF)]);
+        assert!(al.ring(u32::MAX, WQE_SLOT).is_none());
+        assert!(al.ring(1 << 25, WQE_SLOT).is_none(), "32 GiB of slots do not fit");
+        assert_eq!(al.headers.free, vec![(HEADERS_OFF, SLOTS_OFF - HEADERS_OFF)], "a refused ring frees its header");
+    }
+
+    #[test]
+    fn headers_are_packed_and_the_ring_space_holds_100k_idle_qps() {
+        let mut al = RingAllocator::default();
+        let mut last = None;
+        for _ in 0..200_000 {
+            let r = al.ring(16, WQE_SLOT).expect("room for 100,000 QPs of two rings of 16");
+            if let Some(l) = last {
+                assert_eq!(r.off, l + RING_HEADER as u64, "headers are contiguous");
+            }
+            last = Some(r.off);
+        }
+        // 200,000 headers in 25.6 MB: an idle ring touches 128 bytes of arena, not a page.
+        assert!(last.unwrap() < 26 << 20);
+    }
+
+    #[test]
+    fn the_header_region_is_a_real_limit() {
+        let mut al = RingAllocator::default();
+        let n = (SLOTS_OFF - HEADERS_OFF) / RING_HEADER;
+        for _ in 0..n {
+            al.ring(1, 64).unwrap();
+        }
+        assert!(al.ring(1, 64).is_none(), "no header left: the caller's ENOMEM");
+    }
+
+    #[test]
+    fn a_discarded_ring_gives_its_pages_back_and_spares_its_neighbours() {
+        let dev = Arena::create().unwrap();
+        let client = Arena::open(dev.fd().as_fd().try_clone_to_owned().unwrap()).unwrap();
+        let mut al = RingAllocator::default();
+        let (a, b, c) = (al.ring(8, 64).unwrap(), al.ring(64, WQE_SLOT).unwrap(), al.ring(8, 64).unwrap());
+        for r in [&a, &b, &c] {
+            dev.reset(r);
+            for i in 0..r.cap {
+                assert!(client.produce(r, &(u64::from(i), [7u8; 32])).unwrap());
+            }
+        }
+        let resident = || {
+            let st = nix::sys::stat::fstat(dev.fd()).unwrap();
+            st.st_blocks as u64 * 512
+        };
+        let before = resident();
+        al.release(&b);
+        dev.discard(&b);
+        assert!(before - resident() >= 60 * 1024, "b's 64 KiB of slots are given back: {before} -> {}", resident());
+        // The neighbours keep their entries.
+        for r in [&a, &c] {
+            let mut got = Vec::new();
+            dev.consume::<(u64, [u8; 32])>(r, usize::MAX, |v| {
+                got.push(v.unwrap().0);
+                true
+            });
+            assert_eq!(got, (0..8).collect::<Vec<_>>());
+        }
+        // The space is handed out again and works.
+        let d = al.ring(64, WQE_SLOT).unwrap();
+        assert_eq!(d.slots, b.slots);
+        dev.reset(&d);
+        assert!(client.produce(&d, &1u64).unwrap());
+        assert_eq!(dev.pending(&d), 1);
     }
 
     #[test]

@@ -31,7 +31,7 @@ use softrdma_engine::wire::{icrc, IbPacket, Qpn};
 use softrdma_engine::wr::RecvWr;
 use softrdma_transport::udp::{self, RoceUdp, UdpConfig};
 
-use crate::arena::{Allocator, Arena, RingDesc, CQE_SLOT, STAGING_LEN, STAGING_OFF, WQE_SLOT};
+use crate::arena::{Allocator, Arena, RingAllocator, RingDesc, CQE_SLOT, STAGING_LEN, STAGING_OFF, WQE_SLOT};
 use crate::capture::Tap;
 use crate::faults::{Copy, FaultCounts, FaultInjector, Faults};
 use crate::memory::{range_mapped, ProcessMemory, STAGE_VA};
@@ -129,8 +129,8 @@ impl Progress {
 /// an application thread last drove the device (and how often it looks again meanwhile).
 pub const PARK: std::time::Duration = std::time::Duration::from_micros(500);
 
-/// The largest `max_cqe` a device takes: ConnectX's (2^22 - 1); one such CQ's ring is half the
-/// arena's ring space.
+/// The largest `max_cqe` a device takes: ConnectX's (2^22 - 1); one such CQ's ring is 512 MiB
+/// of the arena's (sparse) ring space.
 pub const MAX_CQE_LIMIT: u32 = (1 << 22) - 1;
 
 impl HcaConfig {
@@ -200,7 +200,7 @@ struct Client {
     event_fd: Arc<EventFd>,
     /// The client's ring arena and where its rings are.
     arena: Arc<Arena>,
-    alloc: Allocator,
+    alloc: RingAllocator,
     /// Its staging area, the ring on which it gives staging back, what is staged by token, and
     /// the device's staging memory region in each of its PDs.
     staging: Allocator,
@@ -220,6 +220,15 @@ struct Client {
     backlog: bool,
     /// Its member of the steered port, when it runs its own QPs.
     steer: Option<u32>,
+}
+
+impl Client {
+    /// The ring of a destroyed queue: its space goes back to the allocator, its touched pages
+    /// back to the system (an idle ring's slots were never touched: nothing to give).
+    fn give_back(&mut self, r: &RingDesc) {
+        self.alloc.release(r);
+        self.arena.discard(r);
+    }
 }
 
 /// What a new client gets.
@@ -621,7 +630,7 @@ impl Hca {
         let fd = Arc::new(eventfd()?);
         let arena = Arc::new(Arena::create()?);
         let arena_fd = arena.fd().as_fd().try_clone_to_owned()?;
-        let mut alloc = Allocator::default();
+        let mut alloc = RingAllocator::default();
         let release = alloc.ring(4096, 64).ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))?;
         arena.reset(&release);
         // One doorbell per device: any client's doorbell makes the device look at the rings of
@@ -1585,7 +1594,7 @@ impl State {
                 let c = self.clients.get_mut(&o).expect("checked");
                 c.objects.cqs.remove(&cq);
                 if let Some(r) = c.cq_rings.remove(&cq) {
-                    c.alloc.release(&r);
+                    c.give_back(&r);
                 }
                 if let Some(w) = self.cqs.remove(&cq) {
                     // Events of the CQ still queued on its channel go with it.
@@ -1658,7 +1667,7 @@ impl State {
                 c.objects.qps.remove(&qpn);
                 c.objects.mcast.retain(|(q, _)| *q != qpn);
                 for r in [c.sq.remove(&qpn), c.rq.remove(&qpn)].into_iter().flatten() {
-                    c.alloc.release(&r);
+                    c.give_back(&r);
                 }
                 ok(R::Ok)
             }
@@ -1704,7 +1713,7 @@ impl State {
                 let c = self.clients.get_mut(&o).expect("checked");
                 c.objects.srqs.remove(&srqn);
                 if let Some(r) = c.srq_rings.remove(&srqn) {
-                    c.alloc.release(&r);
+                    c.give_back(&r);
                 }
                 ok(R::Ok)
             }
