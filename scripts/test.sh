@@ -41,7 +41,10 @@ bash scripts/build-examples.sh
 step "unchanged rdma-core programs on the shim"
 bash scripts/test-verbs-programs.sh
 
-step "the same programs (quick sizes) with every client's memory reached through its memory helper (SOFTRDMA_MEMORY_HELPER=1: the fallback where the kernel refuses process_vm_readv)"
+step "the provider data path (SOFTRDMA_DATAPATH=provider): the programs run their own QPs on the daemons' steered ports"
+bash scripts/test-provider.sh --quick
+
+step "the unchanged programs again (quick sizes) with every client's memory reached through its memory helper (SOFTRDMA_MEMORY_HELPER=1: the fallback where the kernel refuses process_vm_readv)"
 SOFTRDMA_MEMORY_HELPER=1 bash scripts/test-verbs-programs.sh --quick
 
 step "an installed softrdma (cargo install --path cli; exec from outside the repository, shim unpacked from the binary)"

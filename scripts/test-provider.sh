@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The provider data path (SOFTRDMA_DATAPATH=provider): unchanged rdma-core programs and perftest
+# run their own QPs in their processes, on sockets of the daemons' steered ports, one device
+# (srdma0) and across two (srdma0 on 127.0.0.1, srdma1 on 127.0.0.2), and the daemons' engines
+# see none of their packets (`softrdma stat`: rcvd_pkts stays 0 on both). One line per run, then
+# "N passed, M failed".
+# Usage: scripts/test-provider.sh [--quick]      (needs scripts/build-shim.sh first)
+# Not on this path yet (they stay on the device path or are refused): rdma_cm's QPs, XRC domains.
+cd "$(dirname "$0")/.."
+target="${CARGO_TARGET_DIR:-target}"
+shim="$(realpath "$target/release/shim")"
+bin="$(realpath "$target/release/softrdma")"
+[ -f "$shim/libibverbs.so.1" ] || { echo "no shim in $shim: run scripts/build-shim.sh" >&2; exit 2; }
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+rt="$(mktemp -d)"
+chmod 700 "$rt"
+export SOFTRDMA_RUNTIME_DIR="$rt" SOFTRDMA_BIN="$bin" SOFTRDMA_NO_AUTOSTART=1 SOFTRDMA_DATAPATH=provider
+export LD_LIBRARY_PATH="$shim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+logs="$rt/logs"
+mkdir -p "$logs"
+cleanup() {
+  jobs -p | xargs -r kill 2>/dev/null
+  timeout 15 "$bin" down srdma0 >/dev/null 2>&1
+  timeout 15 "$bin" down srdma1 >/dev/null 2>&1
+  rm -rf "$rt"
+}
+trap cleanup EXIT
+addr0="${SOFTRDMA_TEST_ADDR0:-127.0.0.1}"
+addr1="${SOFTRDMA_TEST_ADDR1:-127.0.0.2}"
+"$bin" up srdma0 --addr "$addr0" >/dev/null || exit 2
+"$bin" up srdma1 --addr "$addr1" >/dev/null || exit 2
+. scripts/programs-lib.sh
+
+n=200
+iters=100
+[ $quick = 1 ] && { n=50; iters=20; }
+for where in "srdma0 srdma0" "srdma0 srdma1"; do
+  set -- $where
+  s=$1 c=$2
+  tag="$s->$c"
+  pair "ibv_rc_pingpong $tag" "$s" "$c" ibv_rc_pingpong -n "$n"
+  pair "ibv_rc_pingpong -s 65536 $tag" "$s" "$c" ibv_rc_pingpong -s 65536 -n "$n"
+  pair "ibv_rc_pingpong -e $tag" "$s" "$c" ibv_rc_pingpong -e -n "$n"
+  pair "ibv_uc_pingpong $tag" "$s" "$c" ibv_uc_pingpong -n "$n"
+  pair "ibv_ud_pingpong $tag" "$s" "$c" ibv_ud_pingpong -n "$n"
+  pair "ibv_srq_pingpong -q 4 $tag" "$s" "$c" ibv_srq_pingpong -q 4 -n "$n"
+  for prog in ib_send_bw ib_write_bw ib_read_bw ib_atomic_bw ib_send_lat ib_write_lat ib_read_lat ib_atomic_lat; do
+    perf "$prog -n $iters $tag" "$s" "$c" "$prog" -n "$iters"
+  done
+  want_rows=23 perf "ib_write_bw -a -n 5 $tag" "$s" "$c" ib_write_bw -a -n 5
+  perf "ib_send_bw -q 4 -n $iters $tag" "$s" "$c" ib_send_bw -q 4 -n "$iters"
+  perf "ib_send_bw -c UD -n $iters $tag" "$s" "$c" ib_send_bw -c UD -n "$iters"
+done
+
+# None of it passed through a daemon's engine: the kernel steered every datagram to the
+# process that owns its destination QP.
+for dev in srdma0 srdma1; do
+  got=$("$bin" stat "$dev" --json 2>/dev/null | sed -n 's/.*"rcvd_pkts": *\([0-9]*\).*/\1/p' | head -1)
+  if [ "$got" = 0 ]; then
+    result "$dev's engine received no packet (all steered to the programs)" ok
+  else
+    result "$dev's engine received no packet" fail "rcvd_pkts=$got"
+  fi
+done
+
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
