@@ -733,8 +733,12 @@ impl Hca {
     /// have done a little later.
     pub fn drive(&self, receive: bool) -> usize {
         let sh = &self.shared;
-        let until = sh.epoch.elapsed() + PARK;
-        sh.driven_until.store(until.as_nanos() as u64, Ordering::Relaxed);
+        if receive {
+            // Only a thread that reads the socket keeps the progress thread off it: one that
+            // posts and then spins on memory (an RDMA WRITE's last byte) needs it there.
+            let until = sh.epoch.elapsed() + PARK;
+            sh.driven_until.store(until.as_nanos() as u64, Ordering::Relaxed);
+        }
         let mut st = sh.lock();
         st.pump();
         let mut received = 0;
@@ -815,11 +819,16 @@ fn run(sh: &Shared, udp: &OwnedFd) {
             let mut st = sh.lock();
             let before = st.io.ring_wqes + st.io.udp_rcvd;
             st.pump();
-            if !application && (st.io.ring_wqes + st.io.udp_rcvd != before || received) {
+            // Spin after activity: the device thread for spin_time(); a progress thread for
+            // progress_spin_time() and only while no application thread reads the socket.
+            let spin_for = if application { progress_spin_time() } else { spin_time() };
+            if driven_for.is_some() {
+                spin_until = None;
+            } else if !spin_for.is_zero() && (st.io.ring_wqes + st.io.udp_rcvd != before || received) {
                 if spin_until.is_none() {
                     st.set_polling(true);
                 }
-                spin_until = Some(std::time::Instant::now() + spin_time());
+                spin_until = Some(std::time::Instant::now() + spin_for);
             }
             let spinning = spin_until.is_some_and(|t| std::time::Instant::now() < t);
             if !spinning && spin_until.take().is_some() {
@@ -982,6 +991,18 @@ fn spin_time() -> std::time::Duration {
     *S.get_or_init(|| {
         std::time::Duration::from_micros(
             std::env::var("SOFTRDMA_SPIN_US").ok().and_then(|v| v.parse().ok()).unwrap_or(1000),
+        )
+    })
+}
+
+/// How long a progress thread ([`Progress::Application`]) keeps looking at the socket after
+/// work it found itself, while no application thread reads it: $SOFTRDMA_PROGRESS_SPIN_US
+/// (read once), default 0 (it blocks in poll at once).
+fn progress_spin_time() -> std::time::Duration {
+    static S: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+    *S.get_or_init(|| {
+        std::time::Duration::from_micros(
+            std::env::var("SOFTRDMA_PROGRESS_SPIN_US").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
         )
     })
 }

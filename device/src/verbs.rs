@@ -681,6 +681,8 @@ impl Context {
         let mut cfg = crate::hca::HcaConfig::new(&c.info.name, c.info.addr);
         cfg.mtu = Some(c.info.active_mtu);
         cfg.progress = crate::hca::Progress::Application;
+        // Batched sends as the daemon makes them (design D5; one destination QP per batch).
+        cfg.gso = true;
         let hca = Arc::new(Hca::start_member(cfg, member, blocks).map_err(|e| {
             tracing::warn!("provider for {name}: {e}");
             Error::Verbs(VerbsError::NoMem)

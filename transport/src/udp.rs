@@ -373,7 +373,7 @@ impl RoceUdp {
     /// A client's endpoint on a steered device's port: `fd` is the member socket the device
     /// made for it ([`crate::steer::Steering::add_member`]). It receives what the steering program
     /// gives its member and sends from the device's port (no source-port pool: the pool's ports
-    /// are the device's). GSO as the kernel allows; no GRO (see [`crate::steer`]).
+    /// are the device's). GSO and GRO as the kernel allows (see [`crate::steer`] on GRO).
     pub fn from_member(fd: std::os::fd::OwnedFd) -> Result<RoceUdp, UdpError> {
         let recv = Socket::from(fd);
         let unknown = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0);
@@ -386,13 +386,14 @@ impl RoceUdp {
             return Err(setup_error(local, "setting FD_CLOEXEC", io::Error::last_os_error()));
         }
         let gso = nsock::getsockopt(&recv, sockopt::UdpGsoSegment).is_ok();
+        let gro = nsock::setsockopt(&recv, sockopt::UdpGroSegment, &true).is_ok();
         Ok(RoceUdp {
             recv,
             local,
             pool: Vec::new(),
             sport_base: local.port(),
             gso,
-            gro: false,
+            gro,
             ring: RecvRing::new(),
             stats: UdpStats::default(),
             steering: None,

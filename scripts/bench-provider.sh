@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The device path against the provider path (SOFTRDMA_DATAPATH=provider), across two devices
+# (127.0.0.1, 127.0.0.2), in ONE run with the physical limit beside them: udpbench's busy-poll
+# UDP ping-pong (one-way) and its GSO+GRO throughput. ROUNDS (default 3) rounds interleaved; every
+# figure of every round is printed (the machine is noisy: compare within a round). Not in CI;
+# BENCHMARKS.md "The provider data path" records a run.
+# Usage: scripts/bench-provider.sh        (needs scripts/build-shim.sh; builds udpbench)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+target="${CARGO_TARGET_DIR:-target}"
+bin="$(realpath "$target/release/softrdma")"
+shim="$(realpath "$target/release/shim")"
+ub=../shared/tools/udpbench
+CARGO_TARGET_DIR="$PWD/target/udpbench" cargo build --release -q --manifest-path "$ub/Cargo.toml" || exit 2
+udpbench="$PWD/target/udpbench/release/udpbench"
+rt="$(mktemp -d)"
+chmod 700 "$rt"
+export SOFTRDMA_RUNTIME_DIR="$rt" SOFTRDMA_BIN="$bin" SOFTRDMA_NO_AUTOSTART=1 LD_LIBRARY_PATH="$shim"
+cleanup() {
+  jobs -p | xargs -r kill 2>/dev/null
+  "$bin" down srdma0 >/dev/null 2>&1
+  "$bin" down srdma1 >/dev/null 2>&1
+  rm -rf "$rt"
+}
+trap cleanup EXIT
+"$bin" up srdma0 --addr 127.0.0.1 >/dev/null || exit 2
+"$bin" up srdma1 --addr 127.0.0.2 >/dev/null || exit 2
+port=$((21000 + RANDOM % 9000))
+# perf MODE PROG ARGS...: server on srdma0, client on srdma1; prints the client's first result row.
+perf() {
+  local mode=$1 prog=$2
+  shift 2
+  port=$((port + 1))
+  SOFTRDMA_DATAPATH=$mode timeout 120 "$prog" -d srdma0 -p $port "$@" >"$rt/s.log" 2>&1 &
+  local out=""
+  for _ in $(seq 50); do
+    sleep 0.1
+    out=$(SOFTRDMA_DATAPATH=$mode timeout 120 "$prog" -d srdma1 -p $port "$@" 127.0.0.1 2>&1) || true
+    echo "$out" | grep -q "Couldn't connect" || break
+  done
+  wait
+  echo "$out" | awk '/#bytes/ {t=1; next} t && /^ *[0-9]+ +[0-9]+ +[0-9.]+/ {print; exit}' | tr -s ' \t' ' '
+}
+echo "columns: ib_*_lat: bytes iters t_min t_max t_typical t_avg t_stdev p99 p99.9 (us); ib_*_bw: bytes iters BW_peak BW_average (MB/s) MsgRate (Mpps)"
+for round in $(seq "${ROUNDS:-3}"); do
+  echo "round $round: UDP busy-poll ping-pong: $("$udpbench" lat busy 50000 2>&1 | tr '\n' ' ')"
+  echo "round $round: UDP GSO+GRO 64 KiB: $("$udpbench" tput gsogro 4156 3 2>&1 | tr '\n' ' ')"
+  for mode in device provider; do
+    echo "round $round: $mode: ib_send_lat 2 B: $(perf $mode ib_send_lat -s 2 -n 20000)"
+    echo "round $round: $mode: ib_write_lat 2 B: $(perf $mode ib_write_lat -s 2 -n 20000)"
+    echo "round $round: $mode: ib_write_bw 64 KiB: $(perf $mode ib_write_bw -s 65536 -n 5000)"
+    echo "round $round: $mode: ib_send_bw 64 B: $(perf $mode ib_send_bw -s 64 -n 200000)"
+  done
+done
