@@ -850,8 +850,19 @@ fn run(sh: &Shared, udp: &OwnedFd) {
         // The group sockets are shared with the state: one that a leave drops meanwhile stays open
         // (and a member) until this poll returns and `groups` goes, as the kernel would keep it
         // for a poll in progress anyway.
-        let udp_events = if driven_for.is_some() { PollFlags::empty() } else { PollFlags::POLLIN };
-        let mut fds = vec![PollFd::new(udp.as_fd(), udp_events), PollFd::new(sh.wake.as_fd(), PollFlags::POLLIN)];
+        if driven_for.is_some() {
+            // Parked: not on the socket's wait queue at all (a poll asking for no event still
+            // sits there, and every datagram would wake this thread for nothing).
+            let mut fds = [PollFd::new(sh.wake.as_fd(), PollFlags::POLLIN)];
+            let _ = nix::poll::ppoll(&mut fds, ts, None);
+            if fds[0].revents().is_some_and(|r| r.contains(PollFlags::POLLIN)) {
+                let _ = sh.wake.read();
+            }
+            received = false;
+            continue;
+        }
+        let mut fds =
+            vec![PollFd::new(udp.as_fd(), PollFlags::POLLIN), PollFd::new(sh.wake.as_fd(), PollFlags::POLLIN)];
         fds.extend(groups.iter().map(|g| PollFd::new(g.as_fd(), PollFlags::POLLIN)));
         let _ = nix::poll::ppoll(&mut fds, ts, None);
         let group_readable = fds[2..].iter().any(|f| f.revents().is_some_and(|r| r.contains(PollFlags::POLLIN)));
