@@ -320,6 +320,41 @@ fn duplicate_atomic_is_replayed_not_reexecuted() {
 }
 
 #[test]
+fn a_read_response_after_a_lost_atomic_ack_is_an_implicit_nak() {
+    // IBTA 9.7.5.1.5: responses come in PSN order, so a response for a later request means an
+    // earlier one was lost: the requester resends at once, without the ACK timeout (rxe's
+    // check_psn retries a pending READ/atomic on any later PSN). Here the FETCH_ADD's ACK is lost
+    // and only a READ follows it (found under issue 21: a window shrunk by loss leaves nothing
+    // else behind a lost atomic ACK).
+    let (mut p, a, b) = setup(RcOptions { timeout: 20, ..RcOptions::default() });
+    let target = BASE + 0x8000;
+    let data = pattern(1024, 7);
+    p.fill(B, BASE + 0x40000, &data);
+    let mut lost = false;
+    p.set_filter(move |s| {
+        if s.from == B && s.opcode == Opcode::RC_ATOMIC_ACKNOWLEDGE && !lost {
+            lost = true;
+            Fate::Drop
+        } else {
+            Fate::Deliver
+        }
+    });
+    send(&mut p, &a, 1, SendOp::FetchAdd { remote_addr: target, rkey: b.mr.rkey, add: 1 }, BASE, 8);
+    send(&mut p, &a, 2, SendOp::Read { remote_addr: BASE + 0x40000, rkey: b.mr.rkey }, BASE + 0x50000, 1024);
+    p.drive(STEPS);
+    let wa = p.poll(A, a.cq);
+    assert_eq!(
+        wa.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    assert_eq!(u64::from_ne_bytes(p.read(B, target, 8).try_into().unwrap()), 1, "added once");
+    assert_eq!(p.read(A, BASE + 0x50000, 1024), data);
+    // Timeout 20 is 4.3 s: the resend came from the READ response, long before.
+    let last = p.log.last().unwrap().at;
+    assert!(last.as_nanos() < 1_000_000_000, "done at {last}");
+}
+
+#[test]
 fn read_response_gap_is_an_implicit_nak_and_the_read_resumes() {
     let (mut p, a, b) = setup(RcOptions::default());
     let data = pattern(4096, 6);

@@ -248,6 +248,13 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
                         Some(s) => handle_nak(qp, ctx, psn, s),
                         None => {}
                     },
+                    // A READ response or atomic ACK of a later request (responses come in PSN
+                    // order, IBTA 9.7.5.1.5): this READ's responses were lost, an implicit NAK
+                    // (rxe's check_psn retries a pending READ/atomic on any later PSN).
+                    _ if after => {
+                        let expect = if qp.comp.psn.distance(w.first_psn) > 0 { qp.comp.psn } else { w.first_psn };
+                        retry_once(qp, ctx, expect);
+                    }
                     _ => {}
                 }
                 break;
@@ -279,6 +286,16 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
                         Some(s) => handle_nak(qp, ctx, psn, s),
                         None => {}
                     },
+                    // A READ response or atomic ACK of a later request: this atomic's ACK was
+                    // lost (or is late), an implicit NAK (IBTA 9.7.5.1.5; rxe's check_psn). The
+                    // resent atomic is answered from the responder's cache, not executed again
+                    // (9.7.5.1.4). Found under issue 21: with a window shrunk by loss, nothing
+                    // but such responses may follow a lost atomic ACK, and the QP waited for the
+                    // ACK timeout.
+                    OpKind::ReadResponse | OpKind::AtomicAcknowledge if after => {
+                        let first = w.first_psn;
+                        retry_once(qp, ctx, first);
+                    }
                     _ => {}
                 }
                 break;
