@@ -977,8 +977,8 @@ fn resize_counts_the_completions_of_work_posted_before_it() {
 fn application_driven_devices_serve_one_sided_targets_and_channel_sleepers_without_calls() {
     let dev = |name: &str, addr: IpAddr| {
         let mut c = HcaConfig::new(name, addr);
-        c.port = 47931;
-        c.seed = Some(47931);
+        c.port = 47936;
+        c.seed = Some(47936);
         c.progress = softrdma_device::Progress::Application;
         Arc::new(Hca::start(c).unwrap())
     };
