@@ -110,8 +110,8 @@ pub enum Progress {
     /// empty CQ receives, runs the timers and writes completions. The device thread becomes a
     /// *progress thread* that never spins: it serves what no call drives (one-sided targets,
     /// timers, completion-channel sleepers) from a blocking poll on the socket, the doorbell and
-    /// the engine's next timer, and keeps off the socket while an application thread drove the
-    /// device within the last [`PARK`], so the two do not contend for every packet.
+    /// the engine's next timer; it can be told to keep off the socket for a while after an
+    /// application thread read it ([`PARK`], `$SOFTRDMA_PARK_US`; off by default, measured).
     Application,
 }
 
@@ -126,8 +126,23 @@ impl Progress {
 }
 
 /// How long the progress thread of a [`Progress::Application`] device stays off the socket after
-/// an application thread last drove the device (and how often it looks again meanwhile).
-pub const PARK: std::time::Duration = std::time::Duration::from_micros(500);
+/// an application thread last read it (and how often it looks again meanwhile). 0 by default:
+/// measured (BENCHMARKS.md, "The data path in the application"), parking for 500 us made
+/// ib_write_lat wait for the park to end (perftest polls its CQ, then spins on memory that only
+/// the progress thread can fill): 275 us typical against 22-25 us without; 20 and 50 us were no
+/// better than 0 for ib_send_lat either.
+pub const PARK: std::time::Duration = std::time::Duration::from_micros(0);
+
+/// [`PARK`], or `$SOFTRDMA_PARK_US` (read once; a tuning knob, BENCHMARKS.md compares values).
+fn park_time() -> std::time::Duration {
+    static S: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+    *S.get_or_init(|| {
+        std::env::var("SOFTRDMA_PARK_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(PARK, std::time::Duration::from_micros)
+    })
+}
 
 /// The largest `max_cqe` a device takes: ConnectX's (2^22 - 1); one such CQ's ring is 512 MiB
 /// of the arena's (sparse) ring space.
@@ -736,7 +751,7 @@ impl Hca {
         if receive {
             // Only a thread that reads the socket keeps the progress thread off it: one that
             // posts and then spins on memory (an RDMA WRITE's last byte) needs it there.
-            let until = sh.epoch.elapsed() + PARK;
+            let until = sh.epoch.elapsed() + park_time();
             sh.driven_until.store(until.as_nanos() as u64, Ordering::Relaxed);
         }
         let mut st = sh.lock();
