@@ -133,6 +133,9 @@ impl Progress {
 /// better than 0 for ib_send_lat either.
 pub const PARK: std::time::Duration = std::time::Duration::from_micros(0);
 
+/// The longest a [`Progress::Application`] device's progress thread sleeps (50 ms).
+const APPLICATION_TICK_NS: u64 = 50_000_000;
+
 /// [`PARK`], or `$SOFTRDMA_PARK_US` (read once; a tuning knob, BENCHMARKS.md compares values).
 fn park_time() -> std::time::Duration {
     static S: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
@@ -413,6 +416,9 @@ pub(crate) struct Shared {
     stop: AtomicBool,
     info: DeviceInfo,
     progress: Progress,
+    /// When the device thread wakes next for timers (the engine's clock, ns; `u64::MAX`: not
+    /// for timers), so that an application thread that arms an earlier timer wakes it.
+    sleep_until: std::sync::atomic::AtomicU64,
     /// [`Progress::Application`]: nanoseconds since `epoch` until which an application thread
     /// counts as driving the device (it drove it less than [`PARK`] ago).
     driven_until: std::sync::atomic::AtomicU64,
@@ -623,6 +629,7 @@ impl Hca {
             stop: AtomicBool::new(false),
             info,
             progress: cfg.progress,
+            sleep_until: std::sync::atomic::AtomicU64::new(u64::MAX),
             driven_until: std::sync::atomic::AtomicU64::new(0),
             epoch: std::time::Instant::now(),
         });
@@ -767,7 +774,42 @@ impl Hca {
                 st.pump();
             }
         }
+        Hca::wake_for_timers(sh, &st);
         received
+    }
+
+    /// Wakes the device thread if the engine (or the fault injector's delay queue) now has a
+    /// timer earlier than the one it sleeps for: an application thread armed it (a send's
+    /// transport timer, IBTA 9.7.6.1.3) while that thread slept. Once per earlier deadline, not
+    /// per call: later posts arm later timers.
+    fn wake_for_timers(sh: &Shared, st: &State) {
+        let next = [st.dev.poll_timeout(), st.delayed.peek().map(|d| d.0.at)].into_iter().flatten().min();
+        if let Some(t) = next {
+            if t.0 < sh.sleep_until.load(Ordering::SeqCst) {
+                sh.sleep_until.store(t.0, Ordering::SeqCst);
+                let _ = sh.wake.write(1);
+            }
+        }
+    }
+
+    /// After a post to QP `qpn`'s send queue on a [`Progress::Application`] device: moves the
+    /// work into the engine and sends it now, unless the post is part of a `stream` (the
+    /// application's previous call was a post too) and the QP still waits for an answer to
+    /// what it sent before (an ACK, READ response or RNR timer is due). Then the new packets stay
+    /// for the next pump, which that answer brings (the progress thread reads it, or the
+    /// application's next poll; the transport timer bounds it), and leave together in GSO
+    /// sends: an application that posts a stream of small messages makes one send syscall per
+    /// batch instead of one per post. A post after a poll (a ping-pong, a latency test) or to
+    /// an idle QP leaves at once.
+    pub fn drive_post(&self, qpn: Qpn, stream: bool) {
+        let mut st = self.shared.lock();
+        if stream && st.dev.awaiting_response(qpn) {
+            let moved = st.service_rings();
+            st.io.ring_wqes += moved as u64;
+        } else {
+            st.pump();
+        }
+        Hca::wake_for_timers(&self.shared, &st);
     }
 
     /// Stops the device thread and flushes the capture.
@@ -859,6 +901,15 @@ fn run(sh: &Shared, udp: &OwnedFd) {
             if let Some(d) = driven_for {
                 t = Some(t.map_or(d.as_nanos() as u64, |t| t.min(d.as_nanos() as u64)));
             }
+            if application {
+                // Wakes at least every 50 ms: an application thread arming a later timer (a
+                // send's transport timer, 67 ms and more) need not wake it, one arming an earlier
+                // timer does ([`Hca::wake_for_timers`]), and neither happens once per post.
+                t = Some(t.map_or(APPLICATION_TICK_NS, |t| t.min(APPLICATION_TICK_NS)));
+            }
+            // The application's calls arm timers while this thread sleeps: they wake it when they
+            // arm one earlier than this ([`Hca::wake_for_timers`]).
+            sh.sleep_until.store(t.map_or(u64::MAX, |t| now.0.saturating_add(t)), Ordering::SeqCst);
             (t, spinning, st.groups.sockets())
         };
         let ts = timeout.map(|ns| nix::sys::time::TimeSpec::from_duration(std::time::Duration::from_nanos(ns)));

@@ -103,6 +103,9 @@ struct Inner {
     /// This process's memory helper, when the device reaches its memory through one: a
     /// completion waits for the helper's writes before it ([`CqEntry::helper_writes`]).
     helper: std::sync::OnceLock<Arc<crate::memory::HelperProgress>>,
+    /// The last verbs call that moved work was a send post (cleared by every CQ poll): on a
+    /// device the application drives, the next send post is part of a stream.
+    posting: std::sync::atomic::AtomicBool,
 }
 
 /// When the device's connection hangs up (the daemon died or was stopped), makes the async event
@@ -216,6 +219,7 @@ impl Inner {
             producers: std::array::from_fn(|_| std::sync::Mutex::new(())),
             hangup,
             helper: std::sync::OnceLock::new(),
+            posting: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -292,7 +296,7 @@ impl Inner {
     fn give_back(&self, off: u64, len: u32) {
         let _turn = self.producer(&self.release);
         while !matches!(self.arena.produce(&self.release, &(off, len)), Ok(true)) {
-            self.ring_doorbell(true);
+            self.ring_doorbell(true, None);
             std::thread::yield_now();
         }
     }
@@ -330,10 +334,10 @@ impl Inner {
     /// Posts a list onto a ring: each request is checked and encoded by `prepare` (its error
     /// is the post's), a full ring is ENOMEM; on an error the requests before `index` were
     /// posted, and `undo` takes back what `prepare` did for the one that was not. One doorbell
-    /// for the list (`urgent` for a send queue, see `ring_doorbell`).
+    /// for the list (`send_qp`: the QP whose send queue this is, see `ring_doorbell`).
     fn post_list<W, E: serde::Serialize>(
         &self,
-        urgent: bool,
+        send_qp: Option<Qpn>,
         ring: Option<RingDesc>,
         wrs: Vec<W>,
         mut prepare: impl FnMut(W) -> std::result::Result<E, VerbsError>,
@@ -366,7 +370,7 @@ impl Inner {
         }
         drop(turn);
         if n > 0 {
-            self.ring_doorbell(urgent);
+            self.ring_doorbell(send_qp.is_some(), send_qp);
         }
         r
     }
@@ -398,13 +402,25 @@ impl Inner {
     /// fences between clearing the flag and its last scan).
     ///
     /// On a device the application drives, a send (`urgent`) runs the device now, from this
-    /// thread, as a provider's post_send rings the NIC; receives are not urgent: the device takes
-    /// them off the ring before it looks at the next packets anyway.
-    fn ring_doorbell(&self, urgent: bool) {
+    /// thread, as a provider's post_send rings the NIC (for QP `send_qp`, see `Hca::drive_post`);
+    /// receives are not urgent: the device takes them off the ring before it looks at the next
+    /// packets anyway.
+    #[cfg_attr(not(feature = "embedded"), allow(unused_variables))]
+    fn ring_doorbell(&self, urgent: bool, send_qp: Option<Qpn>) {
         self.arena.posted().fetch_add(1, Ordering::Release);
         if self.application_driven() {
-            if urgent {
-                self.drive(false);
+            #[cfg(feature = "embedded")]
+            if let Backend::Embedded { hca, .. } = &self.backend {
+                match (urgent, send_qp) {
+                    // A post right after a post (no poll between): a stream, which may wait
+                    // for the next poll or answer to leave in one batch; a post after a poll
+                    // (a ping-pong) leaves at once.
+                    (true, Some(q)) => hca.drive_post(q, self.posting.swap(true, Ordering::Relaxed)),
+                    (true, None) => {
+                        hca.drive(false);
+                    }
+                    (false, _) => {}
+                }
             }
             return;
         }
@@ -1161,6 +1177,7 @@ impl CompletionQueue {
                 }
             }
         }
+        self.ctx.inner.posting.store(false, Ordering::Relaxed);
         let left = max as usize - entries.len();
         if left > 0 {
             let took = self.ctx.inner.arena.consume::<CqEntry>(&ring, left, |e| {
@@ -1533,7 +1550,13 @@ impl QueuePair {
     /// `ibv_post_send` of a list, onto the send queue's ring in shared memory (no system call
     /// but the doorbell). On an error the requests before `index` were posted.
     pub fn post_send(&self, wrs: Vec<SendWr>) -> Result<()> {
-        self.ctx.inner.post_list(true, self.sq, wrs, |wr| Ok(SendEntry { data: self.check_send(&wr)?, wr }), |_| {})
+        self.ctx.inner.post_list(
+            Some(self.qpn),
+            self.sq,
+            wrs,
+            |wr| Ok(SendEntry { data: self.check_send(&wr)?, wr }),
+            |_| {},
+        )
     }
 
     /// `ibv_post_recv` of a list, onto the receive queue's ring: EINVAL in RESET, for a QP
@@ -1560,7 +1583,7 @@ impl QueuePair {
                 *n = n.saturating_sub(1);
             }
         };
-        inner.post_list(false, self.rq, wrs, prepare, undo)
+        inner.post_list(None, self.rq, wrs, prepare, undo)
     }
 
     /// `ibv_attach_mcast` (UD).
@@ -1630,7 +1653,7 @@ impl SharedReceiveQueue {
             }
             Ok(inner.recv_entry(self.pd, wr))
         };
-        inner.post_list(false, Some(self.ring), wrs, prepare, |e| inner.unstage(e))
+        inner.post_list(None, Some(self.ring), wrs, prepare, |e| inner.unstage(e))
     }
 
     /// `ibv_modify_srq` with IBV_SRQ_LIMIT.

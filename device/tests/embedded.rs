@@ -1044,3 +1044,44 @@ fn application_driven_devices_serve_one_sided_targets_and_channel_sleepers_witho
     assert_eq!(one(&a.cq).status, WcStatus::Success);
     assert_eq!(sleeper.join().unwrap(), (true, 1, Some((7, WcStatus::Success))));
 }
+
+/// On an application-driven device, a send whose packet is lost is resent by the progress
+/// thread's transport timer even when the application, having posted, only sleeps on its
+/// completion channel (the post armed the timer while the progress thread slept with an older
+/// deadline).
+#[test]
+fn application_driven_sends_are_resent_while_the_application_sleeps() {
+    let dev = |name: &str, addr: IpAddr, faults: &str| {
+        let mut c = HcaConfig::new(name, addr);
+        c.port = 47937;
+        c.seed = Some(47937);
+        c.faults = faults.parse().unwrap();
+        c.progress = softrdma_device::Progress::Application;
+        Arc::new(Hca::start(c).unwrap())
+    };
+    let (da, db) = (dev("lossy0", A, "loss=0.3"), dev("lossy1", B, ""));
+    let ctx = Context::embedded(&da).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let ch = ctx.create_comp_channel().unwrap();
+    let cq = ctx.create_cq(16, Some(&ch)).unwrap();
+    let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    let qa = pd.qp_builder(QpType::Rc, &cq).caps(caps).build().unwrap();
+    let mr = pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let b = side(&db, QpType::Rc);
+    let o = ConnectOptions { mtu: Mtu::Mtu1024, timeout: 12, retry_cnt: 7, ..ConnectOptions::default() };
+    qa.connect(1, &b.qp.endpoint(2), &o).unwrap();
+    b.qp.connect(2, &qa.endpoint(1), &o).unwrap();
+    for i in 0..10u64 {
+        b.qp.post_recv(vec![RecvWr { wr_id: i, sg_list: vec![b.mr.sge(0..64)] }]).unwrap();
+        cq.req_notify(false).unwrap();
+        qa.post_send(vec![SendWr::new(i, SendOp::Send, vec![mr.sge(0..64)])]).unwrap();
+        // No poll until the channel says so: only the progress thread can resend.
+        assert!(ch.get_cq_event(Some(Duration::from_secs(10))).unwrap().is_some(), "send {i} never completed");
+        let w = cq.poll(4).unwrap();
+        assert_eq!(w.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), vec![(i, WcStatus::Success)]);
+        assert_eq!(one(&b.cq).status, WcStatus::Success);
+    }
+    // The run is only a test if sends were lost and resent.
+    let (_, _, faults) = da.counters();
+    assert!(faults.dropped > 0, "no send was lost (seeded loss 0.3 over 10 sends)");
+}

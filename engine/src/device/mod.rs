@@ -1006,6 +1006,12 @@ impl<M: Memory> Device<M> {
         self.qps.get(&qpn).map(|q| q.sq.len())
     }
 
+    /// Whether QP `qpn` waits for an answer to packets it sent (its transport timer or an RNR
+    /// wait is armed): the answer, or the timer, will run the QP again.
+    pub fn awaiting_response(&self, qpn: Qpn) -> bool {
+        self.qps.get(&qpn).is_some_and(|q| q.comp.retrans_at.is_some() || q.comp.rnr_until.is_some())
+    }
+
     /// The QP's current attributes and state.
     pub fn query_qp(&self, qpn: Qpn) -> Result<(QpState, QpAttr), VerbsError> {
         let qp = self.qps.get(&qpn).ok_or(VerbsError::Inval)?;
