@@ -298,6 +298,8 @@ pub(crate) fn stat(name: &str, json: bool) -> Result<ExitCode> {
         ("memory_writes", io.memory_writes),
         ("memory_helper_ops", io.memory_helper_ops),
         ("clients", io.clients),
+        ("providers", io.providers),
+        ("daemon_udp_rcvd", io.daemon_udp_rcvd),
         // The connection manager (rdma_cm): MADs on QP1, and its IDs in the device.
         ("cm_mads_sent", cm.mads_sent),
         ("cm_mads_rcvd", cm.mads_rcvd),

@@ -380,12 +380,26 @@ fn providers_run_their_own_qps_on_the_steered_port() {
     let (b1, b2, bd) = (block(p1.qp.qpn()), block(p2.qp.qpn()), block(d.qp.qpn()));
     assert!(b1 != b2 && b1 != bd && b2 != bd, "QPN blocks {b1} {b2} {bd}");
 
-    // Provider to provider: the daemon's engine receives nothing.
+    // Provider to provider: the daemon's socket receives nothing, yet the device's counters
+    // count the providers' packets (they report them within PUBLISH_INTERVAL_MS).
     connect(&p1, &p2);
-    let before = stat(rt, "tp")["rcvd_pkts"].as_u64().unwrap();
+    let s0 = stat(rt, "tp");
+    let (before, own_before) = (s0["rcvd_pkts"].as_u64().unwrap(), s0["daemon_udp_rcvd"].as_u64().unwrap());
+    assert_eq!(s0["providers"].as_u64(), Some(2), "{s0}");
     exchange(&mut p1, &mut p2, 1);
     exchange(&mut p2, &mut p1, 2);
-    assert_eq!(stat(rt, "tp")["rcvd_pkts"].as_u64().unwrap(), before, "steered traffic reached the daemon");
+    assert_eq!(stat(rt, "tp")["daemon_udp_rcvd"].as_u64().unwrap(), own_before, "steered traffic reached the daemon");
+    // Each exchange's responder takes at least 13 requests (6 SEND and 6 WRITE packets of 1024
+    // bytes, a READ request).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let counted = loop {
+        let n = stat(rt, "tp")["rcvd_pkts"].as_u64().unwrap() - before;
+        if n >= 26 || Instant::now() > deadline {
+            break n;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(counted >= 26, "the device counted {counted} of the providers' packets");
 
     // A provider that goes gives its block back: the next one gets it (the lowest free block).
     drop(p2);
@@ -433,4 +447,78 @@ fn providers_run_their_own_qps_on_the_steered_port() {
     unsafe { libc::waitpid(pid, &mut status, 0) };
     assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child kept a member socket");
     drop((p1, p3, d));
+}
+
+/// The device's capture, fault injection and counters cover the providers' QPs (the data-path
+/// issue's item 5): two providers exchange through a daemon that captures and drops packets;
+/// the drops are theirs (the daemon's engine sends nothing), the device counts them and the
+/// retransmissions, and the capture holds their packets, once each, every ICRC valid.
+#[test]
+fn providers_report_their_packets_to_the_device_capture_faults_and_counters() {
+    use softrdma_device::verbs::*;
+    let (base, rt) = rtdir();
+    let rt = rt.as_path();
+    let pcap = base.path().join("providers.pcap");
+    let g = up(rt, "tq", "127.0.0.1", 47949, &["--pcap", pcap.to_str().unwrap(), "--faults", "loss=0.05,seed=11"]);
+    let side = |ctx: Context| {
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64, None).unwrap();
+        let qp = pd.qp_builder(QpType::Rc, &cq).build().unwrap();
+        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+        let mr = pd.alloc_mr(1 << 16, access).unwrap();
+        (qp, cq, mr, pd, ctx)
+    };
+    let mut a = side(Context::provider_in(rt, "tq").unwrap());
+    let b = side(Context::provider_in(rt, "tq").unwrap());
+    // A short transport timer: a lost last packet is resent after ~4 ms.
+    let o = ConnectOptions { mtu: Mtu::Mtu1024, timeout: 10, retry_cnt: 7, ..ConnectOptions::default() };
+    a.0.connect(1, &b.0.endpoint(2), &o).unwrap();
+    b.0.connect(2, &a.0.endpoint(1), &o).unwrap();
+    let one = |cq: &CompletionQueue| {
+        let w = cq.wait(1, Duration::from_secs(20)).unwrap();
+        assert_eq!(w.len(), 1, "no completion");
+        assert_eq!(w[0].status, WcStatus::Success, "{w:?}");
+    };
+    let rounds = 10;
+    for r in 0..rounds {
+        let data: Vec<u8> = (0..6000).map(|i| (i as u8).wrapping_mul(13).wrapping_add(r)).collect();
+        a.2.as_mut_slice()[..6000].copy_from_slice(&data);
+        b.0.post_recv(vec![RecvWr { wr_id: 1, sg_list: vec![b.2.sge(0..8192)] }]).unwrap();
+        a.0.post_send(vec![SendWr::new(2, SendOp::Send, vec![a.2.sge(0..6000)])]).unwrap();
+        one(&a.1);
+        one(&b.1);
+        assert_eq!(&b.2.as_slice()[..6000], &data[..]);
+        let (addr, rkey) = (b.2.addr() + 10_000, b.2.rkey());
+        a.0.post_send(vec![SendWr::new(3, SendOp::Write { remote_addr: addr, rkey }, vec![a.2.sge(0..6000)])]).unwrap();
+        one(&a.1);
+        a.0.post_send(vec![SendWr::new(4, SendOp::Read { remote_addr: addr, rkey }, vec![a.2.sge(20_000..26_000)])])
+            .unwrap();
+        one(&a.1);
+        assert_eq!(&a.2.as_slice()[20_000..26_000], &data[..]);
+    }
+    // The providers' last reports leave as they close.
+    drop((a, b));
+    let s = stat(rt, "tq");
+    let n = |k: &str| s[k].as_u64().unwrap();
+    assert_eq!(n("providers"), 0, "{s}");
+    assert_eq!(n("daemon_udp_rcvd"), 0, "{s}");
+    // 10 rounds of 13 request packets and 8 answers at least (an ACK for the SEND, one for the
+    // WRITE, 6 READ responses).
+    assert!(n("sent_pkts") >= 10 * (13 + 8), "{s}");
+    assert!(n("dropped_by_fault") > 0 && n("retransmitted_pkts") > 0, "{s}");
+    let (sent, dropped, dups) = (n("sent_pkts"), n("dropped_by_fault"), n("duplicated_by_fault"));
+    drop(g);
+    let o = cmd(rt).args(["pcap", "check", pcap.to_str().unwrap()]).output().unwrap();
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    let field = |k: &str| -> u64 {
+        let line = out.lines().find(|l| l.trim_start().starts_with(k)).unwrap_or_else(|| panic!("{k}: {out}"));
+        line.trim_start()[k.len()..].split_whitespace().next().unwrap().parse().unwrap()
+    };
+    let (frames, good) = (field("IB packets"), field("good ICRC"));
+    assert_eq!(frames, good, "{out}");
+    // Every packet a provider put on the wire is there once (the fault injector's drops never
+    // left), none twice: a receiver does not capture what its sender on the device did.
+    eprintln!("captured {frames}, sent {sent}, dropped {dropped}, duplicated {dups}");
+    assert!(frames > 0 && frames == sent - dropped + dups, "{frames} captured, {sent} sent, {dropped} dropped: {out}");
 }

@@ -99,3 +99,52 @@ impl Tap {
         self.out.get_mut().flush()
     }
 }
+
+/// Where a device's captured packets go: its own capture file (a daemon, a device in a
+/// process), or, for a provider running its own QPs of a daemon's device, to that daemon, which
+/// writes them into the device's file (`Request::Publish`; the data-path issue's item 5).
+pub(crate) enum Capture {
+    /// The device's own file.
+    File(Tap),
+    /// Packets kept for the next report to the daemon; times on CLOCK_MONOTONIC from
+    /// `epoch_mono_ns` (the device's epoch on that clock).
+    Remote { epoch_mono_ns: u64, out: Vec<crate::proto::Captured> },
+}
+
+impl Capture {
+    /// [`Tap::write`], or kept for the daemon (`time_ns` since the device's epoch).
+    pub(crate) fn write(
+        &mut self,
+        time_ns: u64,
+        src: IpAddr,
+        dst: IpAddr,
+        sport: u16,
+        payload: &[u8],
+        ip_id: Option<u16>,
+    ) -> io::Result<()> {
+        match self {
+            Capture::File(t) => t.write(time_ns, src, dst, sport, payload, ip_id),
+            Capture::Remote { epoch_mono_ns, out } => {
+                let mono_ns = epoch_mono_ns.saturating_add(time_ns);
+                out.push(crate::proto::Captured { mono_ns, src, dst, sport, ip_id, payload: payload.to_vec() });
+                Ok(())
+            }
+        }
+    }
+
+    /// Flushes a capture file (the daemon's reports flush themselves).
+    pub(crate) fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Capture::File(t) => t.flush(),
+            Capture::Remote { .. } => Ok(()),
+        }
+    }
+}
+
+/// CLOCK_MONOTONIC now, in ns (the clock `std::time::Instant` reads on Linux, and the same in
+/// every process of the machine).
+pub(crate) fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| (t.tv_sec() as u64).saturating_mul(1_000_000_000).saturating_add(t.tv_nsec() as u64))
+        .unwrap_or(0)
+}

@@ -54,6 +54,11 @@ impl FaultInjector {
         FaultInjector { rng: Rng::new(faults.seed), faults, counts: FaultCounts::default() }
     }
 
+    /// What it injects.
+    pub fn faults(&self) -> &Faults {
+        &self.faults
+    }
+
     /// Whether it injects anything at all.
     pub fn is_active(&self) -> bool {
         self.faults.is_active()

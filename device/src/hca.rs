@@ -22,8 +22,8 @@ use std::thread::JoinHandle;
 use nix::poll::{PollFd, PollFlags};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use softrdma_engine::device::{
-    ip_udp_header, AsyncEvent, Behaviour, CqId, Device, DeviceConfig, FlowPorts, IcrcPolicy, PdId, RecvMeta, Transmit,
-    TransmitOptions, XrcPolicy,
+    ip_udp_header, AsyncEvent, Behaviour, Counters, CqId, Device, DeviceConfig, FlowPorts, IcrcPolicy, PdId, RecvMeta,
+    Transmit, TransmitOptions, XrcPolicy,
 };
 use softrdma_engine::time::Instant;
 use softrdma_engine::verbs::{Access, Mtu, QpType, VerbsError, WcOpcode};
@@ -32,10 +32,13 @@ use softrdma_engine::wr::RecvWr;
 use softrdma_transport::udp::{self, RoceUdp, UdpConfig};
 
 use crate::arena::{Allocator, Arena, RingAllocator, RingDesc, CQE_SLOT, STAGING_LEN, STAGING_OFF, WQE_SLOT};
-use crate::capture::Tap;
+use crate::capture::{monotonic_ns, Capture, Tap};
 use crate::faults::{Copy, FaultCounts, FaultInjector, Faults};
 use crate::memory::{range_mapped, ProcessMemory, STAGE_VA};
-use crate::proto::{ClientEvent, CqEntry, DeviceInfo, IoStats, RecvEntry, Request, Response, SendEntry};
+use crate::proto::{
+    ClientEvent, CqEntry, DeviceInfo, IoStats, ProviderSettings, Published, RecvEntry, Request, Response, SendEntry,
+    PUBLISH_INTERVAL_MS,
+};
 
 /// A descriptor an answer hands to its client (an event fd, a member socket of the steered port).
 pub type OutFd = Arc<dyn AsFd + Send + Sync>;
@@ -46,6 +49,17 @@ pub const ROCE_PORT: u16 = 4791;
 /// rxe's vendor id (0xFFFFFF: no OUI); not Mellanox's 0x02c9, so programs that special-case
 /// Mellanox hardware do not.
 pub const VENDOR_ID: u32 = 0xff_ffff;
+
+/// How a provider reports to its daemon ([`HcaConfig::publish`]): called with the device's
+/// state locked, from whichever thread pumped it.
+#[derive(Clone)]
+pub struct Publisher(pub Arc<dyn Fn(Published) + Send + Sync>);
+
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Publisher")
+    }
+}
 
 /// How a device is set up.
 #[derive(Debug, Clone)]
@@ -60,6 +74,11 @@ pub struct HcaConfig {
     pub mtu: Option<Mtu>,
     /// Capture every packet into this pcap file.
     pub pcap: Option<PathBuf>,
+    /// A provider's link to its daemon: its counters and (with `capture_remote`) its captured
+    /// packets are reported there (`Request::Publish`).
+    pub publish: Option<Publisher>,
+    /// Capture every packet for the daemon (`publish`) instead of into `pcap`.
+    pub capture_remote: bool,
     /// Faults injected on transmit.
     pub faults: Faults,
     /// Send sockets for flow entropy (UDP source ports 0xC000.. upward); 0: send from the 4791
@@ -162,6 +181,8 @@ impl HcaConfig {
             port: ROCE_PORT,
             mtu: None,
             pcap: None,
+            publish: None,
+            capture_remote: false,
             faults: Faults::default(),
             flow_ports: 8,
             icrc: IcrcPolicy::AnyIpv4Id,
@@ -238,6 +259,8 @@ struct Client {
     backlog: bool,
     /// Its member of the steered port, when it runs its own QPs.
     steer: Option<u32>,
+    /// A provider's last report of its own QPs' counters.
+    published: Option<(Counters, IoStats)>,
 }
 
 impl Client {
@@ -364,8 +387,17 @@ struct State {
     delayed: BinaryHeap<Reverse<Delayed>>,
     seq: u64,
     loopback: VecDeque<(u16, Vec<u8>, Option<IpAddr>)>,
-    tap: Option<Tap>,
+    tap: Option<Capture>,
     epoch: std::time::Instant,
+    /// `epoch` on CLOCK_MONOTONIC (ns): providers' captured packets carry that clock.
+    epoch_mono_ns: u64,
+    /// A provider's reports to its daemon, when it last made one, and what it said.
+    publisher: Option<Publisher>,
+    last_publish: std::time::Instant,
+    published: Option<(Counters, IoStats)>,
+    /// The last reports of providers that have gone (a NIC's counters do not go down when a
+    /// process exits).
+    departed: (Counters, IoStats),
     clients: HashMap<u32, Client>,
     /// rdma_cm: IDs' owners and the clients' event channels.
     cm: crate::cm::CmDesk,
@@ -576,8 +608,11 @@ impl Hca {
             }
             cm.timer_scale_permille = cfg.cm_timer_permille.max(1);
         }
+        let epoch = std::time::Instant::now();
+        let epoch_mono_ns = monotonic_ns();
         let tap = match &cfg.pcap {
-            Some(p) => Some(Tap::create(p).map_err(io_err(&format!("capture file {}", p.display())))?),
+            _ if cfg.capture_remote => Some(Capture::Remote { epoch_mono_ns, out: Vec::new() }),
+            Some(p) => Some(Capture::File(Tap::create(p).map_err(io_err(&format!("capture file {}", p.display())))?)),
             None => None,
         };
         let info = DeviceInfo {
@@ -600,7 +635,12 @@ impl Hca {
             seq: 0,
             loopback: VecDeque::new(),
             tap,
-            epoch: std::time::Instant::now(),
+            epoch,
+            epoch_mono_ns,
+            publisher: cfg.publish.clone(),
+            last_publish: epoch,
+            published: None,
+            departed: Default::default(),
             clients: HashMap::new(),
             cm: crate::cm::CmDesk::with_paths(crate::paths::PathCache::new(cfg.path_cache_ttl)),
             name: cfg.name.clone(),
@@ -682,6 +722,7 @@ impl Hca {
             seen_posted: 0,
             backlog: false,
             steer: None,
+            published: None,
         };
         st.clients.insert(owner, c);
         Ok(Attached { owner, event_fd: fd, arena: arena_fd, doorbell, release })
@@ -820,9 +861,12 @@ impl Hca {
         if let Some(t) = t {
             let _ = t.join();
         }
-        if let Some(tap) = self.shared.lock().tap.as_mut() {
+        let mut st = self.shared.lock();
+        if let Some(tap) = st.tap.as_mut() {
             let _ = tap.flush();
         }
+        // A provider's last word: what its QPs did since its last report.
+        st.publish(true);
     }
 }
 
@@ -1125,7 +1169,10 @@ impl State {
             io.udp_rcvd += 1;
             let src = d.src.ip();
             let dst = d.dst.filter(|a| *a != addr);
-            if let Some(t) = tap.as_mut() {
+            // A datagram from this device's own address came from a provider sharing the port
+            // (or from the daemon, to a provider), which captured it as it sent it: once per
+            // packet, as internal loopback.
+            if let Some(t) = tap.as_mut().filter(|_| src != addr) {
                 let _ =
                     t.write(epoch.elapsed().as_nanos() as u64, src, dst.unwrap_or(addr), d.src.port(), d.payload, None);
             }
@@ -1206,6 +1253,47 @@ impl State {
         self.route_events();
         let now = self.now();
         self.cm.route(&mut self.dev, now, &self.name);
+        if self.publisher.is_some() {
+            self.publish(false);
+        }
+    }
+
+    /// A provider's report to its daemon (`Request::Publish`): the packets captured since the
+    /// last one, at once; its counters when they changed and [`PUBLISH_INTERVAL_MS`] passed
+    /// (the progress thread pumps at least that often), or with `force`.
+    fn publish(&mut self, force: bool) {
+        let Some(p) = self.publisher.clone() else { return };
+        let captured = match &mut self.tap {
+            Some(Capture::Remote { out, .. }) => std::mem::take(out),
+            _ => Vec::new(),
+        };
+        let due = self.last_publish.elapsed() >= std::time::Duration::from_millis(PUBLISH_INTERVAL_MS);
+        if !force && captured.is_empty() && !due {
+            return;
+        }
+        let totals = (*self.dev.counters(), self.io_stats());
+        if captured.is_empty() && self.published == Some(totals) {
+            return;
+        }
+        self.last_publish = std::time::Instant::now();
+        self.published = Some(totals);
+        (p.0)(Published { counters: totals.0, io: totals.1, captured });
+    }
+
+    /// The device's counters as `softrdma stat` shows them: its own engine's and device layer's
+    /// plus what its providers reported (the live ones' last reports and the departed ones').
+    fn totals(&mut self) -> (Counters, IoStats) {
+        let (mut c, mut io) = (*self.dev.counters(), self.io_stats());
+        io.daemon_udp_rcvd = io.udp_rcvd;
+        io.providers = self.clients.values().filter(|c| c.steer.is_some()).count() as u64;
+        let (dc, dio) = self.departed;
+        c += dc;
+        io += dio;
+        for (pc, pio) in self.clients.values().filter_map(|c| c.published) {
+            c += pc;
+            io += pio;
+        }
+        (c, io)
     }
 
     /// A packet the engine wrote, its ICRC computed for IPv4 ID `icrc_id`: through the fault
@@ -1897,7 +1985,28 @@ impl State {
                 let c = self.clients.get_mut(&o).expect("checked");
                 ok(R::Event(c.events.pop_front()))
             }
-            Request::Stats => ok(R::Stats(*self.dev.counters(), self.io_stats())),
+            Request::Stats => {
+                let (c, io) = self.totals();
+                ok(R::Stats(c, io))
+            }
+            Request::Publish(p) => {
+                let c = self.clients.get_mut(&o).expect("checked");
+                // Only a provider runs QPs of its own to report on.
+                if c.steer.is_none() {
+                    return Err(VerbsError::Inval);
+                }
+                c.published = Some((p.counters, p.io));
+                // Its packets go into the device's capture in the order it saw them (a capture
+                // that has stopped meanwhile takes none).
+                let epoch_mono_ns = self.epoch_mono_ns;
+                if let Some(Capture::File(tap)) = self.tap.as_mut() {
+                    for k in &p.captured {
+                        let t = k.mono_ns.saturating_sub(epoch_mono_ns);
+                        let _ = tap.write(t, k.src, k.dst, k.sport, &k.payload, k.ip_id);
+                    }
+                }
+                ok(R::Ok)
+            }
             Request::McastGroups => ok(R::McastGroups(self.groups.info())),
             Request::BlockSelfMcastLb(qpn) => {
                 mine!(qps, qpn);
@@ -1923,7 +2032,15 @@ impl State {
                 };
                 c.steer = Some(m.index);
                 let fd: OutFd = Arc::new(m.fd);
-                Ok((R::Steering { index: m.index, blocks: vec![block] }, vec![fd]))
+                // The provider applies the device's settings to its QPs as this device does.
+                let settings = Box::new(ProviderSettings {
+                    faults: self.faults.faults().to_string(),
+                    behaviour: dev.config().behaviour,
+                    icrc: dev.config().icrc,
+                    max_cqe: dev.config().limits.max_cqe,
+                    capture: self.tap.is_some(),
+                });
+                Ok((R::Steering { index: m.index, blocks: vec![block], settings }, vec![fd]))
             }
             // Routed to the CM in `call` before this match.
             _ => Err(VerbsError::Inval),
@@ -1947,6 +2064,9 @@ impl State {
             memory_helper_ops: self.dev.memory().helper_ops,
             // The asking client does not count itself.
             clients: self.clients.len().saturating_sub(1) as u64,
+            // Set by `totals` for `softrdma stat`.
+            providers: 0,
+            daemon_udp_rcvd: 0,
         }
     }
 
@@ -2088,6 +2208,10 @@ impl State {
 
     fn detach(&mut self, owner: u32) {
         let Some(c) = self.clients.remove(&owner) else { return };
+        if let Some((pc, pio)) = c.published {
+            self.departed.0 += pc;
+            self.departed.1 += pio;
+        }
         // Its blocks of QPNs come back to the device, its member waits for the next client.
         if let (Some(i), Some(st)) = (c.steer, self.udp.steering_mut()) {
             for b in st.blocks_of(i) {

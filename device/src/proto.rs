@@ -14,7 +14,7 @@ use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, Ms
 use serde::{Deserialize, Serialize};
 use softrdma_engine::cm::{CmCounters, ConnParam, IdInfo, InitQpAttr};
 use softrdma_engine::device::{
-    AsyncEvent, Counters, CqId, Limits, MrKeys, PdId, QpAttr, QpInit, SrqAttr, XrcPolicy, XrcdId,
+    AsyncEvent, Behaviour, Counters, CqId, IcrcPolicy, Limits, MrKeys, PdId, QpAttr, QpInit, SrqAttr, XrcPolicy, XrcdId,
 };
 use softrdma_engine::verbs::{Access, AttrMask, Mtu, QpState, QpType, VerbsError};
 use softrdma_engine::wire::Qpn;
@@ -23,7 +23,7 @@ use softrdma_engine::wr::{RecvWr, SendWr, WorkCompletion};
 pub use crate::arena::RingDesc;
 
 /// The protocol version; `Hello` with another one is refused.
-pub const VERSION: u32 = 8;
+pub const VERSION: u32 = 9;
 
 /// A request of the device to a client's memory helper (the fallback of design D3 where the
 /// kernel refuses cross-process access: the client serves its own memory on a socket pair).
@@ -387,6 +387,55 @@ pub enum Request {
     /// The client runs its own QPs (`SOFTRDMA_DATAPATH=provider`): it asks for a socket of the
     /// device's steered port and a block of QPNs whose datagrams the port steers to that socket.
     JoinSteering,
+    /// A provider (a client that joined the steered port) reports what its own QPs did, so that
+    /// the device's counters (`softrdma stat`) and capture cover them as a NIC's cover every QP
+    /// (the data-path issue's item 5): its totals so far, and the packets it captured since its
+    /// last report while the device captures.
+    Publish(Box<Published>),
+}
+
+/// What a provider reports ([`Request::Publish`]).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Published {
+    /// Its engine's counters since it joined (totals: each report replaces the last).
+    pub counters: Counters,
+    /// Its device layer's counters since it joined (totals; `clients` and `providers` unused).
+    pub io: IoStats,
+    /// Packets it sent and received since its last report, in order.
+    pub captured: Vec<Captured>,
+}
+
+/// One packet a provider captured for the device's capture file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Captured {
+    /// When (CLOCK_MONOTONIC, ns: the same clock in every process of the machine).
+    pub mono_ns: u64,
+    /// Source address.
+    pub src: IpAddr,
+    /// Destination address.
+    pub dst: IpAddr,
+    /// UDP source port.
+    pub sport: u16,
+    /// The IPv4 ID it left with (`None`: received, recovered from the ICRC).
+    pub ip_id: Option<u16>,
+    /// The UDP payload (BTH .. ICRC).
+    pub payload: Vec<u8>,
+}
+
+/// The device's settings a provider applies to its own QPs, as the daemon applies them to its
+/// own (`Response::Steering`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ProviderSettings {
+    /// Fault injection on transmit (`--faults` syntax; `none`), applied by whoever sends.
+    pub faults: String,
+    /// The behaviour profile (the engine's wire choices).
+    pub behaviour: Behaviour,
+    /// The ICRC check of IPv4 senders.
+    pub icrc: IcrcPolicy,
+    /// `max_cqe`.
+    pub max_cqe: u32,
+    /// The device captures: the provider reports every packet it sends and receives.
+    pub capture: bool,
 }
 
 /// A send queue ring entry: the work request and, for IBV_SEND_INLINE, its data, copied by the
@@ -559,6 +608,8 @@ pub enum Response {
         index: u32,
         /// QPN blocks (`softrdma_engine::device::QPN_BLOCK_SHIFT`).
         blocks: Vec<u32>,
+        /// The device's settings for the provider's QPs.
+        settings: Box<ProviderSettings>,
     },
 }
 
@@ -611,7 +662,53 @@ pub struct IoStats {
     pub memory_helper_ops: u64,
     /// Attached clients (other than the one asking).
     pub clients: u64,
+    /// Of those, the providers (clients running their own QPs on the steered port). The other
+    /// counters include what the providers reported (the live ones' last reports, at most
+    /// [`PUBLISH_INTERVAL_MS`] old, and the departed ones' last).
+    pub providers: u64,
+    /// Datagrams the daemon's own socket of the port received (`udp_rcvd` less the providers'):
+    /// with steering, none of the providers' packets.
+    pub daemon_udp_rcvd: u64,
 }
+
+/// Sums of several device layers (the daemon's and its providers'); `clients`, `providers` and
+/// `daemon_udp_rcvd` are the daemon's alone and stay as they are.
+impl std::ops::AddAssign for IoStats {
+    fn add_assign(&mut self, o: IoStats) {
+        let IoStats {
+            udp_sent,
+            udp_rcvd,
+            loopback,
+            send_errors,
+            dropped_by_fault,
+            duplicated_by_fault,
+            reordered_by_fault,
+            corrupted_by_fault,
+            memory_faults,
+            memory_reads,
+            memory_writes,
+            memory_helper_ops,
+            clients: _,
+            providers: _,
+            daemon_udp_rcvd: _,
+        } = o;
+        self.udp_sent += udp_sent;
+        self.udp_rcvd += udp_rcvd;
+        self.loopback += loopback;
+        self.send_errors += send_errors;
+        self.dropped_by_fault += dropped_by_fault;
+        self.duplicated_by_fault += duplicated_by_fault;
+        self.reordered_by_fault += reordered_by_fault;
+        self.corrupted_by_fault += corrupted_by_fault;
+        self.memory_faults += memory_faults;
+        self.memory_reads += memory_reads;
+        self.memory_writes += memory_writes;
+        self.memory_helper_ops += memory_helper_ops;
+    }
+}
+
+/// How often at most a provider reports its counters while they change.
+pub const PUBLISH_INTERVAL_MS: u64 = 50;
 
 /// One rdma_cm event as it travels through a channel's pipe: a frame of [`CM_RECORD_LEN`] bytes,
 /// a 2-byte little-endian length, then the postcard body, zero-padded. Frames are smaller than

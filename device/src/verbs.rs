@@ -67,8 +67,9 @@ enum Backend {
         event_fd: OwnedFd,
         /// A provider's link to the daemon of the device whose port it shares
         /// ([`Context::provider`]): kept open for the context's life, so that the daemon takes
-        /// its member and QPN blocks back when this process goes.
-        daemon: Option<Connection>,
+        /// its member and QPN blocks back when this process goes; the provider's reports
+        /// (counters, captured packets) travel on it too.
+        daemon: Option<Arc<Connection>>,
     },
 }
 
@@ -669,9 +670,11 @@ impl Context {
     /// timers and channel sleepers. Its QPs talk to every other QP of the device, the daemon's
     /// and other providers', through the port, and to other devices over the wire.
     ///
-    /// Not (yet) the daemon's: the objects live in this process, so XRC domains shared through a
-    /// file with other processes, rdma_cm on these QPs, and the daemon's capture, fault
-    /// injection, profile and counters do not cover them. Errors: the daemon's port is not
+    /// The device's settings hold for these QPs: the daemon's fault injection, profile and ICRC
+    /// check apply, their counters and (while the device captures) packets are reported to the
+    /// daemon (`Request::Publish`). Not (yet) the daemon's: the objects live in this process, so
+    /// XRC domains shared through a file with other processes and rdma_cm on these QPs do not
+    /// cover them. Errors: the daemon's port is not
     /// steered (`NotSupp`), no QPN block is free (`NoMem`).
     #[cfg(feature = "embedded")]
     pub fn provider(name: &str) -> Result<Context> {
@@ -688,8 +691,8 @@ impl Context {
     fn provider_on(c: Connection) -> Result<Context> {
         let name = c.info.name.clone();
         let (resp, mut fds) = c.call(&Request::JoinSteering, &[])?;
-        let blocks = match resp {
-            Response::Steering { blocks, .. } => blocks,
+        let (index, blocks, settings) = match resp {
+            Response::Steering { index, blocks, settings } => (index, blocks, settings),
             Response::Err(e) => return Err(Error::Verbs(e)),
             _ => return unexpected(),
         };
@@ -697,6 +700,30 @@ impl Context {
         let mut cfg = crate::hca::HcaConfig::new(&c.info.name, c.info.addr);
         cfg.mtu = Some(c.info.active_mtu);
         cfg.progress = crate::hca::Progress::Application;
+        // The device's settings hold for this process's QPs as for the daemon's (the data-path
+        // issue's item 5): the faults are injected by whoever sends (with draws of its own: the
+        // member index goes into the seed), the profile and ICRC check are the device's, and
+        // while the device captures, this process reports every packet to it.
+        let mut faults: crate::faults::Faults = settings.faults.parse().map_err(|e| {
+            tracing::warn!("provider for {name}: the device's faults: {e}");
+            Error::Verbs(VerbsError::Inval)
+        })?;
+        faults.seed ^= u64::from(index + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        cfg.faults = faults;
+        cfg.behaviour = settings.behaviour;
+        cfg.icrc = settings.icrc;
+        cfg.max_cqe = Some(settings.max_cqe);
+        cfg.capture_remote = settings.capture;
+        let c = Arc::new(c);
+        let link = c.clone();
+        let pid = std::process::id();
+        cfg.publish = Some(crate::hca::Publisher(Arc::new(move |p| {
+            // A forked child (which should not use its parent's verbs objects anyway) never
+            // speaks on its parent's connection: the frames would interleave.
+            if std::process::id() == pid {
+                let _ = link.call(&Request::Publish(Box::new(p)), &[]);
+            }
+        })));
         // Batched sends as the daemon makes them (design D5; one destination QP per batch).
         cfg.gso = true;
         let hca = Arc::new(Hca::start_member(cfg, member, blocks).map_err(|e| {

@@ -354,6 +354,69 @@ pub struct Counters {
     pub dropped_messages: u64,
 }
 
+impl std::ops::AddAssign for NaksSent {
+    fn add_assign(&mut self, o: NaksSent) {
+        let NaksSent { psn_sequence, invalid_request, remote_access, remote_operational } = o;
+        self.psn_sequence += psn_sequence;
+        self.invalid_request += invalid_request;
+        self.remote_access += remote_access;
+        self.remote_operational += remote_operational;
+    }
+}
+
+/// A device's totals over several engines (a daemon's and its providers', each running QPs of
+/// the one device). Every field is named, so a new counter cannot be left out of the sum.
+impl std::ops::AddAssign for Counters {
+    fn add_assign(&mut self, o: Counters) {
+        let Counters {
+            sent_pkts,
+            rcvd_pkts,
+            duplicate_request,
+            out_of_seq_request,
+            rcvd_rnr_err,
+            send_rnr_err,
+            rcvd_seq_err,
+            retry_exceeded_err,
+            retry_rnr_exceeded_err,
+            completer_retry_err,
+            retransmitted_pkts,
+            send_err,
+            rdma_recvs,
+            rdma_sends,
+            naks_sent,
+            icrc_err,
+            icrc_id_solved,
+            malformed,
+            unknown_qp,
+            xrc_srq_err,
+            qkey_violations,
+            dropped_messages,
+        } = o;
+        self.sent_pkts += sent_pkts;
+        self.rcvd_pkts += rcvd_pkts;
+        self.duplicate_request += duplicate_request;
+        self.out_of_seq_request += out_of_seq_request;
+        self.rcvd_rnr_err += rcvd_rnr_err;
+        self.send_rnr_err += send_rnr_err;
+        self.rcvd_seq_err += rcvd_seq_err;
+        self.retry_exceeded_err += retry_exceeded_err;
+        self.retry_rnr_exceeded_err += retry_rnr_exceeded_err;
+        self.completer_retry_err += completer_retry_err;
+        self.retransmitted_pkts += retransmitted_pkts;
+        self.send_err += send_err;
+        self.rdma_recvs += rdma_recvs;
+        self.rdma_sends += rdma_sends;
+        self.naks_sent += naks_sent;
+        self.icrc_err += icrc_err;
+        self.icrc_id_solved += icrc_id_solved;
+        self.malformed += malformed;
+        self.unknown_qp += unknown_qp;
+        self.xrc_srq_err += xrc_srq_err;
+        self.qkey_violations += qkey_violations;
+        self.dropped_messages += dropped_messages;
+    }
+}
+
 pub(crate) struct Pd {
     owner: Owner,
 }
