@@ -6,7 +6,8 @@
 # counters count them (rcvd_pkts: the programs report theirs). One line per run, then
 # "N passed, M failed".
 # Usage: scripts/test-provider.sh [--quick]      (needs scripts/build-shim.sh first)
-# Not on this path yet (they stay on the device path or are refused): rdma_cm's QPs, XRC domains.
+# Not on this path yet (refused with EOPNOTSUPP): XRC domains. rdma_cm's own contexts (rping,
+# rdma_server) stay on the device path.
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
 shim="$(realpath "$target/release/shim")"
@@ -52,6 +53,16 @@ for where in "srdma0 srdma0" "srdma0 srdma1"; do
   want_rows=23 perf "ib_write_bw -a -n 5 $tag" "$s" "$c" ib_write_bw -a -n 5
   perf "ib_send_bw -q 4 -n $iters $tag" "$s" "$c" ib_send_bw -q 4 -n "$iters"
   perf "ib_send_bw -c UD -n $iters $tag" "$s" "$c" ib_send_bw -c UD -n "$iters"
+done
+
+# rdma_cm on the programs' own provider contexts (perftest -R opens its device itself and has
+# librdmacm connect those QPs: their numbers and PSNs travel in REQ/REP through the daemon's CM,
+# the data through the programs' own sockets). One device: -R connects to srdma0's address.
+for prog in ib_send_bw ib_write_bw ib_read_bw ib_atomic_bw ib_send_lat ib_write_lat; do
+  cm_perf "$prog"
+done
+for prog in ib_send_bw ib_send_lat; do
+  cm_perf "$prog" UDP -c UD
 done
 
 # None of it passed through a daemon's socket: the kernel steered every datagram to the process

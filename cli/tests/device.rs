@@ -401,7 +401,9 @@ fn providers_run_their_own_qps_on_the_steered_port() {
     };
     assert!(counted >= 26, "the device counted {counted} of the providers' packets");
 
-    // A provider that goes gives its block back: the next one gets it (the lowest free block).
+    // A provider that goes gives its block back: the next one gets it (the lowest free block),
+    // and allocates after the QPN it used (a peer's CM holds that one in timewait).
+    let old_qpn = p2.qp.qpn();
     drop(p2);
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut p3 = loop {
@@ -413,6 +415,7 @@ fn providers_run_their_own_qps_on_the_steered_port() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert_eq!(block(p3.qp.qpn()), b2, "the block of a provider that went is not given again");
+    assert!(p3.qp.qpn() > old_qpn, "QPN {:#x} of the block's last holder given again", old_qpn);
 
     // Provider to a QP on the device path, both ways: through the daemon's engine.
     connect(&p3, &d);

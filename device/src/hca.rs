@@ -259,8 +259,9 @@ struct Client {
     backlog: bool,
     /// Its member of the steered port, when it runs its own QPs.
     steer: Option<u32>,
-    /// A provider's last report of its own QPs' counters.
+    /// A provider's last report of its own QPs' counters, and of the QPN its allocator takes next.
     published: Option<(Counters, IoStats)>,
+    next_qpn: Option<u32>,
 }
 
 impl Client {
@@ -394,10 +395,13 @@ struct State {
     /// A provider's reports to its daemon, when it last made one, and what it said.
     publisher: Option<Publisher>,
     last_publish: std::time::Instant,
-    published: Option<(Counters, IoStats)>,
+    published: Option<(Counters, IoStats, u32)>,
     /// The last reports of providers that have gone (a NIC's counters do not go down when a
     /// process exits).
     departed: (Counters, IoStats),
+    /// Where the next holder of each QPN block given to providers starts allocating (an offset
+    /// in the block): after its last holder's QPNs.
+    qpn_cursor: HashMap<u32, u32>,
     clients: HashMap<u32, Client>,
     /// rdma_cm: IDs' owners and the clients' event channels.
     cm: crate::cm::CmDesk,
@@ -554,15 +558,20 @@ impl Hca {
     /// (`Request::JoinSteering`) and `blocks` the QPN blocks steered to it. The engine allocates
     /// QPNs from those blocks only; packets for any other QPN of the device's address (the
     /// daemon's, other processes') go out through the port, which steers them.
-    pub fn start_member(mut cfg: HcaConfig, member: OwnedFd, blocks: Vec<u32>) -> Result<Hca, HcaError> {
+    pub fn start_member(
+        mut cfg: HcaConfig,
+        member: OwnedFd,
+        blocks: Vec<u32>,
+        first_qpn: u32,
+    ) -> Result<Hca, HcaError> {
         let udp = RoceUdp::from_member(member)?;
         cfg.port = udp.local_addr().port();
         cfg.flow_ports = 0;
         cfg.steered = false;
-        Hca::start_on(cfg, udp, Some(blocks))
+        Hca::start_on(cfg, udp, Some((blocks, first_qpn)))
     }
 
-    fn start_on(cfg: HcaConfig, udp: RoceUdp, blocks: Option<Vec<u32>>) -> Result<Hca, HcaError> {
+    fn start_on(cfg: HcaConfig, udp: RoceUdp, blocks: Option<(Vec<u32>, u32)>) -> Result<Hca, HcaError> {
         let io_err = |what: &str| {
             let what = what.to_owned();
             move |source| HcaError::Io { what, source }
@@ -593,8 +602,8 @@ impl Hca {
             dc.limits.max_cqe = m.clamp(1, MAX_CQE_LIMIT);
         }
         let mut dev = Device::new(dc, ProcessMemory::default());
-        if let Some(b) = blocks {
-            dev.restrict_qpns_to(b);
+        if let Some((b, first)) = blocks {
+            dev.restrict_qpns_to(b, first);
         }
         dev.set_xrc_policy(cfg.xrc_policy);
         {
@@ -641,6 +650,7 @@ impl Hca {
             last_publish: epoch,
             published: None,
             departed: Default::default(),
+            qpn_cursor: HashMap::new(),
             clients: HashMap::new(),
             cm: crate::cm::CmDesk::with_paths(crate::paths::PathCache::new(cfg.path_cache_ttl)),
             name: cfg.name.clone(),
@@ -723,6 +733,7 @@ impl Hca {
             backlog: false,
             steer: None,
             published: None,
+            next_qpn: None,
         };
         st.clients.insert(owner, c);
         Ok(Attached { owner, event_fd: fd, arena: arena_fd, doorbell, release })
@@ -1271,13 +1282,13 @@ impl State {
         if !force && captured.is_empty() && !due {
             return;
         }
-        let totals = (*self.dev.counters(), self.io_stats());
+        let totals = (*self.dev.counters(), self.io_stats(), self.dev.next_qpn());
         if captured.is_empty() && self.published == Some(totals) {
             return;
         }
         self.last_publish = std::time::Instant::now();
         self.published = Some(totals);
-        (p.0)(Published { counters: totals.0, io: totals.1, captured });
+        (p.0)(Published { counters: totals.0, io: totals.1, captured, next_qpn: totals.2 });
     }
 
     /// The device's counters as `softrdma stat` shows them: its own engine's and device layer's
@@ -1996,6 +2007,7 @@ impl State {
                     return Err(VerbsError::Inval);
                 }
                 c.published = Some((p.counters, p.io));
+                c.next_qpn = Some(p.next_qpn);
                 // Its packets go into the device's capture in the order it saw them (a capture
                 // that has stopped meanwhile takes none).
                 let epoch_mono_ns = self.epoch_mono_ns;
@@ -2031,6 +2043,13 @@ impl State {
                     }
                 };
                 c.steer = Some(m.index);
+                // Start where the block's last holder stopped; until this one reports (or if it
+                // never does: killed at once), its successor starts a stride further on.
+                const STRIDE: u32 = 256;
+                let mask = (1u32 << softrdma_engine::device::QPN_BLOCK_SHIFT) - 1;
+                let off = self.qpn_cursor.get(&block).copied().unwrap_or(0) & mask;
+                self.qpn_cursor.insert(block, (off + STRIDE) & mask);
+                let first_qpn = (block << softrdma_engine::device::QPN_BLOCK_SHIFT) | off;
                 let fd: OutFd = Arc::new(m.fd);
                 // The provider applies the device's settings to its QPs as this device does.
                 let settings = Box::new(ProviderSettings {
@@ -2040,7 +2059,7 @@ impl State {
                     max_cqe: dev.config().limits.max_cqe,
                     capture: self.tap.is_some(),
                 });
-                Ok((R::Steering { index: m.index, blocks: vec![block], settings }, vec![fd]))
+                Ok((R::Steering { index: m.index, blocks: vec![block], settings, first_qpn }, vec![fd]))
             }
             // Routed to the CM in `call` before this match.
             _ => Err(VerbsError::Inval),
@@ -2211,6 +2230,16 @@ impl State {
         if let Some((pc, pio)) = c.published {
             self.departed.0 += pc;
             self.departed.1 += pio;
+        }
+        // Its successor on its blocks starts after its last QPN (plus a margin for QPs it made
+        // after its last report).
+        if let (Some(n), Some(i), Some(st)) = (c.next_qpn, c.steer, self.udp.steering()) {
+            let mask = (1u32 << softrdma_engine::device::QPN_BLOCK_SHIFT) - 1;
+            for b in st.blocks_of(i) {
+                if b == softrdma_engine::device::qpn_block(n) {
+                    self.qpn_cursor.insert(b, (n + 16) & mask);
+                }
+            }
         }
         // Its blocks of QPNs come back to the device, its member waits for the next client.
         if let (Some(i), Some(st)) = (c.steer, self.udp.steering_mut()) {

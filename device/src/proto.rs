@@ -403,6 +403,8 @@ pub struct Published {
     pub io: IoStats,
     /// Packets it sent and received since its last report, in order.
     pub captured: Vec<Captured>,
+    /// The QPN its allocator looks at next (the block's next holder starts after it).
+    pub next_qpn: u32,
 }
 
 /// One packet a provider captured for the device's capture file.
@@ -610,6 +612,9 @@ pub enum Response {
         blocks: Vec<u32>,
         /// The device's settings for the provider's QPs.
         settings: Box<ProviderSettings>,
+        /// The QPN to allocate first (cyclically through the blocks): where the block's last
+        /// holder stopped, so that its QPNs are not reused at once.
+        first_qpn: u32,
     },
 }
 

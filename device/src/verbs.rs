@@ -691,8 +691,8 @@ impl Context {
     fn provider_on(c: Connection) -> Result<Context> {
         let name = c.info.name.clone();
         let (resp, mut fds) = c.call(&Request::JoinSteering, &[])?;
-        let (index, blocks, settings) = match resp {
-            Response::Steering { index, blocks, settings } => (index, blocks, settings),
+        let (index, blocks, settings, first_qpn) = match resp {
+            Response::Steering { index, blocks, settings, first_qpn } => (index, blocks, settings, first_qpn),
             Response::Err(e) => return Err(Error::Verbs(e)),
             _ => return unexpected(),
         };
@@ -726,7 +726,7 @@ impl Context {
         })));
         // Batched sends as the daemon makes them (design D5; one destination QP per batch).
         cfg.gso = true;
-        let hca = Arc::new(Hca::start_member(cfg, member, blocks).map_err(|e| {
+        let hca = Arc::new(Hca::start_member(cfg, member, blocks, first_qpn).map_err(|e| {
             tracing::warn!("provider for {name}: {e}");
             Error::Verbs(VerbsError::NoMem)
         })?);

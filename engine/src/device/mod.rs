@@ -1000,12 +1000,23 @@ impl<M: Memory> Device<M> {
     }
 
     /// Makes this device allocate QPNs only from `blocks` (a client process's share of a steered
-    /// port; see [`Device::reserve_qpn_block`] for the other side).
-    pub fn restrict_qpns_to(&mut self, blocks: Vec<u32>) {
-        if let Some(&b) = blocks.first() {
+    /// port; see [`Device::reserve_qpn_block`] for the other side), cyclically from `first` (the
+    /// daemon's cursor of the block, so that a process given a block its predecessor used does
+    /// not reuse that one's QPNs at once: a peer's CM still holds those in timewait and would
+    /// reject a new connection from them as stale, REJ 10, IBTA 12.9.8.3.1). A `first` outside
+    /// the blocks starts at the first block's beginning.
+    pub fn restrict_qpns_to(&mut self, blocks: Vec<u32>, first: u32) {
+        if blocks.contains(&qpn_block(first)) {
+            self.next_qpn = first & Qpn::MASK;
+        } else if let Some(&b) = blocks.first() {
             self.next_qpn = b << QPN_BLOCK_SHIFT;
         }
         self.qpns.only = Some(blocks);
+    }
+
+    /// The QPN the allocator looks at first for the next QP (cyclic allocation).
+    pub fn next_qpn(&self) -> u32 {
+        self.next_qpn
     }
 
     /// Whether `qpn` is one this device allocates (in its blocks, or not in a reserved block).
