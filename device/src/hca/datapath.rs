@@ -1,0 +1,559 @@
+//! The device's data path: the socket and the rings into the engine, the engine's packets out
+//! through fault injection, GSO, internal loopback and the capture, completions and events back
+//! into the clients' rings.
+
+use super::*;
+
+/// Flips one bit of a packet (fault injection), if asked.
+fn flip_bit(d: &mut [u8], bit: Option<usize>) {
+    if let Some(b) = bit.filter(|b| b / 8 < d.len()) {
+        d[b / 8] ^= 1 << (b % 8);
+    }
+}
+
+/// Moves one ring's entries into the engine through `post`: a full engine queue stops it with the
+/// rest left in the ring (`backlog`), a refused entry is counted and dropped, an entry that does
+/// not decode stops it and marks the client `bad`. Returns how many entries were taken.
+fn drain<E: for<'de> serde::Deserialize<'de>>(
+    arena: &Arena,
+    ring: &RingDesc,
+    io: &mut IoCounters,
+    backlog: &mut bool,
+    bad: &mut bool,
+    mut post: impl FnMut(E) -> Result<(), VerbsError>,
+) -> usize {
+    arena.consume::<E>(ring, usize::MAX, |v| match v {
+        Some(e) => match post(e) {
+            Err(VerbsError::NoMem) => {
+                *backlog = true;
+                false
+            }
+            r => {
+                io.ring_rejected += u64::from(r.is_err());
+                true
+            }
+        },
+        None => {
+            io.ring_malformed += 1;
+            *bad = true;
+            false
+        }
+    })
+}
+
+/// A receive the client asked to stage gets one SGE over a fresh piece of the staging area
+/// instead of its own, once its own SGEs pass the engine's checks (otherwise the engine sees them
+/// as they are, and reports what is wrong as it would); the staging is remembered by token.
+fn redirect(
+    dev: &Device<ProcessMemory>,
+    pd: Option<PdId>,
+    e: RecvEntry,
+    staging: &mut Allocator,
+    staged: &mut HashMap<u64, Staged>,
+    stage_mrs: &HashMap<PdId, u32>,
+) -> RecvWr {
+    let RecvEntry { mut wr, stage } = e;
+    let (Some(pd), true) = (pd, stage) else { return wr };
+    let len: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+    let ok = len <= u64::from(u32::MAX) && wr.sg_list.iter().all(|s| dev.sge_ok(pd, s, Access::LOCAL_WRITE));
+    let (Some(&lkey), true) = (stage_mrs.get(&pd), ok) else { return wr };
+    let Some(off) = staging.alloc(len as usize) else { return wr };
+    staged.insert(wr.wr_id, Staged { off, len: len as u32, sges: wr.sg_list.clone() });
+    let addr = STAGE_VA + (off - STAGING_OFF) as u64;
+    wr.sg_list = vec![softrdma_engine::wr::Sge { addr, length: len as u32, lkey }];
+    wr
+}
+
+/// A staged receive that the engine did not take (it stays in the ring, or is dropped): neither
+/// is its staging.
+fn unstage(staging: &mut Allocator, staged: &mut HashMap<u64, Staged>, token: u64) {
+    if let Some(st) = staged.remove(&token) {
+        staging.free(st.off, st.len as usize);
+    }
+}
+
+/// One line per packet at TRACE level (`SOFTRDMA_LOG=trace`): direction, opcode, PSN, AckReq.
+fn trace_packet(dir: &str, p: &[u8]) {
+    if p.len() >= 12 && tracing::enabled!(tracing::Level::TRACE) {
+        let psn = u32::from_be_bytes([0, p[9], p[10], p[11]]);
+        let qpn = u32::from_be_bytes([0, p[5], p[6], p[7]]);
+        tracing::trace!(dir, opcode = p[0], qpn, psn, ack_req = p[8] >> 7, len = p.len());
+    }
+}
+
+/// The QP an affiliated async event names.
+fn event_qp(e: AsyncEvent) -> Option<softrdma_engine::wire::Qpn> {
+    match e {
+        AsyncEvent::CommEst(q)
+        | AsyncEvent::SqDrained(q)
+        | AsyncEvent::QpFatal(q)
+        | AsyncEvent::QpReqErr(q)
+        | AsyncEvent::QpAccessErr(q)
+        | AsyncEvent::LastWqeReached(q) => Some(q),
+        AsyncEvent::CqErr(_) | AsyncEvent::SrqLimitReached(_) => None,
+    }
+}
+
+impl State {
+    pub(super) fn now(&self) -> Instant {
+        Instant(self.epoch.elapsed().as_nanos() as u64)
+    }
+
+    pub(super) fn addr(&self) -> IpAddr {
+        self.dev.config().addr
+    }
+
+    /// Reads one batch of datagrams (at most the transport's receive budget) and hands them to
+    /// the engine; returns how many. The caller pumps after every batch: answers (ACKs, READ
+    /// responses) must not wait until the socket is empty, or a sender retransmitting faster than
+    /// we drain would never hear from us.
+    pub(super) fn receive(&mut self) -> usize {
+        // Work posted before these packets arrived must be in the engine when they are handled
+        // (a receive posted before the peer's SEND was posted is there for it, as on an HCA).
+        let moved = self.service_rings();
+        self.io.ring_wqes += moved as u64;
+        let now = self.now();
+        let addr = self.addr();
+        let State { udp, dev, tap, io, epoch, .. } = self;
+        let r = udp.recv(&mut |d| {
+            io.udp_rcvd += 1;
+            let src = d.src.ip();
+            let dst = d.dst.filter(|a| *a != addr);
+            // A datagram from this device's own address came from a provider sharing the port
+            // (or from the daemon, to a provider), which captured it as it sent it: once per
+            // packet, as internal loopback.
+            if let Some(t) = tap.as_mut().filter(|_| src != addr) {
+                let _ =
+                    t.write(epoch.elapsed().as_nanos() as u64, src, dst.unwrap_or(addr), d.src.port(), d.payload, None);
+            }
+            // The place in a GRO buffer is the IPv4 ID a GSO sender gave it (a hint).
+            let ip_id = (d.segment > 0).then_some(d.segment);
+            let meta = RecvMeta { src, src_port: d.src.port(), ip_id, dst };
+            trace_packet("rx", d.payload);
+            dev.handle_packet(now, meta, d.payload);
+        });
+        r.unwrap_or(0)
+    }
+
+    /// Moves everything that can move: due timers, delayed packets, the engine's transmissions
+    /// and the internal loopback, until nothing is left (bounded), then routes events.
+    pub(super) fn pump(&mut self) {
+        for round in 0..1024 {
+            let ring_work = self.service_rings();
+            self.io.ring_wqes += ring_work as u64;
+            let now = self.now();
+            if self.dev.poll_timeout().is_some_and(|t| t <= now) {
+                self.dev.handle_timeout(now);
+            }
+            while self.delayed.peek().is_some_and(|d| d.0.at <= now) {
+                let d = self.delayed.pop().expect("peeked").0;
+                self.deliver(d.dst, d.sport, &d.data, d.icrc_id, d.flip);
+            }
+            // Data the packets handled so far wrote is in place before any answer to them leaves.
+            self.dev.memory().flush();
+            // What memory helpers answered: the QPs that waited for it go again.
+            if self.dev.memory().helper_round() {
+                self.dev.memory_ready();
+            }
+            // Completions are visible before the answers leave (a responder's receive completion
+            // does not wait for the ACK it sends, IBTA 9.7.5.1 and 10.8.1 tie neither to the
+            // other): the application polling this CQ need not wait for our send syscalls.
+            // Once per pump: the scan visits every CQ of every client.
+            if round == 0 {
+                self.fill_cq_rings();
+            }
+            let loopback_icrc = self.loopback_icrc();
+            let mut buf = std::mem::take(&mut self.buf);
+            let mut sent = 0;
+            loop {
+                // The engine computes the ICRC for the IPv4 ID the packet gets if it joins the
+                // GSO send being built (Linux numbers segments 0, 1, 2, ...); `wire` corrects it
+                // when the packet does not.
+                let id = self.gso.next_id();
+                let opts = TransmitOptions { ip_id: id, loopback_icrc };
+                let Some(t) = self.dev.poll_transmit_with(now, &mut buf, opts) else { break };
+                trace_packet("tx", &buf[..t.len]);
+                self.emit(now, t, &buf[..t.len], id);
+                sent += 1;
+                if sent == 256 {
+                    break;
+                }
+            }
+            self.flush();
+            self.buf = buf;
+            let mut moved = 0;
+            let addr = self.addr();
+            while let Some((sport, data, dst)) = self.loopback.pop_front() {
+                self.io.loopback += 1;
+                let meta = RecvMeta { src: addr, src_port: sport, ip_id: None, dst };
+                if loopback_icrc {
+                    self.dev.handle_packet(now, meta, &data);
+                } else {
+                    self.dev.handle_internal_packet(now, meta, &data);
+                }
+                moved += 1;
+            }
+            if sent == 0 && moved == 0 && ring_work == 0 {
+                break;
+            }
+        }
+        // ... and before their completions are seen.
+        self.dev.memory().flush();
+        self.fill_cq_rings();
+        self.route_events();
+        let now = self.now();
+        self.cm.route(&mut self.dev, now, &self.name);
+        if self.publisher.is_some() {
+            self.publish(false);
+        }
+    }
+
+    /// A provider's report to its daemon (`Request::Publish`): the packets captured since the
+    /// last one, at once; its counters when they changed and [`PUBLISH_INTERVAL_MS`] passed
+    /// (the progress thread pumps at least that often), or with `force`.
+    pub(super) fn publish(&mut self, force: bool) {
+        let Some(p) = self.publisher.clone() else { return };
+        let captured = match &mut self.tap {
+            Some(Capture::Remote { out, .. }) => std::mem::take(out),
+            _ => Vec::new(),
+        };
+        let due = self.last_publish.elapsed() >= std::time::Duration::from_millis(PUBLISH_INTERVAL_MS);
+        if !force && captured.is_empty() && !due {
+            return;
+        }
+        let totals = (*self.dev.counters(), self.io_stats(), self.dev.next_qpn());
+        if captured.is_empty() && self.published == Some(totals) {
+            return;
+        }
+        self.last_publish = std::time::Instant::now();
+        self.published = Some(totals);
+        (p.0)(Published { counters: totals.0, io: totals.1, captured, next_qpn: totals.2 });
+    }
+
+    /// A packet the engine wrote, its ICRC computed for IPv4 ID `icrc_id`: through the fault
+    /// injector (dropped, duplicated, delayed, corrupted) to `deliver`.
+    pub(super) fn emit(&mut self, now: Instant, t: Transmit, data: &[u8], icrc_id: u16) {
+        let mut copies = std::mem::take(&mut self.copies);
+        // The engine wrote the BTH first (the sampler reads its opcode for `ack_loss`).
+        self.faults.decide(now, data, &mut copies);
+        for c in &copies {
+            if c.at > now {
+                self.seq += 1;
+                let d = Delayed {
+                    at: c.at,
+                    seq: self.seq,
+                    dst: t.dst,
+                    sport: t.src_port,
+                    data: data.to_vec(),
+                    icrc_id,
+                    flip: c.flip_bit,
+                };
+                self.delayed.push(Reverse(d));
+            } else {
+                self.deliver(t.dst, t.src_port, data, icrc_id, c.flip_bit);
+            }
+        }
+        self.copies = copies;
+    }
+
+    /// Whether internal loopback packets need an ICRC: only where someone can see it (a capture)
+    /// or break it (fault injection).
+    pub(super) fn loopback_icrc(&self) -> bool {
+        self.tap.is_some() || self.faults.is_active()
+    }
+
+    /// Recomputes an IPv4 packet's ICRC for IPv4 ID `to` if it was computed for `from`.
+    pub(super) fn fix_icrc(&self, dst: IpAddr, sport: u16, seg: &mut [u8], from: u16, to: u16) {
+        if from == to || !matches!((self.addr(), dst), (IpAddr::V4(_), IpAddr::V4(_))) || seg.len() < icrc::LEN {
+            return;
+        }
+        let (hdr, n) = ip_udp_header(self.addr(), dst, sport, seg.len(), to);
+        if let Ok(crc) = icrc::roce_v2_parts(&hdr[..n], &seg[..seg.len() - icrc::LEN]) {
+            IbPacket::new_unchecked(seg).set_icrc(crc);
+        }
+    }
+
+    /// One packet onto the wire, or through internal loopback when it is for this device
+    /// (a NIC loops back traffic between its own QPs; so do we, still through engine and tap).
+    /// Its ICRC is for IPv4 ID `icrc_id`; `flip` is a bit the fault injector corrupts after the
+    /// ICRC is made right for the ID the packet carries, so that the corruption stays detectable.
+    pub(super) fn deliver(&mut self, dst: IpAddr, sport: u16, data: &[u8], icrc_id: u16, flip: Option<usize>) {
+        let addr = self.addr();
+        let mcast = dst.is_multicast();
+        // On a steered port, a QP of this address may live in another process: through the
+        // port (which steers it) unless this engine runs it.
+        let local = dst == addr && softrdma_transport::steer::dest_qpn(data).is_none_or(|q| self.dev.owns_qpn(q));
+        if !local {
+            self.wire(dst, sport, data, icrc_id, flip);
+        }
+        if local || mcast {
+            // Internal loopback carries IPv4 ID 0.
+            let mut d = data.to_vec();
+            if self.loopback_icrc() {
+                self.fix_icrc(dst, sport, &mut d, icrc_id, 0);
+            }
+            flip_bit(&mut d, flip);
+            if local {
+                self.capture(dst, sport, &d, 0);
+            }
+            self.loopback.push_back((sport, d, mcast.then_some(dst)));
+        }
+    }
+
+    /// Writes a packet to the capture as it went out, with the IPv4 ID it carried.
+    pub(super) fn capture(&mut self, dst: IpAddr, sport: u16, data: &[u8], ip_id: u16) {
+        let addr = self.addr();
+        if let Some(tap) = self.tap.as_mut() {
+            let _ = tap.write(self.epoch.elapsed().as_nanos() as u64, addr, dst, sport, data, Some(ip_id));
+        }
+    }
+
+    /// One packet for the UDP socket. With GSO, consecutive packets to the same destination and
+    /// from the same source port, of one size (the last may be shorter), leave in one send of up
+    /// to 64 segments (design D5). Linux numbers the segments' IPv4 IDs 0, 1, 2, ... and the
+    /// ICRC covers the ID, so segment k's ICRC is recomputed for ID k.
+    pub(super) fn wire(&mut self, dst: IpAddr, sport: u16, data: &[u8], icrc_id: u16, flip: Option<usize>) {
+        if !self.gso.enabled {
+            let mut fixed;
+            let mut data = data;
+            if icrc_id != 0 || flip.is_some() {
+                fixed = data.to_vec();
+                self.fix_icrc(dst, sport, &mut fixed, icrc_id, 0);
+                flip_bit(&mut fixed, flip);
+                data = &fixed;
+            }
+            self.capture(dst, sport, data, 0);
+            match self.udp.send(dst, sport, data) {
+                Ok(()) => self.io.udp_sent += 1,
+                Err(_) => self.io.send_errors += 1,
+            }
+            return;
+        }
+        let b = &self.gso;
+        // One destination QP per GSO send: a receiver's steered port picks the socket for the
+        // whole run by its first segment.
+        let dqpn = softrdma_transport::steer::dest_qpn(data).unwrap_or(u32::MAX);
+        let fits = b.n > 0
+            && b.dst == dst
+            && b.dqpn == dqpn
+            && b.sport == sport
+            && !b.closed
+            && data.len() <= b.seg
+            && b.n < MAX_GSO_SEGMENTS
+            && b.buf.len() + data.len() <= udp::MAX_GSO_BYTES;
+        if !fits {
+            self.flush();
+            let b = &mut self.gso;
+            b.dst = dst;
+            b.dqpn = dqpn;
+            b.sport = sport;
+            b.seg = data.len();
+            b.closed = false;
+        }
+        let k = self.gso.n as u16;
+        let start = self.gso.buf.len();
+        let mut buf = std::mem::take(&mut self.gso.buf);
+        buf.extend_from_slice(data);
+        self.fix_icrc(dst, sport, &mut buf[start..], icrc_id, k);
+        flip_bit(&mut buf[start..], flip);
+        self.capture(dst, sport, &buf[start..], k);
+        self.gso.buf = buf;
+        self.gso.n += 1;
+        // A shorter segment can only be the last of a GSO send.
+        self.gso.closed = data.len() < self.gso.seg;
+    }
+
+    /// Sends the GSO batch being built, if any.
+    pub(super) fn flush(&mut self) {
+        let b = &mut self.gso;
+        if b.n == 0 {
+            return;
+        }
+        let r = if b.n == 1 {
+            self.udp.send(b.dst, b.sport, &b.buf)
+        } else {
+            self.udp.send_segments(b.dst, b.sport, &b.buf, b.seg)
+        };
+        match r {
+            Ok(()) => self.io.udp_sent += b.n as u64,
+            Err(_) => self.io.send_errors += b.n as u64,
+        }
+        b.n = 0;
+        b.buf.clear();
+    }
+
+    /// Async events to their owners; completion channel events for armed CQs.
+    pub(super) fn route_events(&mut self) {
+        while let Some(e) = self.dev.poll_event() {
+            let owner = match e {
+                AsyncEvent::CqErr(c) => self.owner_of(|o| o.cqs.contains(&c)),
+                AsyncEvent::SrqLimitReached(s) => self.owner_of(|o| o.srqs.contains(&s)),
+                _ => event_qp(e).and_then(|q| self.owner_of(|o| o.qps.contains(&q))),
+            };
+            if let Some(c) = owner.and_then(|o| self.clients.get_mut(&o)) {
+                c.events.push_back(ClientEvent { event: e, handle: None });
+                let _ = c.event_fd.write(1);
+            } else if let Some(q) = event_qp(e).filter(|q| self.dev.is_unowned_tgt_qp(*q)) {
+                // A receive QP the device owns (the seed's ibv_alloc_xrc_rcv_qp): nobody to
+                // deliver to, so its events go to the device's log, as the kernel's went to
+                // /var/log/messages.
+                tracing::warn!(qpn = q.value(), event = ?e, "async event of a device-owned XRC receive QP");
+            }
+        }
+        while let Some(h) = self.dev.poll_handle_event() {
+            if let Some(c) = self.clients.get_mut(&h.owner) {
+                c.events.push_back(ClientEvent { event: h.event, handle: Some(h.handle) });
+                let _ = c.event_fd.write(1);
+            }
+        }
+        let mut fired = Vec::new();
+        for (cq, w) in self.cqs.iter_mut() {
+            let Some(n) = self.dev.cq_counts(*cq) else { continue };
+            let now = if w.solicited_only { n.solicited } else { n.added };
+            if w.armed && now > w.seen {
+                w.armed = false;
+                if let Some(ch) = w.channel {
+                    fired.push((ch, *cq));
+                }
+            }
+        }
+        for (ch, cq) in fired {
+            if let Some(c) = self.channels.get_mut(&ch) {
+                c.events.push_back(cq);
+                let _ = c.fd.write(1);
+            }
+        }
+    }
+
+    /// Group datagrams the member sockets hold, into the engine as from the wire.
+    pub(super) fn receive_groups(&mut self) -> usize {
+        let now = self.now();
+        let addr = self.addr();
+        let mut buf = std::mem::take(&mut self.buf);
+        if buf.len() < 65536 {
+            buf.resize(65536, 0);
+        }
+        let State { groups, dev, tap, io, epoch, .. } = self;
+        let n = groups.receive(&mut buf, 64, &mut |from, g, data| {
+            // Our own sends come back through the kernel's multicast loopback; the device
+            // already delivered them internally.
+            if from.ip() == addr {
+                return;
+            }
+            io.udp_rcvd += 1;
+            let dst = IpAddr::V4(g);
+            if let Some(t) = tap.as_mut() {
+                let _ = t.write(epoch.elapsed().as_nanos() as u64, from.ip(), dst, from.port(), data, None);
+            }
+            let meta = RecvMeta { src: from.ip(), src_port: from.port(), ip_id: None, dst: Some(dst) };
+            trace_packet("rx", data);
+            dev.handle_packet(now, meta, data);
+        });
+        self.buf = buf;
+        n
+    }
+
+    /// Sets every client's doorbell suppression flag.
+    pub(super) fn set_polling(&self, on: bool) {
+        for c in self.clients.values() {
+            c.arena.polling().store(u32::from(on), Ordering::SeqCst);
+        }
+    }
+
+    /// Moves work the clients posted on their rings into the engine, receive queues first (so a
+    /// SEND posted together with its peer's receive finds it). A WQE is copied out of shared
+    /// memory before it is decoded and checked; a full engine queue leaves the rest in the ring
+    /// for later (backpressure). Returns how many WQEs moved.
+    pub(super) fn service_rings(&mut self) -> usize {
+        let State { clients, dev, io, .. } = self;
+        let mut moved = 0;
+        let mut misbehaving = Vec::new();
+        for (&owner, c) in clients.iter_mut() {
+            let mut bad = false;
+            // Staging space the client has scattered from and given back.
+            if c.arena.pending(&c.release) > 0 {
+                let Client { arena, release, staging, .. } = &mut *c;
+                arena.consume::<(u64, u32)>(release, usize::MAX, |v| match v {
+                    Some((off, len))
+                        if off as usize >= STAGING_OFF
+                            && (off as usize).saturating_add(len as usize) <= STAGING_OFF + STAGING_LEN =>
+                    {
+                        staging.free(off as usize, len as usize);
+                        true
+                    }
+                    _ => {
+                        bad = true;
+                        false
+                    }
+                });
+            }
+            let posted = c.arena.posted().load(Ordering::Acquire);
+            if posted == c.seen_posted && !c.backlog && !bad {
+                continue;
+            }
+            c.seen_posted = posted;
+            c.backlog = false;
+            let mut backlog = false;
+            let Client { arena, rq, srq_rings, sq, staging, staged, stage_mrs, qp_pd, srq_pd, .. } = &mut *c;
+            // A receive the client asked to stage gets one SGE over a fresh piece of the staging
+            // area instead of its own, once its own SGEs pass the engine's checks (otherwise the
+            // engine sees them as they are, and reports what is wrong as it would).
+            for (q, r) in rq.iter() {
+                moved += drain(arena, r, io, &mut backlog, &mut bad, |e: RecvEntry| {
+                    let token = e.wr.wr_id;
+                    let wr = redirect(dev, qp_pd.get(q).copied(), e, staging, staged, stage_mrs);
+                    dev.post_recv(*q, wr).inspect_err(|_| unstage(staging, staged, token))
+                });
+            }
+            for (s, r) in srq_rings.iter() {
+                moved += drain(arena, r, io, &mut backlog, &mut bad, |e: RecvEntry| {
+                    let token = e.wr.wr_id;
+                    let wr = redirect(dev, srq_pd.get(s).copied(), e, staging, staged, stage_mrs);
+                    dev.post_srq_recv(*s, wr).inspect_err(|_| unstage(staging, staged, token))
+                });
+            }
+            for (q, r) in sq.iter() {
+                moved +=
+                    drain(arena, r, io, &mut backlog, &mut bad, |e: SendEntry| dev.post_send_inline(*q, e.wr, e.data));
+            }
+            c.backlog = backlog;
+            if bad {
+                misbehaving.push(owner);
+            }
+        }
+        // A ring entry that does not decode is a malformed message: that client is cut off and
+        // its objects destroyed; nobody else notices.
+        for owner in misbehaving {
+            tracing::warn!(owner, "disconnecting a client that wrote a malformed entry to its rings");
+            self.detach(owner);
+        }
+        if moved > 0 {
+            // New requests come after completions their owner saw: it may have refilled buffers.
+            self.dev.memory().forget_read_ahead();
+        }
+        moved
+    }
+
+    /// Moves completions from the engine's CQs into the clients' completion rings, as far as
+    /// the rings have room (what does not fit waits in the engine's CQ, which overflows at its
+    /// own capacity).
+    pub(super) fn fill_cq_rings(&mut self) {
+        let State { clients, dev, .. } = self;
+        for (&owner, c) in clients.iter_mut() {
+            let helper_writes = dev.memory_ref().helper_writes(owner);
+            for (cq, r) in &c.cq_rings {
+                if dev.cq_counts(*cq).is_none_or(|n| n.held == 0) {
+                    continue;
+                }
+                let free = c.arena.free(r) as usize;
+                for wc in dev.poll_cq(*cq, free) {
+                    // A staged receive's completion says where its data is.
+                    let recv = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+                    let stage = if recv { c.staged.remove(&wc.wr_id) } else { None };
+                    let e = CqEntry { wc, stage: stage.map(|st| (st.off as u64, st.len)), helper_writes };
+                    let _ = c.arena.produce(r, &e);
+                }
+            }
+        }
+    }
+}

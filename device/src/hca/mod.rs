@@ -1,0 +1,844 @@
+//! The emulated HCA as a running thing: one engine [`Device`] driven over the RoCEv2 UDP transport
+//! by a device thread, with internal loopback, fault injection and the capture tap, and the
+//! verbs calls of its clients (each an owner of objects, checked on every call).
+//!
+//! Threads: the device thread waits (ppoll) on the UDP socket, a wake-up eventfd and the next
+//! timer; a client's call runs on the caller's thread (the daemon's connection thread, or the
+//! application's own thread for an embedded device) under the device lock, then moves whatever the
+//! call made sendable, so a post leaves without a thread switch.
+//!
+//! Parts: this module holds the configuration, the state and the device's start and clients;
+//! `datapath` moves packets and ring entries, `dispatch` serves the clients' requests, and
+//! `progress` decides who moves the work (the device thread, or the application's calls with a
+//! progress thread).
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::fs::File;
+use std::io;
+use std::net::IpAddr;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use nix::poll::{PollFd, PollFlags};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use softrdma_engine::device::{
+    ip_udp_header, AsyncEvent, Behaviour, Counters, CqId, Device, DeviceConfig, FlowPorts, IcrcPolicy, PdId, RecvMeta,
+    Transmit, TransmitOptions, XrcPolicy,
+};
+use softrdma_engine::time::Instant;
+use softrdma_engine::verbs::{Access, Mtu, QpType, VerbsError, WcOpcode};
+use softrdma_engine::wire::{icrc, IbPacket, Qpn};
+use softrdma_engine::wr::RecvWr;
+use softrdma_transport::udp::{self, RoceUdp, UdpConfig};
+
+use crate::arena::{Allocator, Arena, RingAllocator, RingDesc, CQE_SLOT, STAGING_LEN, STAGING_OFF, WQE_SLOT};
+use crate::capture::{monotonic_ns, Capture, Tap};
+use crate::faults::{Copy, FaultCounts, FaultInjector, Faults};
+use crate::memory::{range_mapped, ProcessMemory, STAGE_VA};
+use crate::proto::{
+    ClientEvent, CqEntry, DeviceInfo, IoStats, ProviderSettings, Published, RecvEntry, Request, Response, SendEntry,
+    PUBLISH_INTERVAL_MS,
+};
+
+mod datapath;
+mod dispatch;
+mod progress;
+
+use self::progress::*;
+pub use self::progress::{Progress, PARK};
+
+/// A descriptor an answer hands to its client (an event fd, a member socket of the steered port).
+pub type OutFd = Arc<dyn AsFd + Send + Sync>;
+
+/// The RoCEv2 UDP port (IANA).
+pub const ROCE_PORT: u16 = 4791;
+
+/// rxe's vendor id (0xFFFFFF: no OUI); not Mellanox's 0x02c9, so programs that special-case
+/// Mellanox hardware do not.
+pub const VENDOR_ID: u32 = 0xff_ffff;
+
+/// How a provider reports to its daemon ([`HcaConfig::publish`]): called with the device's
+/// state locked, from whichever thread pumped it.
+#[derive(Clone)]
+pub struct Publisher(pub Arc<dyn Fn(Published) + Send + Sync>);
+
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Publisher")
+    }
+}
+
+/// How a device is set up.
+#[derive(Debug, Clone)]
+pub struct HcaConfig {
+    /// Device name (srdma0).
+    pub name: String,
+    /// The address it owns UDP 4791 on.
+    pub addr: IpAddr,
+    /// The UDP port (4791; tests may pick another).
+    pub port: u16,
+    /// Active MTU; `None`: derived from the interface MTU as rxe derives it.
+    pub mtu: Option<Mtu>,
+    /// Capture every packet into this pcap file.
+    pub pcap: Option<PathBuf>,
+    /// A provider's link to its daemon: its counters and (with `capture_remote`) its captured
+    /// packets are reported there (`Request::Publish`).
+    pub publish: Option<Publisher>,
+    /// Capture every packet for the daemon (`publish`) instead of into `pcap`.
+    pub capture_remote: bool,
+    /// Faults injected on transmit.
+    pub faults: Faults,
+    /// Send sockets for flow entropy (UDP source ports 0xC000.. upward); 0: send from the 4791
+    /// socket.
+    pub flow_ports: u16,
+    /// ICRC check for IPv4 senders: a UDP socket cannot see the sender's IPv4 ID, so the default
+    /// accepts a packet whose ICRC holds for some ID (design D5).
+    pub icrc: IcrcPolicy,
+    /// XRC target QP lifetime.
+    pub xrc_policy: XrcPolicy,
+    /// Seed of the device's random choices (key bits, QPNs); `None`: from the clock.
+    pub seed: Option<u64>,
+    /// Batch packets into UDP GSO sends. Off by default for devices built here (embedded ones in
+    /// tests and programs); the daemon turns it on unless told `--no-gso`: with the requester's
+    /// window of 128 PSNs it measured 1.4x the bandwidth of one send per packet for 64 KiB RDMA
+    /// WRITEs on loopback (BENCHMARKS.md). Received GSO batches are always taken coalesced (GRO).
+    pub gso: bool,
+    /// The CM response timeout put in REQs: 20 as Linux's rdma_cm, 22 as Mellanox OFED's.
+    pub cm_response_timeout: u8,
+    /// The engine's wire choices (`softrdma_engine::device::profile`).
+    pub behaviour: Behaviour,
+    /// Scale of the CM's timers in 1/1000 (1000: the kernel's; tests shorten them).
+    pub cm_timer_permille: u32,
+    /// How long a looked-up path stays in the path record cache (zero: not cached).
+    pub path_cache_ttl: std::time::Duration,
+    /// Most entries of one CQ (`max_cqe`); None: rxe's 32767. A CQ's completion ring in the
+    /// client's arena takes 128 bytes per entry, so the limit is MAX_CQE_LIMIT.
+    pub max_cqe: Option<u32>,
+    /// Who moves the device's work: its own thread, or the threads that post and poll.
+    pub progress: Progress,
+    /// Make the port a steered `SO_REUSEPORT` group (`softrdma_transport::steer`), so that
+    /// clients can run their own QPs on it (`Request::JoinSteering`). The daemon does this;
+    /// where the kernel refuses, the device runs unsteered and says so to a client that asks.
+    pub steered: bool,
+}
+
+/// The largest `max_cqe` a device takes: ConnectX's (2^22 - 1); one such CQ's ring is 512 MiB
+/// of the arena's (sparse) ring space.
+pub const MAX_CQE_LIMIT: u32 = (1 << 22) - 1;
+
+impl HcaConfig {
+    /// A device `name` on `addr` with the defaults: UDP 4791, MTU from the interface, no capture,
+    /// no faults, 8 flow ports, the "some IPv4 ID" ICRC check, one send per packet (no GSO),
+    /// progress as `$SOFTRDMA_PROGRESS` says ([`Progress::from_env`]).
+    pub fn new(name: &str, addr: IpAddr) -> HcaConfig {
+        HcaConfig {
+            name: name.to_owned(),
+            addr,
+            port: ROCE_PORT,
+            mtu: None,
+            pcap: None,
+            publish: None,
+            capture_remote: false,
+            faults: Faults::default(),
+            flow_ports: 8,
+            icrc: IcrcPolicy::AnyIpv4Id,
+            xrc_policy: XrcPolicy::default(),
+            seed: None,
+            gso: false,
+            cm_response_timeout: 20,
+            behaviour: Behaviour::RXE,
+            cm_timer_permille: 1000,
+            path_cache_ttl: crate::paths::DEFAULT_TTL,
+            max_cqe: None,
+            progress: Progress::from_env(),
+            steered: false,
+        }
+    }
+}
+
+/// Why a device could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum HcaError {
+    /// The UDP transport could not bind.
+    #[error(transparent)]
+    Udp(#[from] udp::UdpError),
+    /// Another I/O error (eventfd, capture file).
+    #[error("{what}: {source}")]
+    Io {
+        /// What failed.
+        what: String,
+        /// The error.
+        source: io::Error,
+    },
+}
+
+/// The objects a client made, so every call can be checked against them and they can be
+/// destroyed when the client goes.
+#[derive(Debug, Default)]
+struct Objects {
+    pds: HashSet<PdId>,
+    mrs: HashSet<u32>,
+    /// Memory windows by their index (the R_Key without its key byte, which binds change).
+    mws: HashSet<u32>,
+    cqs: HashSet<CqId>,
+    qps: HashSet<Qpn>,
+    srqs: HashSet<u32>,
+    xrcds: Vec<softrdma_engine::device::XrcdId>,
+    handles: HashSet<(Qpn, u32)>,
+    mcast: HashSet<(Qpn, IpAddr)>,
+    channels: HashSet<u32>,
+}
+
+struct Client {
+    objects: Objects,
+    events: VecDeque<ClientEvent>,
+    event_fd: Arc<EventFd>,
+    /// The client's ring arena and where its rings are.
+    arena: Arc<Arena>,
+    alloc: RingAllocator,
+    /// Its staging area, the ring on which it gives staging back, what is staged by token, and
+    /// the device's staging memory region in each of its PDs.
+    staging: Allocator,
+    release: RingDesc,
+    staged: HashMap<u64, Staged>,
+    stage_mrs: HashMap<PdId, u32>,
+    /// The PD of each QP and SRQ (to check SGEs before staging).
+    qp_pd: HashMap<Qpn, PdId>,
+    srq_pd: HashMap<u32, PdId>,
+    sq: HashMap<Qpn, RingDesc>,
+    rq: HashMap<Qpn, RingDesc>,
+    srq_rings: HashMap<u32, RingDesc>,
+    cq_rings: HashMap<CqId, RingDesc>,
+    /// The arena's `posted` counter when the rings were last serviced.
+    seen_posted: u32,
+    /// Work left in a ring because the engine's queue was full: look again next time.
+    backlog: bool,
+    /// Its member of the steered port, when it runs its own QPs.
+    steer: Option<u32>,
+    /// A provider's last report of its own QPs' counters, and of the QPN its allocator takes next.
+    published: Option<(Counters, IoStats)>,
+    next_qpn: Option<u32>,
+}
+
+impl Client {
+    /// The ring of a destroyed queue: its space goes back to the allocator, its touched pages
+    /// back to the system (an idle ring's slots were never touched: nothing to give).
+    fn give_back(&mut self, r: &RingDesc) {
+        self.alloc.release(r);
+        self.arena.discard(r);
+    }
+}
+
+/// What a new client gets.
+pub struct Attached {
+    /// Its owner id.
+    pub owner: u32,
+    /// Readable while async events wait for it.
+    pub event_fd: Arc<EventFd>,
+    /// Its ring arena (a sealed memfd) to map.
+    pub arena: OwnedFd,
+    /// The doorbell to write after posting to a ring (unless the device is polling).
+    pub doorbell: OwnedFd,
+    /// The ring on which the client gives staging space back.
+    pub release: RingDesc,
+}
+
+impl Hca {
+    /// Reaches a client's memory through its helper (the kernel refused process_vm_readv).
+    pub fn use_memory_helper(&self, owner: u32, sock: std::os::unix::net::UnixStream) {
+        self.use_memory_helper_timeout(owner, sock, crate::memory::HELPER_TIMEOUT);
+    }
+
+    /// [`Hca::use_memory_helper`], waiting at most `timeout` for each of the helper's answers.
+    pub fn use_memory_helper_timeout(
+        &self,
+        owner: u32,
+        sock: std::os::unix::net::UnixStream,
+        timeout: std::time::Duration,
+    ) {
+        let Ok(wake) = self.shared.wake.as_fd().try_clone_to_owned() else {
+            // No descriptor left for the link: the helper cannot be reached (its accesses fail).
+            drop(sock);
+            return;
+        };
+        self.shared.lock().dev.memory().attach_helper_timeout(owner, sock, wake, timeout);
+    }
+}
+
+struct Channel {
+    fd: Arc<EventFd>,
+    events: VecDeque<CqId>,
+}
+
+struct CqWatch {
+    channel: Option<u32>,
+    /// Armed by req_notify_cq: fire on the first completion (solicited-only: the first
+    /// solicited or unsuccessful one) added after `seen`.
+    armed: bool,
+    solicited_only: bool,
+    seen: u64,
+}
+
+/// A packet waiting for its time (delay or reordering injected).
+struct Delayed {
+    at: Instant,
+    seq: u64,
+    dst: IpAddr,
+    sport: u16,
+    data: Vec<u8>,
+    /// The IPv4 ID its ICRC was computed for.
+    icrc_id: u16,
+    /// The bit the fault injector flips, once the ICRC is right for the ID it will carry.
+    flip: Option<usize>,
+}
+
+impl PartialEq for Delayed {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for Delayed {}
+impl PartialOrd for Delayed {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Delayed {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(o.at, o.seq))
+    }
+}
+
+/// Counters of the device layer (the engine keeps the transport's).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IoCounters {
+    /// Datagrams sent on the UDP socket.
+    pub udp_sent: u64,
+    /// Datagrams received from the UDP socket.
+    pub udp_rcvd: u64,
+    /// Packets moved through internal loopback.
+    pub loopback: u64,
+    /// UDP send errors (the packet is lost; the transport retransmits).
+    pub send_errors: u64,
+    /// GSO sends (several packets in one system call).
+    pub gso_sends: u64,
+    /// Received buffers that held several coalesced packets (GRO).
+    pub gro_buffers: u64,
+    /// Work requests taken from the clients' rings.
+    pub ring_wqes: u64,
+    /// Ring entries that did not decode (a misbehaving client; skipped).
+    pub ring_malformed: u64,
+    /// Ring entries the engine refused (the client's checks at post time should prevent it).
+    pub ring_rejected: u64,
+    /// Reads of client memory across processes (process_vm_readv).
+    pub memory_reads: u64,
+    /// Writes of client memory across processes (process_vm_writev).
+    pub memory_writes: u64,
+}
+
+struct State {
+    dev: Device<ProcessMemory>,
+    udp: RoceUdp,
+    faults: FaultInjector,
+    copies: Vec<Copy>,
+    delayed: BinaryHeap<Reverse<Delayed>>,
+    seq: u64,
+    loopback: VecDeque<(u16, Vec<u8>, Option<IpAddr>)>,
+    tap: Option<Capture>,
+    epoch: std::time::Instant,
+    /// `epoch` on CLOCK_MONOTONIC (ns): providers' captured packets carry that clock.
+    epoch_mono_ns: u64,
+    /// A provider's reports to its daemon, when it last made one, and what it said.
+    publisher: Option<Publisher>,
+    last_publish: std::time::Instant,
+    published: Option<(Counters, IoStats, u32)>,
+    /// The last reports of providers that have gone (a NIC's counters do not go down when a
+    /// process exits).
+    departed: (Counters, IoStats),
+    /// Where the next holder of each QPN block given to providers starts allocating (an offset
+    /// in the block): after its last holder's QPNs.
+    qpn_cursor: HashMap<u32, u32>,
+    clients: HashMap<u32, Client>,
+    /// rdma_cm: IDs' owners and the clients' event channels.
+    cm: crate::cm::CmDesk,
+    /// The device's name (in CM event records).
+    name: String,
+    next_owner: u32,
+    channels: HashMap<u32, Channel>,
+    next_channel: u32,
+    cqs: HashMap<CqId, CqWatch>,
+    /// Shared XRC domain files by (st_dev, st_ino), kept open while their domain lives.
+    xrcd_files: HashMap<(u64, u64), File>,
+    /// rdma_cm multicast joins and the IP group memberships behind them.
+    groups: crate::mcast::Groups,
+    buf: Vec<u8>,
+    io: IoCounters,
+    gso: Gso,
+}
+
+/// The GSO send being built.
+struct Gso {
+    enabled: bool,
+    dst: IpAddr,
+    dqpn: u32,
+    sport: u16,
+    seg: usize,
+    n: usize,
+    closed: bool,
+    buf: Vec<u8>,
+}
+
+impl Gso {
+    /// The IPv4 ID the next packet gets if it joins the send being built (0 if a new one starts).
+    fn next_id(&self) -> u16 {
+        if self.enabled && self.n > 0 && !self.closed && self.n < MAX_GSO_SEGMENTS {
+            self.n as u16
+        } else {
+            0
+        }
+    }
+}
+
+/// Most segments in one GSO send: 64 is what 6.1 kernels take (newer ones take 128).
+const MAX_GSO_SEGMENTS: usize = 64;
+
+pub(crate) struct Shared {
+    state: Mutex<State>,
+    wake: EventFd,
+    stop: AtomicBool,
+    info: DeviceInfo,
+    progress: Progress,
+    /// When the device thread wakes next for timers (the engine's clock, ns; `u64::MAX`: not
+    /// for timers), so that an application thread that arms an earlier timer wakes it.
+    sleep_until: std::sync::atomic::AtomicU64,
+    /// [`Progress::Application`]: nanoseconds since `epoch` until which an application thread
+    /// counts as driving the device (it drove it less than [`PARK`] ago).
+    driven_until: std::sync::atomic::AtomicU64,
+    epoch: std::time::Instant,
+}
+
+/// A running device.
+pub struct Hca {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    /// A member of a steered port: its descriptors, which a forked child must not keep.
+    member_fds: Vec<RawFd>,
+}
+
+/// Descriptors of steered-port members in this process (-1: free slot). A forked child replaces
+/// each with a fresh unbound socket ([`forget_members_in_child`]): the child never takes its
+/// parent's datagrams, and its copy of the device fails quietly instead of stealing them.
+static MEMBER_FDS: [std::sync::atomic::AtomicI32; 64] = [const { std::sync::atomic::AtomicI32::new(-1) }; 64];
+
+/// `pthread_atfork` child handler: only async-signal-safe calls (socket, dup2, close).
+extern "C" fn forget_members_in_child() {
+    for slot in &MEMBER_FDS {
+        let fd = slot.load(Ordering::Relaxed);
+        if fd < 0 {
+            continue;
+        }
+        // SAFETY: plain syscalls on descriptor numbers; `fd` is this process's (inherited) copy
+        // of a member socket, replaced in place so no other code's descriptor number changes.
+        unsafe {
+            let s = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0);
+            if s >= 0 {
+                libc::dup2(s, fd);
+                libc::close(s);
+            }
+        }
+    }
+}
+
+/// Files the descriptors of a member socket for [`forget_members_in_child`] (registered once).
+fn register_member_fds(fds: &[RawFd]) {
+    static ATFORK: std::sync::Once = std::sync::Once::new();
+    ATFORK.call_once(|| {
+        // SAFETY: pthread_atfork(3) with a handler that lives for the whole program.
+        unsafe { libc::pthread_atfork(None, None, Some(forget_members_in_child)) };
+    });
+    for &fd in fds {
+        if let Some(slot) =
+            MEMBER_FDS.iter().find(|s| s.compare_exchange(-1, fd, Ordering::SeqCst, Ordering::SeqCst).is_ok())
+        {
+            let _ = slot;
+        } else {
+            tracing::warn!("more than {} member sockets: a forked child keeps a copy of fd {fd}", MEMBER_FDS.len());
+        }
+    }
+}
+
+fn unregister_member_fds(fds: &[RawFd]) {
+    for &fd in fds {
+        if let Some(slot) = MEMBER_FDS.iter().find(|s| s.load(Ordering::SeqCst) == fd) {
+            slot.store(-1, Ordering::SeqCst);
+        }
+    }
+}
+
+fn eventfd() -> io::Result<EventFd> {
+    EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK).map_err(io::Error::from)
+}
+
+fn node_guid(addr: IpAddr) -> u64 {
+    // EUI-64 from the made-up MAC (capture::mac_of), universal/local bit flipped as IPv6 does.
+    let m = crate::capture::mac_of(addr);
+    u64::from_be_bytes([m[0] ^ 2, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]])
+}
+
+impl Hca {
+    /// Starts a device: binds UDP, opens the capture, starts the device thread.
+    pub fn start(cfg: HcaConfig) -> Result<Hca, HcaError> {
+        let ucfg = UdpConfig {
+            addr: cfg.addr,
+            port: cfg.port,
+            sport_base: 0xc000,
+            sport_count: cfg.flow_ports,
+            gso: cfg.gso,
+            gro: true,
+            steered: cfg.steered,
+        };
+        let udp = match RoceUdp::bind(&ucfg) {
+            // A kernel without SO_ATTACH_REUSEPORT_CBPF (or another setup failure of the steered
+            // group): the device runs unsteered; clients that ask to run their own QPs are told.
+            Err(udp::UdpError::Setup { what, error, .. }) if cfg.steered => {
+                tracing::warn!("port steering unavailable ({what}: {error}); running unsteered");
+                RoceUdp::bind(&UdpConfig { steered: false, ..ucfg })?
+            }
+            r => r?,
+        };
+        Hca::start_on(cfg, udp, None)
+    }
+
+    /// Starts the part of a steered device that runs in a client process (a user-space
+    /// provider): `member` is the socket of the device's port the daemon made for this process
+    /// (`Request::JoinSteering`) and `blocks` the QPN blocks steered to it. The engine allocates
+    /// QPNs from those blocks only; packets for any other QPN of the device's address (the
+    /// daemon's, other processes') go out through the port, which steers them.
+    pub fn start_member(
+        mut cfg: HcaConfig,
+        member: OwnedFd,
+        blocks: Vec<u32>,
+        first_qpn: u32,
+    ) -> Result<Hca, HcaError> {
+        let udp = RoceUdp::from_member(member)?;
+        cfg.port = udp.local_addr().port();
+        cfg.flow_ports = 0;
+        cfg.steered = false;
+        Hca::start_on(cfg, udp, Some((blocks, first_qpn)))
+    }
+
+    fn start_on(cfg: HcaConfig, udp: RoceUdp, blocks: Option<(Vec<u32>, u32)>) -> Result<Hca, HcaError> {
+        let io_err = |what: &str| {
+            let what = what.to_owned();
+            move |source| HcaError::Io { what, source }
+        };
+        // The device thread polls its own descriptor of the receive socket (the same socket, so
+        // the same readiness), so that it can wait with the state's lock released.
+        let udp_poll = udp.as_fd().try_clone_to_owned().map_err(io_err("UDP socket descriptor"))?;
+        let member_fds =
+            if blocks.is_some() { vec![udp.as_fd().as_raw_fd(), udp_poll.as_raw_fd()] } else { Vec::new() };
+        register_member_fds(&member_fds);
+        let flow_ports = if cfg.flow_ports == 0 {
+            FlowPorts { base: cfg.port, count: 0 }
+        } else {
+            FlowPorts { base: udp.sport_base(), count: cfg.flow_ports }
+        };
+        let iface_mtu = udp::interface_mtu(cfg.addr).unwrap_or(1500);
+        let active_mtu = cfg.mtu.unwrap_or_else(|| udp::active_mtu(iface_mtu));
+        let seed = cfg.seed.unwrap_or_else(|| {
+            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            t.as_nanos() as u64 ^ u64::from(std::process::id()) << 32
+        });
+        let mut dc = DeviceConfig::new(cfg.addr, seed);
+        dc.mtu = active_mtu;
+        dc.icrc = cfg.icrc;
+        dc.flow_ports = flow_ports;
+        dc.behaviour = cfg.behaviour;
+        if let Some(m) = cfg.max_cqe {
+            dc.limits.max_cqe = m.clamp(1, MAX_CQE_LIMIT);
+        }
+        let mut dev = Device::new(dc, ProcessMemory::default());
+        if let Some((b, first)) = blocks {
+            dev.restrict_qpns_to(b, first);
+        }
+        dev.set_xrc_policy(cfg.xrc_policy);
+        {
+            let cm = dev.cm().config_mut();
+            cm.ca_guid = node_guid(cfg.addr);
+            cm.cm_response_timeout = cfg.cm_response_timeout;
+            // The REP's target ACK delay: rxe's 15, mlx5's 16 under the cx profile
+            // (../shared/reference/cm).
+            if cfg.behaviour.name == softrdma_engine::device::ProfileName::Cx {
+                cm.target_ack_delay = 16;
+            }
+            cm.timer_scale_permille = cfg.cm_timer_permille.max(1);
+        }
+        let epoch = std::time::Instant::now();
+        let epoch_mono_ns = monotonic_ns();
+        let tap = match &cfg.pcap {
+            _ if cfg.capture_remote => Some(Capture::Remote { epoch_mono_ns, out: Vec::new() }),
+            Some(p) => Some(Capture::File(Tap::create(p).map_err(io_err(&format!("capture file {}", p.display())))?)),
+            None => None,
+        };
+        let info = DeviceInfo {
+            name: cfg.name.clone(),
+            addr: cfg.addr,
+            active_mtu,
+            iface_mtu,
+            limits: dev.config().limits,
+            node_guid: node_guid(cfg.addr),
+            vendor_id: VENDOR_ID,
+            pid: std::process::id() as i32,
+            gid: crate::proto::gid_of(cfg.addr),
+        };
+        let state = State {
+            dev,
+            udp,
+            faults: FaultInjector::new(cfg.faults),
+            copies: Vec::new(),
+            delayed: BinaryHeap::new(),
+            seq: 0,
+            loopback: VecDeque::new(),
+            tap,
+            epoch,
+            epoch_mono_ns,
+            publisher: cfg.publish.clone(),
+            last_publish: epoch,
+            published: None,
+            departed: Default::default(),
+            qpn_cursor: HashMap::new(),
+            clients: HashMap::new(),
+            cm: crate::cm::CmDesk::with_paths(crate::paths::PathCache::new(cfg.path_cache_ttl)),
+            name: cfg.name.clone(),
+            next_owner: 1,
+            channels: HashMap::new(),
+            next_channel: 1,
+            cqs: HashMap::new(),
+            xrcd_files: HashMap::new(),
+            groups: Default::default(),
+            buf: vec![0u8; 4096 + 256],
+            io: IoCounters::default(),
+            gso: Gso {
+                enabled: cfg.gso,
+                dst: cfg.addr,
+                dqpn: 0,
+                sport: 0,
+                seg: 0,
+                n: 0,
+                closed: false,
+                buf: Vec::with_capacity(udp::MAX_GSO_BYTES),
+            },
+        };
+        let shared = Arc::new(Shared {
+            state: Mutex::new(state),
+            wake: eventfd().map_err(io_err("eventfd"))?,
+            stop: AtomicBool::new(false),
+            info,
+            progress: cfg.progress,
+            sleep_until: std::sync::atomic::AtomicU64::new(u64::MAX),
+            driven_until: std::sync::atomic::AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
+        });
+        let s2 = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("{}-engine", cfg.name))
+            .spawn(move || run(&s2, &udp_poll))
+            .map_err(io_err("device thread"))?;
+        Ok(Hca { shared, thread: Mutex::new(Some(thread)), member_fds })
+    }
+
+    /// What the device says about itself.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.shared.info
+    }
+
+    /// A new client (owner) whose memory is process `pid`'s; returns its owner id and the fd that
+    /// is readable while async events wait for it.
+    pub fn attach(&self, pid: i32) -> io::Result<Attached> {
+        let fd = Arc::new(eventfd()?);
+        let arena = Arc::new(Arena::create()?);
+        let arena_fd = arena.fd().as_fd().try_clone_to_owned()?;
+        let mut alloc = RingAllocator::default();
+        let release = alloc.ring(4096, 64).ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))?;
+        arena.reset(&release);
+        // One doorbell per device: any client's doorbell makes the device look at the rings of
+        // the clients whose `posted` counter moved.
+        let doorbell = self.shared.wake.as_fd().try_clone_to_owned()?;
+        let mut st = self.shared.lock();
+        let owner = st.next_owner;
+        st.next_owner += 1;
+        st.dev.memory().attach(owner, pid);
+        st.dev.memory().attach_arena(owner, arena.clone());
+        let c = Client {
+            objects: Objects::default(),
+            events: VecDeque::new(),
+            event_fd: fd.clone(),
+            arena,
+            alloc,
+            staging: Allocator::span(STAGING_OFF, STAGING_LEN),
+            release,
+            staged: HashMap::new(),
+            stage_mrs: HashMap::new(),
+            qp_pd: HashMap::new(),
+            srq_pd: HashMap::new(),
+            sq: HashMap::new(),
+            rq: HashMap::new(),
+            srq_rings: HashMap::new(),
+            cq_rings: HashMap::new(),
+            seen_posted: 0,
+            backlog: false,
+            steer: None,
+            published: None,
+            next_qpn: None,
+        };
+        st.clients.insert(owner, c);
+        Ok(Attached { owner, event_fd: fd, arena: arena_fd, doorbell, release })
+    }
+
+    /// A client went away: its objects are destroyed as the kernel's uverbs cleanup destroys a
+    /// closed context's, except that XRC target QP handles left open do not destroy their QP
+    /// (design.md, XRC; `XrcPolicy::DestroyOnLastClose` gives upstream's behaviour).
+    pub fn detach(&self, owner: u32) {
+        let mut st = self.shared.lock();
+        st.detach(owner);
+    }
+
+    /// Runs one verbs call of a client. `fds`: descriptors that came with the call (an XRC
+    /// domain file); the answer may carry descriptors too (a completion channel's).
+    pub fn call(&self, owner: u32, req: Request, fds: Vec<OwnedFd>) -> (Response, Vec<OutFd>) {
+        let quiet = matches!(req, Request::GetAsyncEvent | Request::GetCqEvent(_));
+        let mut st = self.shared.lock();
+        let out = match st.clients.contains_key(&owner) {
+            true => st.call(owner, req, fds),
+            false => (Response::Err(VerbsError::Inval), Vec::new()),
+        };
+        st.pump();
+        drop(st);
+        if !quiet {
+            // New timers or packets for the device thread to look at.
+            let _ = self.shared.wake.write(1);
+        }
+        out
+    }
+
+    /// Whether a client is still attached (the device cuts off a misbehaving one).
+    pub fn is_attached(&self, owner: u32) -> bool {
+        self.shared.lock().clients.contains_key(&owner)
+    }
+
+    /// How many clients are attached (`softrdma stat`'s own connection included while it asks).
+    pub fn client_count(&self) -> usize {
+        self.shared.lock().clients.len()
+    }
+
+    /// Engine counters, device-layer counters and injected faults.
+    pub fn counters(&self) -> (softrdma_engine::device::Counters, IoCounters, FaultCounts) {
+        let st = self.shared.lock();
+        let mut io = st.io;
+        let u = st.udp.stats();
+        (io.gso_sends, io.gro_buffers) = (u.gso_sends, u.gro_buffers);
+        let mem = st.dev.memory_ref();
+        (io.memory_reads, io.memory_writes) = (mem.reads, mem.writes);
+        (*st.dev.counters(), io, st.faults.counts)
+    }
+
+    /// The counters as `softrdma stat` shows them.
+    pub fn stats(&self) -> (softrdma_engine::device::Counters, IoStats) {
+        let mut st = self.shared.lock();
+        let mut io = st.io_stats();
+        io.clients = st.clients.len() as u64;
+        (*st.dev.counters(), io)
+    }
+
+    /// Who makes this device progress.
+    pub fn progress(&self) -> Progress {
+        self.shared.progress
+    }
+
+    /// Stops the device thread and flushes the capture.
+    pub fn stop(&self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let _ = self.shared.wake.write(1);
+        let t = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = t {
+            let _ = t.join();
+        }
+        let mut st = self.shared.lock();
+        if let Some(tap) = st.tap.as_mut() {
+            let _ = tap.flush();
+        }
+        // A provider's last word: what its QPs did since its last report.
+        st.publish(true);
+    }
+}
+
+impl Drop for Hca {
+    fn drop(&mut self) {
+        self.stop();
+        // The sockets close with the state, after this; a later socket may reuse the numbers.
+        unregister_member_fds(&self.member_fds);
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock would be a bug in the device; the state is still the
+        // engine's, so go on rather than poison every client.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A receive whose data the device places in the client's staging area: where, and the SGEs
+/// the client posted (checked when it was staged).
+struct Staged {
+    off: usize,
+    len: u32,
+    sges: Vec<softrdma_engine::wr::Sge>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use softrdma_engine::device::{QpCaps, QpInit};
+
+    fn call(h: &Hca, o: u32, r: Request) -> Response {
+        h.call(o, r, Vec::new()).0
+    }
+
+    #[test]
+    fn a_malformed_ring_entry_cuts_off_that_client_only() {
+        let mut c = HcaConfig::new("mal", "127.0.0.1".parse().unwrap());
+        c.port = 47942;
+        let h = Hca::start(c).unwrap();
+        let me = std::process::id() as i32;
+        let (bad, good) = (h.attach(me).unwrap(), h.attach(me).unwrap());
+        for o in [bad.owner, good.owner] {
+            let Response::Pd(pd) = call(&h, o, Request::AllocPd) else { panic!() };
+            let Response::Cq { cq, .. } = call(&h, o, Request::CreateCq { cqe: 8, channel: None }) else { panic!() };
+            let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+            let init = QpInit { qp_type: QpType::Rc, pd, send_cq: cq, recv_cq: cq, caps, sq_sig_all: false, srq: None };
+            let Response::Qp { sq: Some(sq), .. } = call(&h, o, Request::CreateQp(init)) else { panic!() };
+            if o == bad.owner {
+                let arena = Arena::open(bad.arena.try_clone().unwrap()).unwrap();
+                // Not a work request: one byte where a SendEntry should be.
+                assert!(arena.produce(&sq, &7u8).unwrap());
+                arena.posted().fetch_add(1, Ordering::Release);
+                nix::unistd::write(&bad.doorbell, &1u64.to_ne_bytes()).unwrap();
+            }
+        }
+        let t0 = std::time::Instant::now();
+        while h.is_attached(bad.owner) {
+            assert!(t0.elapsed() < std::time::Duration::from_secs(5), "the bad client was not cut off");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(h.is_attached(good.owner));
+        assert!(matches!(call(&h, good.owner, Request::AllocPd), Response::Pd(_)));
+        assert_eq!(h.counters().1.ring_malformed, 1);
+        assert!(matches!(call(&h, bad.owner, Request::AllocPd), Response::Err(VerbsError::Inval)));
+    }
+}
