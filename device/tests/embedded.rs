@@ -1085,3 +1085,83 @@ fn application_driven_sends_are_resent_while_the_application_sleeps() {
     let (_, _, faults) = da.counters();
     assert!(faults.dropped > 0, "no send was lost (seeded loss 0.3 over 10 sends)");
 }
+
+/// The data-path issue's item 4: a process that runs its own QPs (an application-driven device,
+/// as a provider) serves one-sided requests from its own memory, and memory the application
+/// made inaccessible after registering it never crashes it. Here the pages are made PROT_NONE
+/// (`mprotect`; unmapping them would let another thread's allocation reuse the range in this
+/// multi-threaded test process): an RDMA WRITE into them is lost as a DMA into memory its owner
+/// gave up, and counted (`memory_faults`); an RDMA READ of them ends at the requester as a
+/// remote access error (the responder NAKs it, IBTA 9.7.5.2.8 / C9-96 for an R_Key range it
+/// cannot serve); the target goes on serving its other memory.
+#[test]
+fn application_driven_target_survives_memory_it_made_inaccessible() {
+    let dev = |name: &str, addr: IpAddr| {
+        let mut c = HcaConfig::new(name, addr);
+        c.port = 47938;
+        c.seed = Some(47938);
+        c.progress = softrdma_device::Progress::Application;
+        Arc::new(Hca::start(c).unwrap())
+    };
+    let (da, db) = (dev("inacc0", A), dev("inacc1", B));
+    let (mut a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
+    let len = 64 * 1024;
+    // SAFETY: a fresh anonymous mapping of `len` bytes, owned by this test until the munmap below.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(base, libc::MAP_FAILED);
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    // SAFETY: the range is mapped and stays allocated (if inaccessible) until after `raw` goes.
+    let raw = unsafe { b._pd.reg_mr_raw(base as u64, len as u64, access) }.unwrap();
+    let rkey = raw.keys().rkey;
+    // SAFETY: the mapping made above; nothing of this process touches it until the munmap.
+    assert_eq!(unsafe { libc::mprotect(base, len, libc::PROT_NONE) }, 0);
+    let o = ConnectOptions { mtu: Mtu::Mtu1024, timeout: 14, retry_cnt: 1, ..ConnectOptions::default() };
+    a.qp.connect(100, &b.qp.endpoint(900), &o).unwrap();
+    b.qp.connect(900, &a.qp.endpoint(100), &o).unwrap();
+    let data = pattern(8192, 5);
+    a.mr.as_mut_slice()[..data.len()].copy_from_slice(&data);
+    let faults_before = db.stats().1.memory_faults;
+    a.qp.post_send(vec![SendWr::new(
+        1,
+        SendOp::Write { remote_addr: base as u64 + 4096, rkey },
+        vec![a.mr.sge(0..data.len())],
+    )])
+    .unwrap();
+    assert_eq!(one(&a.cq).status, WcStatus::Success, "the WRITE is acknowledged (its data is lost)");
+    assert!(db.stats().1.memory_faults > faults_before, "the lost WRITE is counted");
+    a.qp.post_send(vec![SendWr::new(
+        2,
+        SendOp::Read { remote_addr: base as u64 + 4096, rkey },
+        vec![a.mr.sge(20_000..20_000 + data.len())],
+    )])
+    .unwrap();
+    assert_eq!(one(&a.cq).status, WcStatus::RemAccessErr, "a READ of inaccessible memory");
+    // The target is alive and serves its other memory to a new connection.
+    let qa = a._pd.qp_builder(QpType::Rc, &a.cq).build().unwrap();
+    let qb = b._pd.qp_builder(QpType::Rc, &b.cq).build().unwrap();
+    qa.connect(1, &qb.endpoint(2), &o).unwrap();
+    qb.connect(2, &qa.endpoint(1), &o).unwrap();
+    qa.post_send(vec![SendWr::new(
+        3,
+        SendOp::Write { remote_addr: b.mr.addr() + 4096, rkey: b.mr.rkey() },
+        vec![a.mr.sge(0..data.len())],
+    )])
+    .unwrap();
+    // (The first QP's flushed work may complete first on the shared CQ.)
+    let w = (0..8).map(|_| one(&a.cq)).find(|w| w.wr_id == 3).expect("the WRITE on the new QP");
+    assert_eq!(w.status, WcStatus::Success);
+    assert_eq!(&b.mr.as_slice()[4096..4096 + data.len()], &data[..]);
+    a.mr.as_mut_slice()[0] ^= 0xff;
+    drop(raw);
+    // SAFETY: the registration is gone; the mapping is ours.
+    unsafe { libc::munmap(base, len) };
+}

@@ -644,8 +644,13 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
             let owner =
                 if n > 0 { remote_ok(qp, ctx, pd, rkey, addr, u64::from(n), Access::REMOTE_READ) } else { Some(0) };
             let blocked = ctx.mem.would_block_count();
+            let mut unreadable = false;
             let t = emit(ctx, qp.qpn, dest, buf, &ib, |ctx, out| match owner {
-                Some(o) => out.is_empty() || ctx.mem.read(o, addr, out).is_ok(),
+                Some(o) => {
+                    let ok = out.is_empty() || ctx.mem.read(o, addr, out).is_ok();
+                    unreadable = !ok;
+                    ok
+                }
                 None => false,
             });
             if t.is_none() && ctx.mem.would_block_count() != blocked {
@@ -654,8 +659,12 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
                 qp.resp.out.push_front(RespOut::Read { psn, va, rkey, remaining, first, total, msn, pd });
                 return None;
             }
-            if t.is_none() && owner.is_none() {
-                // The region went away between the request and the response.
+            if t.is_none() && (owner.is_none() || unreadable) {
+                // The region went away between the request and the response, or its memory can
+                // no longer be read (its owner unmapped or protected it after registering it):
+                // a remote access error NAK for this PSN (IBTA 9.7.5.2.8), as rxe's read_reply
+                // answers a failed copy, never a response that is silently left out (the
+                // requester would retry into the same hole until RETRY_EXC_ERR).
                 nak_and_fail(qp, ctx, psn, NakCode::RemoteAccessError, AsyncEvent::QpAccessErr);
                 return None;
             }
