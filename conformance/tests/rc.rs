@@ -320,6 +320,41 @@ fn duplicate_atomic_is_replayed_not_reexecuted() {
 }
 
 #[test]
+fn a_read_response_after_a_lost_atomic_ack_is_an_implicit_nak() {
+    // IBTA 9.7.5.1.5: responses come in PSN order, so a response for a later request means an
+    // earlier one was lost: the requester resends at once, without the ACK timeout (rxe's
+    // check_psn retries a pending READ/atomic on any later PSN). Here the FETCH_ADD's ACK is lost
+    // and only a READ follows it (found under issue 21: a window shrunk by loss leaves nothing
+    // else behind a lost atomic ACK).
+    let (mut p, a, b) = setup(RcOptions { timeout: 20, ..RcOptions::default() });
+    let target = BASE + 0x8000;
+    let data = pattern(1024, 7);
+    p.fill(B, BASE + 0x40000, &data);
+    let mut lost = false;
+    p.set_filter(move |s| {
+        if s.from == B && s.opcode == Opcode::RC_ATOMIC_ACKNOWLEDGE && !lost {
+            lost = true;
+            Fate::Drop
+        } else {
+            Fate::Deliver
+        }
+    });
+    send(&mut p, &a, 1, SendOp::FetchAdd { remote_addr: target, rkey: b.mr.rkey, add: 1 }, BASE, 8);
+    send(&mut p, &a, 2, SendOp::Read { remote_addr: BASE + 0x40000, rkey: b.mr.rkey }, BASE + 0x50000, 1024);
+    p.drive(STEPS);
+    let wa = p.poll(A, a.cq);
+    assert_eq!(
+        wa.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    assert_eq!(u64::from_ne_bytes(p.read(B, target, 8).try_into().unwrap()), 1, "added once");
+    assert_eq!(p.read(A, BASE + 0x50000, 1024), data);
+    // Timeout 20 is 4.3 s: the resend came from the READ response, long before.
+    let last = p.log.last().unwrap().at;
+    assert!(last.as_nanos() < 1_000_000_000, "done at {last}");
+}
+
+#[test]
 fn read_response_gap_is_an_implicit_nak_and_the_read_resumes() {
     let (mut p, a, b) = setup(RcOptions::default());
     let data = pattern(4096, 6);
@@ -1099,21 +1134,102 @@ fn requester_keeps_at_most_128_psns_unacknowledged() {
     p.set_filter(move |s| if s.from == B && lost.get() { Fate::Drop } else { Fate::Deliver });
     let target = BASE + 0x20_0000;
     send(&mut p, &a, 1, SendOp::Write { remote_addr: target, rkey: b.mr.rkey }, BASE, len as u32);
+    // Until the first ACK timeout has resent (since issue 21 it resends from the oldest PSN in a
+    // window of 8, so a fixed number of steps would now cover more timeouts than retry_cnt).
     for _ in 0..600 {
-        if !p.step() {
+        if !p.step() || p.a.counters().retransmitted_pkts > 0 {
             break;
         }
     }
+    p.step();
     let first = Psn::new(100);
     let sent_a: Vec<_> = p.log.iter().filter(|s| s.from == A).collect();
     let highest = sent_a.iter().map(|s| s.psn.distance(first)).max().unwrap();
     assert_eq!(highest, 127, "exactly the window went out, and nothing beyond it");
     assert!(sent_a.iter().any(|s| s.psn == first + 127 && s.ack_req), "the window's last packet asks for an ACK");
-    assert!(p.a.counters().retransmitted_pkts > 0, "the ACK timer resent the window");
+    let resent = p.a.counters().retransmitted_pkts;
+    assert!(resent > 0, "the ACK timer resent from the oldest PSN");
+    // Issue 21: after a timeout, go-back-N resends a small window (8 PSNs) until an ACK says
+    // what the responder has, not the whole 128 again.
+    assert_eq!(resent, 8, "the timeout's resend");
+    assert!(sent_a.last().is_some_and(|s| s.psn == first + 7 && s.ack_req), "the small window asks for an ACK");
     acks_lost.set(false);
     p.drive(STEPS);
     assert_eq!(p.poll(A, a.cq)[0].status, WcStatus::Success);
     assert_eq!(p.read(B, target, len), msg);
+}
+
+#[test]
+fn a_second_psn_sequence_nak_for_the_same_psn_does_not_rewind_again() {
+    // IBTA 9.7.5.1.2: the responder NAKs a sequence error once; 9.7.5.2: the requester goes back
+    // to the NAKed PSN. A copy of that NAK (the network duplicated it) arriving after the first
+    // was acted on must not send the window a second time (issue 21). A 16 KiB WRITE (PSNs
+    // 100..115 at MTU 1024) loses PSN 101 once; B's NAK is duplicated.
+    let (mut p, a, b) = setup(RcOptions { mtu: Mtu::Mtu1024, ..RcOptions::default() });
+    let len = 16 * 1024;
+    let msg = pattern(len, 11);
+    p.fill(A, BASE, &msg);
+    let (mut lost, mut duplicated) = (false, false);
+    p.set_filter(move |s| {
+        if s.from == A && s.psn == Psn::new(101) && !lost {
+            lost = true;
+            Fate::Drop
+        } else if s.from == B && s.syndrome == Some(0x60) && !duplicated {
+            duplicated = true;
+            Fate::Duplicate
+        } else {
+            Fate::Deliver
+        }
+    });
+    let target = BASE + 0x10_0000;
+    send(&mut p, &a, 1, SendOp::Write { remote_addr: target, rkey: b.mr.rkey }, BASE, len as u32);
+    p.drive(STEPS);
+    assert_eq!(p.poll(A, a.cq)[0].status, WcStatus::Success);
+    assert_eq!(p.read(B, target, len), msg);
+    assert_eq!(p.a.counters().rcvd_seq_err, 2, "both copies of the NAK arrived");
+    // One go-back from 101: PSNs 101..115 once more, nothing a third time.
+    assert_eq!(p.a.counters().completer_retry_err, 1, "one rewind");
+    assert_eq!(p.a.counters().retransmitted_pkts, 15);
+    for psn in 101..116 {
+        let n = p.log.iter().filter(|s| s.from == A && s.psn == Psn::new(psn)).count();
+        assert_eq!(n, 2, "PSN {psn} sent {n} times");
+    }
+}
+
+#[test]
+fn the_window_in_flight_halves_with_each_loss_so_a_loss_resends_less() {
+    // Go-back-N (IBTA 9.7.5.1.2, 9.7.5.2) resends every packet sent after a lost one; how many
+    // that is depends on how many the requester keeps unacknowledged, which IBTA leaves to it
+    // (9.7.7.2 bounds only SENDs by credits). The window starts at 128 PSNs and halves with
+    // each loss (issue 21): a 1 MiB WRITE (1024 packets at MTU 1024) losing four packets far
+    // apart resends at most 128, 64, 32 and 16 packets for them (plus the window's additive
+    // growth between losses, at most 200 / 8 = 25 PSNs each), where a fixed window of 128
+    // resends up to 127 for each.
+    let (mut p, a, b) = setup(RcOptions { timeout: 20, ..RcOptions::default() });
+    let len = 1 << 20;
+    let msg = pattern(len, 13);
+    p.fill(A, BASE, &msg);
+    let first = Psn::new(100);
+    let mut dropped = Vec::new();
+    p.set_filter(move |s| {
+        let d = s.psn.distance(first);
+        if s.from == A && [200, 400, 600, 800].contains(&d) && !dropped.contains(&d) {
+            dropped.push(d);
+            Fate::Drop
+        } else {
+            Fate::Deliver
+        }
+    });
+    let target = BASE + 0x20_0000;
+    send(&mut p, &a, 1, SendOp::Write { remote_addr: target, rkey: b.mr.rkey }, BASE, len as u32);
+    p.drive(STEPS);
+    assert_eq!(p.poll(A, a.cq)[0].status, WcStatus::Success);
+    assert_eq!(p.read(B, target, len), msg);
+    assert_eq!(p.a.counters().rcvd_seq_err, 4, "each loss was NAKed");
+    let resent = p.a.counters().retransmitted_pkts;
+    assert!(resent <= 128 + 64 + 32 + 16 + 4 * 25, "{resent} packets resent for 4 losses");
+    // No ACK timeout was needed: every loss was repaired by its NAK.
+    assert_eq!(p.a.counters().completer_retry_err, 4);
 }
 
 #[test]

@@ -15,6 +15,16 @@ use crate::wr::SendOp;
 /// acknowledged packet) and
 /// restarts the timer.
 fn progress<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>) {
+    // A resend started by a PSN sequence NAK stays under way until the NAKed PSN itself is
+    // acknowledged: the NAK's own progress (it acknowledges the PSNs before it, IBTA 9.7.5.1.3)
+    // does not end it, or a second NAK for the same PSN would rewind again (issue 21).
+    let resending = qp.comp.retry_psn.is_some_and(|p| qp.comp.psn.distance(p) <= 0);
+    if resending {
+        qp.comp.retry_left = qp.attr.retry_cnt;
+        qp.comp.rnr_left = qp.attr.rnr_retry;
+        qp.rearm(ctx);
+        return;
+    }
     qp.comp.started_retry = false;
     qp.comp.retry_psn = None;
     qp.comp.retry_left = qp.attr.retry_cnt;
@@ -48,6 +58,9 @@ fn retry<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn) {
 fn retry_once<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn) {
     if !qp.comp.started_retry {
         qp.comp.started_retry = true;
+        // A loss: the window shrinks (req::Window; IBTA leaves the requester's pace to it).
+        let high = qp.req.sent_high;
+        qp.comp.window.on_loss(psn, high);
         retry(qp, ctx, psn);
     }
 }
@@ -56,9 +69,16 @@ fn retry_once<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn) {
 pub(crate) fn retransmit_timeout<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>) {
     qp.comp.retrans_at = None;
     qp.comp.started_retry = false;
+    qp.comp.retry_psn = None;
     if !qp.sq.iter().any(|w| w.started && w.done.is_none()) {
         return;
     }
+    // Go-back-N resends everything from the oldest unacknowledged PSN (IBTA 9.7.6.1.3), but
+    // only a small window of it before an ACK says what the responder has (req::Window): when
+    // only an ACK was lost, the responder re-ACKs the first duplicate (9.7.5.1.4) and the rest
+    // of the old window is not sent again.
+    let high = qp.req.sent_high;
+    qp.comp.window.on_timeout(high);
     let psn = qp.comp.psn;
     retry(qp, ctx, psn);
 }
@@ -69,12 +89,20 @@ fn handle_nak<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn, syndrome: 
             // IBTA 9.7.5.2.8: resend from the PSN the responder expects. A second NAK for the
             // same PSN while that resend is under way (a duplicate, or one sent before the resend
             // arrived) starts nothing new.
+            //
+            // The responder sends one NAK per sequence error (9.7.5.1.2), so a second one for a
+            // PSN already being resent is a copy (duplicated or reordered by the network) or a
+            // stale one; rewinding again for it would resend the whole window a second time.
+            // `progress` keeps `retry_psn` until that PSN is acknowledged (issue 21).
             ctx.counters.rcvd_seq_err += 1;
             if qp.comp.started_retry && qp.comp.retry_psn == Some(psn) {
                 return;
             }
             qp.comp.started_retry = true;
             qp.comp.retry_psn = Some(psn);
+            // A loss: the window shrinks, once per window (req::Window).
+            let high = qp.req.sent_high;
+            qp.comp.window.on_loss(psn, high);
             retry(qp, ctx, psn);
         }
         Syndrome::RnrNak { timer } => {
@@ -114,6 +142,7 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
     let psn = pkt.bth().psn();
     let syndrome = pkt.aeth().map(|a| a.syndrome());
     let mut advanced = false;
+    let before = qp.comp.psn;
     while let Some(w) = qp.sq.front() {
         if w.wr.op.is_local() {
             match w.done {
@@ -219,6 +248,13 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
                         Some(s) => handle_nak(qp, ctx, psn, s),
                         None => {}
                     },
+                    // A READ response or atomic ACK of a later request (responses come in PSN
+                    // order, IBTA 9.7.5.1.5): this READ's responses were lost, an implicit NAK
+                    // (rxe's check_psn retries a pending READ/atomic on any later PSN).
+                    _ if after => {
+                        let expect = if qp.comp.psn.distance(w.first_psn) > 0 { qp.comp.psn } else { w.first_psn };
+                        retry_once(qp, ctx, expect);
+                    }
                     _ => {}
                 }
                 break;
@@ -250,6 +286,16 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
                         Some(s) => handle_nak(qp, ctx, psn, s),
                         None => {}
                     },
+                    // A READ response or atomic ACK of a later request: this atomic's ACK was
+                    // lost (or is late), an implicit NAK (IBTA 9.7.5.1.5; rxe's check_psn). The
+                    // resent atomic is answered from the responder's cache, not executed again
+                    // (9.7.5.1.4). Found under issue 21: with a window shrunk by loss, nothing
+                    // but such responses may follow a lost atomic ACK, and the QP waited for the
+                    // ACK timeout.
+                    OpKind::ReadResponse | OpKind::AtomicAcknowledge if after => {
+                        let first = w.first_psn;
+                        retry_once(qp, ctx, first);
+                    }
                     _ => {}
                 }
                 break;
@@ -259,6 +305,11 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
     // Local operations queued right behind what just retired complete now.
     qp.retire_local_front(ctx);
     if advanced && qp.state != QpState::Err {
+        let acked = qp.comp.psn.distance(before);
+        if acked > 0 {
+            let now_psn = qp.comp.psn;
+            qp.comp.window.on_ack(acked as u32, now_psn);
+        }
         progress(qp, ctx);
     }
 }

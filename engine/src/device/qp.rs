@@ -243,6 +243,8 @@ pub(crate) struct CompState {
     pub(crate) started_retry: bool,
     /// The PSN that resend started from.
     pub(crate) retry_psn: Option<Psn>,
+    /// How many PSNs may be unacknowledged (shrinks on loss, grows on ACKs).
+    pub(crate) window: super::req::Window,
 }
 
 /// The responder's state (rxe's `qp->resp`).
@@ -408,6 +410,7 @@ impl Qp {
             self.req.next_psn = Psn::new(attr.sq_psn);
             self.comp.psn = self.req.next_psn;
             self.req.sent_high = self.req.next_psn;
+            self.comp.window = super::req::Window::default();
         }
         if mask.contains(AttrMask::RETRY_CNT) {
             self.comp.retry_left = attr.retry_cnt;

@@ -21,6 +21,85 @@ const MAX_PKT_PER_ACK: u32 = 64;
 /// resends all of it again, until the retry count runs out.
 pub(crate) const MAX_UNACKED_PSNS: i32 = 128;
 
+/// The smallest window [`Window`] shrinks to, in PSNs.
+pub(crate) const MIN_UNACKED_PSNS: u32 = 8;
+
+/// The requester's window of unacknowledged PSNs: at most [`MAX_UNACKED_PSNS`], halved on a loss
+/// and grown again by acknowledgements (additive increase, multiplicative decrease, as a TCP
+/// sender's congestion window; issue 21).
+///
+/// Why: go-back-N is the wire behaviour (IBTA 9.7.5.1.2: the responder accepts requests only in
+/// PSN order, NAKs the first out-of-sequence one and silently drops the rest until the expected
+/// PSN comes; 9.7.5.2: the requester resends from the NAKed PSN). Every packet the requester sent
+/// after a lost one is therefore sent twice, so a loss costs about the window in flight. IBTA
+/// does not fix how many packets a requester keeps unacknowledged nor how fast it sends (the
+/// end-to-end credits of 9.7.7.2 bound only SENDs' receive WQEs, and RoCEv2's congestion control,
+/// Annex A17, has the requester lower its rate on congestion); an HCA bounds its outstanding
+/// packets by its own resources. Shrinking the window where loss is seen is such a bound; it
+/// changes no packet's format, PSN or order, only when the next new packet may leave.
+/// Without loss the window stays at its maximum: lossless behaviour is unchanged.
+#[derive(Debug, Clone)]
+pub(crate) struct Window {
+    /// PSNs that may be unacknowledged now.
+    pub(crate) cwnd: u32,
+    /// Below this the window grows by every acknowledged PSN (slow start, after a timeout);
+    /// above it by one PSN per window acknowledged.
+    ssthresh: u32,
+    /// PSNs acknowledged towards the next additive step.
+    acked: u32,
+    /// Losses before this PSN belong to a window already shrunk for (one decrease per window).
+    recover: Option<Psn>,
+}
+
+impl Default for Window {
+    fn default() -> Self {
+        Window { cwnd: MAX_UNACKED_PSNS as u32, ssthresh: MAX_UNACKED_PSNS as u32, acked: 0, recover: None }
+    }
+}
+
+impl Window {
+    /// `n` PSNs were acknowledged; the oldest unacknowledged PSN is now `comp_psn`.
+    pub(crate) fn on_ack(&mut self, n: u32, comp_psn: Psn) {
+        if self.recover.is_some_and(|r| comp_psn.distance(r) >= 0) {
+            self.recover = None;
+        }
+        let max = MAX_UNACKED_PSNS as u32;
+        if self.cwnd < self.ssthresh {
+            self.cwnd = self.cwnd.saturating_add(n).min(self.ssthresh);
+            return;
+        }
+        self.acked = self.acked.saturating_add(n);
+        while self.acked >= self.cwnd && self.cwnd < max {
+            self.acked -= self.cwnd;
+            self.cwnd += 1;
+        }
+        if self.cwnd >= max {
+            self.cwnd = max;
+            self.acked = 0;
+        }
+    }
+
+    /// A PSN sequence NAK or an implicit NAK reported `psn` lost while PSNs up to `sent_high`
+    /// were out: halve the window, once per window.
+    pub(crate) fn on_loss(&mut self, psn: Psn, sent_high: Psn) {
+        if self.recover.is_some_and(|r| psn.distance(r) < 0) {
+            return;
+        }
+        self.ssthresh = (self.cwnd / 2).max(MIN_UNACKED_PSNS);
+        self.cwnd = self.ssthresh;
+        self.acked = 0;
+        self.recover = Some(sent_high);
+    }
+
+    /// The local ACK timer expired: start again from the smallest window.
+    pub(crate) fn on_timeout(&mut self, sent_high: Psn) {
+        self.ssthresh = (self.cwnd / 2).max(MIN_UNACKED_PSNS);
+        self.cwnd = MIN_UNACKED_PSNS;
+        self.acked = 0;
+        self.recover = Some(sent_high);
+    }
+}
+
 /// Copies `out.len()` bytes of the message starting at `offset` from the WQE's buffers.
 fn gather<M: Memory>(ctx: &mut Ctx<'_, M>, w: &SendWqe, offset: u32, out: &mut [u8]) -> bool {
     if let Some(data) = &w.inline {
@@ -114,7 +193,7 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
     let window = qp.qp_type != QpType::Uc;
     if window {
         let next = if qp.sq[idx].started { qp.sq[idx].first_psn + qp.req.pkt } else { qp.req.next_psn };
-        if next.distance(qp.comp.psn) >= MAX_UNACKED_PSNS {
+        if next.distance(qp.comp.psn) >= qp.comp.window.cwnd as i32 {
             // An ACK that moves comp_psn makes the QP ready again.
             return None;
         }
@@ -165,11 +244,15 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
     // for the ACK timer.
     // The cx profile also asks on the first packet a QP sends (the PSN it was given at RTS).
     let first_ever = ctx.behaviour.ack_req_first_packet && psn == Psn::new(qp.attr.sq_psn);
+    // Under a window shrunk by loss, ask twice per window, so that ACKs keep it moving (IBTA
+    // 9.7.3: a requester may set AckReq on any packet). At the full window this is every 64
+    // packets, as before.
+    let cwnd = qp.comp.window.cwnd;
     let ack_req = !unacked
         && (last
             || first_ever
-            || qp.req.noack_pkts >= MAX_PKT_PER_ACK
-            || psn.distance(qp.comp.psn) + 1 >= MAX_UNACKED_PSNS);
+            || qp.req.noack_pkts >= MAX_PKT_PER_ACK.min((cwnd / 2).max(1))
+            || psn.distance(qp.comp.psn) + 1 >= cwnd as i32);
     if ack_req {
         qp.req.noack_pkts = 0;
     }
