@@ -148,6 +148,7 @@ pub(crate) fn run(a: &SimArgs) -> Result<ExitCode> {
         "naks_sent": r.naks_sent,
         "retries": r.retries,
         "seq_naks_received": r.seq_naks_received,
+        "ack_timeouts": r.ack_timeouts,
         // Packets sent again per packet the wire lost (either direction; as the demo and the
         // soak count them: retransmitted / injected drops).
         "retransmitted_per_drop": if r.wire.lost == 0 { 0.0 } else { r.retransmitted_packets as f64 / r.wire.lost as f64 },

@@ -116,6 +116,8 @@ pub struct Report {
     pub retries: u64,
     /// PSN sequence NAKs the requesters received and acted on or ignored.
     pub seq_naks_received: u64,
+    /// Times a requester's local ACK timer expired (each one of `retries`).
+    pub ack_timeouts: u64,
     /// Virtual time the run took.
     pub virtual_time_ns: u64,
     /// The wire's counters.
@@ -287,6 +289,7 @@ pub fn run(w: &Workload) -> Result<Report, WorkloadError> {
     report.retransmitted_packets = c0.retransmitted_pkts + c1.retransmitted_pkts;
     report.retries = c0.completer_retry_err + c1.completer_retry_err;
     report.seq_naks_received = c0.rcvd_seq_err + c1.rcvd_seq_err;
+    report.ack_timeouts = c0.local_ack_timeout_err + c1.local_ack_timeout_err;
     report.icrc_dropped = c0.icrc_err + c1.icrc_err;
     let (a, b) = (c0.naks_sent, c1.naks_sent);
     report.naks_sent.insert("psn_sequence".into(), a.psn_sequence + b.psn_sequence);

@@ -73,6 +73,7 @@ pub(crate) fn retransmit_timeout<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>) {
     if !qp.sq.iter().any(|w| w.started && w.done.is_none()) {
         return;
     }
+    ctx.counters.local_ack_timeout_err += 1;
     // Go-back-N resends everything from the oldest unacknowledged PSN (IBTA 9.7.6.1.3), but
     // only a small window of it before an ACK says what the responder has (req::Window): when
     // only an ACK was lost, the responder re-ACKs the first duplicate (9.7.5.1.4) and the rest
