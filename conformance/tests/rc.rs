@@ -1232,6 +1232,104 @@ fn the_window_in_flight_halves_with_each_loss_so_a_loss_resends_less() {
     assert_eq!(p.a.counters().completer_retry_err, 4);
 }
 
+/// A 1 MiB WRITE (PSNs 100..1123 at MTU 1024) that loses PSN 200 once, so the window halves to
+/// 64 PSNs; then `after_nak` decides the fate of B's packets after its sequence NAK. Returns the
+/// pair when the WRITE has completed, checked.
+fn window_stall(after_nak: impl FnMut(&softrdma_conformance::pair::Seen) -> Fate + 'static) -> Pair {
+    let (mut p, a, b) = setup(RcOptions { timeout: 20, ..RcOptions::default() });
+    let len = 1 << 20;
+    let msg = pattern(len, 17);
+    p.fill(A, BASE, &msg);
+    let first = Psn::new(100);
+    let (mut lost, mut naked) = (false, false);
+    let mut after_nak = after_nak;
+    p.set_filter(move |s| {
+        if s.from == A && s.psn == first + 100 && !lost {
+            lost = true;
+            return Fate::Drop;
+        }
+        if naked {
+            return after_nak(s);
+        }
+        if s.from == B && s.syndrome == Some(0x60) {
+            naked = true;
+        }
+        Fate::Deliver
+    });
+    let target = BASE + 0x20_0000;
+    send(&mut p, &a, 1, SendOp::Write { remote_addr: target, rkey: b.mr.rkey }, BASE, len as u32);
+    p.drive(STEPS);
+    assert_eq!(p.poll(A, a.cq)[0].status, WcStatus::Success);
+    assert_eq!(p.read(B, target, len), msg);
+    p
+}
+
+#[test]
+fn a_window_whose_acks_are_all_lost_is_probed_not_left_to_the_ack_timer() {
+    // A requester stopped by its own window of unacknowledged PSNs (issue 21) has nothing in
+    // flight that could draw a response once the ACKs answering that window are lost (a
+    // responder may coalesce them into one, IBTA 9.7.5.1.2; the device's responder does, per
+    // receive batch). Before, only the local ACK timer (IBTA 9.7.6.1.3; here 4.3 s) ended the
+    // stall: under 0.5% loss fi_pingpong's 1 MiB messages hit it dozens of times. Now, after
+    // about two round trips, the next packet in PSN order goes out beyond the window asking for
+    // an ACK, and the responder's ACK for it covers the window. Here both ACKs answering the
+    // resent window (PSNs 200..263, AckReq on 231 and 263) are lost.
+    let mut dropped = 0;
+    let p = window_stall(move |s| {
+        if s.from == B && s.syndrome == Some(0x1f) && dropped < 2 {
+            dropped += 1;
+            Fate::Drop
+        } else {
+            Fate::Deliver
+        }
+    });
+    let c = p.a.counters();
+    assert_eq!(c.rcvd_seq_err, 1, "the loss was NAKed");
+    assert_eq!(c.local_ack_timeout_err, 0, "no ACK timeout: {c:?}");
+    // completer_retry_err counts every go-back: the NAK's only.
+    assert_eq!(c.completer_retry_err, 1);
+    let last = p.log.last().unwrap().at;
+    assert!(last.as_nanos() < 100_000_000, "done at {last}, not after the 4.3 s ACK timer");
+    // The probe: the packet after the window's last one (it had gone out once before the NAK,
+    // in the first window of 128), asking for an ACK, sent once more.
+    let probe = Psn::new(100 + 100 + 64);
+    let sent: Vec<_> = p.log.iter().filter(|s| s.from == A && s.psn == probe).collect();
+    assert_eq!(sent.len(), 2);
+    assert!(sent[1].ack_req, "the probe asks for an ACK");
+}
+
+#[test]
+fn a_window_whose_last_packet_is_lost_is_probed_into_a_sequence_nak() {
+    // The tail of a window lost: the responder saw nothing after the gap, so it sent no
+    // sequence NAK (IBTA 9.7.5.1.2 NAKs the first packet out of sequence), and the ACK that
+    // asked before the gap (PSN 231) is lost too. The window probe (the next PSN) is out of
+    // sequence at the responder, which NAKs the missing PSN: a go-back-N resend from it
+    // (9.7.5.2.8), not the ACK timer.
+    // (PSN 263 also went out before the NAK, in the first window of 128: its resend is lost.)
+    let (mut acks, mut sent_263) = (0, 0);
+    let p = window_stall(move |s| {
+        if s.from == B && s.syndrome == Some(0x1f) && acks < 1 {
+            acks += 1;
+            Fate::Drop
+        } else if s.from == A && s.psn == Psn::new(263) && sent_263 < 2 {
+            sent_263 += 1;
+            if sent_263 == 2 {
+                Fate::Drop
+            } else {
+                Fate::Deliver
+            }
+        } else {
+            Fate::Deliver
+        }
+    });
+    let c = p.a.counters();
+    assert_eq!(c.rcvd_seq_err, 2, "the first loss and the lost tail were NAKed");
+    assert_eq!(c.local_ack_timeout_err, 0, "no ACK timeout: {c:?}");
+    assert_eq!(c.completer_retry_err, 2);
+    let last = p.log.last().unwrap().at;
+    assert!(last.as_nanos() < 100_000_000, "done at {last}, not after the 4.3 s ACK timer");
+}
+
 #[test]
 fn a_responder_answering_rnr_for_longer_than_the_ack_timeouts_allow_is_not_a_transport_error() {
     // IBTA 9.7.5.2.8: an RNR NAK is a response; the requester waits the RNR timer and then

@@ -119,6 +119,7 @@ fn handle_nak<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn, syndrome: 
             }
             qp.comp.rnr_until = Some(ctx.now + crate::time::Duration::from_nanos(aeth::rnr_timer_ns(timer)));
             rewind(qp, psn);
+            qp.comp.window.on_resend();
             // The responder answered: the transport timer (which counts silence against
             // retry_cnt, C9-140) stops for the wait it asked for and starts again with the resend
             // (Qp::handle_timeout). Left running, an RNR timer longer than the ACK timeout spent
@@ -309,7 +310,7 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
         let acked = qp.comp.psn.distance(before);
         if acked > 0 {
             let now_psn = qp.comp.psn;
-            qp.comp.window.on_ack(acked as u32, now_psn);
+            qp.comp.window.on_ack(acked as u32, now_psn, ctx.now);
         }
         progress(qp, ctx);
     }

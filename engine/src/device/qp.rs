@@ -521,6 +521,7 @@ impl Qp {
         self.req.pkt = 0;
         self.comp.retrans_at = None;
         self.comp.rnr_until = None;
+        self.comp.window.on_resend();
     }
 
     pub(crate) fn complete_send<M: Memory>(&self, ctx: &mut Ctx<'_, M>, w: &SendWqe, status: WcStatus) {
@@ -715,10 +716,7 @@ impl Qp {
     }
 
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        match (self.comp.retrans_at, self.comp.rnr_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.comp.retrans_at, self.comp.rnr_until, self.comp.window.probe_at].into_iter().flatten().min()
     }
 
     /// Restarts the retransmission timer if anything is unacknowledged.
