@@ -1265,6 +1265,63 @@ fn window_stall(after_nak: impl FnMut(&softrdma_conformance::pair::Seen) -> Fate
 }
 
 #[test]
+fn a_read_response_gap_right_behind_a_naked_send_resends_at_once() {
+    // A two-packet SEND (PSNs 100, 101) loses its second packet; B NAKs 101 when the READ behind
+    // it (PSN 102, two responses at MTU 1024) arrives, and A goes back to 101 (IBTA 9.7.5.2.8;
+    // the NAK acknowledges 100, 9.7.5.1.3). Of B's answers to the resend, the ACK for 101 and
+    // the READ's first response are lost: the second response is a gap, an implicit NAK
+    // (9.7.5.1.5) that reissues the READ for what is missing at once. The resend the NAK
+    // started may not swallow it (issue 21 kept it "under way" until 101 was acknowledged, and
+    // the READ waited for the ACK timer, here 4.3 s).
+    let (mut p, a, b) = setup(RcOptions { mtu: Mtu::Mtu1024, timeout: 20, ..RcOptions::default() });
+    let data = pattern(2048, 23);
+    p.fill(B, BASE + 0x40000, &data);
+    let msg = pattern(2048, 5);
+    p.fill(A, BASE, &msg);
+    post_recv(&mut p, B, &b, 7, BASE + 0x1000, 2048);
+    let (mut send_lost, mut naked, mut ack_lost, mut resp_lost) = (false, false, false, false);
+    p.set_filter(move |s| {
+        if s.from == A && s.psn == Psn::new(101) && !send_lost {
+            send_lost = true;
+            return Fate::Drop;
+        }
+        if s.from == B && s.syndrome == Some(0x60) {
+            naked = true;
+            return Fate::Deliver;
+        }
+        if naked && s.from == B && s.opcode == Opcode::RC_ACKNOWLEDGE && !ack_lost {
+            ack_lost = true;
+            return Fate::Drop;
+        }
+        if naked && s.from == B && s.opcode == Opcode::RC_RDMA_READ_RESPONSE_FIRST && !resp_lost {
+            resp_lost = true;
+            return Fate::Drop;
+        }
+        Fate::Deliver
+    });
+    send(&mut p, &a, 1, SendOp::Send, BASE, 2048);
+    send(&mut p, &a, 2, SendOp::Read { remote_addr: BASE + 0x40000, rkey: b.mr.rkey }, BASE + 0x50000, 2048);
+    p.drive(STEPS);
+    let wa = p.poll(A, a.cq);
+    assert_eq!(
+        wa.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    assert_eq!(p.read(B, BASE + 0x1000, 2048), msg);
+    assert_eq!(p.read(A, BASE + 0x50000, 2048), data);
+    // The READ was asked for twice: the resend the NAK started, and the implicit NAK's.
+    let reads = p.log.iter().filter(|s| s.from == A && s.opcode == Opcode::RC_RDMA_READ_REQUEST).count();
+    assert_eq!(reads, 3, "the first READ request, the NAK's resend, the implicit NAK's");
+    let c = p.a.counters();
+    assert_eq!(c.rcvd_seq_err, 1);
+    assert_eq!(c.local_ack_timeout_err, 0, "no ACK timeout: {c:?}");
+    // The NAK's go-back and the implicit NAK's.
+    assert_eq!(c.completer_retry_err, 2);
+    let last = p.log.last().unwrap().at;
+    assert!(last.as_nanos() < 100_000_000, "done at {last}, not after the 4.3 s ACK timer");
+}
+
+#[test]
 fn a_window_whose_acks_are_all_lost_is_probed_not_left_to_the_ack_timer() {
     // A requester stopped by its own window of unacknowledged PSNs (issue 21) has nothing in
     // flight that could draw a response once the ACKs answering that window are lost (a

@@ -15,18 +15,17 @@ use crate::wr::SendOp;
 /// acknowledged packet) and
 /// restarts the timer.
 fn progress<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>) {
-    // A resend started by a PSN sequence NAK stays under way until the NAKed PSN itself is
-    // acknowledged: the NAK's own progress (it acknowledges the PSNs before it, IBTA 9.7.5.1.3)
-    // does not end it, or a second NAK for the same PSN would rewind again (issue 21).
-    let resending = qp.comp.retry_psn.is_some_and(|p| qp.comp.psn.distance(p) <= 0);
-    if resending {
-        qp.comp.retry_left = qp.attr.retry_cnt;
-        qp.comp.rnr_left = qp.attr.rnr_retry;
-        qp.rearm(ctx);
-        return;
-    }
     qp.comp.started_retry = false;
-    qp.comp.retry_psn = None;
+    // The PSN a sequence NAK sent the requester back to stays remembered until it is itself
+    // acknowledged: the NAK's own progress (it acknowledges the PSNs before it, IBTA 9.7.5.1.3)
+    // does not end that resend, or a copy of the NAK would rewind again (issue 21;
+    // handle_nak). Only that: `started_retry` ends here as before, so a later loss found by
+    // an implicit NAK (a gap in READ responses, 9.7.5.1.5) in the meantime still resends at
+    // once (with it kept, a READ response gap right behind a NAKed SEND waited for the ACK
+    // timer).
+    if qp.comp.retry_psn.is_some_and(|p| qp.comp.psn.distance(p) > 0) {
+        qp.comp.retry_psn = None;
+    }
     qp.comp.retry_left = qp.attr.retry_cnt;
     qp.comp.rnr_left = qp.attr.rnr_retry;
     qp.rearm(ctx);
@@ -96,7 +95,7 @@ fn handle_nak<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn, syndrome: 
             // stale one; rewinding again for it would resend the whole window a second time.
             // `progress` keeps `retry_psn` until that PSN is acknowledged (issue 21).
             ctx.counters.rcvd_seq_err += 1;
-            if qp.comp.started_retry && qp.comp.retry_psn == Some(psn) {
+            if qp.comp.retry_psn == Some(psn) {
                 return;
             }
             qp.comp.started_retry = true;
@@ -120,6 +119,9 @@ fn handle_nak<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn, syndrome: 
             qp.comp.rnr_until = Some(ctx.now + crate::time::Duration::from_nanos(aeth::rnr_timer_ns(timer)));
             rewind(qp, psn);
             qp.comp.window.on_resend();
+            // A new resend from `psn` after the wait: a sequence NAK for it from now on is news
+            // (the responder accepted `psn` before answering RNR, which ended its NAK state).
+            qp.comp.retry_psn = None;
             // The responder answered: the transport timer (which counts silence against
             // retry_cnt, C9-140) stops for the wait it asked for and starts again with the resend
             // (Qp::handle_timeout). Left running, an RNR timer longer than the ACK timeout spent
