@@ -167,8 +167,16 @@ impl Window {
     /// was lost), or a sequence NAK for the first missing PSN (9.7.5.1.2: the window's tail
     /// was lost). As TCP's tail loss probe (RFC 8985), one per stall; the timer stays the last
     /// resort when the probe or its answer is lost too.
+    ///
+    /// Only while the window is below its maximum, i.e. after a loss: at the full window of
+    /// [`MAX_UNACKED_PSNS`] the requester waits as before (as rxe does), so that a lossless run
+    /// sends exactly the packets it sent before, whatever the timing (a probe depends on the
+    /// clock; `softrdma pcap replay` of a lossless trace compares every packet).
     pub(crate) fn on_blocked(&mut self, now: Instant) {
         if self.probed || self.probe || self.probe_at.is_some() || self.srtt_ns == 0 {
+            return;
+        }
+        if self.cwnd >= MAX_UNACKED_PSNS as u32 {
             return;
         }
         let delay = (2 * self.srtt_ns).max(MIN_PROBE_DELAY_NS);
