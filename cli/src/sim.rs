@@ -30,8 +30,8 @@ pub(crate) struct SimArgs {
     /// Messages in all.
     #[arg(long, default_value_t = 1000)]
     messages: u32,
-    /// Message size range MIN..MAX in bytes (atomics are 8). Default 1..4096 on rc, 0..4096 on
-    /// xrc and uc, 0..MTU on ud.
+    /// Message size range MIN..MAX in bytes, or one size N (atomics are 8). Default 1..4096 on
+    /// rc, 0..4096 on xrc and uc, 0..MTU on ud.
     #[arg(long)]
     size: Option<String>,
     /// Connected QP pairs.
@@ -94,7 +94,7 @@ pub(crate) fn run(a: &SimArgs) -> Result<ExitCode> {
         Some(_) => "0..4096".to_string(),
     };
     let size_text = a.size.clone().unwrap_or(default_size);
-    let (min, max) = size_text.split_once("..").context("--size wants MIN..MAX")?;
+    let (min, max) = size_text.split_once("..").unwrap_or((&size_text, &size_text));
     let size = (min.parse::<u32>().context("--size MIN")?, max.parse::<u32>().context("--size MAX")?);
     let mtu = match a.mtu {
         256 => Mtu::Mtu256,
@@ -146,6 +146,14 @@ pub(crate) fn run(a: &SimArgs) -> Result<ExitCode> {
         "corrupted_delivered": r.corrupted_delivered,
         "retransmitted_packets": r.retransmitted_packets,
         "naks_sent": r.naks_sent,
+        "retries": r.retries,
+        "seq_naks_received": r.seq_naks_received,
+        "ack_timeouts": r.ack_timeouts,
+        // Packets sent again per packet the wire lost (either direction; as the demo and the
+        // soak count them: retransmitted / injected drops).
+        "retransmitted_per_drop": if r.wire.lost == 0 { 0.0 } else { r.retransmitted_packets as f64 / r.wire.lost as f64 },
+        // Payload bytes checked at their destination per virtual second.
+        "goodput_gbit_s": if r.virtual_time_ns == 0 { 0.0 } else { r.bytes_verified as f64 * 8.0 / r.virtual_time_ns as f64 },
         "virtual_time_ns": r.virtual_time_ns,
         "wire": {
             "sent": r.wire.sent,

@@ -361,6 +361,9 @@ pub fn run_service(w: &Workload, service: Service) -> Result<Report, WorkloadErr
     report.icrc_dropped = c1.icrc_err + nodes[0].dev.counters().icrc_err;
     let c0 = *nodes[0].dev.counters();
     report.retransmitted_packets = c0.retransmitted_pkts;
+    report.retries = c0.completer_retry_err;
+    report.seq_naks_received = c0.rcvd_seq_err;
+    report.ack_timeouts = c0.local_ack_timeout_err;
     let (a, b) = (c0.naks_sent, c1.naks_sent);
     report.naks_sent.insert("psn_sequence".into(), a.psn_sequence + b.psn_sequence);
     report.naks_sent.insert("rnr".into(), c0.send_rnr_err + c1.send_rnr_err);

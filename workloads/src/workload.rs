@@ -111,6 +111,13 @@ pub struct Report {
     pub retransmitted_packets: u64,
     /// NAKs sent: PSN sequence, RNR, invalid request, remote access, remote operational.
     pub naks_sent: BTreeMap<String, u64>,
+    /// Times a requester went back to resend (a PSN sequence NAK, an implicit NAK or the local
+    /// ACK timeout), each spending one transport retry.
+    pub retries: u64,
+    /// PSN sequence NAKs the requesters received and acted on or ignored.
+    pub seq_naks_received: u64,
+    /// Times a requester's local ACK timer expired (each one of `retries`).
+    pub ack_timeouts: u64,
     /// Virtual time the run took.
     pub virtual_time_ns: u64,
     /// The wire's counters.
@@ -280,6 +287,9 @@ pub fn run(w: &Workload) -> Result<Report, WorkloadError> {
     let c0: Counters = *nodes[0].dev.counters();
     let c1: Counters = *nodes[1].dev.counters();
     report.retransmitted_packets = c0.retransmitted_pkts + c1.retransmitted_pkts;
+    report.retries = c0.completer_retry_err + c1.completer_retry_err;
+    report.seq_naks_received = c0.rcvd_seq_err + c1.rcvd_seq_err;
+    report.ack_timeouts = c0.local_ack_timeout_err + c1.local_ack_timeout_err;
     report.icrc_dropped = c0.icrc_err + c1.icrc_err;
     let (a, b) = (c0.naks_sent, c1.naks_sent);
     report.naks_sent.insert("psn_sequence".into(), a.psn_sequence + b.psn_sequence);

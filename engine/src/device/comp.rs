@@ -16,7 +16,16 @@ use crate::wr::SendOp;
 /// restarts the timer.
 fn progress<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>) {
     qp.comp.started_retry = false;
-    qp.comp.retry_psn = None;
+    // The PSN a sequence NAK sent the requester back to stays remembered until it is itself
+    // acknowledged: the NAK's own progress (it acknowledges the PSNs before it, IBTA 9.7.5.1.3)
+    // does not end that resend, or a copy of the NAK would rewind again (issue 21;
+    // handle_nak). Only that: `started_retry` ends here as before, so a later loss found by
+    // an implicit NAK (a gap in READ responses, 9.7.5.1.5) in the meantime still resends at
+    // once (with it kept, a READ response gap right behind a NAKed SEND waited for the ACK
+    // timer).
+    if qp.comp.retry_psn.is_some_and(|p| qp.comp.psn.distance(p) > 0) {
+        qp.comp.retry_psn = None;
+    }
     qp.comp.retry_left = qp.attr.retry_cnt;
     qp.comp.rnr_left = qp.attr.rnr_retry;
     qp.rearm(ctx);
@@ -48,6 +57,9 @@ fn retry<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn) {
 fn retry_once<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn) {
     if !qp.comp.started_retry {
         qp.comp.started_retry = true;
+        // A loss: the window shrinks (req::Window; IBTA leaves the requester's pace to it).
+        let high = qp.req.sent_high;
+        qp.comp.window.on_loss(psn, high);
         retry(qp, ctx, psn);
     }
 }
@@ -56,9 +68,17 @@ fn retry_once<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn) {
 pub(crate) fn retransmit_timeout<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>) {
     qp.comp.retrans_at = None;
     qp.comp.started_retry = false;
+    qp.comp.retry_psn = None;
     if !qp.sq.iter().any(|w| w.started && w.done.is_none()) {
         return;
     }
+    ctx.counters.local_ack_timeout_err += 1;
+    // Go-back-N resends everything from the oldest unacknowledged PSN (IBTA 9.7.6.1.3), but
+    // only a small window of it before an ACK says what the responder has (req::Window): when
+    // only an ACK was lost, the responder re-ACKs the first duplicate (9.7.5.1.4) and the rest
+    // of the old window is not sent again.
+    let high = qp.req.sent_high;
+    qp.comp.window.on_timeout(high);
     let psn = qp.comp.psn;
     retry(qp, ctx, psn);
 }
@@ -69,12 +89,20 @@ fn handle_nak<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn, syndrome: 
             // IBTA 9.7.5.2.8: resend from the PSN the responder expects. A second NAK for the
             // same PSN while that resend is under way (a duplicate, or one sent before the resend
             // arrived) starts nothing new.
+            //
+            // The responder sends one NAK per sequence error (9.7.5.1.2), so a second one for a
+            // PSN already being resent is a copy (duplicated or reordered by the network) or a
+            // stale one; rewinding again for it would resend the whole window a second time.
+            // `progress` keeps `retry_psn` until that PSN is acknowledged (issue 21).
             ctx.counters.rcvd_seq_err += 1;
-            if qp.comp.started_retry && qp.comp.retry_psn == Some(psn) {
+            if qp.comp.retry_psn == Some(psn) {
                 return;
             }
             qp.comp.started_retry = true;
             qp.comp.retry_psn = Some(psn);
+            // A loss: the window shrinks, once per window (req::Window).
+            let high = qp.req.sent_high;
+            qp.comp.window.on_loss(psn, high);
             retry(qp, ctx, psn);
         }
         Syndrome::RnrNak { timer } => {
@@ -90,6 +118,10 @@ fn handle_nak<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn, syndrome: 
             }
             qp.comp.rnr_until = Some(ctx.now + crate::time::Duration::from_nanos(aeth::rnr_timer_ns(timer)));
             rewind(qp, psn);
+            qp.comp.window.on_resend();
+            // A new resend from `psn` after the wait: a sequence NAK for it from now on is news
+            // (the responder accepted `psn` before answering RNR, which ended its NAK state).
+            qp.comp.retry_psn = None;
             // The responder answered: the transport timer (which counts silence against
             // retry_cnt, C9-140) stops for the wait it asked for and starts again with the resend
             // (Qp::handle_timeout). Left running, an RNR timer longer than the ACK timeout spent
@@ -114,6 +146,7 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
     let psn = pkt.bth().psn();
     let syndrome = pkt.aeth().map(|a| a.syndrome());
     let mut advanced = false;
+    let before = qp.comp.psn;
     while let Some(w) = qp.sq.front() {
         if w.wr.op.is_local() {
             match w.done {
@@ -219,6 +252,13 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
                         Some(s) => handle_nak(qp, ctx, psn, s),
                         None => {}
                     },
+                    // A READ response or atomic ACK of a later request (responses come in PSN
+                    // order, IBTA 9.7.5.1.5): this READ's responses were lost, an implicit NAK
+                    // (rxe's check_psn retries a pending READ/atomic on any later PSN).
+                    _ if after => {
+                        let expect = if qp.comp.psn.distance(w.first_psn) > 0 { qp.comp.psn } else { w.first_psn };
+                        retry_once(qp, ctx, expect);
+                    }
                     _ => {}
                 }
                 break;
@@ -250,6 +290,16 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
                         Some(s) => handle_nak(qp, ctx, psn, s),
                         None => {}
                     },
+                    // A READ response or atomic ACK of a later request: this atomic's ACK was
+                    // lost (or is late), an implicit NAK (IBTA 9.7.5.1.5; rxe's check_psn). The
+                    // resent atomic is answered from the responder's cache, not executed again
+                    // (9.7.5.1.4). Found under issue 21: with a window shrunk by loss, nothing
+                    // but such responses may follow a lost atomic ACK, and the QP waited for the
+                    // ACK timeout.
+                    OpKind::ReadResponse | OpKind::AtomicAcknowledge if after => {
+                        let first = w.first_psn;
+                        retry_once(qp, ctx, first);
+                    }
                     _ => {}
                 }
                 break;
@@ -259,6 +309,11 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
     // Local operations queued right behind what just retired complete now.
     qp.retire_local_front(ctx);
     if advanced && qp.state != QpState::Err {
+        let acked = qp.comp.psn.distance(before);
+        if acked > 0 {
+            let now_psn = qp.comp.psn;
+            qp.comp.window.on_ack(acked as u32, now_psn, ctx.now);
+        }
         progress(qp, ctx);
     }
 }

@@ -109,5 +109,8 @@ impl Qp {
         if self.comp.retrans_at.is_some_and(|t| t <= ctx.now) {
             comp::retransmit_timeout(self, ctx);
         }
+        // A requester stopped by its window lets one packet more out (req::Window::on_blocked);
+        // the device runs the QP's transmit after its timers.
+        self.comp.window.probe_due(ctx.now);
     }
 }

@@ -352,6 +352,9 @@ pub struct Counters {
     pub qkey_violations: u64,
     /// UD/UC messages dropped (no receive WQE, gap, too long, bad key).
     pub dropped_messages: u64,
+    /// Times a QP's local ACK timer expired with requests outstanding (mlx5's
+    /// `local_ack_timeout_err`); each also counts in `completer_retry_err`.
+    pub local_ack_timeout_err: u64,
 }
 
 impl std::ops::AddAssign for NaksSent {

@@ -243,6 +243,8 @@ pub(crate) struct CompState {
     pub(crate) started_retry: bool,
     /// The PSN that resend started from.
     pub(crate) retry_psn: Option<Psn>,
+    /// How many PSNs may be unacknowledged (shrinks on loss, grows on ACKs).
+    pub(crate) window: super::req::Window,
 }
 
 /// The responder's state (rxe's `qp->resp`).
@@ -408,6 +410,7 @@ impl Qp {
             self.req.next_psn = Psn::new(attr.sq_psn);
             self.comp.psn = self.req.next_psn;
             self.req.sent_high = self.req.next_psn;
+            self.comp.window = super::req::Window::default();
         }
         if mask.contains(AttrMask::RETRY_CNT) {
             self.comp.retry_left = attr.retry_cnt;
@@ -518,6 +521,7 @@ impl Qp {
         self.req.pkt = 0;
         self.comp.retrans_at = None;
         self.comp.rnr_until = None;
+        self.comp.window.on_resend();
     }
 
     pub(crate) fn complete_send<M: Memory>(&self, ctx: &mut Ctx<'_, M>, w: &SendWqe, status: WcStatus) {
@@ -712,10 +716,7 @@ impl Qp {
     }
 
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        match (self.comp.retrans_at, self.comp.rnr_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.comp.retrans_at, self.comp.rnr_until, self.comp.window.probe_at].into_iter().flatten().min()
     }
 
     /// Restarts the retransmission timer if anything is unacknowledged.

@@ -6,6 +6,7 @@ use super::packet::{emit, walk_sges};
 use super::qp::{Qp, SendWqe};
 use super::{Ctx, Transmit};
 use crate::memory::Memory;
+use crate::time::{Duration, Instant};
 use crate::verbs::{Access, QpState, QpType, WcStatus};
 use crate::wire::{
     AtomicEthRepr, BthRepr, DethRepr, IbRepr, IethRepr, ImmDtRepr, Opcode, Psn, Qpn, RethRepr, XrcEthRepr,
@@ -20,6 +21,188 @@ const MAX_PKT_PER_ACK: u32 = 64;
 /// queue of large WRITEs is blasted at once, overflows the receiver's socket buffer, and go-back-N
 /// resends all of it again, until the retry count runs out.
 pub(crate) const MAX_UNACKED_PSNS: i32 = 128;
+
+/// The smallest window [`Window`] shrinks to, in PSNs.
+pub(crate) const MIN_UNACKED_PSNS: u32 = 8;
+
+/// The requester's window of unacknowledged PSNs: at most [`MAX_UNACKED_PSNS`], halved on a loss
+/// and grown again by acknowledgements (additive increase, multiplicative decrease, as a TCP
+/// sender's congestion window; issue 21).
+///
+/// Why: go-back-N is the wire behaviour (IBTA 9.7.5.1.2: the responder accepts requests only in
+/// PSN order, NAKs the first out-of-sequence one and silently drops the rest until the expected
+/// PSN comes; 9.7.5.2: the requester resends from the NAKed PSN). Every packet the requester sent
+/// after a lost one is therefore sent twice, so a loss costs about the window in flight. IBTA
+/// does not fix how many packets a requester keeps unacknowledged nor how fast it sends (the
+/// end-to-end credits of 9.7.7.2 bound only SENDs' receive WQEs, and RoCEv2's congestion control,
+/// Annex A17, has the requester lower its rate on congestion); an HCA bounds its outstanding
+/// packets by its own resources. Shrinking the window where loss is seen is such a bound; it
+/// changes no packet's format, PSN or order, only when the next new packet may leave.
+/// Without loss the window stays at its maximum: lossless behaviour is unchanged.
+#[derive(Debug, Clone)]
+pub(crate) struct Window {
+    /// PSNs that may be unacknowledged now.
+    pub(crate) cwnd: u32,
+    /// Below this the window grows by every acknowledged PSN (slow start, after a timeout);
+    /// above it by one PSN per window acknowledged.
+    ssthresh: u32,
+    /// PSNs acknowledged towards the next additive step.
+    acked: u32,
+    /// Losses before this PSN belong to a window already shrunk for (one decrease per window).
+    recover: Option<Psn>,
+    /// Smoothed round trip from a packet asking for an ACK to the ACK that covers it, in ns
+    /// (0: not measured yet); sets the window probe's delay.
+    srtt_ns: u64,
+    /// The packet being timed for [`Window::srtt_ns`]: its PSN and when it left (a first
+    /// transmission only: a resend's ACK could answer either copy, as TCP's Karn rule says).
+    sample: Option<(Psn, Instant)>,
+    /// When a requester stopped by this window lets one packet more out ([`Window::on_blocked`]).
+    pub(crate) probe_at: Option<Instant>,
+    /// One packet beyond the window may leave now, asking for an ACK.
+    probe: bool,
+    /// That probe went out: no second one before an acknowledgement or a resend.
+    probed: bool,
+}
+
+impl Default for Window {
+    fn default() -> Self {
+        Window {
+            cwnd: MAX_UNACKED_PSNS as u32,
+            ssthresh: MAX_UNACKED_PSNS as u32,
+            acked: 0,
+            recover: None,
+            srtt_ns: 0,
+            sample: None,
+            probe_at: None,
+            probe: false,
+            probed: false,
+        }
+    }
+}
+
+/// The shortest delay before a window probe (the round trip measured on a loopback device can
+/// be a few microseconds; a probe is one packet, but not one per scheduling hiccup).
+const MIN_PROBE_DELAY_NS: u64 = 50_000;
+
+impl Window {
+    /// `n` PSNs were acknowledged at `now`; the oldest unacknowledged PSN is now `comp_psn`.
+    pub(crate) fn on_ack(&mut self, n: u32, comp_psn: Psn, now: Instant) {
+        if self.recover.is_some_and(|r| comp_psn.distance(r) >= 0) {
+            self.recover = None;
+        }
+        // The window moved: a probe armed or sent for the stall before is over.
+        self.probe_at = None;
+        self.probe = false;
+        self.probed = false;
+        if let Some((psn, sent)) = self.sample {
+            if comp_psn.distance(psn) > 0 {
+                let rtt = now.saturating_since(sent).0;
+                // As TCP's SRTT (RFC 6298): 7/8 of the old estimate, 1/8 of the new sample.
+                self.srtt_ns = if self.srtt_ns == 0 { rtt } else { (self.srtt_ns * 7 + rtt) / 8 };
+                self.sample = None;
+            }
+        }
+        let max = MAX_UNACKED_PSNS as u32;
+        if self.cwnd < self.ssthresh {
+            self.cwnd = self.cwnd.saturating_add(n).min(self.ssthresh);
+            return;
+        }
+        self.acked = self.acked.saturating_add(n);
+        while self.acked >= self.cwnd && self.cwnd < max {
+            self.acked -= self.cwnd;
+            self.cwnd += 1;
+        }
+        if self.cwnd >= max {
+            self.cwnd = max;
+            self.acked = 0;
+        }
+    }
+
+    /// A PSN sequence NAK or an implicit NAK reported `psn` lost while PSNs up to `sent_high`
+    /// were out: halve the window, once per window.
+    pub(crate) fn on_loss(&mut self, psn: Psn, sent_high: Psn) {
+        self.on_resend();
+        if self.recover.is_some_and(|r| psn.distance(r) < 0) {
+            return;
+        }
+        self.ssthresh = (self.cwnd / 2).max(MIN_UNACKED_PSNS);
+        self.cwnd = self.ssthresh;
+        self.acked = 0;
+        self.recover = Some(sent_high);
+    }
+
+    /// The local ACK timer expired: start again from the smallest window.
+    pub(crate) fn on_timeout(&mut self, sent_high: Psn) {
+        self.on_resend();
+        self.ssthresh = (self.cwnd / 2).max(MIN_UNACKED_PSNS);
+        self.cwnd = MIN_UNACKED_PSNS;
+        self.acked = 0;
+        self.recover = Some(sent_high);
+    }
+
+    /// The requester goes back to resend (a NAK, an implicit NAK, the ACK timer, an RNR NAK):
+    /// no probe is pending, and the round trip being timed is void (Karn).
+    pub(crate) fn on_resend(&mut self) {
+        self.probe_at = None;
+        self.probe = false;
+        self.probed = false;
+        self.sample = None;
+    }
+
+    /// How many PSNs may be unacknowledged now: the window, plus one while a probe is due.
+    pub(crate) fn limit(&self) -> i32 {
+        self.cwnd as i32 + i32::from(self.probe)
+    }
+
+    /// The window stopped a requester that has more to send, at `now`: after about two round
+    /// trips without an acknowledgement, one packet beyond the window goes out asking for an
+    /// ACK (a window probe; [`Window::probe_due`]).
+    ///
+    /// Why: a requester held by its own window sends nothing until an ACK comes, so when the
+    /// ACK answering the window is lost (a responder may coalesce all the window's ACKs into one,
+    /// IBTA 9.7.5.1.2), or the window's last packets are, nothing is left in flight that
+    /// could draw an ACK or a PSN sequence NAK, and only the local ACK timer (IBTA 9.7.6.1.3;
+    /// seconds as rdma_cm sets it) would end the stall. The probe is the next request in PSN
+    /// order, so the responder answers it as any other: an ACK covering the window (the ACK
+    /// was lost), or a sequence NAK for the first missing PSN (9.7.5.1.2: the window's tail
+    /// was lost). As TCP's tail loss probe (RFC 8985), one per stall; the timer stays the last
+    /// resort when the probe or its answer is lost too.
+    ///
+    /// Only while the window is below its maximum, i.e. after a loss: at the full window of
+    /// [`MAX_UNACKED_PSNS`] the requester waits as before (as rxe does), so that a lossless run
+    /// sends exactly the packets it sent before, whatever the timing (a probe depends on the
+    /// clock; `softrdma pcap replay` of a lossless trace compares every packet).
+    pub(crate) fn on_blocked(&mut self, now: Instant) {
+        if self.probed || self.probe || self.probe_at.is_some() || self.srtt_ns == 0 {
+            return;
+        }
+        if self.cwnd >= MAX_UNACKED_PSNS as u32 {
+            return;
+        }
+        let delay = (2 * self.srtt_ns).max(MIN_PROBE_DELAY_NS);
+        self.probe_at = Some(now + Duration::from_nanos(delay));
+    }
+
+    /// The probe's time came: one packet more may leave.
+    pub(crate) fn probe_due(&mut self, now: Instant) {
+        if self.probe_at.is_some_and(|t| t <= now) {
+            self.probe_at = None;
+            self.probe = true;
+        }
+    }
+
+    /// A packet with PSN `psn` left at `now`, `beyond` the window (the probe), `ack_req` set,
+    /// `first` time sent (not a resend).
+    pub(crate) fn on_sent(&mut self, psn: Psn, now: Instant, beyond: bool, ack_req: bool, first: bool) {
+        if beyond {
+            self.probe = false;
+            self.probed = true;
+        }
+        if ack_req && first && self.sample.is_none() {
+            self.sample = Some((psn, now));
+        }
+    }
+}
 
 /// Copies `out.len()` bytes of the message starting at `offset` from the WQE's buffers.
 fn gather<M: Memory>(ctx: &mut Ctx<'_, M>, w: &SendWqe, offset: u32, out: &mut [u8]) -> bool {
@@ -114,8 +297,10 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
     let window = qp.qp_type != QpType::Uc;
     if window {
         let next = if qp.sq[idx].started { qp.sq[idx].first_psn + qp.req.pkt } else { qp.req.next_psn };
-        if next.distance(qp.comp.psn) >= MAX_UNACKED_PSNS {
-            // An ACK that moves comp_psn makes the QP ready again.
+        if next.distance(qp.comp.psn) >= qp.comp.window.limit() {
+            // An ACK that moves comp_psn makes the QP ready again; if none comes, a probe
+            // (Window::on_blocked).
+            qp.comp.window.on_blocked(ctx.now);
             return None;
         }
     }
@@ -165,11 +350,17 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
     // for the ACK timer.
     // The cx profile also asks on the first packet a QP sends (the PSN it was given at RTS).
     let first_ever = ctx.behaviour.ack_req_first_packet && psn == Psn::new(qp.attr.sq_psn);
+    // Under a window shrunk by loss, ask twice per window, so that ACKs keep it moving (IBTA
+    // 9.7.3: a requester may set AckReq on any packet). At the full window this is every 64
+    // packets, as before.
+    let cwnd = qp.comp.window.cwnd;
+    // A window probe (Window::on_blocked) asks for an ACK, as the window's last packet does.
+    let beyond = !unacked && psn.distance(qp.comp.psn) >= cwnd as i32;
     let ack_req = !unacked
         && (last
             || first_ever
-            || qp.req.noack_pkts >= MAX_PKT_PER_ACK
-            || psn.distance(qp.comp.psn) + 1 >= MAX_UNACKED_PSNS);
+            || qp.req.noack_pkts >= MAX_PKT_PER_ACK.min((cwnd / 2).max(1))
+            || psn.distance(qp.comp.psn) + 1 >= cwnd as i32);
     if ack_req {
         qp.req.noack_pkts = 0;
     }
@@ -235,7 +426,11 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
         // Otherwise the data is on its way (Memory::would_block_count): the same packet later.
         return None;
     };
-    if psn.distance(qp.req.sent_high) < 0 {
+    let first_sent = psn.distance(qp.req.sent_high) >= 0;
+    if !unacked {
+        qp.comp.window.on_sent(psn, ctx.now, beyond, ack_req, first_sent);
+    }
+    if !first_sent {
         ctx.counters.retransmitted_pkts += 1;
     } else {
         qp.req.sent_high = psn + 1;
