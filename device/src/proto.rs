@@ -23,7 +23,7 @@ use softrdma_engine::wr::{RecvWr, SendWr, WorkCompletion};
 pub use crate::arena::RingDesc;
 
 /// The protocol version; `Hello` with another one is refused.
-pub const VERSION: u32 = 9;
+pub const VERSION: u32 = 10;
 
 /// A request of the device to a client's memory helper (the fallback of design D3 where the
 /// kernel refuses cross-process access: the client serves its own memory on a socket pair).

@@ -394,6 +394,7 @@ impl std::ops::AddAssign for Counters {
             xrc_srq_err,
             qkey_violations,
             dropped_messages,
+            local_ack_timeout_err,
         } = o;
         self.sent_pkts += sent_pkts;
         self.rcvd_pkts += rcvd_pkts;
@@ -417,6 +418,7 @@ impl std::ops::AddAssign for Counters {
         self.xrc_srq_err += xrc_srq_err;
         self.qkey_violations += qkey_violations;
         self.dropped_messages += dropped_messages;
+        self.local_ack_timeout_err += local_ack_timeout_err;
     }
 }
 
