@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// The largest UDP payload over IPv4 (65,535 - 20 - 8 bytes).
+const MAX_UDP_PAYLOAD: usize = 65_507;
+
 /// Before a region changes or goes (dereg, rereg), the queued receives staged over SGEs that use
 /// it get their own SGEs back, so that when data arrives the engine checks those as the verbs
 /// say it must (LOC_PROT_ERR and a NAK if the region no longer fits), instead of the staging.
@@ -531,7 +534,8 @@ impl State {
                 // that has stopped meanwhile takes none).
                 let epoch_mono_ns = self.epoch_mono_ns;
                 if let Some(Capture::File(tap)) = self.tap.as_mut() {
-                    for k in &p.captured {
+                    // What no UDP datagram can hold is not a packet of this device's port.
+                    for k in p.captured.iter().filter(|k| k.payload.len() <= MAX_UDP_PAYLOAD) {
                         let t = k.mono_ns.saturating_sub(epoch_mono_ns);
                         let _ = tap.write(t, k.src, k.dst, k.sport, &k.payload, k.ip_id);
                     }
