@@ -5,6 +5,7 @@
 # figure of every round is printed (the machine is noisy: compare within a round). Not in CI;
 # BENCHMARKS.md "The provider data path" records a run.
 # Usage: scripts/bench-provider.sh        (needs scripts/build-shim.sh; builds udpbench)
+#        ADDR0=127.0.0.3 ADDR1=127.0.0.4 scripts/bench-provider.sh   (other device addresses)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
@@ -23,19 +24,24 @@ cleanup() {
   rm -rf "$rt"
 }
 trap cleanup EXIT
-"$bin" up srdma0 --addr 127.0.0.1 >/dev/null || exit 2
-"$bin" up srdma1 --addr 127.0.0.2 >/dev/null || exit 2
+addr0=${ADDR0:-127.0.0.1}
+"$bin" up srdma0 --addr "$addr0" >/dev/null || exit 2
+"$bin" up srdma1 --addr "${ADDR1:-127.0.0.2}" >/dev/null || exit 2
 port=$((21000 + RANDOM % 9000))
 # perf MODE PROG ARGS...: server on srdma0, client on srdma1; prints the client's first result row.
 perf() {
   local mode=$1 prog=$2
   shift 2
+  # provider-nohandoff: the provider path with the progress thread always on the socket.
+  local dp=${mode%-nohandoff}
+  local handoff=${SOFTRDMA_HANDOFF_US:-}
+  [ "$mode" != "$dp" ] && handoff=0
   port=$((port + 1))
-  SOFTRDMA_DATAPATH=$mode timeout 120 "$prog" -d srdma0 -p $port "$@" >"$rt/s.log" 2>&1 &
+  SOFTRDMA_DATAPATH=$dp SOFTRDMA_HANDOFF_US=$handoff timeout 120 "$prog" -d srdma0 -p $port "$@" >"$rt/s.log" 2>&1 &
   local out=""
   for _ in $(seq 50); do
     sleep 0.1
-    out=$(SOFTRDMA_DATAPATH=$mode timeout 120 "$prog" -d srdma1 -p $port "$@" 127.0.0.1 2>&1) || true
+    out=$(SOFTRDMA_DATAPATH=$dp SOFTRDMA_HANDOFF_US=$handoff timeout 120 "$prog" -d srdma1 -p $port "$@" "$addr0" 2>&1) || true
     echo "$out" | grep -q "Couldn't connect" || break
   done
   wait
@@ -45,7 +51,7 @@ echo "columns: ib_*_lat: bytes iters t_min t_max t_typical t_avg t_stdev p99 p99
 for round in $(seq "${ROUNDS:-3}"); do
   echo "round $round: UDP busy-poll ping-pong: $("$udpbench" lat busy 50000 2>&1 | tr '\n' ' ')"
   echo "round $round: UDP GSO+GRO 64 KiB: $("$udpbench" tput gsogro 4156 3 2>&1 | tr '\n' ' ')"
-  for mode in device provider; do
+  for mode in ${MODES:-device provider provider-nohandoff}; do
     echo "round $round: $mode: ib_send_lat 2 B: $(perf $mode ib_send_lat -s 2 -n 20000)"
     echo "round $round: $mode: ib_write_lat 2 B: $(perf $mode ib_write_lat -s 2 -n 20000)"
     echo "round $round: $mode: ib_write_bw 64 KiB: $(perf $mode ib_write_bw -s 65536 -n 5000)"

@@ -6,7 +6,8 @@
 //! runs with the devices' own threads doing the work ([`Progress::DeviceThread`], what the
 //! daemon does today: four busy threads on the path) and with the application's threads driving
 //! the devices from their post and poll calls ([`Progress::Application`], the provider model of
-//! the data-path issue: two busy threads, the progress threads parked). Beside them, the
+//! the data-path issue: two busy threads, the progress threads off the socket while an
+//! application thread polls it), and once more without that handoff. Beside them, the
 //! physical limit of the same sitting: two threads ping-ponging 2-byte UDP datagrams with
 //! busy-polling nonblocking sockets on the same addresses.
 
@@ -15,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
+use softrdma_device::hca::HANDOFF_IDLE;
 use softrdma_device::verbs::{
     Access, CompletionQueue, ConnectOptions, Context, MemoryRegion, Mtu, ProtectionDomain, QpType, QueuePair, RecvWr,
     SendOp, SendWr, WcStatus,
@@ -34,6 +36,8 @@ pub(crate) struct Figures {
     pub(crate) udp: OneWay,
     pub(crate) device_thread: OneWay,
     pub(crate) application: OneWay,
+    /// The same without the handoff (the progress thread always waits on the socket).
+    pub(crate) no_handoff: OneWay,
     pub(crate) iters: usize,
 }
 
@@ -101,12 +105,19 @@ impl Side {
 }
 
 /// The ping-pong between two devices made with `progress`; round-trip times of the ping side.
-fn rc_pingpong(progress: Progress, addrs: [IpAddr; 2], port: u16, iters: usize) -> Result<Vec<Duration>> {
+fn rc_pingpong(
+    progress: Progress,
+    handoff_idle: Duration,
+    addrs: [IpAddr; 2],
+    port: u16,
+    iters: usize,
+) -> Result<Vec<Duration>> {
     let mut devs = Vec::new();
     for (name, addr) in ["bench0", "bench1"].into_iter().zip(addrs) {
         let mut c = HcaConfig::new(name, addr);
         c.port = port;
         c.progress = progress;
+        c.handoff_idle = handoff_idle;
         devs.push(Arc::new(Hca::start(c).with_context(|| format!("a device on {addr}:{port}"))?));
     }
     let (a, b) = (side(&devs[0])?, side(&devs[1])?);
@@ -201,17 +212,20 @@ pub(crate) fn run(addrs: [IpAddr; 2], iters: usize, rounds: usize) -> Result<Fig
         Some(o) if o.p50_us <= new.p50_us => Some(o),
         _ => Some(new),
     };
-    let (mut udp, mut dev, mut app) = (None, None, None);
+    let (mut udp, mut dev, mut app, mut no_handoff) = (None, None, None, None);
     for round in 0..rounds.max(1) {
         udp = best(udp, one_way(udp_pingpong(addrs, iters)?));
-        let p = port + 2 * round as u16;
-        dev = best(dev, one_way(rc_pingpong(Progress::DeviceThread, addrs, p, iters)?));
-        app = best(app, one_way(rc_pingpong(Progress::Application, addrs, p + 1, iters)?));
+        let p = port + 3 * round as u16;
+        dev = best(dev, one_way(rc_pingpong(Progress::DeviceThread, HANDOFF_IDLE, addrs, p, iters)?));
+        app = best(app, one_way(rc_pingpong(Progress::Application, HANDOFF_IDLE, addrs, p + 1, iters)?));
+        no_handoff =
+            best(no_handoff, one_way(rc_pingpong(Progress::Application, Duration::ZERO, addrs, p + 2, iters)?));
     }
     Ok(Figures {
         udp: udp.expect("one round"),
         device_thread: dev.expect("one round"),
         application: app.expect("one round"),
+        no_handoff: no_handoff.expect("one round"),
         iters,
     })
 }
@@ -234,5 +248,6 @@ pub(crate) fn table(f: &Figures, cmd: &str) -> String {
     s += &row("busy-poll UDP, two threads (the floor)", f.udp);
     s += &row("RC SEND, device threads move the work (Progress::DeviceThread)", f.device_thread);
     s += &row("RC SEND, the application's post and poll drive the device (Progress::Application)", f.application);
+    s += &row("the same, the progress thread always on the socket (no handoff: `handoff_idle` 0)", f.no_handoff);
     s
 }

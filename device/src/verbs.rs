@@ -454,6 +454,15 @@ impl Inner {
         }
     }
 
+    /// On a device the application drives: this thread stops polling for now (see
+    /// `Hca::end_handoff`); nothing for every other device.
+    fn end_handoff(&self) {
+        #[cfg(feature = "embedded")]
+        if let Backend::Embedded { hca, .. } = &self.backend {
+            hca.end_handoff();
+        }
+    }
+
     fn call_fds(&self, req: Request, fd: Option<RawFd>) -> Result<(Response, Vec<OwnedFd>)> {
         let (resp, fds) = match &self.backend {
             Backend::Daemon(c) => c.call(&req, fd.as_slice())?,
@@ -1221,6 +1230,11 @@ impl CompletionQueue {
             }
         }
         drop(ring);
+        if !entries.is_empty() {
+            // What the application waited for came: it may now wait on memory that only the
+            // device thread can fill, which therefore takes the socket back.
+            self.ctx.inner.end_handoff();
+        }
         Ok(entries.into_iter().map(|e| self.ctx.inner.complete(e)).collect())
     }
 
@@ -1272,6 +1286,8 @@ impl CompletionQueue {
 
     /// `ibv_req_notify_cq`.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        // The application is about to sleep on the channel: the device thread reads the socket.
+        self.ctx.inner.end_handoff();
         self.ctx.inner.call(Request::ReqNotifyCq { cq: self.id, solicited_only })?;
         Ok(())
     }

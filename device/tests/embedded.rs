@@ -10,7 +10,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use softrdma_device::hca::{Hca, HcaConfig};
+use softrdma_device::hca::{Hca, HcaConfig, HANDOFF_IDLE};
 use softrdma_device::verbs::*;
 
 const A: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
@@ -1164,4 +1164,83 @@ fn application_driven_target_survives_memory_it_made_inaccessible() {
     drop(raw);
     // SAFETY: the registration is gone; the mapping is ours.
     unsafe { libc::munmap(base, len) };
+}
+
+/// On an application-driven device, a thread whose poll found its CQ empty reads the socket
+/// itself and the progress thread keeps off it (the handoff): the progress thread takes it back
+/// when a poll returns completions (the application may then spin on memory only the progress
+/// thread can fill), when a CQ is armed for a channel, and when the polling thread stops without
+/// a completion (after `handoff_idle`). Each way, b's application makes no further call and still
+/// serves a's WRITE or wakes for a's SEND (retry_cnt 1 and a 67 ms timer: a socket left handed
+/// off ends in RETRY_EXC_ERR). The first two run with a handoff that would otherwise last 60 s.
+#[test]
+fn application_driven_polls_hand_the_socket_back() {
+    let dev = |name: &str, addr: IpAddr, port: u16, idle: Duration| {
+        let mut c = HcaConfig::new(name, addr);
+        c.port = port;
+        c.seed = Some(port as u64);
+        c.progress = softrdma_device::Progress::Application;
+        c.handoff_idle = idle;
+        Arc::new(Hca::start(c).unwrap())
+    };
+    let o = ConnectOptions { mtu: Mtu::Mtu1024, timeout: 14, retry_cnt: 1, ..ConnectOptions::default() };
+    let pair = |da: &Arc<Hca>, db: &Arc<Hca>| {
+        let (a, b) = (side(da, QpType::Rc), side(db, QpType::Rc));
+        a.qp.connect(100, &b.qp.endpoint(900), &o).unwrap();
+        b.qp.connect(900, &a.qp.endpoint(100), &o).unwrap();
+        (a, b)
+    };
+    let write = |a: &mut Side, b: &Side, id: u64, seed: u8| {
+        let data = pattern(8192, seed);
+        a.mr.as_mut_slice()[..data.len()].copy_from_slice(&data);
+        let wr = SendOp::Write { remote_addr: b.mr.addr() + 4096, rkey: b.mr.rkey() };
+        a.qp.post_send(vec![SendWr::new(id, wr, vec![a.mr.sge(0..data.len())])]).unwrap();
+        let w = one(&a.cq);
+        assert_eq!((w.wr_id, w.status), (id, WcStatus::Success));
+        assert_eq!(&b.mr.as_slice()[4096..4096 + data.len()], &data[..]);
+    };
+    let long = Duration::from_secs(60);
+    let (da, db) = (dev("hand0", A, 47939, long), dev("hand1", B, 47939, long));
+    let (mut a, b) = pair(&da, &db);
+    // 1. b polls until a completion comes (a's SEND), then makes no call while a WRITEs.
+    b.qp.post_recv(vec![RecvWr { wr_id: 2, sg_list: vec![b.mr.sge(0..64)] }]).unwrap();
+    let poller = std::thread::spawn(move || {
+        let w = one(&b.cq);
+        assert_eq!((w.wr_id, w.status), (2, WcStatus::Success));
+        b
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    a.qp.post_send(vec![SendWr::new(3, SendOp::Send, vec![a.mr.sge(0..64)])]).unwrap();
+    assert_eq!(one(&a.cq).status, WcStatus::Success);
+    let b = poller.join().unwrap();
+    write(&mut a, &b, 4, 2);
+    // 2. b polls its empty CQ, arms it and sleeps on the channel: a's SEND wakes it.
+    let ch = b._ctx.create_comp_channel().unwrap();
+    let cq = b._ctx.create_cq(16, Some(&ch)).unwrap();
+    let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    let qb = b._pd.qp_builder(QpType::Rc, &cq).caps(caps).build().unwrap();
+    let qa = a._pd.qp_builder(QpType::Rc, &a.cq).caps(caps).build().unwrap();
+    qa.connect(1, &qb.endpoint(2), &o).unwrap();
+    qb.connect(2, &qa.endpoint(1), &o).unwrap();
+    qb.post_recv(vec![RecvWr { wr_id: 7, sg_list: vec![b.mr.sge(300_000..300_064)] }]).unwrap();
+    assert!(cq.poll(4).unwrap().is_empty());
+    cq.req_notify(false).unwrap();
+    let sleeper = std::thread::spawn(move || {
+        let got = ch.get_cq_event(Some(T)).unwrap();
+        let w = cq.poll(4).unwrap();
+        (got.is_some(), w.len(), w.first().map(|w| (w.wr_id, w.status)))
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    qa.post_send(vec![SendWr::new(8, SendOp::Send, vec![a.mr.sge(0..64)])]).unwrap();
+    assert_eq!(one(&a.cq).status, WcStatus::Success);
+    assert_eq!(sleeper.join().unwrap(), (true, 1, Some((7, WcStatus::Success))));
+    write(&mut a, &b, 9, 3);
+    // 3. With the default handoff: b polls its empty CQ a few times, then stops without a
+    // completion.
+    let (dc, dd) = (dev("hand2", A, 47940, HANDOFF_IDLE), dev("hand3", B, 47940, HANDOFF_IDLE));
+    let (mut c, d) = pair(&dc, &dd);
+    for _ in 0..3 {
+        assert!(d.cq.poll(4).unwrap().is_empty());
+    }
+    write(&mut c, &d, 1, 1);
 }

@@ -50,7 +50,7 @@ mod dispatch;
 mod progress;
 
 use self::progress::*;
-pub use self::progress::{Progress, PARK};
+pub use self::progress::{Progress, HANDOFF_IDLE};
 
 /// A descriptor an answer hands to its client (an event fd, a member socket of the steered port).
 pub type OutFd = Arc<dyn AsFd + Send + Sync>;
@@ -121,6 +121,10 @@ pub struct HcaConfig {
     pub max_cqe: Option<u32>,
     /// Who moves the device's work: its own thread, or the threads that post and poll.
     pub progress: Progress,
+    /// [`Progress::Application`]: how long the socket stays handed off to an application thread
+    /// that polled it and then stopped without a completion ([`HANDOFF_IDLE`], or
+    /// `$SOFTRDMA_HANDOFF_US`; zero: no handoff, the progress thread always waits on the socket).
+    pub handoff_idle: std::time::Duration,
     /// Make the port a steered `SO_REUSEPORT` group (`softrdma_transport::steer`), so that
     /// clients can run their own QPs on it (`Request::JoinSteering`). The daemon does this;
     /// where the kernel refuses, the device runs unsteered and says so to a client that asks.
@@ -156,6 +160,7 @@ impl HcaConfig {
             path_cache_ttl: crate::paths::DEFAULT_TTL,
             max_cqe: None,
             progress: Progress::from_env(),
+            handoff_idle: handoff_idle_from_env(),
             steered: false,
         }
     }
@@ -416,9 +421,21 @@ pub(crate) struct Shared {
     /// When the device thread wakes next for timers (the engine's clock, ns; `u64::MAX`: not
     /// for timers), so that an application thread that arms an earlier timer wakes it.
     sleep_until: std::sync::atomic::AtomicU64,
-    /// [`Progress::Application`]: nanoseconds since `epoch` until which an application thread
-    /// counts as driving the device (it drove it less than [`PARK`] ago).
-    driven_until: std::sync::atomic::AtomicU64,
+    /// What the device thread waits on besides the doorbell and the multicast groups: `udp_poll`,
+    /// which leaves the set while an application thread reads the socket itself
+    /// ([`Progress::Application`], see `Hca::drive`): the device thread is then not woken by each
+    /// datagram that thread is about to read.
+    poll_set: nix::sys::epoll::Epoll,
+    /// The device thread's descriptor of the receive socket (the same socket, so the same
+    /// readiness: it waits with the state's lock released).
+    udp_poll: OwnedFd,
+    /// An application thread polls the socket: `udp_poll` is out of `poll_set`. Changed only with
+    /// the state's lock held, so the flag and the set agree.
+    handed_off: AtomicBool,
+    /// `HcaConfig::handoff_idle`.
+    handoff_idle: std::time::Duration,
+    /// When an application thread last read the socket (ns since `epoch`).
+    last_drive_ns: std::sync::atomic::AtomicU64,
     epoch: std::time::Instant,
 }
 
@@ -537,12 +554,16 @@ impl Hca {
             let what = what.to_owned();
             move |source| HcaError::Io { what, source }
         };
-        // The device thread polls its own descriptor of the receive socket (the same socket, so
-        // the same readiness), so that it can wait with the state's lock released.
+        // The device thread polls its own descriptor of the receive socket (see `Shared::udp_poll`).
         let udp_poll = udp.as_fd().try_clone_to_owned().map_err(io_err("UDP socket descriptor"))?;
         let member_fds =
             if blocks.is_some() { vec![udp.as_fd().as_raw_fd(), udp_poll.as_raw_fd()] } else { Vec::new() };
         register_member_fds(&member_fds);
+        let poll_set = nix::sys::epoll::Epoll::new(nix::sys::epoll::EpollCreateFlags::EPOLL_CLOEXEC)
+            .map_err(|e| io_err("epoll")(e.into()))?;
+        poll_set
+            .add(&udp_poll, nix::sys::epoll::EpollEvent::new(nix::sys::epoll::EpollFlags::EPOLLIN, 0))
+            .map_err(|e| io_err("epoll")(e.into()))?;
         let flow_ports = if cfg.flow_ports == 0 {
             FlowPorts { base: cfg.port, count: 0 }
         } else {
@@ -640,14 +661,18 @@ impl Hca {
             stop: AtomicBool::new(false),
             info,
             progress: cfg.progress,
+            handoff_idle: cfg.handoff_idle,
             sleep_until: std::sync::atomic::AtomicU64::new(u64::MAX),
-            driven_until: std::sync::atomic::AtomicU64::new(0),
+            poll_set,
+            udp_poll,
+            handed_off: AtomicBool::new(false),
+            last_drive_ns: std::sync::atomic::AtomicU64::new(0),
             epoch: std::time::Instant::now(),
         });
         let s2 = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("{}-engine", cfg.name))
-            .spawn(move || run(&s2, &udp_poll))
+            .spawn(move || run(&s2))
             .map_err(io_err("device thread"))?;
         Ok(Hca { shared, thread: Mutex::new(Some(thread)), member_fds })
     }

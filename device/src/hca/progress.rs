@@ -5,6 +5,8 @@
 
 use super::*;
 
+use nix::sys::epoll::{EpollEvent, EpollFlags};
+
 /// Who makes a device progress (design D2 revised: the data path in the application).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Progress {
@@ -19,8 +21,9 @@ pub enum Progress {
     /// empty CQ receives, runs the timers and writes completions. The device thread becomes a
     /// *progress thread* that never spins: it serves what no call drives (one-sided targets,
     /// timers, completion-channel sleepers) from a blocking poll on the socket, the doorbell and
-    /// the engine's next timer; it can be told to keep off the socket for a while after an
-    /// application thread read it ([`PARK`], `$SOFTRDMA_PARK_US`; off by default, measured).
+    /// the engine's next timer. While an application thread polls the socket itself (its CQ is
+    /// empty and it keeps looking), the socket leaves the progress thread's wait set, so that
+    /// the datagrams that thread is about to read do not wake a second one (see [`HANDOFF_IDLE`]).
     Application,
 }
 
@@ -34,31 +37,45 @@ impl Progress {
     }
 }
 
-/// How long the progress thread of a [`Progress::Application`] device stays off the socket after
-/// an application thread last read it (and how often it looks again meanwhile). 0 by default:
-/// measured (BENCHMARKS.md, "The data path in the application"), parking for 500 us made
-/// ib_write_lat wait for the park to end (perftest polls its CQ, then spins on memory that only
-/// the progress thread can fill): 275 us typical against 22-25 us without; 20 and 50 us were no
-/// better than 0 for ib_send_lat either.
-pub const PARK: std::time::Duration = std::time::Duration::from_micros(0);
+/// How long a [`Progress::Application`] device's socket stays handed off to the application
+/// after its last read by an application thread, when no poll ended the handoff before: a
+/// thread that polled an empty CQ and then went elsewhere without a completion (it sleeps on a
+/// channel it armed before, it spins on memory after giving up) has its device thread back on
+/// the socket within this time. The handoff ends at once when a poll returns completions (the
+/// application got what it waited for and may now spin on memory that only the device thread
+/// can fill: ib_write_lat's shape) and when a CQ is armed for a channel.
+pub const HANDOFF_IDLE: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// The longest a [`Progress::Application`] device's progress thread sleeps (50 ms).
 const APPLICATION_TICK_NS: u64 = 50_000_000;
 
-/// [`PARK`], or `$SOFTRDMA_PARK_US` (read once; a tuning knob, BENCHMARKS.md compares values).
-fn park_time() -> std::time::Duration {
-    static S: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
-    *S.get_or_init(|| {
-        std::env::var("SOFTRDMA_PARK_US")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .map_or(PARK, std::time::Duration::from_micros)
-    })
+/// [`HANDOFF_IDLE`], or `$SOFTRDMA_HANDOFF_US` (0 turns the handoff off, so that
+/// BENCHMARKS.md can compare both in one run).
+pub(super) fn handoff_idle_from_env() -> std::time::Duration {
+    std::env::var("SOFTRDMA_HANDOFF_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(HANDOFF_IDLE, std::time::Duration::from_micros)
 }
 
-/// The device thread; `udp` is a descriptor of the state's receive socket (`RoceUdp`), polled
-/// while the state's lock is released.
-pub(super) fn run(sh: &Shared, udp: &OwnedFd) {
+/// Puts the device thread's descriptor of the socket back into its wait set (or takes it out):
+/// with the state's lock held (`_st`), so that `handed_off` and the set agree. If datagrams are
+/// waiting when it goes back, epoll wakes the device thread at once: nothing waits unseen.
+fn set_handoff(sh: &Shared, _st: &State, on: bool) {
+    if sh.handed_off.load(Ordering::Relaxed) == on {
+        return;
+    }
+    let flags = if on { EpollFlags::empty() } else { EpollFlags::EPOLLIN };
+    // A forked child's copy of the descriptor is another socket, unknown to the set (ENOENT):
+    // it has no device thread to hand anything to.
+    if sh.poll_set.modify(&sh.udp_poll, &mut EpollEvent::new(flags, 0)).is_ok() {
+        sh.handed_off.store(on, Ordering::Relaxed);
+    }
+}
+
+/// The device thread: it waits on `poll_set` (the receive socket, unless handed off), the
+/// doorbell, the multicast groups and the next timer, with the state's lock released.
+pub(super) fn run(sh: &Shared) {
     // Adaptive polling (design D4): after ring or wire activity the device keeps looking at the rings
     // for a short while with the clients' doorbells suppressed, then clears the flag, fences,
     // looks once more (a post that saw the flag set is found here) and sleeps.
@@ -66,19 +83,43 @@ pub(super) fn run(sh: &Shared, udp: &OwnedFd) {
     // Datagrams arrived in the last round: an answer (or the next request) tends to follow.
     let mut received = false;
     let application = sh.progress == Progress::Application;
+    // The multicast group sockets as of the last look at the state, and whether the last wait
+    // ended for something to do (not only a timeout).
+    let mut groups_seen: Vec<Arc<softrdma_transport::GroupSocket>> = Vec::new();
+    let mut woken = true;
     loop {
         if sh.stop.load(Ordering::SeqCst) {
             return;
         }
-        // An application thread drives the device: stay off the socket until it stops (it looks
-        // at the socket itself; two threads taking turns per packet would only add wake-ups).
-        let driven_for = application
+        // The socket is handed off to an application thread that polls it: take it back once
+        // that thread has not read it for `handoff_idle()`; until then wake when that is due.
+        let handed_back_in = (application && sh.handed_off.load(Ordering::Relaxed))
             .then(|| {
-                let until = sh.driven_until.load(Ordering::Relaxed);
-                let now = sh.epoch.elapsed().as_nanos() as u64;
-                (until > now).then(|| std::time::Duration::from_nanos(until - now))
+                let idle = sh.handoff_idle.as_nanos() as u64;
+                let since =
+                    (sh.epoch.elapsed().as_nanos() as u64).saturating_sub(sh.last_drive_ns.load(Ordering::Relaxed));
+                if since >= idle {
+                    set_handoff(sh, &sh.lock(), false);
+                    None
+                } else {
+                    Some(idle - since)
+                }
             })
             .flatten();
+        if let Some(rest) = handed_back_in.filter(|_| !woken) {
+            // The application thread that reads the socket also runs the timers and writes the
+            // completions: stay away from the state's lock (it holds it most of the time) and
+            // wait for the doorbell, a group's datagram, the socket's return or the idle check.
+            let mut fds = vec![
+                PollFd::new(sh.poll_set.0.as_fd(), PollFlags::POLLIN),
+                PollFd::new(sh.wake.as_fd(), PollFlags::POLLIN),
+            ];
+            fds.extend(groups_seen.iter().map(|g| PollFd::new(g.as_fd(), PollFlags::POLLIN)));
+            let ts = nix::sys::time::TimeSpec::from_duration(std::time::Duration::from_nanos(rest));
+            let _ = nix::poll::ppoll(&mut fds, Some(ts), None);
+            woken = fds.iter().any(|f| f.revents().is_some_and(|r| r.contains(PollFlags::POLLIN)));
+            continue;
+        }
         let (timeout, spinning_now, groups) = {
             let mut st = sh.lock();
             let before = st.io.ring_wqes + st.io.udp_rcvd;
@@ -86,7 +127,7 @@ pub(super) fn run(sh: &Shared, udp: &OwnedFd) {
             // Spin after activity: the device thread for spin_time(); a progress thread for
             // progress_spin_time() and only while no application thread reads the socket.
             let spin_for = if application { progress_spin_time() } else { spin_time() };
-            if driven_for.is_some() {
+            if handed_back_in.is_some() {
                 spin_until = None;
             } else if !spin_for.is_zero() && (st.io.ring_wqes + st.io.udp_rcvd != before || received) {
                 if spin_until.is_none() {
@@ -105,8 +146,8 @@ pub(super) fn run(sh: &Shared, udp: &OwnedFd) {
             let cm_retry = st.cm.has_backlog().then(|| now + softrdma_engine::time::Duration::from_millis(1));
             let next = [st.dev.poll_timeout(), st.delayed.peek().map(|d| d.0.at), cm_retry].into_iter().flatten().min();
             let mut t = if spinning { Some(0) } else { next.map(|t| t.saturating_since(now).as_nanos()) };
-            if let Some(d) = driven_for {
-                t = Some(t.map_or(d.as_nanos() as u64, |t| t.min(d.as_nanos() as u64)));
+            if let Some(d) = handed_back_in {
+                t = Some(t.map_or(d, |t| t.min(d)));
             }
             if application {
                 // Wakes at least every 50 ms: an application thread arming a later timer (a
@@ -123,19 +164,10 @@ pub(super) fn run(sh: &Shared, udp: &OwnedFd) {
         // The group sockets are shared with the state: one that a leave drops meanwhile stays open
         // (and a member) until this poll returns and `groups` goes, as the kernel would keep it
         // for a poll in progress anyway.
-        if driven_for.is_some() {
-            // Parked: not on the socket's wait queue at all (a poll asking for no event still
-            // sits there, and every datagram would wake this thread for nothing).
-            let mut fds = [PollFd::new(sh.wake.as_fd(), PollFlags::POLLIN)];
-            let _ = nix::poll::ppoll(&mut fds, ts, None);
-            if fds[0].revents().is_some_and(|r| r.contains(PollFlags::POLLIN)) {
-                let _ = sh.wake.read();
-            }
-            received = false;
-            continue;
-        }
-        let mut fds =
-            vec![PollFd::new(udp.as_fd(), PollFlags::POLLIN), PollFd::new(sh.wake.as_fd(), PollFlags::POLLIN)];
+        let mut fds = vec![
+            PollFd::new(sh.poll_set.0.as_fd(), PollFlags::POLLIN),
+            PollFd::new(sh.wake.as_fd(), PollFlags::POLLIN),
+        ];
         fds.extend(groups.iter().map(|g| PollFd::new(g.as_fd(), PollFlags::POLLIN)));
         let _ = nix::poll::ppoll(&mut fds, ts, None);
         let group_readable = fds[2..].iter().any(|f| f.revents().is_some_and(|r| r.contains(PollFlags::POLLIN)));
@@ -147,6 +179,9 @@ pub(super) fn run(sh: &Shared, udp: &OwnedFd) {
         }
         let wake = fds[1].revents().is_some_and(|r| r.contains(PollFlags::POLLIN));
         let readable = fds[0].revents().is_some_and(|r| r.contains(PollFlags::POLLIN));
+        drop(fds);
+        woken = wake || readable || group_readable;
+        groups_seen = groups;
         if wake {
             let _ = sh.wake.read();
         }
@@ -212,13 +247,15 @@ impl Hca {
     /// have done a little later.
     pub fn drive(&self, receive: bool) -> usize {
         let sh = &self.shared;
-        if receive {
-            // Only a thread that reads the socket keeps the progress thread off it: one that
-            // posts and then spins on memory (an RDMA WRITE's last byte) needs it there.
-            let until = sh.epoch.elapsed() + park_time();
-            sh.driven_until.store(until.as_nanos() as u64, Ordering::Relaxed);
-        }
         let mut st = sh.lock();
+        if receive && sh.progress == Progress::Application && !sh.handoff_idle.is_zero() {
+            // This thread reads the socket now (and, its CQ empty, again soon): the device thread
+            // keeps off it until a poll returns completions or this thread stops looking. Only a
+            // thread that reads the socket takes it: one that posts and then spins on memory (an
+            // RDMA WRITE's last byte) needs the device thread there.
+            sh.last_drive_ns.store(sh.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            set_handoff(sh, &st, true);
+        }
         st.pump();
         let mut received = 0;
         if receive {
@@ -233,6 +270,16 @@ impl Hca {
         }
         Hca::wake_for_timers(sh, &st);
         received
+    }
+
+    /// An application thread stops polling for now (its poll returned completions, or it arms a
+    /// CQ for a channel and will sleep): the socket goes back to the device thread (see
+    /// [`HANDOFF_IDLE`]). Cheap when nothing is handed off.
+    pub fn end_handoff(&self) {
+        let sh = &self.shared;
+        if sh.handed_off.load(Ordering::Relaxed) {
+            set_handoff(sh, &sh.lock(), false);
+        }
     }
 
     /// Wakes the device thread if the engine (or the fault injector's delay queue) now has a
