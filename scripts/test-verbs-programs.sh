@@ -554,6 +554,18 @@ if [ -x "$ex/xrc_legacy" ]; then
 else
   result "xrc_legacy" fail "$ex/xrc_legacy missing: run scripts/build-examples.sh"
 fi
+# signal_post: posts and polls interrupted every 10 us by a SIGALRM handler that allocates (as
+# perftest -D's does through stdio): it hung within seconds while the library allocated with
+# signals deliverable (the handler waited on malloc's lock); it must end, on both data paths.
+if [ -x "$ex/signal_post" ]; then
+  for dp in device provider; do
+    single "signal_post: posts and polls under a 10 us SIGALRM handler that allocates ($dp path)" \
+      "^signal_post: OK iterations [1-9][0-9]* signals [1-9]" \
+      env SOFTRDMA_DATAPATH=$dp "$ex/signal_post" --device srdma0 --seconds 3 --interval 10
+  done
+else
+  result "signal_post" fail "$ex/signal_post missing: run scripts/build-examples.sh"
+fi
 single "ibv_devices" "srdma0.*[0-9a-f]{16}" ibv_devices
 # `softrdma exec` puts the shim on the library path itself (none set here).
 single "softrdma exec -- ibv_devinfo -l" "srdma0.*srdma1|srdma1.*srdma0" env -u LD_LIBRARY_PATH bash -c \

@@ -117,7 +117,11 @@ impl Connection {
                     let p = progress.clone();
                     std::thread::Builder::new()
                         .name("softrdma-memory".into())
-                        .spawn(move || crate::memory::serve_helper(sock, p))
+                        .spawn(move || {
+                            // The program's signals go to the program's threads (crate::signals).
+                            crate::signals::keep_off_this_thread();
+                            crate::memory::serve_helper(sock, p)
+                        })
                         .map_err(|e| ClientError::Lost(ProtoError::Io(e)))?;
                     Some(progress)
                 } else {

@@ -23,6 +23,7 @@ pub mod paths;
 pub mod proto;
 pub mod runtime;
 pub mod server;
+pub mod signals;
 pub mod verbs;
 
 pub use hca::{Hca, HcaConfig, Progress};

@@ -88,9 +88,10 @@ impl ProcessMemory {
         let (answers, from_worker) = channel();
         let applied = Arc::new(AtomicU64::new(0));
         let done = applied.clone();
-        let spawned = std::thread::Builder::new()
-            .name(format!("softrdma-helper-{owner}"))
-            .spawn(move || helper_link_worker(&sock, &requests, &answers, &done, &wake));
+        let spawned = std::thread::Builder::new().name(format!("softrdma-helper-{owner}")).spawn(move || {
+            crate::signals::keep_off_this_thread();
+            helper_link_worker(&sock, &requests, &answers, &done, &wake)
+        });
         let mut link = HelperLink {
             to_worker,
             from_worker,

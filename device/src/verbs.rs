@@ -130,25 +130,29 @@ impl HangupWatch {
         let stop = nix::sys::eventfd::EventFd::from_value_and_flags(0, nix::sys::eventfd::EfdFlags::EFD_CLOEXEC)?;
         let stop_fd = stop.as_fd().try_clone_to_owned()?;
         let wake = fds.clone();
-        let thread = std::thread::Builder::new().name("softrdma-hup".into()).spawn(move || loop {
-            let mut p = [
-                PollFd::new(watch.as_fd(), PollFlags::empty()), // POLLHUP is always reported
-                PollFd::new(stop_fd.as_fd(), PollFlags::POLLIN),
-            ];
-            match nix::poll::poll(&mut p, PollTimeout::NONE) {
-                Err(nix::errno::Errno::EINTR) => continue,
-                Err(_) => return,
-                Ok(_) => {}
-            }
-            if p[1].revents().is_some_and(|r| !r.is_empty()) {
-                return;
-            }
-            let gone = PollFlags::POLLHUP | PollFlags::POLLERR | PollFlags::POLLNVAL;
-            if p[0].revents().is_some_and(|r| r.intersects(gone)) {
-                for fd in wake.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-                    let _ = nix::unistd::write(fd, &1u64.to_ne_bytes());
+        let thread = std::thread::Builder::new().name("softrdma-hup".into()).spawn(move || {
+            // The program's signals go to the program's threads (crate::signals).
+            crate::signals::keep_off_this_thread();
+            loop {
+                let mut p = [
+                    PollFd::new(watch.as_fd(), PollFlags::empty()), // POLLHUP is always reported
+                    PollFd::new(stop_fd.as_fd(), PollFlags::POLLIN),
+                ];
+                match nix::poll::poll(&mut p, PollTimeout::NONE) {
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    Err(_) => return,
+                    Ok(_) => {}
                 }
-                return;
+                if p[1].revents().is_some_and(|r| !r.is_empty()) {
+                    return;
+                }
+                let gone = PollFlags::POLLHUP | PollFlags::POLLERR | PollFlags::POLLNVAL;
+                if p[0].revents().is_some_and(|r| r.intersects(gone)) {
+                    for fd in wake.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+                        let _ = nix::unistd::write(fd, &1u64.to_ne_bytes());
+                    }
+                    return;
+                }
             }
         })?;
         Ok(HangupWatch { stop, fds, thread: Some(thread), pid: std::process::id() })
@@ -756,7 +760,10 @@ impl Context {
         let _ = ctx.inner.helper.set(progress.clone());
         std::thread::Builder::new()
             .name("softrdma-memory".into())
-            .spawn(move || crate::memory::serve_helper(theirs, progress))
+            .spawn(move || {
+                crate::signals::keep_off_this_thread();
+                crate::memory::serve_helper(theirs, progress)
+            })
             .map_err(|_| VerbsError::NoMem)?;
         Ok(ctx)
     }

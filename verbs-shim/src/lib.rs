@@ -94,6 +94,21 @@ pub(crate) struct Errno(pub(crate) c_int);
 
 pub(crate) const EINVAL: Errno = Errno(libc::EINVAL);
 
+/// Runs a data-path call (ibv_post_send, ibv_post_recv, ibv_post_srq_recv, ibv_poll_cq, the
+/// extended poll and work-request calls) with the thread's asynchronous signals held, so that no
+/// handler runs while this library is inside malloc or free. Programs install handlers that are
+/// not async-signal-safe: perftest's duration mode (-D) ends its run from a SIGALRM handler that
+/// calls stdio, which allocates; landing inside an allocation of ours, that handler waited
+/// forever on malloc's lock (examples/c/signal_post.c makes it happen within seconds). A NIC's
+/// provider posts and polls without allocating, so such programs work there; a signal that
+/// arrives meanwhile is delivered when the call returns (microseconds later). These calls never
+/// block, so nothing a signal should interrupt waits behind the mask. Synchronous signals (a
+/// fault in this library) stay deliverable (`softrdma_device::signals`).
+pub(crate) fn signals_held<T>(f: impl FnOnce() -> T) -> T {
+    let _held = softrdma_device::signals::hold();
+    f()
+}
+
 /// Runs `f`; a panic becomes EIO (never unwinds into C).
 fn guarded<T>(f: impl FnOnce() -> Result<T, Errno>) -> Result<T, Errno> {
     match catch_unwind(AssertUnwindSafe(f)) {

@@ -672,7 +672,11 @@ impl Hca {
         let s2 = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("{}-engine", cfg.name))
-            .spawn(move || run(&s2))
+            .spawn(move || {
+                // In a program's process (embedded, provider), its signals go to its threads.
+                crate::signals::keep_off_this_thread();
+                run(&s2)
+            })
             .map_err(io_err("device thread"))?;
         Ok(Hca { shared, thread: Mutex::new(Some(thread)), member_fds })
     }

@@ -134,7 +134,11 @@ pub(crate) fn cma() -> Result<&'static Cma, Errno> {
         Ok(c) => {
             static WATCH: std::sync::Once = std::sync::Once::new();
             WATCH.call_once(|| {
-                let _ = std::thread::Builder::new().name("softrdma-cm-watch".into()).spawn(move || watch(c));
+                let _ = std::thread::Builder::new().name("softrdma-cm-watch".into()).spawn(move || {
+                    // The program's signals go to the program's threads (softrdma_device::signals).
+                    softrdma_device::signals::keep_off_this_thread();
+                    watch(c)
+                });
             });
             Ok(c)
         }
