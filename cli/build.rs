@@ -28,7 +28,7 @@ fn main() {
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     commit(&root);
     // The shim's sources: its own and those of the workspace crates it links.
-    for krate in ["engine", "transport", "pcap", "device", "verbs-shim"] {
+    for krate in ["engine", "transport", "pcap", "protocol", "device", "verbs-shim"] {
         for part in ["src", "Cargo.toml", "build.rs", "c", "maps"] {
             let p = root.join(krate).join(part);
             if p.exists() {

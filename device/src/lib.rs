@@ -6,11 +6,12 @@
 //! - [`server`], [`proto`], [`client`]: client processes attach over a unix socket with a
 //!   versioned protocol (SO_PEERCRED, pidfd watch, fds passed with SCM_RIGHTS);
 //! - [`daemon`], [`runtime`]: a device as a process, found in the runtime directory;
+//! - [`proto`], [`arena`], [`runtime`] live in `softrdma-protocol` (what the daemon and its
+//!   clients share) and are re-exported here;
 //! - [`memory`]: the clients' memory, reached with process_vm_readv/writev;
 //! - [`verbs`]: the Rust-native verbs API, on a daemon or on a device inside the process.
 #![warn(missing_docs, unreachable_pub)]
 
-pub mod arena;
 pub mod capture;
 pub mod client;
 mod cm;
@@ -20,10 +21,9 @@ pub mod hca;
 pub mod mcast;
 pub mod memory;
 pub mod paths;
-pub mod proto;
-pub mod runtime;
 pub mod server;
 pub mod signals;
 pub mod verbs;
 
 pub use hca::{Hca, HcaConfig, Progress};
+pub use softrdma_protocol::{arena, proto, runtime};

@@ -35,18 +35,7 @@ struct Group {
     sock: Option<Arc<GroupSocket>>,
 }
 
-/// One group as `softrdma stat` shows it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct GroupInfo {
-    /// The group.
-    pub group: Ipv4Addr,
-    /// Full members (joins that receive).
-    pub full: u32,
-    /// Send-only full members.
-    pub send_only: u32,
-    /// Whether the device is a member of the IP group.
-    pub ip_member: bool,
-}
+pub use softrdma_protocol::proto::GroupInfo;
 
 /// Every group of one device.
 #[derive(Debug, Default)]

@@ -64,26 +64,7 @@ pub struct PathInfo {
     pub hop_limit: u8,
 }
 
-/// One `softrdma stat` row per counter.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PathStats {
-    /// Entries held now.
-    pub entries: u64,
-    /// Route steps answered from the cache.
-    pub hits: u64,
-    /// Route steps that looked the path up (no entry, or an expired one).
-    pub misses: u64,
-    /// Entries found expired.
-    pub expired: u64,
-    /// Entries dropped because a route, address, link or neighbour changed.
-    pub invalidated: u64,
-    /// Lookups whose next hop had no neighbour answer yet (not cached).
-    pub unresolved: u64,
-    /// Lookups that failed (no route: the route step's error).
-    pub failed: u64,
-    /// Paths applications set themselves (RDMA_OPTION_IB_PATH).
-    pub explicit: u64,
-}
+pub use softrdma_protocol::proto::PathStats;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Key {

@@ -22,6 +22,40 @@ use softrdma_engine::wr::{RecvWr, SendWr, WorkCompletion};
 
 pub use crate::arena::RingDesc;
 
+/// One group as `softrdma stat` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupInfo {
+    /// The group.
+    pub group: std::net::Ipv4Addr,
+    /// Full members (joins that receive).
+    pub full: u32,
+    /// Send-only full members.
+    pub send_only: u32,
+    /// Whether the device is a member of the IP group.
+    pub ip_member: bool,
+}
+
+/// One `softrdma stat` row per counter.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathStats {
+    /// Entries held now.
+    pub entries: u64,
+    /// Route steps answered from the cache.
+    pub hits: u64,
+    /// Route steps that looked the path up (no entry, or an expired one).
+    pub misses: u64,
+    /// Entries found expired.
+    pub expired: u64,
+    /// Entries dropped because a route, address, link or neighbour changed.
+    pub invalidated: u64,
+    /// Lookups whose next hop had no neighbour answer yet (not cached).
+    pub unresolved: u64,
+    /// Lookups that failed (no route: the route step's error).
+    pub failed: u64,
+    /// Paths applications set themselves (RDMA_OPTION_IB_PATH).
+    pub explicit: u64,
+}
+
 /// The protocol version; `Hello` with another one is refused.
 pub const VERSION: u32 = 10;
 
@@ -602,7 +636,7 @@ pub enum Response {
     /// The device's rdma_cm IDs, each with its owner's process ID (-1: none, or gone).
     CmIds(Vec<(IdInfo, i32)>),
     /// The device's multicast groups and their members (`softrdma stat`).
-    McastGroups(Vec<crate::mcast::GroupInfo>),
+    McastGroups(Vec<GroupInfo>),
     /// `JoinSteering` granted: the client's member of the steered port (its socket travels with
     /// the answer) and the QPN blocks it allocates from.
     Steering {
@@ -635,7 +669,7 @@ pub struct CmDeskStats {
     /// ID's state does not allow.
     pub calls_refused: u64,
     /// The path record cache (rdma_resolve_route).
-    pub paths: crate::paths::PathStats,
+    pub paths: PathStats,
 }
 
 /// The device layer's counters (`softrdma stat`).
