@@ -92,7 +92,7 @@ pub(super) fn run(sh: &Shared) {
             return;
         }
         // The socket is handed off to an application thread that polls it: take it back once
-        // that thread has not read it for `handoff_idle()`; until then wake when that is due.
+        // that thread has not read it for `handoff_idle`; until then wake when that is due.
         let handed_back_in = (application && sh.handed_off.load(Ordering::Relaxed))
             .then(|| {
                 let idle = sh.handoff_idle.as_nanos() as u64;
