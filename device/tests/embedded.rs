@@ -72,6 +72,33 @@ fn one(cq: &CompletionQueue) -> WorkCompletion {
     w[0]
 }
 
+/// A new QP pair between `a` and `b`, b's on a CQ with a completion channel: a thread asleep on
+/// that channel (the CQ armed first; with `poll_first`, polled empty just before) wakes for a's
+/// SEND and finds its receive completed.
+fn channel_sleeper_wakes(a: &Side, b: &Side, o: &ConnectOptions, poll_first: bool) {
+    let ch = b._ctx.create_comp_channel().unwrap();
+    let cq = b._ctx.create_cq(16, Some(&ch)).unwrap();
+    let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    let qb = b._pd.qp_builder(QpType::Rc, &cq).caps(caps).build().unwrap();
+    let qa = a._pd.qp_builder(QpType::Rc, &a.cq).caps(caps).build().unwrap();
+    qa.connect(1, &qb.endpoint(2), o).unwrap();
+    qb.connect(2, &qa.endpoint(1), o).unwrap();
+    qb.post_recv(vec![RecvWr { wr_id: 7, sg_list: vec![b.mr.sge(300_000..300_064)] }]).unwrap();
+    if poll_first {
+        assert!(cq.poll(4).unwrap().is_empty());
+    }
+    cq.req_notify(false).unwrap();
+    let sleeper = std::thread::spawn(move || {
+        let got = ch.get_cq_event(Some(T)).unwrap();
+        let w = cq.poll(4).unwrap();
+        (got.is_some(), w.len(), w.first().map(|w| (w.wr_id, w.status)))
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    qa.post_send(vec![SendWr::new(8, SendOp::Send, vec![a.mr.sge(0..64)])]).unwrap();
+    assert_eq!(one(&a.cq).status, WcStatus::Success);
+    assert_eq!(sleeper.join().unwrap(), (true, 1, Some((7, WcStatus::Success))));
+}
+
 /// SEND (several packets), WRITE with immediate, READ, both atomics, between `a` and `b`.
 fn rc_ops(a: &mut Side, b: &mut Side, bad_rkey: bool) {
     // SEND of 10 KB (several MTU packets).
@@ -1025,24 +1052,7 @@ fn application_driven_devices_serve_one_sided_targets_and_channel_sleepers_witho
     assert_eq!(u64::from_ne_bytes(b.mr.as_slice()[..8].try_into().unwrap()), 5);
 
     // A thread asleep on b's completion channel wakes for a SEND.
-    let ch = b._ctx.create_comp_channel().unwrap();
-    let cq = b._ctx.create_cq(16, Some(&ch)).unwrap();
-    let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
-    let qb = b._pd.qp_builder(QpType::Rc, &cq).caps(caps).build().unwrap();
-    let qa = a._pd.qp_builder(QpType::Rc, &a.cq).caps(caps).build().unwrap();
-    qa.connect(1, &qb.endpoint(2), &o).unwrap();
-    qb.connect(2, &qa.endpoint(1), &o).unwrap();
-    qb.post_recv(vec![RecvWr { wr_id: 7, sg_list: vec![b.mr.sge(300_000..300_064)] }]).unwrap();
-    cq.req_notify(false).unwrap();
-    let sleeper = std::thread::spawn(move || {
-        let got = ch.get_cq_event(Some(T)).unwrap();
-        let w = cq.poll(4).unwrap();
-        (got.is_some(), w.len(), w.first().map(|w| (w.wr_id, w.status)))
-    });
-    std::thread::sleep(Duration::from_millis(50));
-    qa.post_send(vec![SendWr::new(8, SendOp::Send, vec![a.mr.sge(0..64)])]).unwrap();
-    assert_eq!(one(&a.cq).status, WcStatus::Success);
-    assert_eq!(sleeper.join().unwrap(), (true, 1, Some((7, WcStatus::Success))));
+    channel_sleeper_wakes(&a, &b, &o, false);
 }
 
 /// On an application-driven device, a send whose packet is lost is resent by the progress
@@ -1215,25 +1225,7 @@ fn application_driven_polls_hand_the_socket_back() {
     let b = poller.join().unwrap();
     write(&mut a, &b, 4, 2);
     // 2. b polls its empty CQ, arms it and sleeps on the channel: a's SEND wakes it.
-    let ch = b._ctx.create_comp_channel().unwrap();
-    let cq = b._ctx.create_cq(16, Some(&ch)).unwrap();
-    let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
-    let qb = b._pd.qp_builder(QpType::Rc, &cq).caps(caps).build().unwrap();
-    let qa = a._pd.qp_builder(QpType::Rc, &a.cq).caps(caps).build().unwrap();
-    qa.connect(1, &qb.endpoint(2), &o).unwrap();
-    qb.connect(2, &qa.endpoint(1), &o).unwrap();
-    qb.post_recv(vec![RecvWr { wr_id: 7, sg_list: vec![b.mr.sge(300_000..300_064)] }]).unwrap();
-    assert!(cq.poll(4).unwrap().is_empty());
-    cq.req_notify(false).unwrap();
-    let sleeper = std::thread::spawn(move || {
-        let got = ch.get_cq_event(Some(T)).unwrap();
-        let w = cq.poll(4).unwrap();
-        (got.is_some(), w.len(), w.first().map(|w| (w.wr_id, w.status)))
-    });
-    std::thread::sleep(Duration::from_millis(50));
-    qa.post_send(vec![SendWr::new(8, SendOp::Send, vec![a.mr.sge(0..64)])]).unwrap();
-    assert_eq!(one(&a.cq).status, WcStatus::Success);
-    assert_eq!(sleeper.join().unwrap(), (true, 1, Some((7, WcStatus::Success))));
+    channel_sleeper_wakes(&a, &b, &o, true);
     write(&mut a, &b, 9, 3);
     // 3. With the default handoff: b polls its empty CQ a few times, then stops without a
     // completion.
