@@ -120,6 +120,9 @@ pub(super) fn run(sh: &Shared) {
             woken = fds.iter().any(|f| f.revents().is_some_and(|r| r.contains(PollFlags::POLLIN)));
             continue;
         }
+        // The sockets of the last look go before this wait: one that a leave dropped meanwhile
+        // must not stay a member of its IP group while this thread sleeps.
+        groups_seen.clear();
         let (timeout, spinning_now, groups) = {
             let mut st = sh.lock();
             let before = st.io.ring_wqes + st.io.udp_rcvd;
