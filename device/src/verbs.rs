@@ -1206,6 +1206,12 @@ impl CompletionQueue {
         self.id
     }
 
+    /// Whether the application's polls drive its device ([`crate::hca::Progress::Application`]:
+    /// the provider path), so that a poll that found nothing has already done the device's work.
+    pub fn application_driven(&self) -> bool {
+        self.ctx.inner.application_driven()
+    }
+
     /// `ibv_poll_cq`: up to `max` completions, read from the completion ring in shared memory
     /// (no system call).
     pub fn poll(&self, max: u32) -> Result<Vec<WorkCompletion>> {

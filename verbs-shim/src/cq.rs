@@ -250,37 +250,36 @@ fn roce_packet_type(w: &WorkCompletion) -> u8 {
 }
 
 unsafe extern "C" fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::ibv_wc) -> c_int {
-    // Polling allocates: see crate::signals_held.
-    crate::signals_held(|| {
-        minus1_call(|| {
-            let c = cq_of(cq)?;
-            if n < 0 || (n > 0 && wc.is_null()) {
-                return Err(EINVAL);
-            }
-            let mut st = lock(&c.poll);
-            let mut k = 0usize;
-            // Completions an extended poll read but did not hand out come first.
-            while k < n as usize {
-                let Some(w) = st.pending.pop_front() else { break };
-                // SAFETY: ibv_poll_cq(3): `wc` (non-NULL, checked) points to `n` writable ibv_wc,
-                // and k < n.
+    minus1_call(|| {
+        let c = cq_of(cq)?;
+        if n < 0 || (n > 0 && wc.is_null()) {
+            return Err(EINVAL);
+        }
+        let mut st = lock(&c.poll);
+        let mut k = 0usize;
+        // Completions an extended poll read but did not hand out come first.
+        while k < n as usize {
+            let Some(w) = st.pending.pop_front() else { break };
+            // SAFETY: ibv_poll_cq(3): `wc` (non-NULL, checked) points to `n` writable ibv_wc,
+            // and k < n.
+            unsafe { *wc.add(k) = to_wc(&w) };
+            k += 1;
+        }
+        if k < n as usize {
+            for w in c.inner().poll((n as usize - k) as u32)? {
+                // SAFETY: as above: the device returns at most n - k completions, so k < n.
                 unsafe { *wc.add(k) = to_wc(&w) };
                 k += 1;
             }
-            if k < n as usize {
-                for w in c.inner().poll((n as usize - k) as u32)? {
-                    // SAFETY: as above: the device returns at most n - k completions, so k < n.
-                    unsafe { *wc.add(k) = to_wc(&w) };
-                    k += 1;
-                }
-            }
-            if k == 0 {
-                // Programs spin on an empty CQ (a NIC needs no CPU to make progress; this device
-                // does): give the CPU away so the device thread runs when cores are few.
-                std::thread::yield_now();
-            }
-            Ok(k as c_int)
-        })
+        }
+        if k == 0 && !c.inner().application_driven() {
+            // Programs spin on an empty CQ (a NIC needs no CPU to make progress; this device
+            // does): give the CPU away so the device thread runs when cores are few. On the
+            // provider path this poll did the device's work itself (BENCHMARKS.md "Without the
+            // signal mask": the yield only cost a system call per empty poll there).
+            std::thread::yield_now();
+        }
+        Ok(k as c_int)
     })
 }
 
@@ -363,7 +362,7 @@ unsafe fn ex_cq<'a>(p: *mut ffi::ibv_cq_ex) -> &'a Cq {
 /// `cq` is an extended CQ of this library, not destroyed during the call.
 unsafe fn advance(cq: *mut ffi::ibv_cq_ex) -> c_int {
     // SAFETY: this function's contract.
-    match crate::signals_held(|| crate::guarded(|| Ok(unsafe { advance_inner(cq) }))) {
+    match crate::guarded(|| Ok(unsafe { advance_inner(cq) })) {
         Ok(r) => r,
         Err(Errno(e)) => e,
     }

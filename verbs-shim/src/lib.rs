@@ -94,20 +94,21 @@ pub(crate) struct Errno(pub(crate) c_int);
 
 pub(crate) const EINVAL: Errno = Errno(libc::EINVAL);
 
-/// Runs a data-path call (ibv_post_send, ibv_post_recv, ibv_post_srq_recv, ibv_poll_cq, the
-/// extended poll and work-request calls) with the thread's asynchronous signals held, so that no
-/// handler runs while this library is inside malloc or free. Programs install handlers that are
-/// not async-signal-safe: perftest's duration mode (-D) ends its run from a SIGALRM handler that
-/// calls stdio, which allocates; landing inside an allocation of ours, that handler waited
-/// forever on malloc's lock (examples/c/signal_post.c makes it happen within seconds). A NIC's
-/// provider posts and polls without allocating, so such programs work there; a signal that
-/// arrives meanwhile is delivered when the call returns (microseconds later). These calls never
-/// block, so nothing a signal should interrupt waits behind the mask. Synchronous signals (a
-/// fault in this library) stay deliverable (`softrdma_device::signals`).
-pub(crate) fn signals_held<T>(f: impl FnOnce() -> T) -> T {
-    let _held = softrdma_device::signals::hold();
-    f()
-}
+/// The library allocates from its own allocator, never from the C library's malloc: a signal
+/// handler that allocates must not find malloc's lock taken by the call it interrupted. Programs
+/// install handlers that are not async-signal-safe: perftest's duration mode (-D) ends its run
+/// from a SIGALRM handler that calls stdio, which allocates; landing inside an allocation of
+/// ours made with malloc, that handler waited forever on malloc's lock
+/// (examples/c/signal_post.c made it happen within seconds). A NIC's provider posts and polls
+/// without allocating, so such programs work there. With an allocator of its own (mimalloc:
+/// per-thread heaps, no lock that the C library's malloc takes) the data-path calls need not
+/// hold the caller's signals either, which cost two system calls per post and per poll. The
+/// library's own threads still keep off process-directed signals
+/// (`softrdma_device::signals::keep_off_this_thread`), so a program's handler runs on the
+/// program's threads. What C callers free with free(3) (rdma_getaddrinfo's results, the
+/// device list) is allocated with the C library's calloc/malloc explicitly.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Runs `f`; a panic becomes EIO (never unwinds into C).
 fn guarded<T>(f: impl FnOnce() -> Result<T, Errno>) -> Result<T, Errno> {

@@ -657,29 +657,27 @@ unsafe extern "C" fn post_send(
     wr: *mut ffi::ibv_send_wr,
     bad: *mut *mut ffi::ibv_send_wr,
 ) -> c_int {
-    let r = crate::signals_held(|| {
-        crate::guarded(|| {
-            let q = qp_of(qp)?;
-            let mut items = Vec::new();
-            let mut conv_err = None;
-            let mut p = wr;
-            // SAFETY: qp_of accepted `qp` as a live QP of this library.
-            let ty = crate::ofed_xrc::upstream_type(unsafe { (*qp).qp_type });
-            // SAFETY: ibv_post_send(3): `wr` is a NULL-terminated list of readable work requests,
-            // each as send_wr requires, which the program leaves alone during the call.
-            while let Some(w) = unsafe { p.as_ref() } {
-                // SAFETY: as above.
-                match unsafe { send_wr(w, ty) } {
-                    Ok(s) => items.push((s, p)),
-                    Err(Errno(e)) => {
-                        conv_err = Some((e, p));
-                        break;
-                    }
+    let r = crate::guarded(|| {
+        let q = qp_of(qp)?;
+        let mut items = Vec::new();
+        let mut conv_err = None;
+        let mut p = wr;
+        // SAFETY: qp_of accepted `qp` as a live QP of this library.
+        let ty = crate::ofed_xrc::upstream_type(unsafe { (*qp).qp_type });
+        // SAFETY: ibv_post_send(3): `wr` is a NULL-terminated list of readable work requests,
+        // each as send_wr requires, which the program leaves alone during the call.
+        while let Some(w) = unsafe { p.as_ref() } {
+            // SAFETY: as above.
+            match unsafe { send_wr(w, ty) } {
+                Ok(s) => items.push((s, p)),
+                Err(Errno(e)) => {
+                    conv_err = Some((e, p));
+                    break;
                 }
-                p = w.next;
             }
-            Ok(post(items, conv_err, bad, |wrs| q.inner().post_send(wrs)))
-        })
+            p = w.next;
+        }
+        Ok(post(items, conv_err, bad, |wrs| q.inner().post_send(wrs)))
     });
     r.unwrap_or_else(|Errno(e)| {
         // SAFETY: ibv_post_send(3): `bad` is NULL or a writable slot for the failed request.
@@ -719,22 +717,20 @@ unsafe extern "C" fn post_recv(
     wr: *mut ffi::ibv_recv_wr,
     bad: *mut *mut ffi::ibv_recv_wr,
 ) -> c_int {
-    let r = crate::signals_held(|| {
-        crate::guarded(|| {
-            let q = qp_of(qp)?;
-            // SAFETY: qp_of accepted `qp` as a live QP of this library.
-            if !unsafe { (*qp).srq }.is_null() {
-                // A QP attached to an SRQ has no receive queue of its own.
-                // SAFETY: ibv_post_recv(3): `bad` is NULL or a writable slot.
-                if let Some(b) = unsafe { bad.as_mut() } {
-                    *b = wr;
-                }
-                return Ok(libc::EINVAL);
+    let r = crate::guarded(|| {
+        let q = qp_of(qp)?;
+        // SAFETY: qp_of accepted `qp` as a live QP of this library.
+        if !unsafe { (*qp).srq }.is_null() {
+            // A QP attached to an SRQ has no receive queue of its own.
+            // SAFETY: ibv_post_recv(3): `bad` is NULL or a writable slot.
+            if let Some(b) = unsafe { bad.as_mut() } {
+                *b = wr;
             }
-            // SAFETY: ibv_post_recv(3): `wr` is the program's NULL-terminated list of requests.
-            let (items, conv_err) = unsafe { recv_list(wr) };
-            Ok(post(items, conv_err, bad, |wrs| q.inner().post_recv(wrs)))
-        })
+            return Ok(libc::EINVAL);
+        }
+        // SAFETY: ibv_post_recv(3): `wr` is the program's NULL-terminated list of requests.
+        let (items, conv_err) = unsafe { recv_list(wr) };
+        Ok(post(items, conv_err, bad, |wrs| q.inner().post_recv(wrs)))
     });
     r.unwrap_or_else(|Errno(e)| e)
 }
@@ -744,13 +740,11 @@ unsafe extern "C" fn post_srq_recv(
     wr: *mut ffi::ibv_recv_wr,
     bad: *mut *mut ffi::ibv_recv_wr,
 ) -> c_int {
-    let r = crate::signals_held(|| {
-        crate::guarded(|| {
-            let s = srq_of(srq)?;
-            // SAFETY: ibv_post_srq_recv(3): `wr` is the program's NULL-terminated list of requests.
-            let (items, conv_err) = unsafe { recv_list(wr) };
-            Ok(post(items, conv_err, bad, |wrs| s.inner().post_recv(wrs)))
-        })
+    let r = crate::guarded(|| {
+        let s = srq_of(srq)?;
+        // SAFETY: ibv_post_srq_recv(3): `wr` is the program's NULL-terminated list of requests.
+        let (items, conv_err) = unsafe { recv_list(wr) };
+        Ok(post(items, conv_err, bad, |wrs| s.inner().post_recv(wrs)))
     });
     r.unwrap_or_else(|Errno(e)| e)
 }
@@ -941,8 +935,7 @@ pub(crate) fn fill_ops(v: &mut ffi::verbs_context) {
 unsafe fn with<R>(qp: *mut ffi::ibv_qp_ex, f: impl FnOnce(&mut Build) -> R) -> R {
     // SAFETY: per the contract.
     let q = unsafe { &*(qp as *const Qp) };
-    // Building the batch allocates: see crate::signals_held.
-    crate::signals_held(|| f(&mut lock(&q.build)))
+    f(&mut lock(&q.build))
 }
 
 /// Applies `f` to the batch's last work request; with none, the batch fails with EINVAL.
@@ -993,23 +986,20 @@ unsafe extern "C" fn wr_complete(qp: *mut ffi::ibv_qp_ex) -> c_int {
     // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
     // the program has not destroyed.
     let b = unsafe { with(qp, std::mem::take) };
-    // Posting and freeing the batch allocate: see crate::signals_held.
-    crate::signals_held(move || {
-        if let Some(e) = b.err {
-            return e;
-        }
-        let r = crate::guarded(|| {
-            let q = qp_of(qp as *mut ffi::ibv_qp)?;
-            q.inner().post_send(b.wrs)?;
-            Ok(())
-        });
-        // The inline data was copied at post; its buffers may go now.
-        drop(b.inline);
-        match r {
-            Ok(()) => 0,
-            Err(Errno(e)) => e,
-        }
-    })
+    if let Some(e) = b.err {
+        return e;
+    }
+    let r = crate::guarded(|| {
+        let q = qp_of(qp as *mut ffi::ibv_qp)?;
+        q.inner().post_send(b.wrs)?;
+        Ok(())
+    });
+    // The inline data was copied at post; its buffers may go now.
+    drop(b.inline);
+    match r {
+        Ok(()) => 0,
+        Err(Errno(e)) => e,
+    }
 }
 unsafe extern "C" fn wr_send(qp: *mut ffi::ibv_qp_ex) {
     // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
