@@ -8,7 +8,7 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use softrdma_device::hca::{Hca, HcaConfig, HANDOFF_IDLE};
 use softrdma_device::verbs::*;
@@ -1235,4 +1235,124 @@ fn application_driven_polls_hand_the_socket_back() {
         assert!(d.cq.poll(4).unwrap().is_empty());
     }
     write(&mut c, &d, 1, 1);
+}
+
+/// An application's poll returns the completions of what it received before the answers leave
+/// (`Hca::drive`): the next post sends them after its own request, in one GSO send, and an
+/// application that makes no further call has them sent by its progress thread after
+/// `TX_DEFER`. a's transport timer is ~4 s here: an ACK left unsent until a retransmission
+/// would take that long.
+#[test]
+fn a_poll_returns_completions_before_the_answers_which_leave_with_the_next_post_or_soon() {
+    let dev = |name: &str, addr: IpAddr| {
+        let mut c = HcaConfig::new(name, addr);
+        c.port = 47945;
+        c.progress = softrdma_device::Progress::Application;
+        // As a provider's device (`Context::open_provider`).
+        c.gso = true;
+        Arc::new(Hca::start(c).unwrap())
+    };
+    let (da, db) = (dev("defer0", A), dev("defer1", B));
+    let (a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
+    let o = ConnectOptions { mtu: Mtu::Mtu1024, timeout: 20, retry_cnt: 1, ..ConnectOptions::default() };
+    a.qp.connect(100, &b.qp.endpoint(900), &o).unwrap();
+    b.qp.connect(900, &a.qp.endpoint(100), &o).unwrap();
+    let recv =
+        |s: &Side, id: u64| s.qp.post_recv(vec![RecvWr { wr_id: id, sg_list: vec![s.mr.sge(64..128)] }]).unwrap();
+    let send = |s: &Side, id: u64| s.qp.post_send(vec![SendWr::new(id, SendOp::Send, vec![s.mr.sge(0..64)])]).unwrap();
+    // 1. A ping-pong: b answers each SEND with one of its own right after the poll. (Its SEND,
+    // larger than the ACK, must go first to share a GSO send: segments after the first may only
+    // be as large or smaller.)
+    let gso_before = db.counters().1.gso_sends;
+    let rounds = 50;
+    recv(&b, 1);
+    let pong = std::thread::spawn(move || {
+        for i in 0..rounds {
+            loop {
+                let w = b.cq.poll(4).unwrap();
+                assert!(w.iter().all(|w| w.status == WcStatus::Success), "{w:?}");
+                if w.iter().any(|w| w.wr_id == 1) {
+                    break;
+                }
+            }
+            if i + 1 < rounds {
+                recv(&b, 1);
+            }
+            send(&b, 100 + i);
+        }
+        b
+    });
+    for i in 0..rounds {
+        recv(&a, 1);
+        send(&a, 200 + i);
+        let t0 = Instant::now();
+        let mut got = (false, false);
+        while got != (true, true) {
+            for w in a.cq.poll(4).unwrap() {
+                assert_eq!(w.status, WcStatus::Success, "{w:?}");
+                if w.wr_id == 1 {
+                    got.0 = true;
+                } else if w.wr_id == 200 + i {
+                    got.1 = true;
+                }
+            }
+            assert!(t0.elapsed() < T, "round {i}: {got:?}");
+        }
+    }
+    let b = pong.join().unwrap();
+    // b's answers to a's SENDs left with its own SENDs (without the deferral each ACK leaves
+    // alone, from the poll, and no two packets of b's share a send).
+    let merged = db.counters().1.gso_sends - gso_before;
+    assert!(merged > 0, "no ACK left with the next post in {rounds} rounds");
+    // 2. b polls until a's SEND completes, then makes no call: its progress thread sends the ACK.
+    recv(&b, 7);
+    let poller = std::thread::spawn(move || {
+        // (The completion of b's last SEND of part 1 may come first.)
+        loop {
+            let w = one(&b.cq);
+            assert_eq!(w.status, WcStatus::Success);
+            if w.wr_id == 7 {
+                return b;
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    let t0 = Instant::now();
+    send(&a, 8);
+    let w = one(&a.cq);
+    assert_eq!((w.wr_id, w.status), (8, WcStatus::Success));
+    assert!(t0.elapsed() < Duration::from_secs(1), "the ACK waited for a retransmission: {:?}", t0.elapsed());
+    drop(poller.join().unwrap());
+    // 3. The ACK's bound, alone: a handoff that only ends with a completion (its idle check,
+    // 200 us by default, would also send the ACK), so that without the TX_DEFER timer the
+    // progress thread sends it at its next 50 ms tick at the earliest (five rounds: ~125 ms),
+    // or after a's retransmission (~4 s).
+    let dev0 = |name: &str, addr: IpAddr| {
+        let mut c = HcaConfig::new(name, addr);
+        c.port = 47946;
+        c.progress = softrdma_device::Progress::Application;
+        c.handoff_idle = Duration::from_secs(60);
+        Arc::new(Hca::start(c).unwrap())
+    };
+    let (dc, dd) = (dev0("defer2", A), dev0("defer3", B));
+    let (c, mut d) = (side(&dc, QpType::Rc), side(&dd, QpType::Rc));
+    c.qp.connect(100, &d.qp.endpoint(900), &o).unwrap();
+    d.qp.connect(900, &c.qp.endpoint(100), &o).unwrap();
+    let mut total = Duration::ZERO;
+    for i in 0..5 {
+        recv(&d, i);
+        let poller = std::thread::spawn(move || {
+            let w = one(&d.cq);
+            assert_eq!((w.wr_id, w.status), (i, WcStatus::Success));
+            d
+        });
+        std::thread::sleep(Duration::from_millis(10));
+        let t0 = Instant::now();
+        send(&c, 10 + i);
+        let w = one(&c.cq);
+        assert_eq!((w.wr_id, w.status), (10 + i, WcStatus::Success));
+        total += t0.elapsed();
+        d = poller.join().unwrap();
+    }
+    assert!(total < Duration::from_millis(50), "the ACKs waited for the progress thread: {total:?} for 5");
 }

@@ -138,6 +138,16 @@ impl State {
     /// Moves everything that can move: due timers, delayed packets, the engine's transmissions
     /// and the internal loopback, until nothing is left (bounded), then routes events.
     pub(super) fn pump(&mut self) {
+        self.pump_with(true);
+    }
+
+    /// [`State::pump`], or with `transmit` off everything but the engine's transmissions and
+    /// the internal loopback: what an application's poll does before it returns completions
+    /// (the answers follow, see [`super::Hca::drive`]).
+    pub(super) fn pump_with(&mut self, transmit: bool) {
+        // Answers a poll held back go now, after the requests a post just made: a SEND and
+        // the ACK before it leave in one GSO send.
+        let requester_first = transmit && self.tx_owed;
         for round in 0..1024 {
             let ring_work = self.service_rings();
             self.io.ring_wqes += ring_work as u64;
@@ -162,6 +172,9 @@ impl State {
             if round == 0 {
                 self.fill_cq_rings();
             }
+            if !transmit {
+                break;
+            }
             let loopback_icrc = self.loopback_icrc();
             let mut buf = std::mem::take(&mut self.buf);
             let mut sent = 0;
@@ -170,7 +183,7 @@ impl State {
                 // GSO send being built (Linux numbers segments 0, 1, 2, ...); `wire` corrects it
                 // when the packet does not.
                 let id = self.gso.next_id();
-                let opts = TransmitOptions { ip_id: id, loopback_icrc };
+                let opts = TransmitOptions { ip_id: id, loopback_icrc, requester_first };
                 let Some(t) = self.dev.poll_transmit_with(now, &mut buf, opts) else { break };
                 trace_packet("tx", &buf[..t.len]);
                 self.emit(now, t, &buf[..t.len], id);
@@ -196,6 +209,10 @@ impl State {
             if sent == 0 && moved == 0 && ring_work == 0 {
                 break;
             }
+        }
+        if requester_first {
+            self.tx_owed = false;
+            self.disarm_tx_timer();
         }
         // ... and before their completions are seen.
         self.dev.memory().flush();
@@ -537,8 +554,30 @@ impl State {
     /// Moves completions from the engine's CQs into the clients' completion rings, as far as
     /// the rings have room (what does not fit waits in the engine's CQ, which overflows at its
     /// own capacity).
+    /// Answers are owed ([`super::Hca::drive`]): the progress thread sends them after
+    /// [`super::TX_DEFER`] unless a call of the application's does first.
+    pub(super) fn owe_tx(&mut self) {
+        self.tx_owed = true;
+        if self.tx_timer_armed {
+            return;
+        }
+        if let Some(t) = &self.tx_timer {
+            use nix::sys::timerfd::{Expiration, TimerSetTimeFlags};
+            let at = nix::sys::time::TimeSpec::from_duration(super::TX_DEFER);
+            self.tx_timer_armed = t.set(Expiration::OneShot(at), TimerSetTimeFlags::empty()).is_ok();
+        }
+    }
+
+    /// The owed answers went: the timer stops (which also clears its readiness).
+    fn disarm_tx_timer(&mut self) {
+        if let (true, Some(t)) = (self.tx_timer_armed, &self.tx_timer) {
+            let _ = t.unset();
+            self.tx_timer_armed = false;
+        }
+    }
+
     pub(super) fn fill_cq_rings(&mut self) {
-        let State { clients, dev, .. } = self;
+        let State { clients, dev, cqes_written, .. } = self;
         for (&owner, c) in clients.iter_mut() {
             let helper_writes = dev.memory_ref().helper_writes(owner);
             for (cq, r) in &c.cq_rings {
@@ -552,6 +591,7 @@ impl State {
                     let stage = if recv { c.staged.remove(&wc.wr_id) } else { None };
                     let e = CqEntry { wc, stage: stage.map(|st| (st.off as u64, st.len)), helper_writes };
                     let _ = c.arena.produce(r, &e);
+                    *cqes_written += 1;
                 }
             }
         }

@@ -384,7 +384,23 @@ struct State {
     buf: Vec<u8>,
     io: IoCounters,
     gso: Gso,
+    /// Completions written into the clients' CQ rings so far (a poll's drive compares).
+    cqes_written: u64,
+    /// An application thread's poll held back the answers (ACKs) to what it received, to
+    /// return the completions first ([`Hca::drive`]): the next pump sends them, requester
+    /// packets first.
+    tx_owed: bool,
+    /// A [`Progress::Application`] device's bound on `tx_owed`: a one-shot timer in the
+    /// progress thread's wait set ([`TX_DEFER`]), armed while answers are owed.
+    tx_timer: Option<nix::sys::timerfd::TimerFd>,
+    tx_timer_armed: bool,
 }
+
+/// How long answers an application's poll held back may wait for that application's next call
+/// before the progress thread sends them ([`Hca::drive`]). A NIC acknowledges at once; an
+/// application that calls again (a ping-pong's post, the next poll of a stream) sends them
+/// itself within microseconds.
+pub const TX_DEFER: std::time::Duration = std::time::Duration::from_micros(20);
 
 /// The GSO send being built.
 struct Gso {
@@ -564,6 +580,17 @@ impl Hca {
         poll_set
             .add(&udp_poll, nix::sys::epoll::EpollEvent::new(nix::sys::epoll::EpollFlags::EPOLLIN, 0))
             .map_err(|e| io_err("epoll")(e.into()))?;
+        let tx_timer = if cfg.progress == Progress::Application {
+            use nix::sys::timerfd::{ClockId, TimerFd, TimerFlags};
+            let t = TimerFd::new(ClockId::CLOCK_MONOTONIC, TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC)
+                .map_err(|e| io_err("timerfd")(e.into()))?;
+            poll_set
+                .add(&t, nix::sys::epoll::EpollEvent::new(nix::sys::epoll::EpollFlags::EPOLLIN, 1))
+                .map_err(|e| io_err("epoll")(e.into()))?;
+            Some(t)
+        } else {
+            None
+        };
         let flow_ports = if cfg.flow_ports == 0 {
             FlowPorts { base: cfg.port, count: 0 }
         } else {
@@ -654,6 +681,10 @@ impl Hca {
                 closed: false,
                 buf: Vec::with_capacity(udp::MAX_GSO_BYTES),
             },
+            cqes_written: 0,
+            tx_owed: false,
+            tx_timer,
+            tx_timer_armed: false,
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),

@@ -262,12 +262,26 @@ impl Hca {
         st.pump();
         let mut received = 0;
         if receive {
+            // A poll: when what it received completes work, the completions come first and the
+            // answers the engine owes (the ACKs, IBTA 9.7.5.1 ties neither to the other) wait
+            // for this application's next call, which sends them after what it posts, in the
+            // same GSO send (a ping-pong's answer then pays one send system call instead of
+            // two), or for the progress thread after TX_DEFER. Only where a progress thread is.
+            let defer = sh.progress == Progress::Application;
             for _ in 0..64 {
                 let n = st.receive();
                 if n == 0 {
                     break;
                 }
                 received += n;
+                if defer {
+                    let before = st.cqes_written;
+                    st.pump_with(false);
+                    if st.cqes_written != before && st.dev.answers_pending() {
+                        st.owe_tx();
+                        break;
+                    }
+                }
                 st.pump();
             }
         }

@@ -84,11 +84,25 @@ impl Qp {
         }
     }
 
-    pub(crate) fn poll_transmit<M: Memory>(&mut self, ctx: &mut Ctx<'_, M>, buf: &mut [u8]) -> Option<Transmit> {
-        if let Some(t) = resp::poll_transmit(self, ctx, buf) {
-            return Some(t);
+    /// The QP's next packet: its responder's answers first, or with `requester_first` its
+    /// requester's packets first ([`super::TransmitOptions::requester_first`]).
+    pub(crate) fn poll_transmit<M: Memory>(
+        &mut self,
+        ctx: &mut Ctx<'_, M>,
+        buf: &mut [u8],
+        requester_first: bool,
+    ) -> Option<Transmit> {
+        if !requester_first {
+            if let Some(t) = resp::poll_transmit(self, ctx, buf) {
+                return Some(t);
+            }
         }
         let t = req::poll_transmit(self, ctx, buf);
+        if requester_first && t.is_none() {
+            if let Some(t) = resp::poll_transmit(self, ctx, buf) {
+                return Some(t);
+            }
+        }
         // SQ_DRAINED: in SQD, once no message that had started is still outstanding (IBTA
         // 11.6.3); work posted after entering SQD waits and does not count.
         if t.is_none() && self.state == QpState::Sqd && !self.req.drained_reported && !self.sq.iter().any(|w| w.started)

@@ -251,11 +251,17 @@ pub struct TransmitOptions {
     /// loopback never puts them on a wire, so no CRC can go wrong (two 4 KiB CRCs per packet
     /// saved).
     pub loopback_icrc: bool,
+    /// Whether a QP's requester packets go before its responder packets (ACKs, READ responses)
+    /// in this call: off by default (a responder answers first). A transport that held back the
+    /// answers to what it received until the application's next post sets it, so that the new
+    /// request leaves first and the answers can follow in the same GSO send. IBTA orders each
+    /// direction's packets by PSN and leaves the two directions of a QP independent.
+    pub requester_first: bool,
 }
 
 impl Default for TransmitOptions {
     fn default() -> TransmitOptions {
-        TransmitOptions { ip_id: 0, loopback_icrc: true }
+        TransmitOptions { ip_id: 0, loopback_icrc: true, requester_first: false }
     }
 }
 
@@ -1320,7 +1326,7 @@ impl<M: Memory> Device<M> {
             let blocked = self.mem.would_block_count();
             let mut ctx = ctx!(self, now);
             (ctx.ip_id, ctx.loopback_icrc) = (opts.ip_id, opts.loopback_icrc);
-            let sent = qp.poll_transmit(&mut ctx, buf);
+            let sent = qp.poll_transmit(&mut ctx, buf, opts.requester_first);
             self.sync_timer(qpn);
             if let Some(t) = sent {
                 self.counters.sent_pkts += 1;
@@ -1343,6 +1349,12 @@ impl<M: Memory> Device<M> {
                 self.ready.push_back(qpn);
             }
         }
+    }
+
+    /// Whether a QP has responder packets to send (ACKs, NAKs, READ responses, atomic ACKs):
+    /// answers to what it received.
+    pub fn answers_pending(&self) -> bool {
+        self.ready.iter().any(|q| self.qps.get(q).is_some_and(|qp| !qp.resp.out.is_empty()))
     }
 
     /// The earliest timer deadline of any QP.
