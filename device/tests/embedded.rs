@@ -1240,7 +1240,7 @@ fn application_driven_polls_hand_the_socket_back() {
 /// An application's poll returns the completions of what it received before the answers leave
 /// (`Hca::drive`): the next post sends them after its own request, in one GSO send, and an
 /// application that makes no further call has them sent by its progress thread after
-/// `TX_DEFER`. a's transport timer is ~4 s here: an ACK left unsent until a retransmission
+/// about a millisecond at most. a's transport timer is ~4 s here: an ACK left unsent until a retransmission
 /// would take that long.
 #[test]
 fn a_poll_returns_completions_before_the_answers_which_leave_with_the_next_post_or_soon() {
@@ -1323,10 +1323,10 @@ fn a_poll_returns_completions_before_the_answers_which_leave_with_the_next_post_
     assert_eq!((w.wr_id, w.status), (8, WcStatus::Success));
     assert!(t0.elapsed() < Duration::from_secs(1), "the ACK waited for a retransmission: {:?}", t0.elapsed());
     drop(poller.join().unwrap());
-    // 3. The ACK's bound, alone: a handoff that only ends with a completion (its idle check,
-    // 200 us by default, would also send the ACK), so that without the TX_DEFER timer the
-    // progress thread sends it at its next 50 ms tick at the earliest (five rounds: ~125 ms),
-    // or after a's retransmission (~4 s).
+    // 3. The ACK's bound, alone, with a handoff that only ends with a completion (so that its
+    // own idle check does not send the ACK): the progress thread sleeps at most 1 ms while the
+    // application drives the device (200 us while it knows answers are owed); without that it
+    // sends the ACK at its next 50 ms tick (five rounds: ~125 ms) or after a's retransmission.
     let dev0 = |name: &str, addr: IpAddr| {
         let mut c = HcaConfig::new(name, addr);
         c.port = 47946;
@@ -1340,17 +1340,30 @@ fn a_poll_returns_completions_before_the_answers_which_leave_with_the_next_post_
     d.qp.connect(900, &c.qp.endpoint(100), &o).unwrap();
     let mut total = Duration::ZERO;
     for i in 0..5 {
+        // d posts a SEND first (answers are held back only for a program that posts: a
+        // ping-pong), then polls until c's SEND arrives and makes no further call.
+        recv(&c, 50 + i);
         recv(&d, i);
         let poller = std::thread::spawn(move || {
-            let w = one(&d.cq);
-            assert_eq!((w.wr_id, w.status), (i, WcStatus::Success));
-            d
+            send(&d, 30 + i);
+            loop {
+                let w = one(&d.cq);
+                assert_eq!(w.status, WcStatus::Success);
+                if w.wr_id == i {
+                    return d;
+                }
+            }
         });
         std::thread::sleep(Duration::from_millis(10));
         let t0 = Instant::now();
         send(&c, 10 + i);
-        let w = one(&c.cq);
-        assert_eq!((w.wr_id, w.status), (10 + i, WcStatus::Success));
+        loop {
+            let w = one(&c.cq);
+            assert_eq!(w.status, WcStatus::Success);
+            if w.wr_id == 10 + i {
+                break;
+            }
+        }
         total += t0.elapsed();
         d = poller.join().unwrap();
     }

@@ -212,7 +212,6 @@ impl State {
         }
         if requester_first {
             self.tx_owed = false;
-            self.disarm_tx_timer();
         }
         // ... and before their completions are seen.
         self.dev.memory().flush();
@@ -554,25 +553,10 @@ impl State {
     /// Moves completions from the engine's CQs into the clients' completion rings, as far as
     /// the rings have room (what does not fit waits in the engine's CQ, which overflows at its
     /// own capacity).
-    /// Answers are owed ([`super::Hca::drive`]): the progress thread sends them after
-    /// [`super::TX_DEFER`] unless a call of the application's does first.
-    pub(super) fn owe_tx(&mut self) {
-        self.tx_owed = true;
-        if self.tx_timer_armed {
-            return;
-        }
-        if let Some(t) = &self.tx_timer {
-            use nix::sys::timerfd::{Expiration, TimerSetTimeFlags};
-            let at = nix::sys::time::TimeSpec::from_duration(super::TX_DEFER);
-            self.tx_timer_armed = t.set(Expiration::OneShot(at), TimerSetTimeFlags::empty()).is_ok();
-        }
-    }
-
-    /// The owed answers went: the timer stops (which also clears its readiness).
-    fn disarm_tx_timer(&mut self) {
-        if let (true, Some(t)) = (self.tx_timer_armed, &self.tx_timer) {
-            let _ = t.unset();
-            self.tx_timer_armed = false;
+    /// Sends the answers a poll held back ([`super::Hca::drive`]), if any.
+    pub(super) fn send_owed(&mut self) {
+        if self.tx_owed {
+            self.pump();
         }
     }
 

@@ -388,19 +388,31 @@ struct State {
     cqes_written: u64,
     /// An application thread's poll held back the answers (ACKs) to what it received, to
     /// return the completions first ([`Hca::drive`]): the next pump sends them, requester
-    /// packets first.
+    /// packets first. Mirrored in `Shared::tx_owed` for the progress thread's lock-free waits.
     tx_owed: bool,
-    /// A [`Progress::Application`] device's bound on `tx_owed`: a one-shot timer in the
-    /// progress thread's wait set ([`TX_DEFER`]), armed while answers are owed.
-    tx_timer: Option<nix::sys::timerfd::TimerFd>,
-    tx_timer_armed: bool,
+    /// An application thread posted a send since a poll last found completions: answers may
+    /// be held back only then (a ping-pong's next post sends them; a program that only polls,
+    /// a stream's receiver, would hold each batch's ACK until its next poll: measured slower).
+    posted_send: bool,
 }
 
-/// How long answers an application's poll held back may wait for that application's next call
-/// before the progress thread sends them ([`Hca::drive`]). A NIC acknowledges at once; an
-/// application that calls again (a ping-pong's post, the next poll of a stream) sends them
-/// itself within microseconds.
-pub const TX_DEFER: std::time::Duration = std::time::Duration::from_micros(20);
+/// How long answers that an application's poll held back ([`Hca::drive`]) wait for that
+/// application's next call before the progress thread sends them, once the progress thread has
+/// seen them owed. A NIC acknowledges at once; an application that calls again (a ping-pong's
+/// post, the next poll of a stream) sends them itself within microseconds. (A one-shot timer
+/// armed per held-back answer bounded it at 20 us, but arming and disarming it cost more than
+/// the held-back `sendto` saved: BENCHMARKS.md.)
+pub const TX_DEFER: std::time::Duration = std::time::Duration::from_micros(200);
+
+/// The longest a [`Progress::Application`] device's progress thread sleeps while an
+/// application thread drives the device (it did within [`ACTIVE_WINDOW`]): the bound on held-back
+/// answers when the progress thread went to sleep before they were held back. (200 us here
+/// cost a fifth of the 64-byte message rate and doubled the latency tests' p99: BENCHMARKS.md.)
+pub(crate) const ACTIVE_TICK: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// How recently an application thread must have driven the device for the progress thread to
+/// keep its sleeps within [`ACTIVE_TICK`].
+pub(crate) const ACTIVE_WINDOW: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// The GSO send being built.
 struct Gso {
@@ -452,7 +464,40 @@ pub(crate) struct Shared {
     handoff_idle: std::time::Duration,
     /// When an application thread last read the socket (ns since `epoch`).
     last_drive_ns: std::sync::atomic::AtomicU64,
+    /// `State::tx_owed`, readable without the lock.
+    tx_owed: AtomicBool,
     epoch: std::time::Instant,
+}
+
+/// The application-driven devices of this process, whose held-back answers
+/// ([`Hca::drive`]) an exiting process sends: a program that exits right after its last poll
+/// (ibv_rc_pingpong's server does, without destroying its QP first when it fails) would
+/// otherwise leave its peer retrying, where a NIC had answered at once.
+static EXIT_FLUSH: Mutex<Vec<(u32, std::sync::Weak<Shared>)>> = Mutex::new(Vec::new());
+
+fn send_owed_at_exit(sh: &Arc<Shared>) {
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    let mut list = EXIT_FLUSH.lock().unwrap_or_else(|e| e.into_inner());
+    list.retain(|(_, w)| w.strong_count() > 0);
+    list.push((std::process::id(), Arc::downgrade(sh)));
+    drop(list);
+    REGISTERED.call_once(|| {
+        // SAFETY: atexit(3) with a function that lives as long as the program.
+        unsafe { libc::atexit(at_exit) };
+    });
+}
+
+extern "C" fn at_exit() {
+    let Ok(list) = EXIT_FLUSH.try_lock() else { return };
+    let me = std::process::id();
+    for (pid, w) in list.iter() {
+        // A forked child's copies are its parent's devices: not its to answer for.
+        let Some(sh) = w.upgrade().filter(|_| *pid == me) else { continue };
+        // Never wait at exit: a thread that holds the lock is sending anyway.
+        if let Ok(mut st) = sh.state.try_lock() {
+            st.send_owed();
+        };
+    }
 }
 
 /// A running device.
@@ -580,17 +625,6 @@ impl Hca {
         poll_set
             .add(&udp_poll, nix::sys::epoll::EpollEvent::new(nix::sys::epoll::EpollFlags::EPOLLIN, 0))
             .map_err(|e| io_err("epoll")(e.into()))?;
-        let tx_timer = if cfg.progress == Progress::Application {
-            use nix::sys::timerfd::{ClockId, TimerFd, TimerFlags};
-            let t = TimerFd::new(ClockId::CLOCK_MONOTONIC, TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC)
-                .map_err(|e| io_err("timerfd")(e.into()))?;
-            poll_set
-                .add(&t, nix::sys::epoll::EpollEvent::new(nix::sys::epoll::EpollFlags::EPOLLIN, 1))
-                .map_err(|e| io_err("epoll")(e.into()))?;
-            Some(t)
-        } else {
-            None
-        };
         let flow_ports = if cfg.flow_ports == 0 {
             FlowPorts { base: cfg.port, count: 0 }
         } else {
@@ -683,8 +717,7 @@ impl Hca {
             },
             cqes_written: 0,
             tx_owed: false,
-            tx_timer,
-            tx_timer_armed: false,
+            posted_send: false,
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
@@ -698,8 +731,12 @@ impl Hca {
             udp_poll,
             handed_off: AtomicBool::new(false),
             last_drive_ns: std::sync::atomic::AtomicU64::new(0),
+            tx_owed: AtomicBool::new(false),
             epoch: std::time::Instant::now(),
         });
+        if cfg.progress == Progress::Application {
+            send_owed_at_exit(&shared);
+        }
         let s2 = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("{}-engine", cfg.name))
@@ -765,6 +802,7 @@ impl Hca {
     /// (design.md, XRC; `XrcPolicy::DestroyOnLastClose` gives upstream's behaviour).
     pub fn detach(&self, owner: u32) {
         let mut st = self.shared.lock();
+        st.send_owed();
         st.detach(owner);
         drop(st);
         // The device thread lets go of the sockets of groups the client's leaving ended (their
@@ -777,6 +815,9 @@ impl Hca {
     pub fn call(&self, owner: u32, req: Request, fds: Vec<OwnedFd>) -> (Response, Vec<OutFd>) {
         let quiet = matches!(req, Request::GetAsyncEvent | Request::GetCqEvent(_));
         let mut st = self.shared.lock();
+        // Answers a poll held back leave before the call changes anything (a QP destroyed
+        // with its ACK unsent would leave the peer retrying, where a NIC had answered at once).
+        st.send_owed();
         let out = match st.clients.contains_key(&owner) {
             true => st.call(owner, req, fds),
             false => (Response::Err(VerbsError::Inval), Vec::new()),
@@ -833,6 +874,7 @@ impl Hca {
             let _ = t.join();
         }
         let mut st = self.shared.lock();
+        st.send_owed();
         if let Some(tap) = st.tap.as_mut() {
             let _ = tap.flush();
         }

@@ -102,7 +102,8 @@ pub(super) fn run(sh: &Shared) {
                     set_handoff(sh, &sh.lock(), false);
                     None
                 } else {
-                    Some(idle - since)
+                    // Answers held back by a poll wait at most TX_DEFER (see the main path).
+                    Some((idle - since).min(TX_DEFER.as_nanos() as u64))
                 }
             })
             .flatten();
@@ -118,6 +119,8 @@ pub(super) fn run(sh: &Shared) {
             let ts = nix::sys::time::TimeSpec::from_duration(std::time::Duration::from_nanos(rest));
             let _ = nix::poll::ppoll(&mut fds, Some(ts), None);
             woken = fds.iter().any(|f| f.revents().is_some_and(|r| r.contains(PollFlags::POLLIN)));
+            // Answers a poll held back and no call sent since: the main path's pump sends them.
+            woken |= sh.tx_owed.load(Ordering::Relaxed);
             continue;
         }
         // The sockets of the last look go before this wait: one that a leave dropped meanwhile
@@ -156,7 +159,20 @@ pub(super) fn run(sh: &Shared) {
                 // Wakes at least every 50 ms: an application thread arming a later timer (a
                 // send's transport timer, 67 ms and more) need not wake it, one arming an earlier
                 // timer does ([`Hca::wake_for_timers`]), and neither happens once per post.
-                t = Some(t.map_or(APPLICATION_TICK_NS, |t| t.min(APPLICATION_TICK_NS)));
+                // While the application drives the device, at least every ACTIVE_TICK (every
+                // TX_DEFER while answers are owed): its polls may hold answers back
+                // (`Hca::drive`) that no call of its sends.
+                sh.tx_owed.store(st.tx_owed, Ordering::Relaxed);
+                let since =
+                    (sh.epoch.elapsed().as_nanos() as u64).saturating_sub(sh.last_drive_ns.load(Ordering::Relaxed));
+                let tick = if st.tx_owed {
+                    TX_DEFER.as_nanos() as u64
+                } else if since < ACTIVE_WINDOW.as_nanos() as u64 {
+                    ACTIVE_TICK.as_nanos() as u64
+                } else {
+                    APPLICATION_TICK_NS
+                };
+                t = Some(t.map_or(tick, |t| t.min(tick)));
             }
             // The application's calls arm timers while this thread sleeps: they wake it when they
             // arm one earlier than this ([`Hca::wake_for_timers`]).
@@ -262,7 +278,8 @@ impl Hca {
         st.pump();
         let mut received = 0;
         if receive {
-            // A poll: when what it received completes work, the completions come first and the
+            // A poll: when what it received completes work and the application posted a send
+            // since its last completions (a ping-pong), the completions come first and the
             // answers the engine owes (the ACKs, IBTA 9.7.5.1 ties neither to the other) wait
             // for this application's next call, which sends them after what it posts, in the
             // same GSO send (a ping-pong's answer then pays one send system call instead of
@@ -277,14 +294,15 @@ impl Hca {
                 if defer {
                     let before = st.cqes_written;
                     st.pump_with(false);
-                    if st.cqes_written != before && st.dev.answers_pending() {
-                        st.owe_tx();
+                    if st.cqes_written != before && st.dev.answers_pending() && std::mem::take(&mut st.posted_send) {
+                        st.tx_owed = true;
                         break;
                     }
                 }
                 st.pump();
             }
         }
+        sh.tx_owed.store(st.tx_owed, Ordering::Relaxed);
         Hca::wake_for_timers(sh, &st);
         received
     }
@@ -324,12 +342,14 @@ impl Hca {
     /// an idle QP leaves at once.
     pub fn drive_post(&self, qpn: Qpn, stream: bool) {
         let mut st = self.shared.lock();
+        st.posted_send = true;
         if stream && st.dev.awaiting_response(qpn) {
             let moved = st.service_rings();
             st.io.ring_wqes += moved as u64;
         } else {
             st.pump();
         }
+        self.shared.tx_owed.store(st.tx_owed, Ordering::Relaxed);
         Hca::wake_for_timers(&self.shared, &st);
     }
 }
