@@ -283,7 +283,7 @@ impl Hca {
             // answers the engine owes (the ACKs, IBTA 9.7.5.1 ties neither to the other) wait
             // for this application's next call, which sends them after what it posts, in the
             // same GSO send (a ping-pong's answer then pays one send system call instead of
-            // two), or for the progress thread after TX_DEFER. Only where a progress thread is.
+            // two), or for the progress thread (within ACTIVE_TICK). Only where one is.
             let defer = sh.progress == Progress::Application;
             for _ in 0..64 {
                 let n = st.receive();
