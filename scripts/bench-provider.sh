@@ -6,17 +6,21 @@
 # BENCHMARKS.md "The provider data path" records a run.
 # Usage: scripts/bench-provider.sh        (needs scripts/build-shim.sh; builds udpbench)
 #        ADDR0=127.0.0.3 ADDR1=127.0.0.4 scripts/bench-provider.sh   (other device addresses)
+#        SHIMS="/tmp/shim-before target/release/shim" MODES=provider scripts/bench-provider.sh
+#          (builds of the shim against each other, e.g. before and after a data-path change:
+#          copy target/release/shim aside before it; every mode runs with every shim)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
 bin="$(realpath "$target/release/softrdma")"
-shim="$(realpath "$target/release/shim")"
+shims=()
+for s in ${SHIMS:-$target/release/shim}; do shims+=("$(realpath "$s")"); done
 ub=../shared/tools/udpbench
 CARGO_TARGET_DIR="$PWD/target/udpbench" cargo build --release -q --manifest-path "$ub/Cargo.toml" || exit 2
 udpbench="$PWD/target/udpbench/release/udpbench"
 rt="$(mktemp -d)"
 chmod 700 "$rt"
-export SOFTRDMA_RUNTIME_DIR="$rt" SOFTRDMA_BIN="$bin" SOFTRDMA_NO_AUTOSTART=1 LD_LIBRARY_PATH="$shim"
+export SOFTRDMA_RUNTIME_DIR="$rt" SOFTRDMA_BIN="$bin" SOFTRDMA_NO_AUTOSTART=1
 cleanup() {
   jobs -p | xargs -r kill 2>/dev/null
   "$bin" down srdma0 >/dev/null 2>&1
@@ -28,10 +32,12 @@ addr0=${ADDR0:-127.0.0.1}
 "$bin" up srdma0 --addr "$addr0" >/dev/null || exit 2
 "$bin" up srdma1 --addr "${ADDR1:-127.0.0.2}" >/dev/null || exit 2
 port=$((21000 + RANDOM % 9000))
-# perf MODE PROG ARGS...: server on srdma0, client on srdma1; prints the client's first result row.
+# perf SHIM MODE PROG ARGS...: server on srdma0, client on srdma1; prints the client's first
+# result row.
 perf() {
-  local mode=$1 prog=$2
-  shift 2
+  local shim=$1 mode=$2 prog=$3
+  shift 3
+  export LD_LIBRARY_PATH=$shim
   # provider-nohandoff: the provider path with the progress thread always on the socket.
   local dp=${mode%-nohandoff}
   local handoff=${SOFTRDMA_HANDOFF_US:-}
@@ -51,10 +57,14 @@ echo "columns: ib_*_lat: bytes iters t_min t_max t_typical t_avg t_stdev p99 p99
 for round in $(seq "${ROUNDS:-3}"); do
   echo "round $round: UDP busy-poll ping-pong: $("$udpbench" lat busy 50000 2>&1 | tr '\n' ' ')"
   echo "round $round: UDP GSO+GRO 64 KiB: $("$udpbench" tput gsogro 4156 3 2>&1 | tr '\n' ' ')"
-  for mode in ${MODES:-device provider provider-nohandoff}; do
-    echo "round $round: $mode: ib_send_lat 2 B: $(perf $mode ib_send_lat -s 2 -n 20000)"
-    echo "round $round: $mode: ib_write_lat 2 B: $(perf $mode ib_write_lat -s 2 -n 20000)"
-    echo "round $round: $mode: ib_write_bw 64 KiB: $(perf $mode ib_write_bw -s 65536 -n 5000)"
-    echo "round $round: $mode: ib_send_bw 64 B: $(perf $mode ib_send_bw -s 64 -n 200000)"
+  for shim in "${shims[@]}"; do
+    for mode in ${MODES:-device provider provider-nohandoff}; do
+      at=$mode
+      [ ${#shims[@]} -gt 1 ] && at="$shim $mode"
+      echo "round $round: $at: ib_send_lat 2 B: $(perf "$shim" $mode ib_send_lat -s 2 -n 20000)"
+      echo "round $round: $at: ib_write_lat 2 B: $(perf "$shim" $mode ib_write_lat -s 2 -n 20000)"
+      echo "round $round: $at: ib_write_bw 64 KiB: $(perf "$shim" $mode ib_write_bw -s 65536 -n 5000)"
+      echo "round $round: $at: ib_send_bw 64 B: $(perf "$shim" $mode ib_send_bw -s 64 -n 200000)"
+    done
   done
 done
