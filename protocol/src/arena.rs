@@ -197,13 +197,16 @@ impl Arena {
         if p.wrapping_sub(c) >= r.cap {
             return Ok(false);
         }
-        let mut buf = [0u8; WQE_SLOT as usize];
-        let body = postcard::to_slice(v, &mut buf[4..r.slot as usize])
+        // Encoded straight into the slot, after its length word: the slot is the producer's
+        // until the index below publishes it (a consumer that writes into it meanwhile only
+        // garbles its own entry, which it copies out and checks before use).
+        let slot = self.slot_ptr(r, p);
+        // SAFETY: check() bounded the slot inside the mapping for r.slot >= 4 bytes.
+        let writer = SlotWriter { at: unsafe { slot.add(4) }, left: r.slot as usize - 4, written: 0 };
+        let n = postcard::serialize_with_flavor(v, writer)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "entry larger than a ring slot"))?;
-        let n = body.len();
-        buf[..4].copy_from_slice(&(n as u32).to_le_bytes());
-        // SAFETY: the slot has r.slot >= n + 4 bytes (postcard wrote into a slice of that size).
-        unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), self.slot_ptr(r, p), n + 4) };
+        // SAFETY: the length word is the slot's first 4 bytes.
+        unsafe { std::ptr::copy_nonoverlapping((n as u32).to_le_bytes().as_ptr(), slot, 4) };
         prod.store(p.wrapping_add(1), Ordering::Release);
         Ok(true)
     }
@@ -226,20 +229,27 @@ impl Arena {
         let p = prod.load(Ordering::Acquire);
         let n = (p.wrapping_sub(c)).min(r.cap) as usize;
         let mut done = 0;
-        let mut buf = [0u8; WQE_SLOT as usize];
+        // Only the bytes copied in are ever read (not zeroed first: a poll of an empty CQ ring
+        // would pay a 1 KiB memset).
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); WQE_SLOT as usize];
         while done < n.min(max) {
             let idx = c.wrapping_add(done as u32);
             // Copy the entry out before looking at it: the producer may change it meanwhile. Only
             // its length word first, then as many bytes as it says (bounded by the slot), not the
             // whole slot: most entries are a few dozen bytes of a 1 KiB slot.
             let slot = self.slot_ptr(r, idx);
-            // SAFETY: slot_ptr is in bounds for r.slot bytes (at least 64), buf holds 4.
-            unsafe { std::ptr::copy_nonoverlapping(slot, buf.as_mut_ptr(), 4) };
-            let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+            let mut word = [0u8; 4];
+            // SAFETY: slot_ptr is in bounds for r.slot bytes (at least 4).
+            unsafe { std::ptr::copy_nonoverlapping(slot, word.as_mut_ptr(), 4) };
+            let len = u32::from_le_bytes(word) as usize;
             let v = if len + 4 <= r.slot as usize {
-                // SAFETY: 4 + len <= r.slot bytes are in bounds of the slot and of buf.
-                unsafe { std::ptr::copy_nonoverlapping(slot.add(4), buf.as_mut_ptr().add(4), len) };
-                postcard::from_bytes(&buf[4..4 + len]).ok()
+                // SAFETY: 4 + len <= r.slot <= WQE_SLOT bytes are in bounds of the slot and buf;
+                // the `len` bytes read back are the ones just copied in.
+                let body = unsafe {
+                    std::ptr::copy_nonoverlapping(slot.add(4), buf.as_mut_ptr().cast::<u8>(), len);
+                    std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), len)
+                };
+                postcard::from_bytes(body).ok()
             } else {
                 None
             };
@@ -406,6 +416,40 @@ impl Allocator {
             self.free[i - 1].1 += self.free[i].1;
             self.free.remove(i);
         }
+    }
+}
+
+/// A postcard output that writes into a ring slot in the mapping, byte range by byte range,
+/// refusing to pass its end: no staging buffer to zero and copy.
+struct SlotWriter {
+    at: *mut u8,
+    left: usize,
+    written: usize,
+}
+
+impl postcard::ser_flavors::Flavor for SlotWriter {
+    type Output = usize;
+
+    fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
+        if data.len() > self.left {
+            return Err(postcard::Error::SerializeBufferFull);
+        }
+        // SAFETY: `left` bytes from `at` lie in the slot (Arena::produce); data.len() <= left.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.at, data.len());
+            self.at = self.at.add(data.len());
+        }
+        self.left -= data.len();
+        self.written += data.len();
+        Ok(())
+    }
+
+    fn try_push(&mut self, data: u8) -> postcard::Result<()> {
+        self.try_extend(&[data])
+    }
+
+    fn finalize(self) -> postcard::Result<usize> {
+        Ok(self.written)
     }
 }
 

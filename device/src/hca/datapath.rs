@@ -95,8 +95,40 @@ fn event_qp(e: AsyncEvent) -> Option<softrdma_engine::wire::Qpn> {
 }
 
 impl State {
+    /// The engine's time: that of the call in progress if one set it ([`State::hold_clock`]).
     pub(super) fn now(&self) -> Instant {
+        self.clock.unwrap_or_else(|| self.read_clock())
+    }
+
+    fn read_clock(&self) -> Instant {
         Instant(self.epoch.elapsed().as_nanos() as u64)
+    }
+
+    /// Reads the clock and keeps that time for [`State::now`] until [`State::release_clock`]
+    /// (a call's work takes microseconds; the engine's timers are in milliseconds). Returns it,
+    /// and whether this call holds it (false: an outer call does, and releases it).
+    pub(super) fn hold_clock(&mut self) -> (Instant, bool) {
+        match self.clock {
+            Some(t) => (t, false),
+            None => {
+                let t = self.read_clock();
+                self.clock = Some(t);
+                (t, true)
+            }
+        }
+    }
+
+    /// Reads the clock again for a call that holds it (between batches of a long receive).
+    pub(super) fn refresh_clock(&mut self) {
+        if self.clock.is_some() {
+            self.clock = Some(self.read_clock());
+        }
+    }
+
+    pub(super) fn release_clock(&mut self, held: bool) {
+        if held {
+            self.clock = None;
+        }
     }
 
     pub(super) fn addr(&self) -> IpAddr {
@@ -145,6 +177,7 @@ impl State {
     /// the internal loopback: what an application's poll does before it returns completions
     /// (the answers follow, see [`super::Hca::drive`]).
     pub(super) fn pump_with(&mut self, transmit: bool) {
+        let (_, held) = self.hold_clock();
         // Answers a poll held back go now, after the requests a post just made: a SEND and
         // the ACK before it leave in one GSO send.
         let requester_first = transmit && self.tx_owed;
@@ -222,6 +255,7 @@ impl State {
         if self.publisher.is_some() {
             self.publish(false);
         }
+        self.release_clock(held);
     }
 
     /// A provider's report to its daemon (`Request::Publish`): the packets captured since the
@@ -233,7 +267,8 @@ impl State {
             Some(Capture::Remote { out, .. }) => std::mem::take(out),
             _ => Vec::new(),
         };
-        let due = self.last_publish.elapsed() >= std::time::Duration::from_millis(PUBLISH_INTERVAL_MS);
+        let now = self.now();
+        let due = now.saturating_since(self.last_publish).as_nanos() >= PUBLISH_INTERVAL_MS * 1_000_000;
         if !force && captured.is_empty() && !due {
             return;
         }
@@ -241,7 +276,7 @@ impl State {
         if captured.is_empty() && self.published == Some(totals) {
             return;
         }
-        self.last_publish = std::time::Instant::now();
+        self.last_publish = now;
         self.published = Some(totals);
         (p.0)(Published { counters: totals.0, io: totals.1, captured, next_qpn: totals.2 });
     }

@@ -267,12 +267,14 @@ impl Hca {
     pub fn drive(&self, receive: bool) -> usize {
         let sh = &self.shared;
         let mut st = sh.lock();
+        // One clock read for the call (between receive batches, one more each).
+        let (now, held) = st.hold_clock();
         if receive && sh.progress == Progress::Application && !sh.handoff_idle.is_zero() {
             // This thread reads the socket now (and, its CQ empty, again soon): the device thread
             // keeps off it until a poll returns completions or this thread stops looking. Only a
             // thread that reads the socket takes it: one that posts and then spins on memory (an
             // RDMA WRITE's last byte) needs the device thread there.
-            sh.last_drive_ns.store(sh.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            sh.last_drive_ns.store(now.as_nanos(), Ordering::Relaxed);
             set_handoff(sh, &st, true);
         }
         st.pump();
@@ -285,7 +287,10 @@ impl Hca {
             // same GSO send (a ping-pong's answer then pays one send system call instead of
             // two), or for the progress thread (within ACTIVE_TICK). Only where one is.
             let defer = sh.progress == Progress::Application;
-            for _ in 0..64 {
+            for batch in 0..64 {
+                if batch > 0 {
+                    st.refresh_clock();
+                }
                 let n = st.receive();
                 if n == 0 {
                     break;
@@ -304,6 +309,7 @@ impl Hca {
         }
         sh.tx_owed.store(st.tx_owed, Ordering::Relaxed);
         Hca::wake_for_timers(sh, &st);
+        st.release_clock(held);
         received
     }
 
@@ -342,6 +348,7 @@ impl Hca {
     /// an idle QP leaves at once.
     pub fn drive_post(&self, qpn: Qpn, stream: bool) {
         let mut st = self.shared.lock();
+        let (_, held) = st.hold_clock();
         st.posted_send = true;
         if stream && st.dev.awaiting_response(qpn) {
             let moved = st.service_rings();
@@ -351,5 +358,6 @@ impl Hca {
         }
         self.shared.tx_owed.store(st.tx_owed, Ordering::Relaxed);
         Hca::wake_for_timers(&self.shared, &st);
+        st.release_clock(held);
     }
 }
