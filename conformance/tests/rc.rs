@@ -1407,3 +1407,38 @@ fn a_responder_answering_rnr_for_longer_than_the_ack_timeouts_allow_is_not_a_tra
     p.drive(STEPS);
     assert_eq!(p.poll(A, a.cq)[0].status, WcStatus::Success);
 }
+
+#[test]
+fn a_sequence_nak_behind_an_rnr_nak_spends_no_transport_retry() {
+    // IBTA 9.7.5.2.8 and C9-140: an RNR NAK sends the requester back to the NAKed PSN after the
+    // RNR timer, under rnr_retry (7: forever). The responder, which accepted nothing past that
+    // PSN, answers the requests pipelined behind it with a sequence NAK (9.7.5.2.3) for the
+    // same PSN, sent before the requester's resend can have left: it is stale, not a new loss,
+    // and must neither rewind again nor spend retry_cnt. Spending it ended a slow receiver's
+    // stream in RETRY_EXC_ERR (two ib_send_bw pairs between `softrdma cluster` hosts: a quarter
+    // of the runs) although the responder answered every time.
+    let (mut p, a, b) = setup(RcOptions { retry_cnt: 1, rnr_retry: 7, min_rnr_timer: 1, ..RcOptions::default() });
+    for i in 0..8 {
+        send(&mut p, &a, i, SendOp::Send, BASE, 4);
+    }
+    for _ in 0..2000 {
+        p.step();
+    }
+    let from_b =
+        |p: &Pair, f: fn(u8) -> bool| p.log.iter().filter(|s| s.from == B && s.syndrome.is_some_and(f)).count();
+    let rnrs = from_b(&p, |x| x & 0x60 == 0x20);
+    let seq_naks = from_b(&p, |x| x == 0x60);
+    let wa = p.poll(A, a.cq);
+    assert!(
+        wa.is_empty(),
+        "the requester gave up while the responder answered ({rnrs} RNR NAKs, {seq_naks} sequence NAKs): {wa:?}"
+    );
+    assert!(rnrs > 5 && seq_naks > 5, "{rnrs} RNR NAKs, {seq_naks} sequence NAKs: the case did not happen");
+    for i in 0..8 {
+        post_recv(&mut p, B, &b, 100 + i, BASE + 0x1000 + 64 * i, 64);
+    }
+    p.drive(STEPS);
+    let wa = p.poll(A, a.cq);
+    assert_eq!(wa.len(), 8);
+    assert!(wa.iter().all(|w| w.status == WcStatus::Success), "{wa:?}");
+}

@@ -98,6 +98,17 @@ fn handle_nak<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn, syndrome: 
             if qp.comp.retry_psn == Some(psn) {
                 return;
             }
+            // While an RNR NAK's wait runs, the resend from the RNR-NAKed PSN is already set
+            // (rewound, it leaves when the RNR timer fires; nothing is sent meanwhile): a
+            // sequence NAK now was sent before that resend, for the requests pipelined behind
+            // the NAKed one, which the responder could not accept (9.7.5.2.8). It is stale, not
+            // a loss: no second rewind and no transport retry (C9-140 counts a silent
+            // responder; this one answers). Spending retry_cnt on it ended a slow receiver's
+            // stream in RETRY_EXC_ERR after retry_cnt RNR waits. A loss of the resend itself is
+            // still found after the wait (the next NAK, or the ACK timer).
+            if qp.comp.rnr_until.is_some() {
+                return;
+            }
             qp.comp.started_retry = true;
             qp.comp.retry_psn = Some(psn);
             // A loss: the window shrinks, once per window (req::Window).
