@@ -10,7 +10,8 @@
 #   libfabric (Debian's libfabric-bin): fi_info -p verbs; fi_pingpong -p verbs -e dgram, -e msg,
 #     and -p "verbs;ofi_rxm" -e rdm;
 #   pyverbs' test_rdmacm inside a host;
-#   ibv_rc_pingpong, ib_write_bw and rping between hosts;
+#   ibv_rc_pingpong, ib_write_bw and rping between hosts; two ib_send_bw streams at once between
+#     them (device and provider paths);
 #   a 4-host cluster: UCX tag_lat between every pair of hosts, Open MPI (pml ucx) over all four
 #     (scripts/cluster/mpi_check.c, launched through `cluster rsh`), and a host's device killed
 #     under a running MPI job (its rank hears DEVICE_FATAL, the job ends, the other hosts go on);
@@ -158,6 +159,38 @@ else
 fi
 
 suite ""
+
+# Two 64-byte SEND streams at once between the hosts (two processes on each side), on both data
+# paths, three rounds each: a receiver that falls behind answers RNR NAKs, and the sequence NAKs
+# it sends for the requests pipelined behind them must not spend the requesters' retry_cnt (they
+# did: "Failed status 12", RETRY_EXC_ERR, in a quarter to a third of the runs).
+streams() { # name [VAR=value...]
+  local name=$1 round
+  shift
+  for round in 1 2 3; do
+    local k pids=() rcs=()
+    for k in 1 2; do
+      on 2 timeout 120 env "$@" ib_send_bw -d srdma0 -p $((19000 + k)) -s 64 -n 100000 >"$logs/streams$k.s" 2>&1 &
+      pids+=($!)
+    done
+    sleep 1
+    for k in 1 2; do
+      on 1 timeout 120 env "$@" ib_send_bw -d srdma0 -p $((19000 + k)) -s 64 -n 100000 "$(addr 2)" >"$logs/streams$k.c" 2>&1 &
+      pids+=($!)
+    done
+    for k in "${pids[@]}"; do
+      wait "$k"
+      rcs+=($?)
+    done
+    if [ "${rcs[*]}" != "0 0 0 0" ] || ! grep -qE "^ 64 +100000 " "$logs/streams1.c" || ! grep -qE "^ 64 +100000 " "$logs/streams2.c"; then
+      result "$name" fail "round $round: exit ${rcs[*]}; $(tail -q -n 2 "$logs"/streams*.c | tr '\n' ' ')"
+      return
+    fi
+  done
+  result "$name (3 rounds)" ok
+}
+streams "two ib_send_bw 64 B streams at once between the hosts"
+streams "two ib_send_bw 64 B streams at once between the hosts, provider path" SOFTRDMA_DATAPATH=provider
 
 # Open MPI (pml ucx over softrdma's rc_verbs), launched from host 1 with `cluster rsh` as its
 # rsh agent: scripts/cluster/mpi_check.c (ping-pong with checked data, MPI_Allreduce,

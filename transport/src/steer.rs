@@ -25,11 +25,18 @@
 //! group or replace its program (another user cannot bind the port at all: the kernel requires the
 //! same uid for one group), and a datagram can be misdelivered: the kernel picks the socket of a
 //! UDP GSO super-packet (on loopback) or of a GRO run by its first segment. softrdma's devices put
-//! one destination QP in each GSO send, and an RC flow (one source port per QP) carries one
-//! destination QP, so only a foreign sender that mixes destination QPs in one flow (UD) can be
-//! misdelivered; the receiving engine drops such a datagram as one for a QP it does not have, as
-//! any packet for an unknown QP. So whoever receives still validates every packet
-//! ([`Steering::owner`] and [`dest_qpn`] tell whose it is).
+//! one destination QP in each GSO send, and on loopback the kernel merges nothing else, so there
+//! nothing is misdelivered. A NIC's GRO (a real NIC, or veth with GRO turned on) merges
+//! consecutive datagrams of one flow (same addresses and ports) when the member the kernel looks
+//! up for the flow (by its hash: the program does not run there) has GRO on, which every member
+//! has: a UD QP reaching QPs of several processes, a foreign sender mixing destination QPs in one
+//! flow, and the QPs of a provider (which all send from the device's port) make such flows. The
+//! receiving engine drops the other processes' segments of a run as packets for a QP it does not
+//! have (RC retransmits them). Not handled yet (BENCHMARKS.md, "GRO on a NIC"): GRO off on every
+//! member of a group on a NIC cost 2.5-3.5x of the 64-byte message rate between `softrdma
+//! cluster` hosts, and handing the segments on to their owner needs a channel between members.
+//! So whoever receives still validates every packet ([`Steering::owner`] and [`dest_qpn`] tell
+//! whose it is).
 //!
 //! Cost, measured for this decision (busy-poll ping-pong between two processes, 2 cores): 2.06 us
 //! one-way through a steered group against 2.01 us for a plain socket pair.
