@@ -524,4 +524,20 @@ fn providers_report_their_packets_to_the_device_capture_faults_and_counters() {
     // left), none twice: a receiver does not capture what its sender on the device did.
     eprintln!("captured {frames}, sent {sent}, dropped {dropped}, duplicated {dups}");
     assert!(frames > 0 && frames == sent - dropped + dups, "{frames} captured, {sent} sent, {dropped} dropped: {out}");
+    // Each provider's QP sends from a source port of its process's own pool (flow entropy, as
+    // the daemon's QPs), never from the device's port: two QPs in two processes, two ports.
+    let bytes = std::fs::read(&pcap).unwrap();
+    let mut sports = std::collections::BTreeSet::new();
+    let mut at = 24;
+    while at + 16 <= bytes.len() {
+        let len = u32::from_le_bytes(bytes[at + 8..at + 12].try_into().unwrap()) as usize;
+        let f = &bytes[at + 16..(at + 16 + len).min(bytes.len())];
+        if f.len() >= 14 + 28 && f[12..14] == [0x08, 0x00] {
+            let udp = 14 + usize::from(f[14] & 0x0f) * 4;
+            sports.insert(u16::from_be_bytes([f[udp], f[udp + 1]]));
+        }
+        at += 16 + len;
+    }
+    assert_eq!(sports.len(), 2, "source ports {sports:?}");
+    assert!(sports.iter().all(|&p| p >= 0xc000 && p != 47949), "source ports {sports:?}");
 }

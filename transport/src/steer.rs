@@ -29,12 +29,14 @@
 //! nothing is misdelivered. A NIC's GRO (a real NIC, or veth with GRO turned on) merges
 //! consecutive datagrams of one flow (same addresses and ports) when the member the kernel looks
 //! up for the flow (by its hash: the program does not run there) has GRO on, which every member
-//! has: a UD QP reaching QPs of several processes, a foreign sender mixing destination QPs in one
-//! flow, and the QPs of a provider (which all send from the device's port) make such flows. The
-//! receiving engine drops the other processes' segments of a run as packets for a QP it does not
-//! have (RC retransmits them). Not handled yet (BENCHMARKS.md, "GRO on a NIC"): GRO off on every
-//! member of a group on a NIC cost 2.5-3.5x of the 64-byte message rate between `softrdma
-//! cluster` hosts, and handing the segments on to their owner needs a channel between members.
+//! has. Every QP sends from a source port of its own (hashed from its QPN over its process's pool,
+//! providers included), so a connected QP's flow holds one destination QP; a UD QP reaching QPs
+//! of several processes, or a foreign sender mixing destination QPs in one flow, still makes a
+//! mixed flow. The receiving engine drops the other processes' segments of such a run as packets
+//! for a QP it does not have (UD may lose them). Not handled (BENCHMARKS.md, "GRO on a NIC"): GRO
+//! off on every member of a group on a NIC cost 2.5-3.5x of the 64-byte message rate between
+//! `softrdma cluster` hosts, and handing the segments on to their owner needs a channel between
+//! members.
 //! So whoever receives still validates every packet ([`Steering::owner`] and [`dest_qpn`] tell
 //! whose it is).
 //!

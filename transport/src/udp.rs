@@ -372,8 +372,9 @@ impl RoceUdp {
 
     /// A client's endpoint on a steered device's port: `fd` is the member socket the device
     /// made for it ([`crate::steer::Steering::add_member`]). It receives what the steering program
-    /// gives its member and sends from the device's port (no source-port pool: the pool's ports
-    /// are the device's). GSO and GRO as the kernel allows (see [`crate::steer`] on GRO).
+    /// gives its member and sends from the device's port until [`RoceUdp::bind_source_ports`]
+    /// gives it a pool of its own. GSO and GRO as the kernel allows (see [`crate::steer`] on
+    /// GRO).
     pub fn from_member(fd: std::os::fd::OwnedFd) -> Result<RoceUdp, UdpError> {
         let recv = Socket::from(fd);
         let unknown = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0);
@@ -525,6 +526,22 @@ impl RoceUdp {
         }
         self.stats.received += delivered as u64;
         Ok(delivered)
+    }
+
+    /// Gives an endpoint without a source-port pool (a client's member socket,
+    /// [`RoceUdp::from_member`]) one: `count` send sockets on its address at consecutive ports,
+    /// the first block of them free from `base` on (as [`RoceUdp::bind`] finds the device's).
+    /// Errors as `bind`'s pool: [`UdpError::NoSourcePorts`] when no block is free.
+    pub fn bind_source_ports(&mut self, base: u16, count: u16) -> Result<(), UdpError> {
+        if count == 0 || !self.pool.is_empty() {
+            return Err(UdpError::Config(format!(
+                "a source-port pool of {count} on an endpoint with {} already",
+                self.pool.len()
+            )));
+        }
+        let (sport_base, pool) = bind_pool(self.local.ip(), base, count)?;
+        (self.sport_base, self.pool) = (sport_base, pool);
+        Ok(())
     }
 
     /// Sends one datagram to `dst` on this device's port (peers listen on the same port), from

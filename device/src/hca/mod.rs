@@ -607,9 +607,22 @@ impl Hca {
         blocks: Vec<u32>,
         first_qpn: u32,
     ) -> Result<Hca, HcaError> {
-        let udp = RoceUdp::from_member(member)?;
+        let mut udp = RoceUdp::from_member(member)?;
         cfg.port = udp.local_addr().port();
-        cfg.flow_ports = 0;
+        // The QPs of this process send from source ports of their own, one per QP from a pool
+        // of this process's (as the daemon's QPs and rxe's do: RoCEv2, IBTA Annex A17, makes the
+        // UDP source port a QP's flow entropy), not all from the device's port: between two hosts
+        // they are then separate flows, which ECMP can spread and a NIC's GRO never merges
+        // into one run for the QPs of several processes (transport/src/steer.rs).
+        if cfg.flow_ports > 0 {
+            if let Err(e) = udp.bind_source_ports(0xc000, cfg.flow_ports) {
+                tracing::warn!(
+                    "provider for {}: no source ports of its own ({e}); sending from the device's port",
+                    cfg.name
+                );
+                cfg.flow_ports = 0;
+            }
+        }
         cfg.steered = false;
         Hca::start_on(cfg, udp, Some((blocks, first_qpn)))
     }
