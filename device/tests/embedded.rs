@@ -1369,3 +1369,101 @@ fn a_poll_returns_completions_before_the_answers_which_leave_with_the_next_post_
     }
     assert!(total < Duration::from_millis(50), "the ACKs waited for the progress thread: {total:?} for 5");
 }
+
+/// The process exit sends what a poll held back: a ping-pong's answering side (an
+/// application-driven device, as a provider's) returns the last SEND's completion with its ACK
+/// held (it posted a send since its previous completions) and exits at once, without destroying
+/// anything (ibv_rc_pingpong's server does when it fails). Its peer must get that ACK (a NIC
+/// answered at once): with retry_cnt 1 and a 268 ms timer it ends in RETRY_EXC_ERR otherwise.
+/// The answering side is this test binary run again as a child
+/// ([`held_back_answers_leave_at_process_exit_child`]), lines on its stdin and stdout between them.
+#[test]
+fn held_back_answers_leave_at_process_exit() {
+    use std::io::{BufRead, Write};
+    let da = device("exit0", A, 47951, "");
+    let a = side(&da, QpType::Rc);
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "held_back_answers_leave_at_process_exit_child", "--nocapture"])
+        .env("SOFTRDMA_TEST_EXIT_CHILD", "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut to_child = child.stdin.take().unwrap();
+    let mut from_child = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut expect = |what: &str| -> String {
+        loop {
+            let l = from_child.next().unwrap_or_else(|| panic!("the child ended before {what}")).unwrap();
+            if let Some(rest) = l.strip_prefix(what) {
+                return rest.to_string();
+            }
+        }
+    };
+    let qpn: u32 = expect("CHILD qpn=").parse().unwrap();
+    let o = ConnectOptions { mtu: Mtu::Mtu1024, timeout: 16, retry_cnt: 1, ..ConnectOptions::default() };
+    a.qp.connect(100, &Endpoint { addr: B, qpn, psn: 900 }, &o).unwrap();
+    writeln!(to_child, "PARENT qpn={}", a.qp.qpn()).unwrap();
+    expect("CHILD ready");
+    let send = |id: u64| a.qp.post_send(vec![SendWr::new(id, SendOp::Send, vec![a.mr.sge(0..64)])]).unwrap();
+    a.qp.post_recv(vec![RecvWr { wr_id: 1, sg_list: vec![a.mr.sge(64..128)] }]).unwrap();
+    send(10);
+    // The child's answer, then the last SEND, whose ACK the child holds as it exits.
+    let mut got = Vec::new();
+    while !got.contains(&1) {
+        let w = one(&a.cq);
+        assert_eq!(w.status, WcStatus::Success, "{w:?}");
+        got.push(w.wr_id);
+    }
+    send(12);
+    let t0 = Instant::now();
+    while !got.contains(&12) {
+        let w = one(&a.cq);
+        assert_eq!((w.wr_id, w.status), (w.wr_id, WcStatus::Success), "the last SEND's ACK never came: {w:?}");
+        got.push(w.wr_id);
+    }
+    let took = t0.elapsed();
+    assert!(child.wait().unwrap().success());
+    assert_eq!(da.counters().0.retransmitted_pkts, 0, "the ACK came only after a retransmission ({took:?})");
+}
+
+/// The child of [`held_back_answers_leave_at_process_exit`] (ignored: that test runs it).
+#[test]
+#[ignore]
+fn held_back_answers_leave_at_process_exit_child() {
+    use std::io::{BufRead, Write};
+    assert!(
+        std::env::var_os("SOFTRDMA_TEST_EXIT_CHILD").is_some(),
+        "run by held_back_answers_leave_at_process_exit, not alone"
+    );
+    let mut c = HcaConfig::new("exit1", B);
+    c.port = 47951;
+    c.progress = softrdma_device::Progress::Application;
+    c.gso = true;
+    let db = Arc::new(Hca::start(c).unwrap());
+    let b = side(&db, QpType::Rc);
+    println!("CHILD qpn={}", b.qp.qpn());
+    std::io::stdout().flush().unwrap();
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line).unwrap();
+    let qpn: u32 = line.trim().strip_prefix("PARENT qpn=").unwrap().parse().unwrap();
+    let o = ConnectOptions { mtu: Mtu::Mtu1024, timeout: 16, retry_cnt: 1, ..ConnectOptions::default() };
+    b.qp.connect(900, &Endpoint { addr: A, qpn, psn: 100 }, &o).unwrap();
+    let recv = |id: u64| b.qp.post_recv(vec![RecvWr { wr_id: id, sg_list: vec![b.mr.sge(64..128)] }]).unwrap();
+    recv(1);
+    println!("CHILD ready");
+    std::io::stdout().flush().unwrap();
+    let until_recv = || loop {
+        let w = b.cq.poll(4).unwrap();
+        assert!(w.iter().all(|w| w.status == WcStatus::Success), "{w:?}");
+        if w.iter().any(|w| w.wr_id == 1) {
+            return;
+        }
+    };
+    until_recv();
+    recv(1);
+    b.qp.post_send(vec![SendWr::new(20, SendOp::Send, vec![b.mr.sge(0..64)])]).unwrap();
+    // This poll returns the last SEND's receive with its ACK held back: gone at once, as a
+    // program that exits after its last completion.
+    until_recv();
+    std::process::exit(0);
+}

@@ -50,7 +50,7 @@ mod dispatch;
 mod progress;
 
 use self::progress::*;
-pub use self::progress::{Progress, HANDOFF_IDLE};
+pub use self::progress::{Progress, HANDOFF_IDLE, TX_DEFER};
 
 /// A descriptor an answer hands to its client (an event fd, a member socket of the steered port).
 pub type OutFd = Arc<dyn AsFd + Send + Sync>;
@@ -400,24 +400,6 @@ struct State {
     posted_send: bool,
 }
 
-/// How long answers that an application's poll held back ([`Hca::drive`]) wait for that
-/// application's next call before the progress thread sends them, once the progress thread has
-/// seen them owed. A NIC acknowledges at once; an application that calls again (a ping-pong's
-/// post, the next poll of a stream) sends them itself within microseconds. (A one-shot timer
-/// armed per held-back answer bounded it at 20 us, but arming and disarming it cost more than
-/// the held-back `sendto` saved: BENCHMARKS.md.)
-pub const TX_DEFER: std::time::Duration = std::time::Duration::from_micros(200);
-
-/// The longest a [`Progress::Application`] device's progress thread sleeps while an
-/// application thread drives the device (it did within [`ACTIVE_WINDOW`]): the bound on held-back
-/// answers when the progress thread went to sleep before they were held back. (200 us here
-/// cost a fifth of the 64-byte message rate and doubled the latency tests' p99: BENCHMARKS.md.)
-pub(crate) const ACTIVE_TICK: std::time::Duration = std::time::Duration::from_millis(1);
-
-/// How recently an application thread must have driven the device for the progress thread to
-/// keep its sleeps within [`ACTIVE_TICK`].
-pub(crate) const ACTIVE_WINDOW: std::time::Duration = std::time::Duration::from_millis(10);
-
 /// The GSO send being built.
 struct Gso {
     enabled: bool,
@@ -471,37 +453,6 @@ pub(crate) struct Shared {
     /// `State::tx_owed`, readable without the lock.
     tx_owed: AtomicBool,
     epoch: std::time::Instant,
-}
-
-/// The application-driven devices of this process, whose held-back answers
-/// ([`Hca::drive`]) an exiting process sends: a program that exits right after its last poll
-/// (ibv_rc_pingpong's server does, without destroying its QP first when it fails) would
-/// otherwise leave its peer retrying, where a NIC had answered at once.
-static EXIT_FLUSH: Mutex<Vec<(u32, std::sync::Weak<Shared>)>> = Mutex::new(Vec::new());
-
-fn send_owed_at_exit(sh: &Arc<Shared>) {
-    static REGISTERED: std::sync::Once = std::sync::Once::new();
-    let mut list = EXIT_FLUSH.lock().unwrap_or_else(|e| e.into_inner());
-    list.retain(|(_, w)| w.strong_count() > 0);
-    list.push((std::process::id(), Arc::downgrade(sh)));
-    drop(list);
-    REGISTERED.call_once(|| {
-        // SAFETY: atexit(3) with a function that lives as long as the program.
-        unsafe { libc::atexit(at_exit) };
-    });
-}
-
-extern "C" fn at_exit() {
-    let Ok(list) = EXIT_FLUSH.try_lock() else { return };
-    let me = std::process::id();
-    for (pid, w) in list.iter() {
-        // A forked child's copies are its parent's devices: not its to answer for.
-        let Some(sh) = w.upgrade().filter(|_| *pid == me) else { continue };
-        // Never wait at exit: a thread that holds the lock is sending anyway.
-        if let Ok(mut st) = sh.state.try_lock() {
-            st.send_owed();
-        };
-    }
 }
 
 /// A running device.
@@ -754,7 +705,7 @@ impl Hca {
             epoch,
         });
         if cfg.progress == Progress::Application {
-            send_owed_at_exit(&shared);
+            progress::send_owed_at_exit(&shared);
         }
         let s2 = shared.clone();
         let thread = std::thread::Builder::new()
