@@ -9,6 +9,7 @@
 #        SHIMS="/tmp/shim-before target/release/shim" MODES=provider scripts/bench-provider.sh
 #          (builds of the shim against each other, e.g. before and after a data-path change:
 #          copy target/release/shim aside before it; every mode runs with every shim)
+#        PROGS="ib_write_lat ib_send_lat" scripts/bench-provider.sh   (only these programs)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
@@ -53,6 +54,8 @@ perf() {
   wait
   echo "$out" | awk '/#bytes/ {t=1; next} t && /^ *[0-9]+ +[0-9]+ +[0-9.]+/ {print; exit}' | tr -s ' \t' ' '
 }
+# want PROG: whether PROGS (default: all four programs) names PROG.
+want() { [[ " ${PROGS:-ib_send_lat ib_write_lat ib_write_bw ib_send_bw} " == *" $1 "* ]]; }
 echo "columns: ib_*_lat: bytes iters t_min t_max t_typical t_avg t_stdev p99 p99.9 (us); ib_*_bw: bytes iters BW_peak BW_average (MB/s) MsgRate (Mpps)"
 for round in $(seq "${ROUNDS:-3}"); do
   echo "round $round: UDP busy-poll ping-pong: $("$udpbench" lat busy 50000 2>&1 | tr '\n' ' ')"
@@ -61,10 +64,10 @@ for round in $(seq "${ROUNDS:-3}"); do
     for mode in ${MODES:-device provider provider-nohandoff}; do
       at=$mode
       [ ${#shims[@]} -gt 1 ] && at="$shim $mode"
-      echo "round $round: $at: ib_send_lat 2 B: $(perf "$shim" $mode ib_send_lat -s 2 -n 20000)"
-      echo "round $round: $at: ib_write_lat 2 B: $(perf "$shim" $mode ib_write_lat -s 2 -n 20000)"
-      echo "round $round: $at: ib_write_bw 64 KiB: $(perf "$shim" $mode ib_write_bw -s 65536 -n 5000)"
-      echo "round $round: $at: ib_send_bw 64 B: $(perf "$shim" $mode ib_send_bw -s 64 -n 200000)"
+      want ib_send_lat && echo "round $round: $at: ib_send_lat 2 B: $(perf "$shim" $mode ib_send_lat -s 2 -n 20000)"
+      want ib_write_lat && echo "round $round: $at: ib_write_lat 2 B: $(perf "$shim" $mode ib_write_lat -s 2 -n 20000)"
+      want ib_write_bw && echo "round $round: $at: ib_write_bw 64 KiB: $(perf "$shim" $mode ib_write_bw -s 65536 -n 5000)"
+      want ib_send_bw && echo "round $round: $at: ib_send_bw 64 B: $(perf "$shim" $mode ib_send_bw -s 64 -n 200000)"
     done
   done
 done

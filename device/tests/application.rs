@@ -513,3 +513,93 @@ fn held_back_answers_leave_at_process_exit_child() {
     until_recv();
     std::process::exit(0);
 }
+
+/// The progress thread of an application-driven device holds the acknowledgement of what it
+/// received back for the application's next post when that application posted a moment ago
+/// (ib_write_lat's shape: post, poll the completion, spin on memory the peer writes, post
+/// again): the acknowledgement then leaves behind that post in one GSO send, and the peer's
+/// poll finds both together. Once per post; and a program that does not post again has it sent
+/// within the hold's bound (TX_DEFER), not after the requester's transport timer (4 s here).
+/// The peer is a device-thread device: it acknowledges at once, alone, so that b's poll returns
+/// at a's acknowledgement and b's progress thread, not its poll, receives a's WRITE.
+#[test]
+fn the_progress_thread_holds_an_acknowledgement_for_the_post_that_follows() {
+    let mut ca = HcaConfig::new("hold0", A);
+    ca.port = 47953;
+    let da = Arc::new(Hca::start(ca).unwrap());
+    let mut cb = HcaConfig::new("hold1", B);
+    cb.port = 47953;
+    cb.progress = softrdma_device::Progress::Application;
+    cb.gso = true;
+    let db = Arc::new(Hca::start(cb).unwrap());
+    let (mut a, mut b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
+    let o = ConnectOptions { mtu: Mtu::Mtu1024, timeout: 20, retry_cnt: 1, ..ConnectOptions::default() };
+    a.qp.connect(100, &b.qp.endpoint(900), &o).unwrap();
+    b.qp.connect(900, &a.qp.endpoint(100), &o).unwrap();
+    const FLAG: usize = 8192;
+    // Spins until byte FLAG of `mr` is `v` (memory a peer's WRITE fills, as perftest spins).
+    fn spin(mr: &MemoryRegion, v: u8) {
+        let t0 = Instant::now();
+        // SAFETY: the region is mapped for the test's life; the device writes it concurrently,
+        // hence the volatile read.
+        while unsafe { std::ptr::read_volatile(mr.as_slice().as_ptr().add(FLAG)) } != v {
+            assert!(t0.elapsed() < T, "byte {FLAG} never became {v}");
+            // (Yielding: with a's device thread spinning too, three busy threads share the
+            // test machine's two CPUs.)
+            std::thread::yield_now();
+        }
+    }
+    // Writes `v` into byte FLAG of the peer's region and polls until the WRITE completes.
+    fn write(s: &mut Side, peer: (u64, u32), v: u8, id: u64) {
+        let off = 64 + id as usize % 64;
+        s.mr.as_mut_slice()[off] = v;
+        let op = SendOp::Write { remote_addr: peer.0 + FLAG as u64, rkey: peer.1 };
+        s.qp.post_send(vec![SendWr::new(id, op, vec![s.mr.sge(off..off + 1)])]).unwrap();
+        let w = one(&s.cq);
+        assert_eq!((w.wr_id, w.status), (id, WcStatus::Success));
+    }
+    let (ra, rb) = ((a.mr.addr(), a.mr.rkey()), (b.mr.addr(), b.mr.rkey()));
+    // Rounds until five acknowledgements left with b's next post (a quiet machine: nearly every
+    // round; a loaded one lets the hold run out now and then), at most 2,000 rounds or 10 s.
+    // Without the hold none ever does.
+    let want = 5;
+    let gso_before = db.counters().1.gso_sends;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let value = |i: u64| (i % 250 + 1) as u8;
+    let stop_b = stop.clone();
+    let pong = std::thread::spawn(move || {
+        let mut i = 0;
+        while !stop_b.load(std::sync::atomic::Ordering::SeqCst) {
+            write(&mut b, ra, value(i), i);
+            spin(&b.mr, value(i));
+            i += 1;
+        }
+        b
+    });
+    let t0 = Instant::now();
+    let mut i = 0;
+    let merged = loop {
+        spin(&a.mr, value(i));
+        let merged = db.counters().1.gso_sends - gso_before;
+        if merged >= want || i == 2000 || t0.elapsed() > Duration::from_secs(10) {
+            break merged;
+        }
+        // b's poll has its completion by now and b spins on its memory; well within
+        // HOLD_AFTER_POST of b's post.
+        std::thread::sleep(Duration::from_micros(200));
+        write(&mut a, rb, value(i), 5000 + i);
+        i += 1;
+    };
+    assert!(merged >= want, "{merged} acknowledgements of {i} left with the next post");
+    // b's last WRITE is in a's memory; a makes the last WRITE of the rounds, b's progress thread
+    // holds its ACK for b's next post, and b stops without one: the ACK leaves within the
+    // hold's bound all the same.
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let t0 = Instant::now();
+    write(&mut a, rb, value(i), 5000 + i);
+    assert!(t0.elapsed() < Duration::from_millis(500), "the held ACK waited {:?}", t0.elapsed());
+    let b = pong.join().unwrap();
+    // Once per post: b has not posted since, so nothing is held now.
+    write(&mut a, rb, 99, 4999);
+    assert_eq!(b.mr.as_slice()[FLAG], 99);
+}

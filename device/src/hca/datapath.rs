@@ -585,9 +585,6 @@ impl State {
         moved
     }
 
-    /// Moves completions from the engine's CQs into the clients' completion rings, as far as
-    /// the rings have room (what does not fit waits in the engine's CQ, which overflows at its
-    /// own capacity).
     /// Sends the answers a poll held back ([`super::Hca::drive`]), if any.
     pub(super) fn send_owed(&mut self) {
         if self.tx_owed {
@@ -595,6 +592,21 @@ impl State {
         }
     }
 
+    /// Whether the progress thread may hold back the acknowledgements of what it just received
+    /// for the application's next post: an application thread posted a send within
+    /// [`super::progress::HOLD_AFTER_POST`] and nothing was held back since (once per post, so
+    /// a program that posted once and then only receives delays one acknowledgement at most,
+    /// by at most TX_DEFER).
+    pub(super) fn hold_for_post(&self) -> bool {
+        self.posted_send
+            && self.last_post.is_some_and(|t| {
+                self.now().saturating_since(t).as_nanos() < super::progress::HOLD_AFTER_POST.as_nanos() as u64
+            })
+    }
+
+    /// Moves completions from the engine's CQs into the clients' completion rings, as far as
+    /// the rings have room (what does not fit waits in the engine's CQ, which overflows at its
+    /// own capacity).
     pub(super) fn fill_cq_rings(&mut self) {
         let State { clients, dev, cqes_written, .. } = self;
         for (&owner, c) in clients.iter_mut() {

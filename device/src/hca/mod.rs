@@ -398,6 +398,8 @@ struct State {
     /// be held back only then (a ping-pong's next post sends them; a program that only polls,
     /// a stream's receiver, would hold each batch's ACK until its next poll: measured slower).
     posted_send: bool,
+    /// When an application thread last posted a send (`Hca::drive_post`).
+    last_post: Option<Instant>,
 }
 
 /// The GSO send being built.
@@ -687,6 +689,7 @@ impl Hca {
             cqes_written: 0,
             tx_owed: false,
             posted_send: false,
+            last_post: None,
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),

@@ -87,6 +87,9 @@ pub(super) fn run(sh: &Shared) {
     // ended for something to do (not only a timeout).
     let mut groups_seen: Vec<Arc<softrdma_transport::GroupSocket>> = Vec::new();
     let mut woken = true;
+    // Acknowledgements this (progress) thread received and holds back for the application's
+    // next post, until this deadline (see `State::hold_for_post`).
+    let mut holding: Option<softrdma_engine::time::Instant> = None;
     loop {
         if sh.stop.load(Ordering::SeqCst) {
             return;
@@ -129,7 +132,14 @@ pub(super) fn run(sh: &Shared) {
         let (timeout, spinning_now, groups) = {
             let mut st = sh.lock();
             let before = st.io.ring_wqes + st.io.udp_rcvd;
-            st.pump();
+            // Held acknowledgements stay until their deadline (a call of the application's
+            // sends them before it, with its post), then go.
+            holding = holding.filter(|until| st.tx_owed && st.now() < *until);
+            if holding.is_some() {
+                st.pump_with(false);
+            } else {
+                st.pump();
+            }
             // Spin after activity: the device thread for spin_time(); a progress thread for
             // progress_spin_time() and only while no application thread reads the socket.
             let spin_for = if application { progress_spin_time() } else { spin_time() };
@@ -152,7 +162,8 @@ pub(super) fn run(sh: &Shared) {
             let cm_retry = st.cm.has_backlog().then(|| now + softrdma_engine::time::Duration::from_millis(1));
             let next = [st.dev.poll_timeout(), st.delayed.peek().map(|d| d.0.at), cm_retry].into_iter().flatten().min();
             let mut t = if spinning { Some(0) } else { next.map(|t| t.saturating_since(now).as_nanos()) };
-            if let Some(d) = handed_back_in {
+            if let Some(d) = handed_back_in.into_iter().chain(holding.map(|u| u.saturating_since(now).as_nanos())).min()
+            {
                 t = Some(t.map_or(d, |t| t.min(d)));
             }
             if application {
@@ -217,6 +228,27 @@ pub(super) fn run(sh: &Shared) {
             for _ in 0..64 {
                 let mut st = sh.lock();
                 let n = st.receive();
+                if n > 0 && holding.is_none() && st.hold_for_post() {
+                    // The application posted a send a moment ago and does not read the socket
+                    // now (it spins on memory, as ib_write_lat does, or computes): what this
+                    // run needs sent is only acknowledgements, and that post's successor is
+                    // likely near. They wait for it (at most TX_DEFER), to leave behind it in
+                    // one GSO send; the peer's poll then finds its completion and the new
+                    // request together and handles both itself, where a lone acknowledgement
+                    // would end its poll before the request came, which then only its
+                    // progress thread, woken while both programs spin, could serve (the slow
+                    // mode of ib_write_lat: BENCHMARKS.md).
+                    st.pump_with(false);
+                    if st.dev.only_acks_pending() {
+                        st.posted_send = false;
+                        st.tx_owed = true;
+                        sh.tx_owed.store(true, Ordering::Relaxed);
+                        holding =
+                            Some(st.now() + softrdma_engine::time::Duration::from_nanos(TX_DEFER.as_nanos() as u64));
+                        received = true;
+                        break;
+                    }
+                }
                 st.pump();
                 if n == 0 {
                     break;
@@ -348,8 +380,9 @@ impl Hca {
     /// an idle QP leaves at once.
     pub fn drive_post(&self, qpn: Qpn, stream: bool) {
         let mut st = self.shared.lock();
-        let (_, held) = st.hold_clock();
+        let (now, held) = st.hold_clock();
         st.posted_send = true;
+        st.last_post = Some(now);
         if stream && st.dev.awaiting_response(qpn) {
             let moved = st.service_rings();
             st.io.ring_wqes += moved as u64;
@@ -369,6 +402,12 @@ impl Hca {
 /// armed per held-back answer bounded it at 20 us, but arming and disarming it cost more than
 /// the held-back `sendto` saved: BENCHMARKS.md.)
 pub const TX_DEFER: std::time::Duration = std::time::Duration::from_micros(200);
+
+/// How recently an application thread must have posted a send for the progress thread to hold
+/// back the acknowledgements it receives for that thread's next post (`State::hold_for_post`):
+/// longer than a round trip whose far end needed its progress thread woken (tens of
+/// microseconds here).
+pub(crate) const HOLD_AFTER_POST: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// The longest a [`Progress::Application`] device's progress thread sleeps while an
 /// application thread drives the device (it did within [`ACTIVE_WINDOW`]): the bound on held-back

@@ -1357,6 +1357,23 @@ impl<M: Memory> Device<M> {
         self.ready.iter().any(|q| self.qps.get(q).is_some_and(|qp| !qp.resp.out.is_empty()))
     }
 
+    /// Whether all this device would send now is acknowledgements (ACKs and NAKs): no READ
+    /// response or atomic acknowledge (a requester waits for its data), no requester packet (no
+    /// QP has posted work left to send). What a host may let wait a little for the
+    /// application's next post, to leave in the same send as it (IBTA 9.7.5.1 fixes no time
+    /// for an acknowledgement, only that it comes before the requester's transport timer).
+    pub fn only_acks_pending(&self) -> bool {
+        let mut acks = false;
+        for q in &self.ready {
+            let Some(qp) = self.qps.get(q) else { continue };
+            if qp.req.idx < qp.sq.len() || !qp.resp.out.iter().all(|o| matches!(o, qp::RespOut::Ack { .. })) {
+                return false;
+            }
+            acks |= !qp.resp.out.is_empty();
+        }
+        acks
+    }
+
     /// The earliest timer deadline of any QP.
     pub fn poll_timeout(&self) -> Option<Instant> {
         [self.timers.first().map(|(t, _)| *t), self.cm.poll_timeout()].into_iter().flatten().min()
