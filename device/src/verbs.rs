@@ -435,6 +435,16 @@ impl Inner {
         }
     }
 
+    /// The device in this process that the application's threads drive (a provider's), if
+    /// this is one: its send posts go straight into its engine.
+    #[cfg(feature = "embedded")]
+    fn application_hca(&self) -> Option<&Arc<Hca>> {
+        match &self.backend {
+            Backend::Embedded { hca, .. } if hca.progress() == crate::hca::Progress::Application => Some(hca),
+            _ => None,
+        }
+    }
+
     /// Whether the application's threads drive this device ([`crate::hca::Progress::Application`]).
     fn application_driven(&self) -> bool {
         match &self.backend {
@@ -1604,8 +1614,30 @@ impl QueuePair {
     }
 
     /// `ibv_post_send` of a list, onto the send queue's ring in shared memory (no system call
-    /// but the doorbell). On an error the requests before `index` were posted.
+    /// but the doorbell); on a device the application drives (a provider's), straight into its
+    /// engine, which sends at once unless the post is part of a stream (`Hca::post_send`). On an
+    /// error the requests before `index` were posted.
     pub fn post_send(&self, wrs: Vec<SendWr>) -> Result<()> {
+        #[cfg(feature = "embedded")]
+        if let (Some(hca), Some(_)) = (self.ctx.inner.application_hca(), self.sq) {
+            // A post right after a post (no poll between): a stream.
+            let stream = self.ctx.inner.posting.swap(true, Ordering::Relaxed);
+            let mut checked = Vec::with_capacity(wrs.len());
+            let mut refused = None;
+            for (index, wr) in wrs.into_iter().enumerate() {
+                match self.check_send(&wr) {
+                    Ok(data) => checked.push((wr, data)),
+                    Err(err) => {
+                        refused = Some(Error::Post { err, index });
+                        break;
+                    }
+                }
+            }
+            if !checked.is_empty() {
+                hca.post_send(self.qpn, checked, stream).map_err(|(err, index)| Error::Post { err, index })?;
+            }
+            return refused.map_or(Ok(()), Err);
+        }
         self.ctx.inner.post_list(
             Some(self.qpn),
             self.sq,

@@ -603,3 +603,40 @@ fn the_progress_thread_holds_an_acknowledgement_for_the_post_that_follows() {
     write(&mut a, rb, 99, 4999);
     assert_eq!(b.mr.as_slice()[FLAG], 99);
 }
+
+/// On an application-driven device (a provider's) ibv_post_send goes straight into the engine:
+/// a list fails at the request the engine or the checks before it refuse, the ones before it
+/// stay posted (libibverbs' bad_wr), ENOMEM once max_send_wr requests are outstanding (the peer
+/// QP here never answers: it stays in RESET, whose packets a responder drops), EINVAL for a
+/// request with more SGEs than the QP has.
+#[test]
+fn application_driven_posts_fail_at_the_request_refused_and_keep_the_ones_before() {
+    let dev = |name: &str, addr: IpAddr| {
+        let mut c = HcaConfig::new(name, addr);
+        c.port = 47954;
+        c.progress = softrdma_device::Progress::Application;
+        Arc::new(Hca::start(c).unwrap())
+    };
+    let (da, db) = (dev("post0", A), dev("post1", B));
+    let (a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
+    let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    let qa = a._pd.qp_builder(QpType::Rc, &a.cq).caps(caps).build().unwrap();
+    let qb = b._pd.qp_builder(QpType::Rc, &b.cq).caps(caps).build().unwrap();
+    let o = ConnectOptions { mtu: Mtu::Mtu1024, timeout: 20, retry_cnt: 1, ..ConnectOptions::default() };
+    qa.connect(1, &qb.endpoint(2), &o).unwrap();
+    let send = |id: u64| SendWr::new(id, SendOp::Send, vec![a.mr.sge(0..64)]);
+    let two_sges = SendWr::new(9, SendOp::Send, vec![a.mr.sge(0..64), a.mr.sge(64..128)]);
+    match qa.post_send(vec![send(1), send(2), two_sges]) {
+        Err(Error::Post { err: VerbsError::Inval, index: 2 }) => {}
+        r => panic!("a request with two SGEs on a one-SGE QP: {r:?}"),
+    }
+    match qa.post_send(vec![send(3), send(4), send(5), send(6)]) {
+        Err(Error::Post { err: VerbsError::NoMem, index: 2 }) => {}
+        r => panic!("two requests past max_send_wr 4: {r:?}"),
+    }
+    assert!(matches!(qa.post_send(vec![send(7)]), Err(Error::Post { err: VerbsError::NoMem, index: 0 })));
+    // The four posted ones are outstanding: they flush when the QP goes to ERR, in order.
+    qa.modify(&QpAttr { qp_state: QpState::Err, ..QpAttr::default() }, AttrMask::STATE).unwrap();
+    let ids: Vec<(u64, WcStatus)> = a.cq.wait(4, T).unwrap().iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(ids, [1, 2, 3, 4].map(|i| (i, WcStatus::WrFlushErr)));
+}

@@ -385,6 +385,41 @@ impl Hca {
     pub fn drive_post(&self, qpn: Qpn, stream: bool) {
         let mut st = self.shared.lock();
         let (now, held) = st.hold_clock();
+        self.posted(&mut st, now, qpn, stream);
+        st.release_clock(held);
+    }
+
+    /// A provider's `ibv_post_send` of checked requests (each with the payload gathered at post
+    /// time, if any) straight into the engine, without the rings a daemon's clients write: then
+    /// as [`Hca::drive_post`]. On a request the engine refuses (ENOMEM: its send queue is full;
+    /// EINVAL) the ones before it stay posted; returns that error and the request's index.
+    pub fn post_send(
+        &self,
+        qpn: Qpn,
+        wrs: Vec<(softrdma_engine::wr::SendWr, Option<Vec<u8>>)>,
+        stream: bool,
+    ) -> Result<(), (VerbsError, usize)> {
+        let mut st = self.shared.lock();
+        let (now, held) = st.hold_clock();
+        // New requests come after completions their owner saw: it may have refilled buffers.
+        st.dev.memory().forget_read_ahead();
+        let mut r = Ok(());
+        for (index, (wr, data)) in wrs.into_iter().enumerate() {
+            if let Err(e) = st.dev.post_send_inline(qpn, wr, data) {
+                r = Err((e, index));
+                break;
+            }
+            st.io.ring_wqes += 1;
+        }
+        self.posted(&mut st, now, qpn, stream);
+        st.release_clock(held);
+        r
+    }
+
+    /// After a post to QP `qpn`'s send queue: sends now, or leaves the new work for the next
+    /// pump when the post is part of a `stream` and the QP waits for an answer (see
+    /// [`Hca::drive_post`]).
+    fn posted(&self, st: &mut State, now: softrdma_engine::time::Instant, qpn: Qpn, stream: bool) {
         st.posted_send = true;
         st.last_post = Some(now);
         if stream && st.dev.awaiting_response(qpn) {
@@ -394,8 +429,7 @@ impl Hca {
             st.pump();
         }
         self.shared.tx_owed.store(st.tx_owed, Ordering::Relaxed);
-        Hca::wake_for_timers(&self.shared, &st);
-        st.release_clock(held);
+        Hca::wake_for_timers(&self.shared, st);
     }
 }
 
