@@ -1671,6 +1671,32 @@ impl QueuePair {
                 *n = n.saturating_sub(1);
             }
         };
+        // A device the application drives (a provider's): straight into its engine.
+        #[cfg(feature = "embedded")]
+        if let (Some(hca), Some(_), Backend::Embedded { owner, .. }) =
+            (inner.application_hca(), self.rq, &inner.backend)
+        {
+            let mut entries = Vec::with_capacity(wrs.len());
+            let mut refused = None;
+            for (index, wr) in wrs.into_iter().enumerate() {
+                match prepare(wr) {
+                    Ok(e) => entries.push(e),
+                    Err(err) => {
+                        refused = Some(Error::Post { err, index });
+                        break;
+                    }
+                }
+            }
+            // The engine's refusal undoes that entry and the ones after it (never posted).
+            let tokens: Vec<(u64, bool)> = entries.iter().map(|e| (e.wr.wr_id, e.stage)).collect();
+            if let Err((err, index)) = hca.post_recv(*owner, self.qpn, entries) {
+                for &(wr_id, stage) in &tokens[index..] {
+                    undo(&RecvEntry { wr: RecvWr { wr_id, sg_list: Vec::new() }, stage });
+                }
+                return Err(Error::Post { err, index });
+            }
+            return refused.map_or(Ok(()), Err);
+        }
         inner.post_list(None, self.rq, wrs, prepare, undo)
     }
 

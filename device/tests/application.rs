@@ -604,11 +604,11 @@ fn the_progress_thread_holds_an_acknowledgement_for_the_post_that_follows() {
     assert_eq!(b.mr.as_slice()[FLAG], 99);
 }
 
-/// On an application-driven device (a provider's) ibv_post_send goes straight into the engine:
-/// a list fails at the request the engine or the checks before it refuse, the ones before it
-/// stay posted (libibverbs' bad_wr), ENOMEM once max_send_wr requests are outstanding (the peer
-/// QP here never answers: it stays in RESET, whose packets a responder drops), EINVAL for a
-/// request with more SGEs than the QP has.
+/// On an application-driven device (a provider's) ibv_post_send and ibv_post_recv go straight
+/// into the engine: a list fails at the request the engine or the checks before it refuse, the
+/// ones before it stay posted (libibverbs' bad_wr), ENOMEM once max_send_wr (max_recv_wr)
+/// requests are outstanding (the peer QP here never answers: it stays in RESET, whose packets a
+/// responder drops), EINVAL for a request with more SGEs than the QP has.
 #[test]
 fn application_driven_posts_fail_at_the_request_refused_and_keep_the_ones_before() {
     let dev = |name: &str, addr: IpAddr| {
@@ -635,8 +635,26 @@ fn application_driven_posts_fail_at_the_request_refused_and_keep_the_ones_before
         r => panic!("two requests past max_send_wr 4: {r:?}"),
     }
     assert!(matches!(qa.post_send(vec![send(7)]), Err(Error::Post { err: VerbsError::NoMem, index: 0 })));
-    // The four posted ones are outstanding: they flush when the QP goes to ERR, in order.
+    // Receives the same way (ibv_post_recv; max_recv_wr 4).
+    let recv = |id: u64| RecvWr { wr_id: id, sg_list: vec![a.mr.sge(1024..1088)] };
+    let two = RecvWr { wr_id: 19, sg_list: vec![a.mr.sge(1024..1088), a.mr.sge(2048..2112)] };
+    match qa.post_recv(vec![recv(11), two, recv(12)]) {
+        Err(Error::Post { err: VerbsError::Inval, index: 1 }) => {}
+        r => panic!("a receive with two SGEs on a one-SGE QP: {r:?}"),
+    }
+    match qa.post_recv(vec![recv(13), recv(14), recv(15), recv(16)]) {
+        Err(Error::Post { err: VerbsError::NoMem, index: 3 }) => {}
+        r => panic!("a receive past max_recv_wr 4: {r:?}"),
+    }
+    // The four posted sends and four receives are outstanding: they flush when the QP goes to
+    // ERR, each queue in order, with the application's own wr_ids.
     qa.modify(&QpAttr { qp_state: QpState::Err, ..QpAttr::default() }, AttrMask::STATE).unwrap();
-    let ids: Vec<(u64, WcStatus)> = a.cq.wait(4, T).unwrap().iter().map(|w| (w.wr_id, w.status)).collect();
-    assert_eq!(ids, [1, 2, 3, 4].map(|i| (i, WcStatus::WrFlushErr)));
+    let got: Vec<(u64, WcStatus)> = a.cq.wait(8, T).unwrap().iter().map(|w| (w.wr_id, w.status)).collect();
+    let sends: Vec<u64> = got.iter().filter(|w| w.0 < 10).map(|w| w.0).collect();
+    let recvs: Vec<u64> = got.iter().filter(|w| w.0 >= 10).map(|w| w.0).collect();
+    assert_eq!((sends, recvs), (vec![1, 2, 3, 4], vec![11, 13, 14, 15]), "{got:?}");
+    assert!(got.iter().all(|w| w.1 == WcStatus::WrFlushErr), "{got:?}");
+    // The refused ones never complete.
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(a.cq.poll(16).unwrap().is_empty());
 }

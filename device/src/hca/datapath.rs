@@ -585,6 +585,32 @@ impl State {
         moved
     }
 
+    /// Receives of client `owner` for its QP `qpn`, straight into the engine (a provider's
+    /// `ibv_post_recv`, see [`super::Hca::post_recv`]): staged as from its ring. On a request the
+    /// engine refuses, the ones before it stay posted; returns that error and its index.
+    pub(super) fn post_recv_direct(
+        &mut self,
+        owner: u32,
+        qpn: Qpn,
+        entries: Vec<RecvEntry>,
+    ) -> Result<(), (VerbsError, usize)> {
+        let State { clients, dev, io, .. } = self;
+        let Some(c) = clients.get_mut(&owner).filter(|c| c.rq.contains_key(&qpn)) else {
+            return Err((VerbsError::Inval, 0));
+        };
+        let Client { staging, staged, stage_mrs, qp_pd, .. } = &mut *c;
+        for (index, e) in entries.into_iter().enumerate() {
+            let token = e.wr.wr_id;
+            let wr = redirect(dev, qp_pd.get(&qpn).copied(), e, staging, staged, stage_mrs);
+            if let Err(err) = dev.post_recv(qpn, wr) {
+                unstage(staging, staged, token);
+                return Err((err, index));
+            }
+            io.ring_wqes += 1;
+        }
+        Ok(())
+    }
+
     /// Sends the answers a poll held back ([`super::Hca::drive`]), if any.
     pub(super) fn send_owed(&mut self) {
         if self.tx_owed {

@@ -416,6 +416,14 @@ impl Hca {
         r
     }
 
+    /// A provider's `ibv_post_recv` for QP `qpn` of client `owner` straight into the engine
+    /// (the receives' checks and staging requests made): no ring, nothing sent (as with
+    /// [`Hca::drive_post`]'s receives, the next pump answers what they let in). On a request the
+    /// engine refuses the ones before it stay posted; returns that error and its index.
+    pub fn post_recv(&self, owner: u32, qpn: Qpn, entries: Vec<RecvEntry>) -> Result<(), (VerbsError, usize)> {
+        self.shared.lock().post_recv_direct(owner, qpn, entries)
+    }
+
     /// After a post to QP `qpn`'s send queue: sends now, or leaves the new work for the next
     /// pump when the post is part of a `stream` and the QP waits for an answer (see
     /// [`Hca::drive_post`]).
