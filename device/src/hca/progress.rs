@@ -231,17 +231,17 @@ pub(super) fn run(sh: &Shared) {
                 if n > 0 && holding.is_none() && st.hold_for_post() {
                     let cqes = st.cqes_written;
                     // The application posted a send a moment ago and does not read the socket
-                    // now (it spins on memory, as ib_write_lat does, or computes), what this
-                    // run did completes no work (one-sided: memory the application can only
-                    // watch) and needs only acknowledgements sent: that post's successor is
-                    // likely near. (A run that completes work is left alone: the application's
-                    // poll is about to find it, and a hold there cost a wake-up of this thread
-                    // per hold, measured on ib_send_lat.) They wait for it (at most TX_DEFER), to leave behind it in
-                    // one GSO send; the peer's poll then finds its completion and the new
-                    // request together and handles both itself, where a lone acknowledgement
-                    // would end its poll before the request came, which then only its
-                    // progress thread, woken while both programs spin, could serve (the slow
-                    // mode of ib_write_lat: BENCHMARKS.md).
+                    // now (it spins on memory, as ib_write_lat does, or computes). If this run
+                    // completed no work (one-sided: memory the application can only watch) and
+                    // needs only acknowledgements sent, they wait for that post's successor,
+                    // likely near (at most TX_DEFER), to leave behind it in one GSO send: the
+                    // peer's poll then finds its completion and the new request together and
+                    // handles both itself. A lone acknowledgement would end the peer's poll
+                    // before the request came, which then only its progress thread, woken
+                    // while both programs spin, could serve (ib_write_lat's slow mode:
+                    // BENCHMARKS.md). A run that completes work is left alone: the
+                    // application's poll is about to find it, and a hold there cost a wake-up
+                    // of this thread per hold (measured on ib_send_lat).
                     st.pump_with(false);
                     if st.cqes_written == cqes && st.dev.only_acks_pending() {
                         st.posted_send = false;
