@@ -27,6 +27,7 @@ mod bench;
 mod bench_cluster;
 mod bench_parse;
 mod bench_progress;
+mod bench_ratio;
 mod bench_scale;
 mod cluster;
 mod demo;
