@@ -24,6 +24,7 @@ use crate::proto::{self, MemOp, MemReply};
 
 use nix::sys::uio::{process_vm_readv, process_vm_writev, RemoteIoVec};
 use nix::unistd::Pid;
+use softrdma_engine::copy::{copy_bytes, extend_bytes};
 use softrdma_engine::memory::{AtomicOp, AtomicStart, Memory, MemoryError, Owner};
 
 /// The memory of every attached client, by owner.
@@ -185,7 +186,7 @@ impl ProcessMemory {
             let Some(off) = addr.checked_sub(*base) else { continue };
             match got {
                 Ok(v) if end <= base + v.len() as u64 => {
-                    buf.copy_from_slice(&v[off as usize..off as usize + len]);
+                    copy_bytes(buf, &v[off as usize..off as usize + len]);
                     return Ok(());
                 }
                 Err(()) if off < *need as u64 => {
@@ -413,7 +414,7 @@ impl Memory for ProcessMemory {
         if let Some((o, base)) = self.ahead {
             if o == owner && inside(base, self.ahead_data.len()) {
                 let at = (addr - base) as usize;
-                buf.copy_from_slice(&self.ahead_data[at..at + len]);
+                copy_bytes(buf, &self.ahead_data[at..at + len]);
                 return Ok(());
             }
         }
@@ -439,7 +440,7 @@ impl Memory for ProcessMemory {
             return Err(MemoryError { addr, len });
         }
         data.truncate(got);
-        buf.copy_from_slice(&data[..len]);
+        copy_bytes(buf, &data[..len]);
         self.ahead_data = data;
         self.ahead = Some((owner, addr));
         Ok(())
@@ -489,7 +490,7 @@ impl Memory for ProcessMemory {
             self.flush();
         }
         let start = self.pending_data.len();
-        self.pending_data.extend_from_slice(data);
+        extend_bytes(&mut self.pending_data, data);
         self.pending.push((owner, addr, start..start + len));
         Ok(())
     }

@@ -33,6 +33,7 @@
 
 pub mod cm;
 pub mod connect;
+pub mod copy;
 pub mod device;
 pub mod fault;
 pub mod memory;

@@ -404,7 +404,7 @@ impl State {
         let k = self.gso.n as u16;
         let start = self.gso.buf.len();
         let mut buf = std::mem::take(&mut self.gso.buf);
-        buf.extend_from_slice(data);
+        softrdma_engine::copy::extend_bytes(&mut buf, data);
         self.fix_icrc(dst, sport, &mut buf[start..], icrc_id, k);
         flip_bit(&mut buf[start..], flip);
         self.capture(dst, sport, &buf[start..], k);
