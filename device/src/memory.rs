@@ -24,7 +24,7 @@ use crate::proto::{self, MemOp, MemReply};
 
 use nix::sys::uio::{process_vm_readv, process_vm_writev, RemoteIoVec};
 use nix::unistd::Pid;
-use softrdma_engine::copy::{copy_bytes, extend_bytes};
+use softrdma_engine::copy::{copy_bytes, extend_bytes, lead_in, lead_out};
 use softrdma_engine::memory::{AtomicOp, AtomicStart, Memory, MemoryError, Owner};
 
 /// The memory of every attached client, by owner.
@@ -56,8 +56,9 @@ pub struct ProcessMemory {
     /// and the data's place in `pending_data`.
     pending: Vec<(Owner, u64, std::ops::Range<usize>)>,
     pending_data: Vec<u8>,
-    /// Bytes read ahead (see [`Memory::read_ahead`]): whose, from where, and how many are valid.
-    ahead: Option<(Owner, u64)>,
+    /// Bytes read ahead (see [`Memory::read_ahead`]): whose, from where, and where in
+    /// `ahead_data` they start (a lead-in that keeps the kernel's copy fast: `copy::lead_in`).
+    ahead: Option<(Owner, u64, usize)>,
     ahead_data: Vec<u8>,
 }
 
@@ -411,9 +412,9 @@ impl Memory for ProcessMemory {
         let inside = |base: u64, have: usize| {
             addr.checked_sub(base).is_some_and(|o| o.checked_add(len as u64).is_some_and(|e| e <= have as u64))
         };
-        if let Some((o, base)) = self.ahead {
-            if o == owner && inside(base, self.ahead_data.len()) {
-                let at = (addr - base) as usize;
+        if let Some((o, base, lead)) = self.ahead {
+            if o == owner && inside(base, self.ahead_data.len() - lead) {
+                let at = lead + (addr - base) as usize;
                 copy_bytes(buf, &self.ahead_data[at..at + len]);
                 return Ok(());
             }
@@ -430,19 +431,20 @@ impl Memory for ProcessMemory {
         self.reads += 1;
         self.ahead = None;
         let mut data = std::mem::take(&mut self.ahead_data);
-        data.resize(want, 0);
+        data.resize(want + 64, 0);
+        let lead = lead_in(data.as_ptr(), addr);
         let remote = [RemoteIoVec { base: addr as usize, len: want }];
         // The kernel stops at the first page it cannot read: what came before is good.
-        let got = process_vm_readv(pid, &mut [IoSliceMut::new(&mut data)], &remote).unwrap_or(0);
+        let got = process_vm_readv(pid, &mut [IoSliceMut::new(&mut data[lead..lead + want])], &remote).unwrap_or(0);
         if got < len {
             self.ahead_data = data;
             self.faults += 1;
             return Err(MemoryError { addr, len });
         }
-        data.truncate(got);
-        copy_bytes(buf, &data[..len]);
+        data.truncate(lead + got);
+        copy_bytes(buf, &data[lead..lead + len]);
         self.ahead_data = data;
-        self.ahead = Some((owner, addr));
+        self.ahead = Some((owner, addr, lead));
         Ok(())
     }
 
@@ -489,6 +491,10 @@ impl Memory for ProcessMemory {
         if self.pending.len() >= PENDING_WRITES || self.pending_data.len() + len > PENDING_BYTES {
             self.flush();
         }
+        // A lead-in keeps the kernel's copy out of the aliasing distances (`copy::lead_out`).
+        self.pending_data.reserve(data.len() + 64);
+        let lead = lead_out(addr, self.pending_data.as_ptr().wrapping_add(self.pending_data.len()));
+        self.pending_data.resize(self.pending_data.len() + lead, 0);
         let start = self.pending_data.len();
         extend_bytes(&mut self.pending_data, data);
         self.pending.push((owner, addr, start..start + len));
@@ -714,6 +720,45 @@ mod tests {
         assert!(m.read(1, 8, &mut out).is_err(), "unmapped address");
         assert_eq!(m.faults, 1);
         std::hint::black_box(&buf);
+    }
+
+    /// Read-ahead and write-behind with their lead-ins (kept out of `rep movsb`'s slow
+    /// distances): every source alignment, packet after packet, gives the bytes of the buffer.
+    #[test]
+    fn reads_ahead_and_writes_behind_at_every_alignment() {
+        let src: Vec<u8> = (0..40_000u32).map(|i| (i * 13 + i / 256) as u8).collect();
+        let mut dst = vec![0u8; 40_000];
+        let mut m = ProcessMemory::default();
+        m.attach(1, std::process::id() as i32);
+        let (mut leads_in, mut leads_out) = (0, 0);
+        for shift in 0..4096 {
+            m.forget_read_ahead();
+            let (addr, len) = (src.as_ptr() as u64 + shift as u64, 2 * 4096 + 300);
+            let mut got = Vec::new();
+            let mut packet = vec![0u8; 4096];
+            let mut at = 0;
+            while at < len {
+                let n = packet.len().min(len - at);
+                m.read_ahead(1, addr + at as u64, &mut packet[..n], (len - at) as u64).unwrap();
+                got.extend_from_slice(&packet[..n]);
+                at += n;
+            }
+            assert_eq!(&got[..], &src[shift..shift + len], "read ahead, shift {shift}");
+            leads_in += usize::from(m.ahead.is_some_and(|(_, _, lead)| lead > 0));
+            dst.fill(0);
+            let out = dst.as_mut_ptr() as u64 + shift as u64;
+            for (k, chunk) in got.chunks(4096).enumerate() {
+                m.write(1, out + (k * 4096) as u64, chunk).unwrap();
+            }
+            leads_out += usize::from(m.pending.first().is_some_and(|(_, _, r)| r.start > 0));
+            m.flush();
+            assert_eq!(&dst[shift..shift + len], &src[shift..shift + len], "write behind, shift {shift}");
+            assert!(dst[..shift].iter().chain(&dst[shift + len..]).all(|b| *b == 0), "wrote outside, shift {shift}");
+        }
+        assert_eq!(m.faults, 0);
+        // 63 of the 4,096 placements need a lead-in, each way.
+        assert!(leads_in > 0 && leads_out > 0, "lead-ins {leads_in} out {leads_out}");
+        std::hint::black_box(&mut dst);
     }
 
     #[test]

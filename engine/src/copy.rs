@@ -24,6 +24,32 @@ pub fn aliasing(dst: *const u8, src: *const u8, len: usize) -> bool {
     len > PIECE && (1..64).contains(&d)
 }
 
+/// How many bytes to leave free before the place a copy from `src` lands in our buffer, starting
+/// at `dst`, so that the kernel's copy (`process_vm_readv`, `recvmsg`: `rep movsb` too) does not
+/// alias ([`aliasing`]): 0 when it does not already, else the 1-63 bytes that put the
+/// destination 64 bytes above the source modulo 4 KiB.
+pub fn lead_in(dst: *const u8, src: u64) -> usize {
+    let d = (dst as usize).wrapping_sub(src as usize) & 4095;
+    if (1..64).contains(&d) {
+        64 - d
+    } else {
+        0
+    }
+}
+
+/// How many bytes to leave free before the place in our buffer, starting at `src`, from which
+/// the kernel copies to `dst` (`process_vm_writev`, `sendmsg`), so that the copy does not alias
+/// ([`aliasing`]): 0 when it does not already, else the 1-63 bytes that put the destination at
+/// the same place as the source modulo 4 KiB.
+pub fn lead_out(dst: u64, src: *const u8) -> usize {
+    let d = (dst as usize).wrapping_sub(src as usize) & 4095;
+    if (1..64).contains(&d) {
+        d
+    } else {
+        0
+    }
+}
+
 /// `dst.copy_from_slice(src)`, in pieces when the two alias ([`aliasing`]).
 ///
 /// # Panics
@@ -111,6 +137,24 @@ mod test {
                 assert_eq!(&v[..held], &pattern(held)[..], "held bytes changed, len {len} distance {d}");
                 assert_eq!(&v[held..], &src[..len], "len {len} distance {d}");
             }
+        }
+    }
+
+    #[test]
+    fn a_lead_takes_a_kernel_copy_out_of_the_aliasing_distances() {
+        let base = 0x20_0000usize;
+        for d in 0..4096 {
+            // Into our buffer at `dst` from the owner's `src`: we may start later.
+            let (dst, src) = ((base + d) as *const u8, base as u64);
+            let lead = lead_in(dst, src);
+            assert!(lead < 64);
+            assert_eq!(lead == 0, !(1..64).contains(&d), "distance {d}");
+            assert!(!aliasing(dst.wrapping_add(lead), src as *const u8, 4096), "distance {d} lead {lead}");
+            // Out of our buffer at `src` to the owner's `dst`: we may start later.
+            let (dst, src) = ((base + d) as u64, base as *const u8);
+            let lead = lead_out(dst, src);
+            assert!(lead < 64);
+            assert!(!aliasing(dst as *const u8, src.wrapping_add(lead), 4096), "distance {d} lead {lead}");
         }
     }
 

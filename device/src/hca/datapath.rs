@@ -339,7 +339,8 @@ impl State {
         }
         if local || mcast {
             // Internal loopback carries IPv4 ID 0.
-            let mut d = data.to_vec();
+            let mut d = Vec::with_capacity(data.len());
+            softrdma_engine::copy::extend_bytes(&mut d, data);
             if self.loopback_icrc() {
                 self.fix_icrc(dst, sport, &mut d, icrc_id, 0);
             }
