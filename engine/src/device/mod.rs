@@ -22,6 +22,7 @@ mod packet;
 pub mod profile;
 mod qp;
 mod req;
+pub use self::req::MAX_UNACKED_PSNS;
 mod resp;
 mod srq;
 mod unrel;
