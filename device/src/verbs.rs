@@ -389,8 +389,13 @@ impl Inner {
 
     /// Forgets the staging of a receive that was not posted.
     fn unstage(&self, e: &RecvEntry) {
-        if e.stage {
-            self.staged_lock().remove(&e.wr.wr_id);
+        self.unstage_token(e.wr.wr_id, e.stage);
+    }
+
+    /// [`Inner::unstage`] by the receive's token and whether it was staged.
+    fn unstage_token(&self, wr_id: u64, stage: bool) {
+        if stage {
+            self.staged_lock().remove(&wr_id);
         }
     }
 
@@ -1622,17 +1627,7 @@ impl QueuePair {
         if let (Some(hca), Some(_)) = (self.ctx.inner.application_hca(), self.sq) {
             // A post right after a post (no poll between): a stream.
             let stream = self.ctx.inner.posting.swap(true, Ordering::Relaxed);
-            let mut checked = Vec::with_capacity(wrs.len());
-            let mut refused = None;
-            for (index, wr) in wrs.into_iter().enumerate() {
-                match self.check_send(&wr) {
-                    Ok(data) => checked.push((wr, data)),
-                    Err(err) => {
-                        refused = Some(Error::Post { err, index });
-                        break;
-                    }
-                }
-            }
+            let (checked, refused) = prepare_prefix(wrs, |wr| self.check_send(&wr).map(|data| (wr, data)));
             if !checked.is_empty() {
                 hca.post_send(self.qpn, checked, stream).map_err(|(err, index)| Error::Post { err, index })?;
             }
@@ -1665,8 +1660,8 @@ impl QueuePair {
             drop(out);
             Ok(inner.recv_entry(self.pd, wr))
         };
-        let undo = |e: &RecvEntry| {
-            inner.unstage(e);
+        let undo_token = |wr_id: u64, stage: bool| {
+            inner.unstage_token(wr_id, stage);
             if let Some(n) = inner.rq_lock().get_mut(&qpn) {
                 *n = n.saturating_sub(1);
             }
@@ -1676,28 +1671,18 @@ impl QueuePair {
         if let (Some(hca), Some(_), Backend::Embedded { owner, .. }) =
             (inner.application_hca(), self.rq, &inner.backend)
         {
-            let mut entries = Vec::with_capacity(wrs.len());
-            let mut refused = None;
-            for (index, wr) in wrs.into_iter().enumerate() {
-                match prepare(wr) {
-                    Ok(e) => entries.push(e),
-                    Err(err) => {
-                        refused = Some(Error::Post { err, index });
-                        break;
-                    }
-                }
-            }
+            let (entries, refused) = prepare_prefix(wrs, prepare);
             // The engine's refusal undoes that entry and the ones after it (never posted).
             let tokens: Vec<(u64, bool)> = entries.iter().map(|e| (e.wr.wr_id, e.stage)).collect();
             if let Err((err, index)) = hca.post_recv(*owner, self.qpn, entries) {
                 for &(wr_id, stage) in &tokens[index..] {
-                    undo(&RecvEntry { wr: RecvWr { wr_id, sg_list: Vec::new() }, stage });
+                    undo_token(wr_id, stage);
                 }
                 return Err(Error::Post { err, index });
             }
             return refused.map_or(Ok(()), Err);
         }
-        inner.post_list(None, self.rq, wrs, prepare, undo)
+        inner.post_list(None, self.rq, wrs, prepare, |e| undo_token(e.wr.wr_id, e.stage))
     }
 
     /// `ibv_attach_mcast` (UD).
@@ -1734,6 +1719,24 @@ impl Drop for QueuePair {
         self.ctx.inner.release(req);
         self.purge_completions();
     }
+}
+
+/// Prepares a post list's requests in order up to the first one refused: the prepared ones and
+/// that refusal, with its index (a NIC's post fails at the request it refuses and keeps the
+/// ones before it). For the posts that go straight into an engine the application drives.
+#[cfg(feature = "embedded")]
+fn prepare_prefix<W, E>(
+    wrs: Vec<W>,
+    mut prepare: impl FnMut(W) -> std::result::Result<E, VerbsError>,
+) -> (Vec<E>, Option<Error>) {
+    let mut ready = Vec::with_capacity(wrs.len());
+    for (index, wr) in wrs.into_iter().enumerate() {
+        match prepare(wr) {
+            Ok(e) => ready.push(e),
+            Err(err) => return (ready, Some(Error::Post { err, index })),
+        }
+    }
+    (ready, None)
 }
 
 /// A shared receive queue (plain or XRC).
