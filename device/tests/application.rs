@@ -48,13 +48,7 @@ fn channel_sleeper_wakes(a: &Side, b: &Side, o: &ConnectOptions, poll_first: boo
 /// its work.
 #[test]
 fn application_driven_devices_serve_one_sided_targets_and_channel_sleepers_without_calls() {
-    let dev = |name: &str, addr: IpAddr| {
-        let mut c = HcaConfig::new(name, addr);
-        c.port = 47936;
-        c.seed = Some(47936);
-        c.progress = softrdma_device::Progress::Application;
-        Arc::new(Hca::start(c).unwrap())
-    };
+    let dev = |name: &str, addr: IpAddr| app_device(name, addr, 47936, |c| c.seed = Some(47936));
     let (da, db) = (dev("app0", A), dev("app1", B));
     let (mut a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
     // Shorter transport timer and few retries: a target that did not answer shows as an error.
@@ -108,12 +102,10 @@ fn application_driven_devices_serve_one_sided_targets_and_channel_sleepers_witho
 #[test]
 fn application_driven_sends_are_resent_while_the_application_sleeps() {
     let dev = |name: &str, addr: IpAddr, faults: &str| {
-        let mut c = HcaConfig::new(name, addr);
-        c.port = 47937;
-        c.seed = Some(47937);
-        c.faults = faults.parse().unwrap();
-        c.progress = softrdma_device::Progress::Application;
-        Arc::new(Hca::start(c).unwrap())
+        app_device(name, addr, 47937, |c| {
+            c.seed = Some(47937);
+            c.faults = faults.parse().unwrap();
+        })
     };
     let (da, db) = (dev("lossy0", A, "loss=0.3"), dev("lossy1", B, ""));
     let ctx = Context::embedded(&da).unwrap();
@@ -152,13 +144,7 @@ fn application_driven_sends_are_resent_while_the_application_sleeps() {
 /// cannot serve); the target goes on serving its other memory.
 #[test]
 fn application_driven_target_survives_memory_it_made_inaccessible() {
-    let dev = |name: &str, addr: IpAddr| {
-        let mut c = HcaConfig::new(name, addr);
-        c.port = 47938;
-        c.seed = Some(47938);
-        c.progress = softrdma_device::Progress::Application;
-        Arc::new(Hca::start(c).unwrap())
-    };
+    let dev = |name: &str, addr: IpAddr| app_device(name, addr, 47938, |c| c.seed = Some(47938));
     let (da, db) = (dev("inacc0", A), dev("inacc1", B));
     let (mut a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
     let len = 64 * 1024;
@@ -232,12 +218,10 @@ fn application_driven_target_survives_memory_it_made_inaccessible() {
 #[test]
 fn application_driven_polls_hand_the_socket_back() {
     let dev = |name: &str, addr: IpAddr, port: u16, idle: Duration| {
-        let mut c = HcaConfig::new(name, addr);
-        c.port = port;
-        c.seed = Some(port as u64);
-        c.progress = softrdma_device::Progress::Application;
-        c.handoff_idle = idle;
-        Arc::new(Hca::start(c).unwrap())
+        app_device(name, addr, port, |c| {
+            c.seed = Some(port as u64);
+            c.handoff_idle = idle;
+        })
     };
     let o = ConnectOptions { mtu: Mtu::Mtu1024, timeout: 14, retry_cnt: 1, ..ConnectOptions::default() };
     let pair = |da: &Arc<Hca>, db: &Arc<Hca>| {
@@ -290,14 +274,8 @@ fn application_driven_polls_hand_the_socket_back() {
 /// would take that long.
 #[test]
 fn a_poll_returns_completions_before_the_answers_which_leave_with_the_next_post_or_soon() {
-    let dev = |name: &str, addr: IpAddr| {
-        let mut c = HcaConfig::new(name, addr);
-        c.port = 47945;
-        c.progress = softrdma_device::Progress::Application;
-        // As a provider's device (`Context::open_provider`).
-        c.gso = true;
-        Arc::new(Hca::start(c).unwrap())
-    };
+    // As a provider's device (`Context::open_provider`): with GSO.
+    let dev = |name: &str, addr: IpAddr| app_device(name, addr, 47945, |c| c.gso = true);
     let (da, db) = (dev("defer0", A), dev("defer1", B));
     let (a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
     let o = ConnectOptions { mtu: Mtu::Mtu1024, timeout: 20, retry_cnt: 1, ..ConnectOptions::default() };
@@ -373,13 +351,7 @@ fn a_poll_returns_completions_before_the_answers_which_leave_with_the_next_post_
     // own idle check does not send the ACK): the progress thread sleeps at most 1 ms while the
     // application drives the device (200 us while it knows answers are owed); without that it
     // sends the ACK at its next 50 ms tick (five rounds: ~125 ms) or after a's retransmission.
-    let dev0 = |name: &str, addr: IpAddr| {
-        let mut c = HcaConfig::new(name, addr);
-        c.port = 47946;
-        c.progress = softrdma_device::Progress::Application;
-        c.handoff_idle = Duration::from_secs(60);
-        Arc::new(Hca::start(c).unwrap())
-    };
+    let dev0 = |name: &str, addr: IpAddr| app_device(name, addr, 47946, |c| c.handoff_idle = Duration::from_secs(60));
     let (dc, dd) = (dev0("defer2", A), dev0("defer3", B));
     let (c, mut d) = (side(&dc, QpType::Rc), side(&dd, QpType::Rc));
     c.qp.connect(100, &d.qp.endpoint(900), &o).unwrap();
@@ -481,11 +453,7 @@ fn held_back_answers_leave_at_process_exit_child() {
         std::env::var_os("SOFTRDMA_TEST_EXIT_CHILD").is_some(),
         "run by held_back_answers_leave_at_process_exit, not alone"
     );
-    let mut c = HcaConfig::new("exit1", B);
-    c.port = 47951;
-    c.progress = softrdma_device::Progress::Application;
-    c.gso = true;
-    let db = Arc::new(Hca::start(c).unwrap());
+    let db = app_device("exit1", B, 47951, |c| c.gso = true);
     let b = side(&db, QpType::Rc);
     println!("CHILD qpn={}", b.qp.qpn());
     std::io::stdout().flush().unwrap();
@@ -527,11 +495,7 @@ fn the_progress_thread_holds_an_acknowledgement_for_the_post_that_follows() {
     let mut ca = HcaConfig::new("hold0", A);
     ca.port = 47953;
     let da = Arc::new(Hca::start(ca).unwrap());
-    let mut cb = HcaConfig::new("hold1", B);
-    cb.port = 47953;
-    cb.progress = softrdma_device::Progress::Application;
-    cb.gso = true;
-    let db = Arc::new(Hca::start(cb).unwrap());
+    let db = app_device("hold1", B, 47953, |c| c.gso = true);
     let (mut a, mut b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
     let o = ConnectOptions { mtu: Mtu::Mtu1024, timeout: 20, retry_cnt: 1, ..ConnectOptions::default() };
     a.qp.connect(100, &b.qp.endpoint(900), &o).unwrap();
@@ -611,12 +575,7 @@ fn the_progress_thread_holds_an_acknowledgement_for_the_post_that_follows() {
 /// responder drops), EINVAL for a request with more SGEs than the QP has.
 #[test]
 fn application_driven_posts_fail_at_the_request_refused_and_keep_the_ones_before() {
-    let dev = |name: &str, addr: IpAddr| {
-        let mut c = HcaConfig::new(name, addr);
-        c.port = 47954;
-        c.progress = softrdma_device::Progress::Application;
-        Arc::new(Hca::start(c).unwrap())
-    };
+    let dev = |name: &str, addr: IpAddr| app_device(name, addr, 47954, |_| {});
     let (da, db) = (dev("post0", A), dev("post1", B));
     let (a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
     let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };

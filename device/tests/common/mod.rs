@@ -21,6 +21,16 @@ pub fn device(name: &str, addr: IpAddr, port: u16, faults: &str) -> Arc<Hca> {
     Arc::new(Hca::start(c).unwrap())
 }
 
+/// A device that the application's calls drive (`Progress::Application`, as a provider's) on
+/// `port`; `tweak` sets the rest of its configuration.
+pub fn app_device(name: &str, addr: IpAddr, port: u16, tweak: impl FnOnce(&mut HcaConfig)) -> Arc<Hca> {
+    let mut c = HcaConfig::new(name, addr);
+    c.port = port;
+    c.progress = softrdma_device::Progress::Application;
+    tweak(&mut c);
+    Arc::new(Hca::start(c).unwrap())
+}
+
 pub struct Side {
     pub _ctx: Context,
     pub _pd: ProtectionDomain,
