@@ -301,6 +301,9 @@ pub(crate) fn stat(name: &str, json: bool) -> Result<ExitCode> {
         ("clients", io.clients),
         ("providers", io.providers),
         ("daemon_udp_rcvd", io.daemon_udp_rcvd),
+        // Datagrams the kernel gave to another process's socket of the port, passed on.
+        ("relayed", io.relayed),
+        ("relay_lost", io.relay_lost),
         // The connection manager (rdma_cm): MADs on QP1, and its IDs in the device.
         ("cm_mads_sent", cm.mads_sent),
         ("cm_mads_rcvd", cm.mads_rcvd),

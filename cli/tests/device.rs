@@ -452,6 +452,121 @@ fn providers_run_their_own_qps_on_the_steered_port() {
     drop((p1, p3, d));
 }
 
+/// A GRO run whose segments name the QPs of several processes (a NIC merges consecutive datagrams
+/// of one flow; the kernel hands the run to the socket the steering program picks for its first
+/// segment) still reaches every QP it names: the member that got it passes the others' segments on
+/// through the relay (provider to daemon, daemon to provider), with the headers their ICRC covers.
+/// On loopback one GSO send of a foreign sender makes such a run. Without the relay the first
+/// segment's owner drops the rest as packets for QPs it does not have.
+#[test]
+fn a_gro_run_mixing_several_processes_qps_reaches_every_owner() {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrIn};
+    use softrdma_device::verbs::*;
+    use softrdma_engine::device::ip_udp_header;
+    use softrdma_engine::wire::{icrc, IbPacket};
+    use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
+    use std::os::fd::AsRawFd;
+    const PORT: u16 = 47952;
+    const LEN: usize = 200;
+    const SRC_QPN: u32 = 0x42;
+    let (_base, rt) = rtdir();
+    let rt = rt.as_path();
+    let _g = up(rt, "gr", "127.0.0.1", PORT, &[]);
+    struct Side {
+        qp: QueuePair,
+        cq: CompletionQueue,
+        mr: MemoryRegion,
+        _pd: ProtectionDomain,
+        _ctx: Context,
+    }
+    let o = ConnectOptions::default();
+    let side = |ctx: Context| {
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64, None).unwrap();
+        let qp = pd.qp_builder(QpType::Ud, &cq).build().unwrap();
+        qp.connect(0, &qp.endpoint(0), &o).unwrap();
+        let mr = pd.alloc_mr(4 * 1024, Access::LOCAL_WRITE).unwrap();
+        let wrs =
+            (0..4u64).map(|k| RecvWr { wr_id: k, sg_list: vec![mr.sge(k as usize * 1024..(k as usize + 1) * 1024)] });
+        qp.post_recv(wrs.collect()).unwrap();
+        Side { qp, cq, mr, _pd: pd, _ctx: ctx }
+    };
+    let sides = [
+        side(Context::provider_in(rt, "gr").unwrap()),
+        side(Context::provider_in(rt, "gr").unwrap()),
+        side(Context::open_in(rt, "gr").unwrap()),
+    ];
+    let block = |qpn: u32| qpn >> softrdma_engine::device::QPN_BLOCK_SHIFT;
+    let blocks: Vec<u32> = sides.iter().map(|s| block(s.qp.qpn())).collect();
+    assert!(blocks[0] != blocks[1] && blocks[0] != blocks[2] && blocks[1] != blocks[2], "QPN blocks {blocks:?}");
+    let before = stat(rt, "gr");
+
+    // A foreign sender: UD SEND_ONLY datagrams of equal size, valid ICRCs for the IPv4 IDs the
+    // kernel gives GSO segments (0, 1, 2, ...).
+    let (src, dst) = (Ipv4Addr::new(127, 0, 0, 9), Ipv4Addr::new(127, 0, 0, 1));
+    let sock = std::net::UdpSocket::bind(SocketAddrV4::new(src, 0)).unwrap();
+    let sport = sock.local_addr().unwrap().port();
+    let fill = |run: u8, to: usize| (run << 4) | to as u8;
+    let packet = |dqpn: u32, psn: u32, segment: u16, fill: u8| {
+        let mut p = vec![0u8; 12 + 8 + LEN + icrc::LEN];
+        p[0] = 0x64; // UD SEND_ONLY
+        p[2..4].copy_from_slice(&0xffffu16.to_be_bytes()); // default P_Key
+        p[4..8].copy_from_slice(&dqpn.to_be_bytes());
+        p[8..12].copy_from_slice(&psn.to_be_bytes());
+        p[12..16].copy_from_slice(&o.qkey.to_be_bytes());
+        p[16..20].copy_from_slice(&SRC_QPN.to_be_bytes());
+        p[20..20 + LEN].fill(fill);
+        let (h, n) = ip_udp_header(IpAddr::V4(src), IpAddr::V4(dst), sport, p.len(), segment);
+        let crc = icrc::roce_v2_parts(&h[..n], &p[..p.len() - icrc::LEN]).unwrap();
+        IbPacket::new_unchecked(&mut p[..]).set_icrc(crc);
+        p
+    };
+    // Run 0 starts with a provider's QP (its socket gets the run: provider -> daemon ->
+    // provider), run 1 with the device path's QP (the daemon's socket: daemon -> providers).
+    for (run, order) in [[0usize, 1, 2], [2, 0, 1]].iter().enumerate() {
+        let mut buf = Vec::new();
+        for (segment, &to) in order.iter().enumerate() {
+            buf.extend(packet(sides[to].qp.qpn(), run as u32, segment as u16, fill(run as u8, to)));
+        }
+        let seg = (buf.len() / 3) as u16;
+        let iov = [std::io::IoSlice::new(&buf)];
+        let to = SockaddrIn::from(SocketAddrV4::new(dst, PORT));
+        let cmsg = [ControlMessage::UdpGsoSegments(&seg)];
+        let sent = sendmsg(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), Some(&to)).unwrap();
+        assert_eq!(sent, buf.len());
+    }
+
+    // Every QP receives its two datagrams, data intact (after the 40-byte GRH slot). Not
+    // necessarily in run order: a relayed segment takes one or two hops more than the other.
+    for (to, s) in sides.iter().enumerate() {
+        let w = s.cq.wait(2, Duration::from_secs(10)).unwrap();
+        assert_eq!(w.len(), 2, "QP {to} ({:#x}) got {w:?}", s.qp.qpn());
+        let mut got = Vec::new();
+        for wc in &w {
+            assert_eq!((wc.status, wc.byte_len, wc.src_qp.value()), (WcStatus::Success, 40 + LEN as u32, SRC_QPN));
+            let at = wc.wr_id as usize * 1024;
+            let data = &s.mr.as_slice()[at + 40..at + 40 + LEN];
+            assert!(data.iter().all(|&b| b == data[0]), "QP {to}: {data:?}");
+            got.push(data[0]);
+        }
+        got.sort();
+        assert_eq!(got, [fill(0, to), fill(1, to)], "QP {to}");
+    }
+    // Three segments went on from the socket that got them: two by the provider (to the daemon),
+    // one of them and two more by the daemon. The providers' counts come with their reports.
+    let n = |v: &Value, k: &str| v[k].as_u64().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let after = loop {
+        let s = stat(rt, "gr");
+        if n(&s, "relayed") - n(&before, "relayed") >= 5 || Instant::now() > deadline {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(n(&after, "relayed") - n(&before, "relayed"), 5, "{after}");
+    assert_eq!(n(&after, "relay_lost"), 0, "{after}");
+}
+
 /// The device's capture, fault injection and counters cover the providers' QPs (the data-path
 /// issue's item 5): two providers exchange through a daemon that captures and drops packets;
 /// the drops are theirs (the daemon's engine sends nothing), the device counts them and the

@@ -718,13 +718,16 @@ impl Context {
     #[cfg(feature = "embedded")]
     fn provider_on(c: Connection) -> Result<Context> {
         let name = c.info.name.clone();
-        let (resp, mut fds) = c.call(&Request::JoinSteering, &[])?;
+        let (resp, fds) = c.call(&Request::JoinSteering, &[])?;
         let (index, blocks, settings, first_qpn) = match resp {
             Response::Steering { index, blocks, settings, first_qpn } => (index, blocks, settings, first_qpn),
             Response::Err(e) => return Err(Error::Verbs(e)),
             _ => return unexpected(),
         };
-        let member = fds.pop().ok_or(Error::Verbs(VerbsError::Inval))?;
+        // The member socket, then this process's end of its relay link to the daemon.
+        let mut fds = fds.into_iter();
+        let member = fds.next().ok_or(Error::Verbs(VerbsError::Inval))?;
+        let relay_link = fds.next();
         let mut cfg = crate::hca::HcaConfig::new(&c.info.name, c.info.addr);
         cfg.mtu = Some(c.info.active_mtu);
         cfg.progress = crate::hca::Progress::Application;
@@ -754,7 +757,7 @@ impl Context {
         })));
         // Batched sends as the daemon makes them (design D5; one destination QP per batch).
         cfg.gso = true;
-        let hca = Arc::new(Hca::start_member(cfg, member, blocks, first_qpn).map_err(|e| {
+        let hca = Arc::new(Hca::start_member(cfg, member, relay_link, blocks, first_qpn).map_err(|e| {
             tracing::warn!("provider for {name}: {e}");
             Error::Verbs(VerbsError::NoMem)
         })?);

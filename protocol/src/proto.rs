@@ -638,7 +638,8 @@ pub enum Response {
     /// The device's multicast groups and their members (`softrdma stat`).
     McastGroups(Vec<GroupInfo>),
     /// `JoinSteering` granted: the client's member of the steered port (its socket travels with
-    /// the answer) and the QPN blocks it allocates from.
+    /// the answer, then its end of the relay link to the daemon) and the QPN blocks it allocates
+    /// from.
     Steering {
         /// The member index.
         index: u32,
@@ -708,6 +709,11 @@ pub struct IoStats {
     /// Datagrams the daemon's own socket of the port received (`udp_rcvd` less the providers'):
     /// with steering, none of the providers' packets.
     pub daemon_udp_rcvd: u64,
+    /// Datagrams a member's socket received for another member's QP (a GRO run the kernel gave
+    /// to the owner of its first segment), passed on to their owner through the relay.
+    pub relayed: u64,
+    /// Datagrams for another member that could not be passed on (a full relay link, no owner).
+    pub relay_lost: u64,
 }
 
 /// Sums of several device layers (the daemon's and its providers'); `clients`, `providers` and
@@ -730,6 +736,8 @@ impl std::ops::AddAssign for IoStats {
             clients: _,
             providers: _,
             daemon_udp_rcvd: _,
+            relayed,
+            relay_lost,
         } = o;
         self.udp_sent += udp_sent;
         self.udp_rcvd += udp_rcvd;
@@ -743,6 +751,8 @@ impl std::ops::AddAssign for IoStats {
         self.memory_reads += memory_reads;
         self.memory_writes += memory_writes;
         self.memory_helper_ops += memory_helper_ops;
+        self.relayed += relayed;
+        self.relay_lost += relay_lost;
     }
 }
 

@@ -32,12 +32,12 @@
 //! has. Every QP sends from a source port of its own (hashed from its QPN over its process's pool,
 //! providers included), so a connected QP's flow holds one destination QP; a UD QP reaching QPs
 //! of several processes, or a foreign sender mixing destination QPs in one flow, still makes a
-//! mixed flow. The receiving engine drops the other processes' segments of such a run as packets
-//! for a QP it does not have (UD may lose them). Not handled (BENCHMARKS.md, "GRO on a NIC"): GRO
-//! off on every member of a group on a NIC cost 2.5-3.5x of the 64-byte message rate between
-//! `softrdma cluster` hosts, and handing the segments on to their owner needs a channel between
-//! members.
-//! So whoever receives still validates every packet ([`Steering::owner`] and [`dest_qpn`] tell
+//! mixed flow, and so does a foreign sender's GSO send mixing destination QPs. The member that
+//! gets such a run passes the segments that are not its own on to their owner through the relay
+//! ([`crate::relay`]: a link from each client member to the daemon). Turning GRO off on every
+//! member instead cost 2.5-3.5x of the 64-byte message rate between `softrdma cluster` hosts
+//! (BENCHMARKS.md, "GRO on a NIC").
+//! Whoever receives still validates every packet ([`Steering::owner`] and [`dest_qpn`] tell
 //! whose it is).
 //!
 //! Cost, measured for this decision (busy-poll ping-pong between two processes, 2 cores): 2.06 us
@@ -243,6 +243,11 @@ impl Steering {
     /// The blocks given to `index`, in order.
     pub fn blocks_of(&self, index: u32) -> Vec<u32> {
         self.owners.iter().filter(|&(_, &i)| i == index).map(|(&b, _)| b).collect()
+    }
+
+    /// Every block given to a client member, in order.
+    pub fn assigned_blocks(&self) -> impl Iterator<Item = u32> + '_ {
+        self.owners.keys().copied()
     }
 
     /// Times a steering program was installed (one at start, one per change of hands).

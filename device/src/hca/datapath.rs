@@ -146,9 +146,14 @@ impl State {
         self.io.ring_wqes += moved as u64;
         let now = self.now();
         let addr = self.addr();
-        let State { udp, dev, tap, io, epoch, .. } = self;
+        let State { udp, dev, tap, io, epoch, relay, .. } = self;
         let r = udp.recv(&mut |d| {
             io.udp_rcvd += 1;
+            // Another member's (a GRO run the kernel gave to the owner of its first segment):
+            // it goes on to its owner, which captures and handles it (`relay`).
+            if relay.takes(&d) {
+                return;
+            }
             let src = d.src.ip();
             let dst = d.dst.filter(|a| *a != addr);
             // A datagram from this device's own address came from a provider sharing the port
@@ -164,6 +169,7 @@ impl State {
             trace_packet("rx", d.payload);
             dev.handle_packet(now, meta, d.payload);
         });
+        self.send_relayed();
         r.unwrap_or(0)
     }
 

@@ -549,7 +549,7 @@ impl State {
                 ok(R::Ok)
             }
             Request::JoinSteering => {
-                let State { udp, dev, clients, .. } = self;
+                let State { udp, dev, clients, relay, .. } = self;
                 // An unsteered port (the kernel refused the group): the client stays on the
                 // device path.
                 let steering = udp.steering_mut().ok_or(VerbsError::NotSupp)?;
@@ -565,6 +565,17 @@ impl State {
                         return Err(VerbsError::NoMem);
                     }
                 };
+                // The relay link: what other members receive for this client's QPs comes to it
+                // through the daemon, and what it receives for others goes back this way.
+                let (link, theirs) = match softrdma_transport::relay::Link::pair() {
+                    Ok(p) => p,
+                    Err(_) => {
+                        let _ = steering.release(m.index);
+                        return Err(VerbsError::NoMem);
+                    }
+                };
+                relay.add_link(m.index, link);
+                relay.set_foreign(steering.assigned_blocks());
                 c.steer = Some(m.index);
                 // Start where the block's last holder stopped; until this one reports (or if it
                 // never does: killed at once), its successor starts a stride further on.
@@ -582,7 +593,10 @@ impl State {
                     max_cqe: dev.config().limits.max_cqe,
                     capture: self.tap.is_some(),
                 });
-                Ok((R::Steering { index: m.index, blocks: vec![block], settings, first_qpn }, vec![fd]))
+                Ok((
+                    R::Steering { index: m.index, blocks: vec![block], settings, first_qpn },
+                    vec![fd, Arc::new(theirs)],
+                ))
             }
             // Routed to the CM in `call` before this match.
             _ => Err(VerbsError::Inval),
@@ -609,6 +623,8 @@ impl State {
             // Set by `totals` for `softrdma stat`.
             providers: 0,
             daemon_udp_rcvd: 0,
+            relayed: self.io.relayed,
+            relay_lost: self.io.relay_lost,
         }
     }
 
@@ -666,6 +682,8 @@ impl State {
                 self.dev.release_qpn_block(b);
             }
             let _ = st.release(i);
+            self.relay.remove_link(i);
+            self.relay.set_foreign(st.assigned_blocks());
         }
         // rdma_cm IDs first, as ucma's close: established connections get their DREQ.
         let now = self.now();

@@ -48,6 +48,7 @@ use crate::proto::{
 mod datapath;
 mod dispatch;
 mod progress;
+mod relay;
 
 use self::progress::*;
 pub use self::progress::{Progress, HANDOFF_IDLE, TX_DEFER};
@@ -344,6 +345,12 @@ pub struct IoCounters {
     pub memory_reads: u64,
     /// Writes of client memory across processes (process_vm_writev).
     pub memory_writes: u64,
+    /// Datagrams the kernel handed to this layer's socket for another member of the steered
+    /// port, passed on to their owner (`relay`).
+    pub relayed: u64,
+    /// Datagrams for another member that could not be passed on (a full link, no owner, a bad
+    /// frame on a link).
+    pub relay_lost: u64,
 }
 
 struct State {
@@ -400,6 +407,8 @@ struct State {
     posted_send: bool,
     /// When an application thread last posted a send (`Hca::drive_post`).
     last_post: Option<Instant>,
+    /// Datagrams for other members of the steered port, and the links they go on.
+    relay: relay::Relay,
 }
 
 /// The GSO send being built.
@@ -546,7 +555,7 @@ impl Hca {
             }
             r => r?,
         };
-        Hca::start_on(cfg, udp, None)
+        Hca::start_on(cfg, udp, None, relay::Relay::new())
     }
 
     /// Starts the part of a steered device that runs in a client process (a user-space
@@ -554,12 +563,26 @@ impl Hca {
     /// (`Request::JoinSteering`) and `blocks` the QPN blocks steered to it. The engine allocates
     /// QPNs from those blocks only; packets for any other QPN of the device's address (the
     /// daemon's, other processes') go out through the port, which steers them.
+    ///
+    /// `link` is this process's end of its relay link to the daemon (`Request::JoinSteering`):
+    /// datagrams the kernel hands to this socket for QPs that are not this process's go on to the
+    /// daemon, which passes them to their owner, and what other members received for this
+    /// process's QPs comes back on it ([`softrdma_transport::relay`]).
     pub fn start_member(
         mut cfg: HcaConfig,
         member: OwnedFd,
+        link: Option<OwnedFd>,
         blocks: Vec<u32>,
         first_qpn: u32,
     ) -> Result<Hca, HcaError> {
+        let relay = match link {
+            Some(fd) => relay::Relay::provider(
+                &blocks,
+                softrdma_transport::relay::Link::from_fd(fd)
+                    .map_err(|source| HcaError::Io { what: "relay link".into(), source })?,
+            ),
+            None => relay::Relay::new(),
+        };
         let mut udp = RoceUdp::from_member(member)?;
         cfg.port = udp.local_addr().port();
         // The QPs of this process send from source ports of their own, one per QP from a pool
@@ -577,18 +600,25 @@ impl Hca {
             }
         }
         cfg.steered = false;
-        Hca::start_on(cfg, udp, Some((blocks, first_qpn)))
+        Hca::start_on(cfg, udp, Some((blocks, first_qpn)), relay)
     }
 
-    fn start_on(cfg: HcaConfig, udp: RoceUdp, blocks: Option<(Vec<u32>, u32)>) -> Result<Hca, HcaError> {
+    fn start_on(
+        cfg: HcaConfig,
+        udp: RoceUdp,
+        blocks: Option<(Vec<u32>, u32)>,
+        relay: relay::Relay,
+    ) -> Result<Hca, HcaError> {
         let io_err = |what: &str| {
             let what = what.to_owned();
             move |source| HcaError::Io { what, source }
         };
         // The device thread polls its own descriptor of the receive socket (see `Shared::udp_poll`).
         let udp_poll = udp.as_fd().try_clone_to_owned().map_err(io_err("UDP socket descriptor"))?;
-        let member_fds =
+        let mut member_fds =
             if blocks.is_some() { vec![udp.as_fd().as_raw_fd(), udp_poll.as_raw_fd()] } else { Vec::new() };
+        // A forked child drops its copy of the relay link too: it would take its parent's packets.
+        member_fds.extend(relay.links().iter().map(|l| l.as_fd().as_raw_fd()));
         register_member_fds(&member_fds);
         let poll_set = nix::sys::epoll::Epoll::new(nix::sys::epoll::EpollCreateFlags::EPOLL_CLOEXEC)
             .map_err(|e| io_err("epoll")(e.into()))?;
@@ -690,6 +720,7 @@ impl Hca {
             tx_owed: false,
             posted_send: false,
             last_post: None,
+            relay,
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),

@@ -86,6 +86,8 @@ pub(super) fn run(sh: &Shared) {
     // The multicast group sockets as of the last look at the state, and whether the last wait
     // ended for something to do (not only a timeout).
     let mut groups_seen: Vec<Arc<softrdma_transport::GroupSocket>> = Vec::new();
+    // The relay links as of the last look (their datagrams are rare: always in the wait set).
+    let mut links_seen: Vec<Arc<softrdma_transport::relay::Link>> = Vec::new();
     let mut woken = true;
     // Acknowledgements this (progress) thread received and holds back for the application's
     // next post, until this deadline (see `State::hold_for_post`).
@@ -119,6 +121,7 @@ pub(super) fn run(sh: &Shared) {
                 PollFd::new(sh.wake.as_fd(), PollFlags::POLLIN),
             ];
             fds.extend(groups_seen.iter().map(|g| PollFd::new(g.as_fd(), PollFlags::POLLIN)));
+            fds.extend(links_seen.iter().map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN)));
             let ts = nix::sys::time::TimeSpec::from_duration(std::time::Duration::from_nanos(rest));
             let _ = nix::poll::ppoll(&mut fds, Some(ts), None);
             woken = fds.iter().any(|f| f.revents().is_some_and(|r| r.contains(PollFlags::POLLIN)));
@@ -129,7 +132,8 @@ pub(super) fn run(sh: &Shared) {
         // The sockets of the last look go before this wait: one that a leave dropped meanwhile
         // must not stay a member of its IP group while this thread sleeps.
         groups_seen.clear();
-        let (timeout, spinning_now, groups) = {
+        links_seen.clear();
+        let (timeout, spinning_now, groups, links) = {
             let mut st = sh.lock();
             let before = st.io.ring_wqes + st.io.udp_rcvd;
             // Held acknowledgements stay until their deadline (a call of the application's
@@ -188,7 +192,7 @@ pub(super) fn run(sh: &Shared) {
             // The application's calls arm timers while this thread sleeps: they wake it when they
             // arm one earlier than this ([`Hca::wake_for_timers`]).
             sh.sleep_until.store(t.map_or(u64::MAX, |t| now.0.saturating_add(t)), Ordering::SeqCst);
-            (t, spinning, st.groups.sockets())
+            (t, spinning, st.groups.sockets(), st.relay.links())
         };
         let ts = timeout.map(|ns| nix::sys::time::TimeSpec::from_duration(std::time::Duration::from_nanos(ns)));
         // The group sockets are shared with the state: one that a leave drops meanwhile stays open
@@ -199,8 +203,13 @@ pub(super) fn run(sh: &Shared) {
             PollFd::new(sh.wake.as_fd(), PollFlags::POLLIN),
         ];
         fds.extend(groups.iter().map(|g| PollFd::new(g.as_fd(), PollFlags::POLLIN)));
+        fds.extend(links.iter().map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN)));
         let _ = nix::poll::ppoll(&mut fds, ts, None);
-        let group_readable = fds[2..].iter().any(|f| f.revents().is_some_and(|r| r.contains(PollFlags::POLLIN)));
+        let readable_in = |r: std::ops::Range<usize>| {
+            fds[r].iter().any(|f| f.revents().is_some_and(|r| r.contains(PollFlags::POLLIN)))
+        };
+        let group_readable = readable_in(2..2 + groups.len());
+        let link_readable = readable_in(2 + groups.len()..fds.len());
         if spinning_now && spin_yields() {
             // While spinning, let the other runnable threads (the clients' pollers, the peer
             // device) have the CPU between two looks: on a machine with fewer cores than busy
@@ -210,8 +219,9 @@ pub(super) fn run(sh: &Shared) {
         let wake = fds[1].revents().is_some_and(|r| r.contains(PollFlags::POLLIN));
         let readable = fds[0].revents().is_some_and(|r| r.contains(PollFlags::POLLIN));
         drop(fds);
-        woken = wake || readable || group_readable;
+        woken = wake || readable || group_readable || link_readable;
         groups_seen = groups;
+        links_seen = links;
         if wake {
             let _ = sh.wake.read();
         }
@@ -219,6 +229,13 @@ pub(super) fn run(sh: &Shared) {
         if group_readable {
             let mut st = sh.lock();
             if st.receive_groups() > 0 {
+                st.pump();
+                received = true;
+            }
+        }
+        if link_readable {
+            let mut st = sh.lock();
+            if st.receive_relay() > 0 {
                 st.pump();
                 received = true;
             }
