@@ -1,6 +1,9 @@
 //! How the device reaches its clients' memory (design D3): `process_vm_readv`/`process_vm_writev`
 //! on the client's pid, after the engine has checked the key, bounds and access rights against its
-//! memory region table.
+//! memory region table. A device running in its client's own process (a provider) writes the
+//! buffers the client posted itself (receives, READ and atomic results) directly
+//! ([`Memory::write_local`]); what a remote peer asks for (RDMA WRITE, READ, atomics) keeps to the
+//! system calls, which fail on memory the program has unmapped instead of crashing it.
 //!
 //! Atomics are a read and a write under the device lock, so they are atomic with respect to every
 //! other RDMA atomic on the device (IBV_ATOMIC_HCA, what `ibv_query_device` reports), as on an HCA;
@@ -31,6 +34,9 @@ use softrdma_engine::memory::{AtomicOp, AtomicStart, Memory, MemoryError, Owner}
 #[derive(Default)]
 pub struct ProcessMemory {
     pids: HashMap<Owner, i32>,
+    /// Owners that are this very process (a provider's, a device embedded in its program): the
+    /// buffers they post themselves are written directly ([`Memory::write_local`]).
+    local: std::collections::HashSet<Owner>,
     /// Each client's arena: received data for a staged receive lands in its staging area.
     arenas: HashMap<Owner, Arc<Arena>>,
     /// Clients whose memory the kernel does not let the device reach: the way to their helper.
@@ -73,6 +79,11 @@ impl ProcessMemory {
     /// Maps an owner to its process.
     pub fn attach(&mut self, owner: Owner, pid: i32) {
         self.pids.insert(owner, pid);
+        if pid == std::process::id() as i32 {
+            self.local.insert(owner);
+        } else {
+            self.local.remove(&owner);
+        }
     }
 
     /// Reaches an owner's memory through its helper instead of process_vm_readv/writev, waiting
@@ -315,9 +326,20 @@ impl ProcessMemory {
         self.ahead = None;
         self.flush();
         self.pids.remove(&owner);
+        self.local.remove(&owner);
         self.arenas.remove(&owner);
         self.helpers.remove(&owner);
         self.atomics.retain(|_, (o, _)| *o != owner);
+    }
+
+    /// Whether `[addr, addr+len)` of `owner` is written directly by [`Memory::write_local`]: the
+    /// owner is this process and reaches its memory itself (no helper), and the range is not
+    /// staging.
+    fn direct(&self, owner: Owner, addr: u64, len: usize) -> bool {
+        len > 0
+            && self.local.contains(&owner)
+            && ProcessMemory::staging(addr, len).is_none()
+            && !self.helpers.contains_key(&owner)
     }
 
     /// The staging offset of `[addr, addr+len)` if it is a staging address range.
@@ -469,6 +491,34 @@ impl Memory for ProcessMemory {
                 Err(MemoryError { addr, len })
             }
         }
+    }
+
+    /// A buffer this process posted itself (a receive's, a READ's or atomic's destination), when
+    /// the device runs in that process: copied directly, after the writes that wait for a flush
+    /// (they came first). The engine has checked the key, the region's bounds and its access; a
+    /// region's memory that the program unmapped while registered is its own mistake there, as
+    /// when it copies a staged receive out at poll (`verbs::Inner::complete`). A remote peer's
+    /// RDMA WRITE still goes through [`Memory::write`]: a system call that fails on unmapped
+    /// memory (a remote access error, never a crash).
+    fn write_local(&mut self, owner: Owner, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+        let len = data.len();
+        if !self.direct(owner, addr, len) {
+            return self.write(owner, addr, data);
+        }
+        if addr.checked_add(len as u64).is_none_or(|e| e > isize::MAX as u64) || addr == 0 {
+            return Err(MemoryError { addr, len });
+        }
+        self.ahead = None;
+        if !self.pending.is_empty() {
+            self.flush();
+        }
+        // SAFETY: `[addr, addr + len)` lies in a memory region of this process (the engine
+        // checked the key and bounds against the region, registered by this process) and is a
+        // buffer the program posted for this work request and may not touch until its
+        // completion; `data` is the engine's packet buffer, which does not overlap it.
+        let dst = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) };
+        copy_bytes(dst, data);
+        Ok(())
     }
 
     fn write(&mut self, owner: Owner, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
@@ -720,6 +770,38 @@ mod tests {
         assert!(m.read(1, 8, &mut out).is_err(), "unmapped address");
         assert_eq!(m.faults, 1);
         std::hint::black_box(&buf);
+    }
+
+    /// Writes into buffers an owner of this very process posted go straight to memory (no
+    /// system call), after the writes still waiting for a flush; another process's owner, a
+    /// staging address and an unknown owner go the usual way.
+    #[test]
+    fn local_writes_of_this_process_are_direct_and_keep_their_order() {
+        let mut buf = vec![0u8; 8192];
+        let addr = buf.as_mut_ptr() as u64;
+        let mut m = ProcessMemory::default();
+        m.attach(1, std::process::id() as i32);
+        // A write behind (an RDMA WRITE), then a local write over part of it: the local one is
+        // last, as it came.
+        m.write(1, addr, &[1; 100]).unwrap();
+        let writes = m.writes;
+        m.write_local(1, addr + 50, &[2; 3000]).unwrap();
+        assert_eq!(m.writes, writes + 1, "the pending write was flushed first (one call)");
+        assert!(m.pending.is_empty());
+        assert!(buf[..50].iter().all(|&b| b == 1) && buf[50..3050].iter().all(|&b| b == 2), "order");
+        // No system call of its own.
+        m.write_local(1, addr + 4000, &[3; 100]).unwrap();
+        assert_eq!(m.writes, writes + 1);
+        assert!(buf[4000..4100].iter().all(|&b| b == 3));
+        // The same owner as another process's (a daemon's client): the usual way.
+        m.attach(1, 1);
+        m.write_local(1, addr, &[4; 8]).unwrap();
+        assert_eq!(m.pending.len(), 1, "written behind, not directly");
+        m.pending.clear();
+        m.pending_data.clear();
+        assert!(buf[..8].iter().all(|&b| b == 1), "not written directly");
+        assert!(m.write_local(9, addr, &[5; 8]).is_err(), "unknown owner");
+        std::hint::black_box(&mut buf);
     }
 
     /// Read-ahead and write-behind with their lead-ins (kept out of `rep movsb`'s slow

@@ -107,6 +107,10 @@ struct Inner {
     /// The last verbs call that moved work was a send post (cleared by every CQ poll): on a
     /// device the application drives, the next send post is part of a stream.
     posting: std::sync::atomic::AtomicBool,
+    /// Receives are staged (the device writes their data into the arena and the poll copies it
+    /// out): unless the device runs in this process and its threads drive it (a provider), whose
+    /// engine writes a receive's data straight into the posted buffers (`Memory::write_local`).
+    stage_receives: bool,
 }
 
 /// When the device's connection hangs up (the daemon died or was stopped), makes the async event
@@ -209,7 +213,13 @@ impl Inner {
             #[cfg(feature = "embedded")]
             Backend::Embedded { .. } => None,
         };
+        let stage_receives = match &backend {
+            #[cfg(feature = "embedded")]
+            Backend::Embedded { hca, .. } => hca.progress() != crate::hca::Progress::Application,
+            _ => true,
+        };
         Ok(Inner {
+            stage_receives,
             backend,
             info,
             arena,
@@ -232,7 +242,7 @@ impl Inner {
     /// `pd`, that may be written locally (the device checks again), and it is not too large.
     fn recv_entry(&self, pd: PdId, wr: RecvWr) -> RecvEntry {
         let len: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
-        let ours = !wr.sg_list.is_empty() && len <= STAGE_MAX && {
+        let ours = self.stage_receives && !wr.sg_list.is_empty() && len <= STAGE_MAX && {
             let mrs = self.mrs_lock();
             wr.sg_list.iter().all(|s| {
                 mrs.get(&s.lkey).is_some_and(|&(p, a, l, acc)| {
@@ -264,6 +274,9 @@ impl Inner {
         }
         if let Some(n) = self.rq_lock().get_mut(&wc.qp_num.value()) {
             *n = n.saturating_sub(1);
+        }
+        if !self.stage_receives {
+            return wc;
         }
         let Some((wr_id, sges)) = self.staged_lock().remove(&wc.wr_id) else { return wc };
         wc.wr_id = wr_id;

@@ -33,6 +33,14 @@ pub trait Memory {
     }
     /// Copies `data` to `addr`.
     fn write(&mut self, owner: Owner, addr: u64, data: &[u8]) -> Result<(), MemoryError>;
+    /// The same as [`Memory::write`], into a buffer its owner posted itself: a receive WQE's
+    /// scatter list (a SEND's data), a READ's or atomic's local destination. Unlike a remote
+    /// peer's RDMA WRITE, the owner chose these addresses for this very work request, so an
+    /// implementation that lives in the owner's process may copy there directly (the verbs
+    /// forbid touching a posted buffer until its completion, IBTA 10.8.3). The default writes.
+    fn write_local(&mut self, owner: Owner, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+        self.write(owner, addr, data)
+    }
     /// How many accesses so far failed only for now: the memory is reachable, but not at once (a
     /// client's memory helper is fetching it, as an HCA faults in a page of an on-demand-paging
     /// region). The engine compares the count before and after an access: an access that raised

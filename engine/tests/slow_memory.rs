@@ -32,6 +32,9 @@ struct SlowMemory {
     last_write: Option<u64>,
     atomics: HashMap<u64, (Owner, u64, AtomicOp, Option<u64>)>,
     next_ticket: u64,
+    /// Bytes written through `write_local` (buffers the owner posted itself) and `write`.
+    local_bytes: usize,
+    remote_bytes: usize,
 }
 
 impl SlowMemory {
@@ -84,7 +87,14 @@ impl Memory for SlowMemory {
         Err(MemoryError { addr, len: n })
     }
 
+    fn write_local(&mut self, owner: Owner, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+        self.local_bytes += data.len();
+        self.remote_bytes -= data.len();
+        self.write(owner, addr, data)
+    }
+
     fn write(&mut self, owner: Owner, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+        self.remote_bytes += data.len();
         self.answered.retain(|(o, a, d)| *o != owner || a + d.len() as u64 <= addr || *a >= addr + data.len() as u64);
         self.writes.push((owner, addr, data.to_vec()));
         self.issued += 1;
@@ -284,4 +294,37 @@ fn reads_and_atomics_are_answered_once_and_in_order() {
     }
     let end = u64::from_ne_bytes(w.s.memory().inner.get(OWNER, BASE, 8).try_into().unwrap());
     assert_eq!(end, 50);
+}
+
+/// The engine says which writes go into buffers their owner posted itself (a receive's scatter
+/// list, a READ's or atomic's local destination: `Memory::write_local`, which a device in the
+/// owner's process copies directly) and which a remote peer asked for (an RDMA WRITE:
+/// `Memory::write`, which must fail rather than crash on memory the program unmapped).
+#[test]
+fn local_and_remote_writes_are_told_apart() {
+    let (mut w, qa, qs) = World::new();
+    // A SEND into S's receive buffer: local.
+    w.a.memory().set(OWNER, BASE, &pattern(5000, 1));
+    w.s.post_recv(qs.qpn, RecvWr { wr_id: 1, sg_list: sge(&qs, 0, 8192) }).unwrap();
+    w.a.post_send(qa.qpn, SendWr::new(2, SendOp::Send, sge(&qa, 0, 5000))).unwrap();
+    w.settle();
+    let m = w.s.memory_ref();
+    assert_eq!((m.local_bytes, m.remote_bytes), (5000, 0));
+    // A's RDMA WRITE into S: remote.
+    let op = SendOp::Write { remote_addr: BASE + 8192, rkey: qs.rkey };
+    w.a.post_send(qa.qpn, SendWr::new(3, op, sge(&qa, 0, 3000))).unwrap();
+    w.settle();
+    let m = w.s.memory_ref();
+    assert_eq!((m.local_bytes, m.remote_bytes), (5000, 3000));
+    // S's READ from A lands in S's own buffer, and a fetch-and-add's original value too: local.
+    let op = SendOp::Read { remote_addr: BASE, rkey: qa.rkey };
+    w.s.post_send(qs.qpn, SendWr::new(4, op, sge(&qs, 16_384, 2000))).unwrap();
+    let op = SendOp::FetchAdd { remote_addr: BASE + 4096, rkey: qa.rkey, add: 1 };
+    w.s.post_send(qs.qpn, SendWr::new(5, op, sge(&qs, 20_000, 8))).unwrap();
+    w.settle();
+    let m = w.s.memory_ref();
+    assert_eq!((m.local_bytes, m.remote_bytes), (5000 + 2000 + 8, 3000));
+    assert_eq!(w.s.memory().inner.get(OWNER, BASE + 16_384, 2000), pattern(5000, 1)[..2000]);
+    let c: Vec<_> = w.s.poll_cq(qs.cq, 8).into_iter().map(|c| (c.wr_id, c.status)).collect();
+    assert!(c.contains(&(1, WcStatus::Success)) && c.contains(&(5, WcStatus::Success)), "{c:?}");
 }

@@ -241,7 +241,9 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
                         let ok = walk_sges(&sges, offset, data.len(), |sge, sge_off, at, n| {
                             let Some(mr) = ctx.mr_by_lkey(sge.lkey) else { return false };
                             let owner = mr.owner;
-                            ctx.mem.write(owner, sge.addr.wrapping_add(u64::from(sge_off)), &data[at..at + n]).is_ok()
+                            ctx.mem
+                                .write_local(owner, sge.addr.wrapping_add(u64::from(sge_off)), &data[at..at + n])
+                                .is_ok()
                         });
                         if !ok {
                             fail_front(qp, ctx, WcStatus::LocProtErr);
@@ -284,7 +286,9 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
                         let ok = walk_sges(&sges, 0, 8, |sge, sge_off, at, n| {
                             let Some(mr) = ctx.mr_by_lkey(sge.lkey) else { return false };
                             let owner = mr.owner;
-                            ctx.mem.write(owner, sge.addr.wrapping_add(u64::from(sge_off)), &bytes[at..at + n]).is_ok()
+                            ctx.mem
+                                .write_local(owner, sge.addr.wrapping_add(u64::from(sge_off)), &bytes[at..at + n])
+                                .is_ok()
                         });
                         if !ok {
                             fail_front(qp, ctx, WcStatus::LocProtErr);

@@ -87,7 +87,7 @@ pub(crate) fn scatter<M: Memory>(
             return false;
         }
         let owner = mr.owner;
-        ctx.mem.write(owner, sge.addr.wrapping_add(u64::from(sge_off)), &data[at..at + n]).is_ok()
+        ctx.mem.write_local(owner, sge.addr.wrapping_add(u64::from(sge_off)), &data[at..at + n]).is_ok()
     })
 }
 
