@@ -479,8 +479,10 @@ impl Memory for ProcessMemory {
             // What follows tends to be read next (a READ response, packet after packet).
             return self.helper_read(owner, addr, buf, HELPER_READ_AHEAD);
         }
-        // A read may cover bytes a pending write changes.
+        // A read may cover bytes a pending write changes, and a read is a fresh look: what was
+        // read ahead before may be stale by now (the first packet of a READ response).
         self.flush();
+        self.ahead = None;
         let pid = self.pid(owner, addr, len)?;
         self.reads += 1;
         let remote = [RemoteIoVec { base: addr as usize, len }];
@@ -770,6 +772,29 @@ mod tests {
         assert!(m.read(1, 8, &mut out).is_err(), "unmapped address");
         assert_eq!(m.faults, 1);
         std::hint::black_box(&buf);
+    }
+
+    /// A plain read is a fresh look and drops what was read ahead: the first packet of a READ
+    /// response reads afresh, so a READ after its owner changed the memory never gets the bytes a
+    /// READ before it left in the read-ahead buffer.
+    #[test]
+    fn a_read_drops_what_was_read_ahead() {
+        let mut buf = vec![1u8; 16384];
+        let addr = buf.as_ptr() as u64;
+        let mut m = ProcessMemory::default();
+        m.attach(1, std::process::id() as i32);
+        let mut out = vec![0u8; 4096];
+        m.read_ahead(1, addr, &mut out, 16384).unwrap();
+        let reads = m.reads;
+        m.read_ahead(1, addr + 4096, &mut out, 12288).unwrap();
+        assert_eq!(m.reads, reads, "served from what was read ahead");
+        // The owner changes its memory; the next READ starts with a plain read.
+        buf.fill(2);
+        std::hint::black_box(&mut buf);
+        m.read(1, addr, &mut out).unwrap();
+        assert!(out.iter().all(|&b| b == 2));
+        m.read_ahead(1, addr + 4096, &mut out, 12288).unwrap();
+        assert!(out.iter().all(|&b| b == 2), "stale bytes from before the read");
     }
 
     /// Writes into buffers an owner of this very process posted go straight to memory (no

@@ -20,7 +20,8 @@ pub struct MemoryError {
 /// rights against its memory regions before every call; an implementation still fails rather than
 /// touching memory it does not have.
 pub trait Memory {
-    /// Copies `buf.len()` bytes at `addr` into `buf`.
+    /// Copies `buf.len()` bytes at `addr` into `buf`, as they are now (nothing read ahead before
+    /// this call serves it or later reads).
     fn read(&mut self, owner: Owner, addr: u64, buf: &mut [u8]) -> Result<(), MemoryError>;
     /// The same as [`Memory::read`], saying that the `avail` bytes from `addr` (at least
     /// `buf.len()`) belong to the same buffer and will be read next (the rest of a message's

@@ -647,7 +647,16 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
             let mut unreadable = false;
             let t = emit(ctx, qp.qpn, dest, buf, &ib, |ctx, out| match owner {
                 Some(o) => {
-                    let ok = out.is_empty() || ctx.mem.read(o, addr, out).is_ok();
+                    // The first packet reads afresh; the rest of the response may come from
+                    // what a memory reads ahead for it (never beyond this READ): a READ of
+                    // memory its owner changes meanwhile returns indeterminate data anyway, as an
+                    // HCA reads it at its own pace, packet by packet.
+                    let ok = out.is_empty()
+                        || if first {
+                            ctx.mem.read(o, addr, out).is_ok()
+                        } else {
+                            ctx.mem.read_ahead(o, addr, out, u64::from(remaining)).is_ok()
+                        };
                     unreadable = !ok;
                     ok
                 }
