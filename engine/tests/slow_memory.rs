@@ -88,9 +88,11 @@ impl Memory for SlowMemory {
     }
 
     fn write_local(&mut self, owner: Owner, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
-        self.local_bytes += data.len();
+        // The same write, counted as local.
+        self.write(owner, addr, data)?;
         self.remote_bytes -= data.len();
-        self.write(owner, addr, data)
+        self.local_bytes += data.len();
+        Ok(())
     }
 
     fn write(&mut self, owner: Owner, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
