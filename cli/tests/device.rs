@@ -318,6 +318,16 @@ fn an_idle_device_ends_after_its_idle_time_but_not_while_a_client_is_attached() 
     assert!(daemon_holds_lock(rt, "idle2"));
 }
 
+/// One QP of a test with what it needs: its CQ, a memory region, and the PD and context that
+/// must outlive them.
+struct Side {
+    qp: softrdma_device::verbs::QueuePair,
+    cq: softrdma_device::verbs::CompletionQueue,
+    mr: softrdma_device::verbs::MemoryRegion,
+    _pd: softrdma_device::verbs::ProtectionDomain,
+    _ctx: softrdma_device::verbs::Context,
+}
+
 /// `SOFTRDMA_DATAPATH=provider`'s path on the Rust API: two processes' worth of providers and a
 /// client on the device path share one daemon's steered port. Each provider allocates its QPNs
 /// from its own block; their RC traffic between each other goes through the port, steered by the
@@ -329,13 +339,6 @@ fn providers_run_their_own_qps_on_the_steered_port() {
     let (_base, rt) = rtdir();
     let rt = rt.as_path();
     let _g = up(rt, "tp", "127.0.0.1", 47948, &[]);
-    struct Side {
-        qp: QueuePair,
-        cq: CompletionQueue,
-        mr: MemoryRegion,
-        _pd: ProtectionDomain,
-        _ctx: Context,
-    }
     let side = |ctx: Context| {
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq(64, None).unwrap();
@@ -472,13 +475,6 @@ fn a_gro_run_mixing_several_processes_qps_reaches_every_owner() {
     let (_base, rt) = rtdir();
     let rt = rt.as_path();
     let _g = up(rt, "gr", "127.0.0.1", PORT, &[]);
-    struct Side {
-        qp: QueuePair,
-        cq: CompletionQueue,
-        mr: MemoryRegion,
-        _pd: ProtectionDomain,
-        _ctx: Context,
-    }
     let o = ConnectOptions::default();
     let side = |ctx: Context| {
         let pd = ctx.alloc_pd().unwrap();

@@ -72,6 +72,35 @@ fn unstage(staging: &mut Allocator, staged: &mut HashMap<u64, Staged>, token: u6
     }
 }
 
+/// Hands a received datagram to the engine (from the socket, or passed on by another member of
+/// the port: `relay`), captured first: `src` sent it to `dst` (the kernel's word; `None`: not
+/// said), `segment` is its place in a GRO run.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn deliver(
+    dev: &mut Device<ProcessMemory>,
+    tap: &mut Option<Capture>,
+    epoch: &std::time::Instant,
+    now: Instant,
+    addr: IpAddr,
+    src: std::net::SocketAddr,
+    dst: Option<IpAddr>,
+    segment: u16,
+    payload: &[u8],
+) {
+    let (sport, src) = (src.port(), src.ip());
+    let dst = dst.filter(|a| *a != addr);
+    // A datagram from this device's own address came from a provider sharing the port (or from
+    // the daemon, to a provider), which captured it as it sent it: once per packet, as internal
+    // loopback.
+    if let Some(t) = tap.as_mut().filter(|_| src != addr) {
+        let _ = t.write(epoch.elapsed().as_nanos() as u64, src, dst.unwrap_or(addr), sport, payload, None);
+    }
+    // The place in a GRO buffer is the IPv4 ID a GSO sender gave it (a hint).
+    let ip_id = (segment > 0).then_some(segment);
+    trace_packet("rx", payload);
+    dev.handle_packet(now, RecvMeta { src, src_port: sport, ip_id, dst }, payload);
+}
+
 /// One line per packet at TRACE level (`SOFTRDMA_LOG=trace`): direction, opcode, PSN, AckReq.
 fn trace_packet(dir: &str, p: &[u8]) {
     if p.len() >= 12 && tracing::enabled!(tracing::Level::TRACE) {
@@ -154,20 +183,7 @@ impl State {
             if relay.takes(&d) {
                 return;
             }
-            let src = d.src.ip();
-            let dst = d.dst.filter(|a| *a != addr);
-            // A datagram from this device's own address came from a provider sharing the port
-            // (or from the daemon, to a provider), which captured it as it sent it: once per
-            // packet, as internal loopback.
-            if let Some(t) = tap.as_mut().filter(|_| src != addr) {
-                let _ =
-                    t.write(epoch.elapsed().as_nanos() as u64, src, dst.unwrap_or(addr), d.src.port(), d.payload, None);
-            }
-            // The place in a GRO buffer is the IPv4 ID a GSO sender gave it (a hint).
-            let ip_id = (d.segment > 0).then_some(d.segment);
-            let meta = RecvMeta { src, src_port: d.src.port(), ip_id, dst };
-            trace_packet("rx", d.payload);
-            dev.handle_packet(now, meta, d.payload);
+            deliver(dev, tap, epoch, now, addr, d.src, d.dst, d.segment, d.payload);
         });
         self.send_relayed();
         r.unwrap_or(0)

@@ -193,21 +193,8 @@ impl State {
 
     /// A relayed datagram, handled as if this layer's socket had received it.
     fn handle_relayed(&mut self, f: Frame<'_>) {
-        let now = self.now();
-        let addr = self.addr();
-        let (src, dst) = (f.src.ip(), f.dst.filter(|a| *a != addr));
-        if let Some(t) = self.tap.as_mut().filter(|_| src != addr) {
-            let _ = t.write(
-                self.epoch.elapsed().as_nanos() as u64,
-                src,
-                dst.unwrap_or(addr),
-                f.src.port(),
-                f.payload,
-                None,
-            );
-        }
-        let ip_id = (f.segment > 0).then_some(f.segment);
-        let meta = RecvMeta { src, src_port: f.src.port(), ip_id, dst };
-        self.dev.handle_packet(now, meta, f.payload);
+        let (now, addr) = (self.now(), self.addr());
+        let State { dev, tap, epoch, .. } = self;
+        super::datapath::deliver(dev, tap, epoch, now, addr, f.src, f.dst, f.segment, f.payload);
     }
 }
