@@ -72,6 +72,9 @@ pub struct Connection {
     pub release: crate::arena::RingDesc,
     /// What this process's memory helper has done, when the device uses one.
     pub helper: Option<std::sync::Arc<crate::memory::HelperProgress>>,
+    /// The runtime directory the device was found in (a provider opens a second connection
+    /// there for its XRC objects).
+    pub dir: std::path::PathBuf,
 }
 
 impl Connection {
@@ -140,6 +143,7 @@ impl Connection {
                     doorbell,
                     release,
                     helper,
+                    dir: dir.to_path_buf(),
                 })
             }
             Response::Err(e) => Err(ClientError::Refused(e)),

@@ -426,6 +426,22 @@ pub enum Request {
     /// (the data-path issue's item 5): its totals so far, and the packets it captured since its
     /// last report while the device captures.
     Publish(Box<Published>),
+    /// A provider's CQ has a second half on the device's own data path, where the completions of
+    /// the XRC SRQs it serves land (XRC domains, their SRQs and target QPs are the daemon's):
+    /// that half's channel fired, so the CQ's channel fires if the CQ is armed (as for one of
+    /// its own completions).
+    RaiseCqEvent(CqId),
+    /// A provider's async event that came from its objects on the device's own data path (an
+    /// XRC target QP handle, an XRC SRQ): queued for the client as the device's own.
+    QueueEvent(ClientEvent),
+    /// A provider's region has a twin here (registered by the provider's XRC side): the twin
+    /// also answers to the provider's own rkey for it, so RDMA through an XRC target QP finds it.
+    AliasRkey {
+        /// The twin's local key.
+        lkey: u32,
+        /// The key the provider gave out.
+        rkey: u32,
+    },
 }
 
 /// What a provider reports ([`Request::Publish`]).

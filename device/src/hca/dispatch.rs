@@ -542,6 +542,31 @@ impl State {
                 }
                 ok(R::Ok)
             }
+            Request::RaiseCqEvent(cq) => {
+                mine!(cqs, cq);
+                let w = self.cqs.get_mut(&cq).ok_or(VerbsError::Inval)?;
+                // Fires as route_events fires for the CQ's own completions: once per arming.
+                if w.armed {
+                    w.armed = false;
+                    if let Some(c) = w.channel.and_then(|ch| self.channels.get_mut(&ch)) {
+                        c.events.push_back(cq);
+                        let _ = c.fd.write(1);
+                    }
+                }
+                ok(R::Ok)
+            }
+            Request::AliasRkey { lkey, rkey } => {
+                mine!(mrs, lkey);
+                self.dev.alias_rkey(lkey, rkey)?;
+                ok(R::Ok)
+            }
+            Request::QueueEvent(e) => {
+                // Only into the client's own queue: nobody else sees what it queues.
+                let c = self.clients.get_mut(&o).expect("checked");
+                c.events.push_back(e);
+                let _ = c.event_fd.write(1);
+                ok(R::Ok)
+            }
             Request::McastGroups => ok(R::McastGroups(self.groups.info())),
             Request::BlockSelfMcastLb(qpn) => {
                 mine!(qps, qpn);

@@ -466,6 +466,7 @@ pub(crate) struct Cq {
 pub(crate) struct Ctx<'a, M: Memory> {
     pub(crate) now: Instant,
     pub(crate) mrs: &'a mut HashMap<u32, Mr>,
+    pub(crate) rkey_aliases: &'a HashMap<u32, Mr>,
     pub(crate) srqs: &'a mut HashMap<u32, srq::Srq>,
     pub(crate) mws: &'a mut HashMap<u32, mw::Mw>,
     pub(crate) cqs: &'a mut HashMap<CqId, Cq>,
@@ -498,9 +499,9 @@ impl<M: Memory> Ctx<'_, M> {
         self.mrs.get(&(lkey >> 8)).filter(|m| m.lkey == lkey)
     }
 
-    /// Looks up a memory region by remote key.
+    /// Looks up a memory region by remote key (its own, or an alias it was given).
     pub(crate) fn mr_by_rkey(&self, rkey: u32) -> Option<&Mr> {
-        self.mrs.get(&(rkey >> 8)).filter(|m| m.rkey == rkey)
+        self.mrs.get(&(rkey >> 8)).filter(|m| m.rkey == rkey).or_else(|| self.rkey_aliases.get(&rkey))
     }
 
     /// Adds a completion to a CQ; an overflow raises CQ_ERR (IBTA 11.4.2.1: CQ overrun) and drops it.
@@ -607,6 +608,9 @@ pub struct Device<M: Memory> {
     mem: M,
     pds: HashMap<PdId, Pd>,
     mrs: HashMap<u32, Mr>,
+    /// Remote keys another engine of this device gave out for memory that a region here also
+    /// covers ([`Device::alias_rkey`]), by the full key.
+    rkey_aliases: HashMap<u32, Mr>,
     cqs: HashMap<CqId, Cq>,
     qps: HashMap<Qpn, Qp>,
     srqs: HashMap<u32, srq::Srq>,
@@ -677,6 +681,7 @@ macro_rules! ctx {
         Ctx {
             now: $now,
             mrs: &mut $d.mrs,
+            rkey_aliases: &$d.rkey_aliases,
             srqs: &mut $d.srqs,
             mws: &mut $d.mws,
             cqs: &mut $d.cqs,
@@ -708,6 +713,7 @@ impl<M: Memory> Device<M> {
             mem,
             pds: HashMap::default(),
             mrs: HashMap::default(),
+            rkey_aliases: HashMap::default(),
             cqs: HashMap::default(),
             qps: HashMap::default(),
             srqs: HashMap::default(),
@@ -838,6 +844,7 @@ impl<M: Memory> Device<M> {
             m.pd = p;
         }
         m.access = acc;
+        self.drop_rkey_aliases(lkey);
         Ok(())
     }
 
@@ -851,14 +858,37 @@ impl<M: Memory> Device<M> {
         self.srqs.get_mut(&srqn).map(|s| &mut s.queue)
     }
 
-    /// Deregisters a memory region.
+    /// Deregisters a memory region (and the remote keys aliased to it).
     pub fn dereg_mr(&mut self, lkey: u32) -> Result<(), VerbsError> {
         match self.mrs.get(&(lkey >> 8)) {
             Some(m) if m.lkey == lkey => {
                 self.mrs.remove(&(lkey >> 8));
+                self.drop_rkey_aliases(lkey);
                 Ok(())
             }
             _ => Err(VerbsError::Inval),
+        }
+    }
+
+    /// Lets a region also answer to `rkey`, a remote key another engine of this device gave out
+    /// for the same memory (a provider process's region, whose twin here serves RDMA that
+    /// arrives through an XRC target QP of this engine). The alias has the region's PD, range
+    /// and access as they are now; it goes when the region is deregistered or changed. EINVAL
+    /// for an unknown region, or a key that already names a region or alias here: a key of
+    /// this engine always wins.
+    pub fn alias_rkey(&mut self, lkey: u32, rkey: u32) -> Result<(), VerbsError> {
+        let m = self.mrs.get(&(lkey >> 8)).filter(|m| m.lkey == lkey).ok_or(VerbsError::Inval)?;
+        if self.mrs.get(&(rkey >> 8)).is_some_and(|o| o.rkey == rkey) || self.rkey_aliases.contains_key(&rkey) {
+            return Err(VerbsError::Inval);
+        }
+        let alias = Mr { pd: m.pd, owner: m.owner, addr: m.addr, len: m.len, access: m.access, lkey, rkey };
+        self.rkey_aliases.insert(rkey, alias);
+        Ok(())
+    }
+
+    fn drop_rkey_aliases(&mut self, lkey: u32) {
+        if !self.rkey_aliases.is_empty() {
+            self.rkey_aliases.retain(|_, a| a.lkey != lkey);
         }
     }
 

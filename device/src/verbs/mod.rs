@@ -29,6 +29,8 @@ use crate::client::{ClientError, Connection};
 use crate::hca::Hca;
 use crate::proto::{ClientEvent, CqEntry, DeviceInfo, RecvEntry, Request, Response, SendEntry};
 
+mod xrc;
+
 /// The client's own bookkeeping maps (keys it made itself: lkeys, tokens, QPNs, CQ ids), on a
 /// fast non-cryptographic hash; looked up on every post and poll. The device keeps SipHash for
 /// anything a client chooses.
@@ -111,6 +113,11 @@ struct Inner {
     /// out): unless the device runs in this process and its threads drive it (a provider), whose
     /// engine writes a receive's data straight into the posted buffers (`Memory::write_local`).
     stage_receives: bool,
+    /// A provider's daemon (runtime directory, device name), where its XRC side opens.
+    daemon_at: Option<(std::path::PathBuf, String)>,
+    /// A provider's XRC side (`xrc`): opened at its first `ibv_open_xrcd`.
+    xrc: std::sync::OnceLock<xrc::XrcSide>,
+    xrc_opening: std::sync::Mutex<()>,
 }
 
 /// When the device's connection hangs up (the daemon died or was stopped), makes the async event
@@ -235,6 +242,9 @@ impl Inner {
             hangup,
             helper: std::sync::OnceLock::new(),
             posting: std::sync::atomic::AtomicBool::new(false),
+            daemon_at: None,
+            xrc: std::sync::OnceLock::new(),
+            xrc_opening: std::sync::Mutex::new(()),
         })
     }
 
@@ -777,8 +787,11 @@ impl Context {
         let a = hca.attach(std::process::id() as i32).map_err(|_| VerbsError::NoMem)?;
         let event_fd = a.event_fd.as_fd().try_clone_to_owned().map_err(|_| VerbsError::NoMem)?;
         let info = hca.info().clone();
+        let dir = c.dir.clone();
         let backend = Backend::Embedded { hca, owner: a.owner, event_fd, daemon: Some(c) };
-        Ok(Context { inner: Arc::new(Inner::new(backend, info, a.arena, a.doorbell, a.release)?) })
+        let mut inner = Inner::new(backend, info, a.arena, a.doorbell, a.release)?;
+        inner.daemon_at = Some((dir, name));
+        Ok(Context { inner: Arc::new(inner) })
     }
 
     /// A context on a device in this process whose memory the device reaches only through a
@@ -861,7 +874,15 @@ impl Context {
             Response::Cq { cq, ring } => {
                 let ring = Arc::new(std::sync::Mutex::new(ring));
                 self.inner.cq_rings.lock().unwrap_or_else(|e| e.into_inner()).insert(cq, ring.clone());
-                Ok(CompletionQueue { ctx: self.clone(), id: cq, ring })
+                Ok(CompletionQueue {
+                    ctx: self.clone(),
+                    id: cq,
+                    ring,
+                    cqe: std::sync::atomic::AtomicU32::new(cqe),
+                    channel: channel.map(|c| c.id),
+                    xrc: std::sync::OnceLock::new(),
+                    xrc_guard: std::sync::Mutex::new(false),
+                })
             }
             _ => unexpected(),
         }
@@ -873,13 +894,15 @@ impl Context {
     pub fn open_xrcd(&self, file: Option<&File>, create: bool, exclusive: bool) -> Result<XrcDomain> {
         if self.is_provider() {
             // An XRC domain and its target QPs are shared by processes and outlive them: the
-            // daemon's (design D2 revised), which this context's QPs do not reach yet.
-            tracing::warn!("XRC domains are not available on the provider data path (SOFTRDMA_DATAPATH=provider)");
-            return Err(Error::Verbs(VerbsError::NotSupp));
+            // daemon's (design D2 revised), made on this context's XRC side (verbs::xrc).
+            let side = self.xrc_side()?;
+            let mut d = side.ctx.open_xrcd(file, create, exclusive)?;
+            d.host = Some(xrc::XrcHost { host: self.clone() });
+            return Ok(d);
         }
         let fd = file.map(|f| f.as_raw_fd());
         match self.inner.call_fds(Request::OpenXrcd { create, exclusive }, fd)?.0 {
-            Response::Xrcd(id) => Ok(XrcDomain { ctx: self.clone(), id }),
+            Response::Xrcd(id) => Ok(XrcDomain { ctx: self.clone(), id, host: None }),
             _ => unexpected(),
         }
     }
@@ -929,6 +952,10 @@ pub struct ProtectionDomain {
 impl ProtectionDomain {
     /// `ibv_dealloc_pd`, reporting EBUSY while objects use it.
     pub fn destroy(self) -> std::result::Result<(), (Self, Error)> {
+        // On a provider: EBUSY while an XRC SRQ uses its twin.
+        if let Err(e) = self.ctx.inner.xrc_destroy_pd(self.id) {
+            return Err((self, e));
+        }
         let (ctx, req) = (self.ctx.clone(), Request::DeallocPd(self.id));
         // SAFETY: `me` is never used again; its context is dropped exactly once.
         destroy_now(self, &ctx, req, |me| unsafe { std::ptr::drop_in_place(&mut me.ctx) })
@@ -952,6 +979,7 @@ impl ProtectionDomain {
             _ => return unexpected(),
         };
         self.ctx.inner.mrs_lock().insert(keys.lkey, (self.id, buf.as_ptr() as u64, len as u64, access));
+        self.ctx.inner.xrc_registered(keys.lkey);
         Ok(MemoryRegion { ctx: self.ctx.clone(), buf, keys })
     }
 
@@ -964,6 +992,7 @@ impl ProtectionDomain {
         match self.ctx.inner.call(Request::RegMr { pd: self.id, addr, len, access })? {
             Response::Mr(keys) => {
                 self.ctx.inner.mrs_lock().insert(keys.lkey, (self.id, addr, len, access));
+                self.ctx.inner.xrc_registered(keys.lkey);
                 Ok(RawMr { ctx: self.ctx.clone(), keys })
             }
             _ => unexpected(),
@@ -1003,9 +1032,14 @@ impl ProtectionDomain {
     /// `ibv_create_srq`.
     pub fn create_srq(&self, attr: SrqAttr) -> Result<SharedReceiveQueue> {
         match self.ctx.inner.call(Request::CreateSrq { pd: self.id, attr })? {
-            Response::Srq { srqn, ring } => {
-                Ok(SharedReceiveQueue { ctx: self.ctx.clone(), srqn, ring, max_sge: attr.max_sge, pd: self.id })
-            }
+            Response::Srq { srqn, ring } => Ok(SharedReceiveQueue {
+                ctx: self.ctx.clone(),
+                srqn,
+                ring,
+                max_sge: attr.max_sge,
+                pd: self.id,
+                host: None,
+            }),
             _ => unexpected(),
         }
     }
@@ -1013,6 +1047,7 @@ impl ProtectionDomain {
 
 impl Drop for ProtectionDomain {
     fn drop(&mut self) {
+        let _ = self.ctx.inner.xrc_destroy_pd(self.id);
         self.ctx.inner.release(Request::DeallocPd(self.id));
     }
 }
@@ -1071,6 +1106,7 @@ impl Drop for MemoryRegion {
         // Out of the registry first (under its lock), so no post is gathering from the buffer
         // when it is freed.
         self.ctx.inner.mrs_lock().remove(&self.keys.lkey);
+        self.ctx.inner.xrc_forget_mr(self.keys.lkey);
         self.ctx.inner.release(Request::DeregMr(self.keys.lkey));
     }
 }
@@ -1128,6 +1164,7 @@ impl RawMr {
         let req = Request::ReregMr { lkey, pd: pd.map(|p| p.id), range, access };
         // Out of the registry while it changes: no post gathers from it meanwhile.
         let old = self.ctx.inner.mrs_lock().remove(&lkey);
+        self.ctx.inner.xrc_forget_mr(lkey);
         let r = self.ctx.inner.call(req);
         if let Some((p, a, l, acc)) = old {
             let entry = match r {
@@ -1138,6 +1175,7 @@ impl RawMr {
                 Err(_) => (p, a, l, acc),
             };
             self.ctx.inner.mrs_lock().insert(lkey, entry);
+            self.ctx.inner.xrc_registered(lkey);
         }
         r.map(|_| ())
     }
@@ -1147,6 +1185,7 @@ impl RawMr {
         let (ctx, req) = (self.ctx.clone(), Request::DeregMr(self.keys.lkey));
         // Out of the registry first, so no post gathers from memory about to be given back.
         let entry = ctx.inner.mrs_lock().remove(&self.keys.lkey);
+        ctx.inner.xrc_forget_mr(self.keys.lkey);
         // SAFETY: `me` is in a ManuallyDrop that is never used again (destroy_now): its context
         // reference is dropped once, here, and nothing else of it needed dropping.
         match destroy_now(self, &ctx, req, |me| unsafe { std::ptr::drop_in_place(&mut me.ctx) }) {
@@ -1154,6 +1193,7 @@ impl RawMr {
             Err((me, e)) => {
                 if let Some(entry) = entry {
                     ctx.inner.mrs_lock().insert(me.keys.lkey, entry);
+                    ctx.inner.xrc_registered(me.keys.lkey);
                 }
                 Err((me, e))
             }
@@ -1169,6 +1209,7 @@ impl RawMr {
 impl Drop for RawMr {
     fn drop(&mut self) {
         self.ctx.inner.mrs_lock().remove(&self.keys.lkey);
+        self.ctx.inner.xrc_forget_mr(self.keys.lkey);
         self.ctx.inner.release(Request::DeregMr(self.keys.lkey));
     }
 }
@@ -1219,13 +1260,23 @@ pub struct CompletionQueue {
     id: CqId,
     /// Its completion ring (a resize gives it a new one; polls hold this while they read).
     ring: Arc<std::sync::Mutex<RingDesc>>,
+    /// The size asked for (for a twin on the XRC side).
+    cqe: std::sync::atomic::AtomicU32,
+    channel: Option<u32>,
+    /// On a provider, its twin on the XRC side (`xrc`), once an XRC SRQ completes into it.
+    xrc: std::sync::OnceLock<Box<CompletionQueue>>,
+    xrc_guard: std::sync::Mutex<bool>,
 }
 
 impl CompletionQueue {
     /// `ibv_destroy_cq`, reporting EBUSY while QPs or SRQs use it.
-    pub fn destroy(self) -> std::result::Result<(), (Self, Error)> {
+    pub fn destroy(mut self) -> std::result::Result<(), (Self, Error)> {
+        if let Err(e) = self.xrc_destroy() {
+            return Err((self, e));
+        }
         let (ctx, req) = (self.ctx.clone(), Request::DestroyCq(self.id));
-        // SAFETY: `me` is never used again; its context is dropped exactly once.
+        // SAFETY: `me` is never used again; its context is dropped exactly once (its twin is
+        // gone: xrc_destroy took it).
         destroy_now(self, &ctx, req, |me| unsafe {
             me.forget_ring();
             std::ptr::drop_in_place(&mut me.ctx)
@@ -1274,6 +1325,18 @@ impl CompletionQueue {
             }
         }
         drop(ring);
+        if let Some(t) = self.xrc.get() {
+            // The completions of the XRC SRQs it serves (on a provider: verbs::xrc).
+            let left = max as usize - entries.len();
+            if left > 0 {
+                let mut out: Vec<WorkCompletion> = entries.into_iter().map(|e| self.ctx.inner.complete(e)).collect();
+                out.extend(t.poll(left as u32)?);
+                if !out.is_empty() {
+                    self.ctx.inner.end_handoff();
+                }
+                return Ok(out);
+            }
+        }
         if !entries.is_empty() {
             // What the application waited for came: it may now wait on memory that only the
             // device thread can fill, which therefore takes the socket back.
@@ -1322,6 +1385,10 @@ impl CompletionQueue {
         match inner.call(Request::ResizeCq { cq: self.id, cqe, unpolled })? {
             Response::Cq { ring: new, .. } => {
                 *ring = new;
+                self.cqe.store(cqe, Ordering::Relaxed);
+                if let Some(t) = self.xrc.get() {
+                    t.resize(cqe)?;
+                }
                 Ok(())
             }
             _ => unexpected(),
@@ -1333,6 +1400,9 @@ impl CompletionQueue {
         // The application is about to sleep on the channel: the device thread reads the socket.
         self.ctx.inner.end_handoff();
         self.ctx.inner.call(Request::ReqNotifyCq { cq: self.id, solicited_only })?;
+        if let Some(t) = self.xrc.get() {
+            t.req_notify(solicited_only)?;
+        }
         Ok(())
     }
 }
@@ -1346,6 +1416,7 @@ impl CompletionQueue {
 
 impl Drop for CompletionQueue {
     fn drop(&mut self) {
+        let _ = self.xrc_destroy();
         self.forget_ring();
         self.ctx.inner.release(Request::DestroyCq(self.id));
     }
@@ -1762,6 +1833,9 @@ pub struct SharedReceiveQueue {
     ring: RingDesc,
     max_sge: u32,
     pd: PdId,
+    /// A provider's XRC SRQ (made on its XRC side, `xrc`): the provider whose memory regions
+    /// its receives name.
+    host: Option<xrc::XrcHost>,
 }
 
 impl SharedReceiveQueue {
@@ -1784,6 +1858,14 @@ impl SharedReceiveQueue {
             if wr.sg_list.len() > self.max_sge as usize {
                 return Err(VerbsError::Inval);
             }
+            let wr = match &self.host {
+                // The provider's keys become their twins' (`xrc`).
+                Some(h) => h.translate(wr).map_err(|e| match e {
+                    Error::Verbs(v) => v,
+                    _ => VerbsError::NoMem,
+                })?,
+                None => wr,
+            };
             Ok(inner.recv_entry(self.pd, wr))
         };
         inner.post_list(None, Some(self.ring), wrs, prepare, |e| inner.unstage(e))
@@ -1813,6 +1895,8 @@ impl Drop for SharedReceiveQueue {
 pub struct XrcDomain {
     ctx: Context,
     id: XrcdId,
+    /// A provider's domain (on its XRC side, `xrc`): the provider context.
+    host: Option<xrc::XrcHost>,
 }
 
 impl XrcDomain {
@@ -1830,10 +1914,21 @@ impl XrcDomain {
 
     /// `ibv_create_srq_ex` of type XRC in this domain.
     pub fn create_srq(&self, pd: &ProtectionDomain, cq: &CompletionQueue, attr: SrqAttr) -> Result<SharedReceiveQueue> {
-        match self.ctx.inner.call(Request::CreateXrcSrq { xrcd: self.id, pd: pd.id, cq: cq.id, attr })? {
-            Response::Srq { srqn, ring } => {
-                Ok(SharedReceiveQueue { ctx: self.ctx.clone(), srqn, ring, max_sge: attr.max_sge, pd: pd.id })
-            }
+        // On a provider the PD and CQ are the program's: the SRQ takes their twins (`xrc`).
+        let twins = match &self.host {
+            Some(h) => Some(h.twins(pd, cq)?),
+            None => None,
+        };
+        let (pd_id, cq_id) = twins.as_ref().map_or((pd.id, cq.id), |(p, c)| (p.id, *c));
+        match self.ctx.inner.call(Request::CreateXrcSrq { xrcd: self.id, pd: pd_id, cq: cq_id, attr })? {
+            Response::Srq { srqn, ring } => Ok(SharedReceiveQueue {
+                ctx: self.ctx.clone(),
+                srqn,
+                ring,
+                max_sge: attr.max_sge,
+                pd: pd_id,
+                host: self.host.clone(),
+            }),
             _ => unexpected(),
         }
     }
