@@ -160,3 +160,33 @@ cm_perf() { # program [port space [flags]] (server on srdma0, client connecting 
     result "$tag" fail "server rc=$src client rc=$crc after $attempt attempts; $(tail -q -n 2 "$slog" "$clog" | tr '\n' ' ')"
   fi
 }
+
+# xjob NAME EXPECT-REGEX ARGS...: the MPI-style XRC job (examples/c/xrc_job.c, "$ex"), its last
+# line matched against EXPECT-REGEX (a FAILED line may end with a nonzero exit).
+xjob() { # name expect-regex args...
+  local name="$1" want="$2"
+  shift 2
+  local log="$logs/${name// /_}.log"
+  timeout 120 "$ex/xrc_job" "$@" >"$log" 2>&1
+  local rc=$?
+  if grep -qE "$want" "$log" && { [ "$rc" = 0 ] || [[ "$want" == *FAILED* ]]; }; then
+    result "$name ($(grep -oE 'messages [0-9]+ checked|FAILED.*' "$log" | head -n 1))" ok
+  else
+    result "$name" fail "rc=$rc; $(tail -n 2 "$log" | tr '\n' ' ')"
+  fi
+}
+
+# xleg NAME ARGS...: OFED's XRC verbs (examples/c/xrc_legacy.c): the receive QP outlives the
+# process that allocated it, and goes with the domain's last close.
+xleg() { # name args...
+  local name="$1"
+  shift
+  local log="$logs/${name// /_}.log"
+  timeout 120 "$ex/xrc_legacy" "$@" >"$log" 2>&1
+  local rc=$?
+  if [ "$rc" = 0 ] && grep -qE "^xrc_legacy: OK .*by a process that exited; 2 processes received [0-9]+ messages checked.*late send transport retry counter exceeded" "$log"; then
+    result "$name ($(grep -oE 'received [0-9]+ messages checked' "$log"))" ok
+  else
+    result "$name" fail "rc=$rc; $(tail -n 2 "$log" | tr '\n' ' ')"
+  fi
+}

@@ -6,7 +6,8 @@
 # counters count them (rcvd_pkts: the programs report theirs). One line per run, then
 # "N passed, M failed".
 # Usage: scripts/test-provider.sh [--quick]      (needs scripts/build-shim.sh first)
-# Not on this path yet (refused with EOPNOTSUPP): XRC domains. rdma_cm's own contexts (rping,
+# XRC last: the domains, XRC SRQs and target QPs are the daemons' (the programs' XRC sides,
+# device/src/verbs/xrc.rs), so the daemons receive those packets. rdma_cm's own contexts (rping,
 # rdma_server) stay on the device path.
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
@@ -78,6 +79,30 @@ for dev in srdma0 srdma1; do
     result "$dev's daemon received no packet, the device counted the programs'" fail "daemon_udp_rcvd=$own rcvd_pkts=$all"
   fi
 done
+
+# XRC on the provider path: the programs' send QPs are their own, the domains, XRC SRQs and
+# target QPs are the daemons' (each program's XRC side), its CQs and memory the program's. The
+# seeds' workloads: target QPs that outlive the process that made them (exit, SIGKILL), through
+# rdma_cm too, and OFED's XRC verbs.
+ex="$(realpath "$target/examples")"
+addr2="${SOFTRDMA_TEST_ADDR2:-127.0.0.3}"
+xsrq "ibv_xsrq_pingpong -c 3 srdma0->srdma0" srdma0 srdma0 3
+xsrq "ibv_xsrq_pingpong -c 2 srdma0->srdma1" srdma0 srdma1 2
+if [ -x "$ex/xrc_job" ] && [ -x "$ex/xrc_legacy" ] && "$bin" up srdma2 --addr "$addr2" >/dev/null; then
+  xjob "xrc_job 3 nodes x 3 processes, target QPs' maker exits" \
+    "^xrc_job: OK nodes 3 procs 3 rounds 5 messages 270 checked.*maker exited; late sender transport retry counter exceeded" \
+    --devices srdma0,srdma1,srdma2 --procs 3 --rounds 5
+  xjob "xrc_job 2 nodes x 4 processes, target QPs' maker killed" \
+    "^xrc_job: OK nodes 2 procs 4 rounds 3 messages 96 checked.*maker killed; late sender transport retry counter exceeded" \
+    --devices srdma0,srdma2 --procs 4 --rounds 3 --kill
+  xjob "xrc_job --cm 2 nodes x 3 processes, maker exits" \
+    "^xrc_job: OK nodes 2 procs 3 rounds 3 messages 54 checked.*setup rdma_cm; maker exited; late sender transport retry" \
+    --devices srdma1,srdma2 --procs 3 --rounds 3 --cm
+  xleg "xrc_legacy (OFED XRC verbs) across two devices" --device srdma0 --sender-device srdma1 --messages 200
+  timeout 15 "$bin" down srdma2 >/dev/null 2>&1
+else
+  result "xrc_job, xrc_legacy" fail "$ex/xrc_job or xrc_legacy missing (scripts/build-examples.sh) or srdma2 did not start"
+fi
 
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

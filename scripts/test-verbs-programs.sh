@@ -488,18 +488,6 @@ fi
 # target QPs made by one process per node that then exits (or is killed) before the all-to-all
 # rounds; at the end a send to a node whose last process left fails with RETRY_EXC_ERR. QP numbers
 # out of band, or through rdma_cm (--cm).
-xjob() { # name expect-regex args...
-  local name="$1" want="$2"
-  shift 2
-  local log="$logs/${name// /_}.log"
-  timeout 120 "$ex/xrc_job" "$@" >"$log" 2>&1
-  local rc=$?
-  if grep -qE "$want" "$log" && { [ "$rc" = 0 ] || [[ "$want" == *FAILED* ]]; }; then
-    result "$name ($(grep -oE 'messages [0-9]+ checked|FAILED.*' "$log" | head -n 1))" ok
-  else
-    result "$name" fail "rc=$rc; $(tail -n 2 "$log" | tr '\n' ' ')"
-  fi
-}
 if [ -x "$ex/xrc_job" ] && "$bin" up srdma2 --addr "$addr2" >/dev/null; then
   xjob "xrc_job 3 nodes x 3 processes, target QPs' maker exits" \
     "^xrc_job: OK nodes 3 procs 3 rounds 5 messages 270 checked.*maker exited; late sender transport retry counter exceeded" \
@@ -532,18 +520,6 @@ fi
 # XRC verbs (softrdma/ofed_xrc.h): process A allocates the receive QP (ibv_alloc_xrc_rcv_qp) and
 # exits; B and C receive on their XRC SRQs through it; after the last close the QP is dead. Also on
 # a device whose ordinary target QPs die with their last handle (the seed's QP is the domain's).
-xleg() { # name args...
-  local name="$1"
-  shift
-  local log="$logs/${name// /_}.log"
-  timeout 120 "$ex/xrc_legacy" "$@" >"$log" 2>&1
-  local rc=$?
-  if [ "$rc" = 0 ] && grep -qE "^xrc_legacy: OK .*by a process that exited; 2 processes received [0-9]+ messages checked.*late send transport retry counter exceeded" "$log"; then
-    result "$name ($(grep -oE 'received [0-9]+ messages checked' "$log"))" ok
-  else
-    result "$name" fail "rc=$rc; $(tail -n 2 "$log" | tr '\n' ' ')"
-  fi
-}
 if [ -x "$ex/xrc_legacy" ]; then
   xleg "xrc_legacy (OFED XRC verbs) across two devices" --device srdma0 --sender-device srdma1 --messages 400
   if "$bin" up srdma2 --addr "$addr2" --xrc-tgt-lifetime last-close >/dev/null; then
