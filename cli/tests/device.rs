@@ -455,6 +455,114 @@ fn providers_run_their_own_qps_on_the_steered_port() {
     drop((p1, p3, d));
 }
 
+/// XRC on the provider path: the domain, its XRC SRQs and target QPs are the daemon's (made on
+/// the provider's XRC side), while the SRQ's PD, CQ, channel and memory are the program's. A SEND
+/// through the target QP lands in the program's buffer and completes into the program's CQ,
+/// waking its channel; an RDMA WRITE through the target QP with the rkey the program's region
+/// was given reaches it; the target QP's and SRQ's async events reach the program's queue; a PD or CQ an
+/// XRC SRQ still uses cannot go (EBUSY); a deregistered region's rkey no longer works.
+#[test]
+fn a_providers_xrc_srq_serves_its_own_cq_memory_and_events() {
+    use softrdma_device::verbs::*;
+    use softrdma_engine::device::AsyncEvent;
+    let (_base, rt) = rtdir();
+    let rt = rt.as_path();
+    let _g = up(rt, "tx", "127.0.0.1", 47953, &[]);
+    let t = Duration::from_secs(10);
+    let r = Context::provider_in(rt, "tx").unwrap();
+    let s = Context::provider_in(rt, "tx").unwrap();
+    assert!(r.is_provider() && s.is_provider());
+    let pd = r.alloc_pd().unwrap();
+    let ch = r.create_comp_channel().unwrap();
+    let cq = r.create_cq(64, Some(&ch)).unwrap();
+    let mr = pd.alloc_mr(1 << 16, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    let x = r.open_xrcd(None, true, false).unwrap();
+    let attr = SrqAttr { max_wr: 16, max_sge: 1, srq_limit: 0 };
+    let srq = x.create_srq(&pd, &cq, attr).unwrap();
+    let tgt = x.create_tgt_qp().unwrap();
+    // A PD and CQ of the program that only an XRC SRQ uses: busy while it does.
+    let (pd2, cq2) = (r.alloc_pd().unwrap(), r.create_cq(8, None).unwrap());
+    let srq2 = x.create_srq(&pd2, &cq2, attr).unwrap();
+    let (pd2, e) = pd2.destroy().expect_err("a PD an XRC SRQ uses");
+    assert!(matches!(e, Error::Verbs(VerbsError::Busy)), "{e:?}");
+    let (cq2, e) = cq2.destroy().expect_err("a CQ an XRC SRQ uses");
+    assert!(matches!(e, Error::Verbs(VerbsError::Busy)), "{e:?}");
+    srq2.destroy().map_err(|(_, e)| e).unwrap();
+    cq2.destroy().map_err(|(_, e)| e).unwrap();
+    pd2.destroy().map_err(|(_, e)| e).unwrap();
+
+    // The sender: an XRC send QP of another provider.
+    let spd = s.alloc_pd().unwrap();
+    let scq = s.create_cq(64, None).unwrap();
+    let smr = spd.alloc_mr(1 << 16, Access::LOCAL_WRITE).unwrap();
+    let ini = spd.qp_builder(QpType::XrcIni, &scq).build().unwrap();
+    let o = ConnectOptions::default();
+    ini.connect(5, &tgt.endpoint(77), &o).unwrap();
+    tgt.connect(77, &ini.endpoint(5), &o).unwrap();
+    let send = |wr_id: u64, op: SendOp, range: std::ops::Range<usize>, srqn: u32| {
+        let mut w = SendWr::new(wr_id, op, vec![smr.sge(range)]);
+        w.remote_srqn = srqn;
+        w.signaled = true;
+        ini.post_send(vec![w]).unwrap();
+        let c = scq.wait(1, t).unwrap();
+        assert_eq!(c.len(), 1, "no send completion");
+        c[0].status
+    };
+    let data: Vec<u8> = (0..3000u32).map(|i| (i * 7 + 3) as u8).collect();
+    // SAFETY: smr is this test's buffer, not posted anywhere yet.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), smr.addr() as *mut u8, data.len()) };
+
+    // SEND: the program's buffer, the program's CQ, the program's channel.
+    cq.req_notify(false).unwrap();
+    srq.post_recv(vec![RecvWr { wr_id: 11, sg_list: vec![mr.sge(0..4096)] }]).unwrap();
+    assert_eq!(send(1, SendOp::Send, 0..3000, srq.srq_num()), WcStatus::Success);
+    assert_eq!(ch.get_cq_event(Some(t)).unwrap(), Some(cq.id()), "the channel did not fire");
+    let c = cq.wait(1, t).unwrap();
+    assert_eq!(c.len(), 1, "no receive completion");
+    assert_eq!((c[0].wr_id, c[0].status, c[0].byte_len), (11, WcStatus::Success, 3000));
+    assert_eq!(c[0].qp_num.value(), tgt.qpn());
+    assert_eq!(&mr.as_slice()[..3000], &data[..]);
+
+    // RDMA WRITE through the target QP, with the key the program's region was given.
+    let write = SendOp::Write { remote_addr: mr.addr() + 10_000, rkey: mr.rkey() };
+    assert_eq!(send(2, write, 100..1100, srq.srq_num()), WcStatus::Success);
+    assert_eq!(&mr.as_slice()[10_000..11_000], &data[100..1100]);
+    // A region registered after the XRC side opened is reachable too.
+    let mr2 = pd.alloc_mr(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    let write2 = SendOp::Write { remote_addr: mr2.addr() + 8, rkey: mr2.rkey() };
+    assert_eq!(send(3, write2, 0..64, srq.srq_num()), WcStatus::Success);
+    assert_eq!(&mr2.as_slice()[8..72], &data[..64]);
+
+    // The SRQ's limit event: armed at 2 with 3 receives posted, two SENDs leave one.
+    let wrs = (0..3).map(|i| RecvWr { wr_id: 20 + i, sg_list: vec![mr.sge(20_000..24_000)] }).collect();
+    srq.post_recv(wrs).unwrap();
+    srq.set_limit(2).unwrap();
+    assert_eq!(send(4, SendOp::Send, 0..10, srq.srq_num()), WcStatus::Success);
+    assert_eq!(send(5, SendOp::Send, 0..10, srq.srq_num()), WcStatus::Success);
+    // Before it, the target QP's COMM_EST (its first packet came in RTR), for this process's
+    // handle on it.
+    let mut events = Vec::new();
+    while let Some(e) = r.get_async_event(Some(t)).unwrap() {
+        events.push(e);
+        if matches!(e.event, AsyncEvent::SrqLimitReached(_)) {
+            break;
+        }
+    }
+    let want = [
+        (AsyncEvent::CommEst(softrdma_engine::wire::Qpn::new(tgt.qpn())), tgt.handle()),
+        (AsyncEvent::SrqLimitReached(srq.srq_num()), None),
+    ];
+    assert_eq!(events.iter().map(|e| (e.event, e.handle)).collect::<Vec<_>>(), want);
+    assert_eq!(cq.wait(2, t).unwrap().len(), 2);
+
+    // A region that went: its key reaches nothing (remote access error).
+    let gone = mr2.rkey();
+    drop(mr2);
+    let write3 = SendOp::Write { remote_addr: mr.addr(), rkey: gone };
+    assert_eq!(send(6, write3, 0..64, srq.srq_num()), WcStatus::RemAccessErr);
+    drop((ini, tgt, srq));
+}
+
 /// A GRO run whose segments name the QPs of several processes (a NIC merges consecutive datagrams
 /// of one flow; the kernel hands the run to the socket the steering program picks for its first
 /// segment) still reaches every QP it names: the member that got it passes the others' segments on

@@ -419,3 +419,52 @@ fn async_events_of_a_target_qp_go_to_every_handle() {
         .collect();
     assert_eq!(got, vec![(t.handle, OWNER), (h2, 2)], "each opener gets the event");
 }
+
+/// A region may answer to a second remote key, one another engine of the device gave out for the
+/// same memory (a provider process's key, its region's twin here): RDMA through a target QP with
+/// that key lands, the region's own key still works, a key that names a region here cannot be
+/// taken as an alias, and the alias goes with the region (then it is a remote access error, NAK).
+#[test]
+fn an_rkey_alias_reaches_its_region_and_goes_with_it() {
+    let mut p = Pair::new(8);
+    let t = target(&mut p.b, 42, 1);
+    let ini = initiator(&mut p.a);
+    connect(&mut p, &ini, &t, 10);
+    let n = t.srqs[0].0;
+    let twin = p.b.reg_mr(t.pd, BASE + 0x40000, 0x1000, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    let foreign = 0x00ab_cd5a;
+    assert_eq!(p.b.alias_rkey(twin.lkey, t.rkey), Err(VerbsError::Inval), "a key of this engine");
+    assert_eq!(p.b.alias_rkey(0x00ff_ff00, foreign), Err(VerbsError::Inval), "no such region");
+    p.b.alias_rkey(twin.lkey, foreign).unwrap();
+    assert_eq!(p.b.alias_rkey(twin.lkey, foreign), Err(VerbsError::Inval), "taken");
+    p.fill(0, BASE, &[9u8; 100]);
+    xsend(&mut p, &ini, 1, n, SendOp::Write { remote_addr: BASE + 0x40010, rkey: foreign }, BASE, 100);
+    xsend(&mut p, &ini, 2, n, SendOp::Write { remote_addr: BASE + 0x40200, rkey: twin.rkey }, BASE, 100);
+    p.drive(STEPS);
+    assert_eq!(p.read(1, BASE + 0x40010, 100), vec![9u8; 100]);
+    assert_eq!(p.read(1, BASE + 0x40200, 100), vec![9u8; 100]);
+    let done = p.a.poll_cq(ini.cq, 16);
+    assert!(done.iter().all(|w| w.status == WcStatus::Success), "{done:?}");
+    // Deregistered, the region takes its alias with it.
+    p.b.dereg_mr(twin.lkey).unwrap();
+    xsend(&mut p, &ini, 3, n, SendOp::Write { remote_addr: BASE + 0x40010, rkey: foreign }, BASE, 100);
+    p.drive(STEPS);
+    let c = p.a.poll_cq(ini.cq, 16);
+    assert_eq!(c.last().map(|w| w.status), Some(WcStatus::RemAccessErr), "{c:?}");
+}
+
+/// A PD that an XRC SRQ is in, and a CQ that one completes into, cannot go (EBUSY, as uverbs
+/// counts their users); once the SRQ is gone, they can.
+#[test]
+fn an_xrc_srqs_pd_and_cq_are_busy_while_it_lives() {
+    let mut p = Pair::new(9);
+    let x = p.b.open_xrcd(OWNER, None, true, false).unwrap();
+    let pd = p.b.alloc_pd(OWNER);
+    let cq = p.b.create_cq(16).unwrap();
+    let srq = p.b.create_xrc_srq(x, pd, cq, SrqAttr { max_wr: 4, max_sge: 1, srq_limit: 0 }).unwrap();
+    assert_eq!(p.b.dealloc_pd(pd), Err(VerbsError::Busy));
+    assert_eq!(p.b.destroy_cq(cq), Err(VerbsError::Busy));
+    p.b.destroy_srq(srq).unwrap();
+    assert_eq!(p.b.destroy_cq(cq), Ok(()));
+    assert_eq!(p.b.dealloc_pd(pd), Ok(()));
+}

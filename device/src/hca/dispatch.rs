@@ -163,6 +163,11 @@ impl State {
             Request::DeallocPd(pd) => {
                 mine!(pds, pd);
                 let lkey = self.clients.get(&o).and_then(|c| c.stage_mrs.get(&pd).copied());
+                // Busy (EBUSY) before the staging region goes: receives staged on an SRQ of
+                // the PD name it.
+                if self.dev.pd_busy(pd, lkey) {
+                    return Err(VerbsError::Busy);
+                }
                 if let Some(l) = lkey {
                     self.dev.dereg_mr(l)?;
                 }

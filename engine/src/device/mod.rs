@@ -781,16 +781,25 @@ impl<M: Memory> Device<M> {
         id
     }
 
-    /// Destroys a protection domain; EBUSY while MRs or QPs use it.
+    /// Destroys a protection domain; EBUSY while MRs, MWs, QPs or SRQs use it (as uverbs counts
+    /// a PD's users).
     pub fn dealloc_pd(&mut self, pd: PdId) -> Result<(), VerbsError> {
         if !self.pds.contains_key(&pd) {
             return Err(VerbsError::Inval);
         }
-        if self.mrs.values().any(|m| m.pd == pd) || self.qps.values().any(|q| q.pd == Some(pd)) {
+        if self.pd_busy(pd, None) {
             return Err(VerbsError::Busy);
         }
         self.pds.remove(&pd);
         Ok(())
+    }
+
+    /// Whether objects other than the region `but` use `pd`: regions, windows, QPs, SRQs.
+    pub fn pd_busy(&self, pd: PdId, but: Option<u32>) -> bool {
+        self.mrs.values().any(|m| m.pd == pd && Some(m.lkey) != but)
+            || self.mws.values().any(|w| w.pd == pd)
+            || self.qps.values().any(|q| q.pd == Some(pd))
+            || self.srqs.values().any(|s| s.pd == pd)
     }
 
     /// Registers `len` bytes at `addr` of the PD owner's memory. Remote write or atomic access
@@ -922,7 +931,10 @@ impl<M: Memory> Device<M> {
         if !self.cqs.contains_key(&cq) {
             return Err(VerbsError::Inval);
         }
-        if self.qps.values().any(|q| q.send_cq == Some(cq) || q.recv_cq == Some(cq)) {
+        // An XRC SRQ completes into its CQ: busy too.
+        if self.qps.values().any(|q| q.send_cq == Some(cq) || q.recv_cq == Some(cq))
+            || self.srqs.values().any(|s| s.xrc.is_some_and(|(_, c)| c == cq))
+        {
             return Err(VerbsError::Busy);
         }
         self.cqs.remove(&cq);
