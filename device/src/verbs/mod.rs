@@ -723,9 +723,9 @@ impl Context {
     ///
     /// The device's settings hold for these QPs: the daemon's fault injection, profile and ICRC
     /// check apply, their counters and (while the device captures) packets are reported to the
-    /// daemon (`Request::Publish`). Not (yet) the daemon's: the objects live in this process, so
-    /// XRC domains shared through a file with other processes and rdma_cm on these QPs do not
-    /// cover them. Errors: the daemon's port is not
+    /// daemon (`Request::Publish`). XRC domains, XRC SRQs and target QPs are the daemon's: the
+    /// context makes them on its XRC side (`verbs/xrc.rs`), a second context of this process on the
+    /// device's own data path. Errors: the daemon's port is not
     /// steered (`NotSupp`), no QPN block is free (`NoMem`).
     #[cfg(feature = "embedded")]
     pub fn provider(name: &str) -> Result<Context> {
