@@ -442,6 +442,15 @@ pub enum Request {
         /// The key the provider gave out.
         rkey: u32,
     },
+    /// A provider's QP attached to (`on`) or detached from a multicast group: the daemon, which
+    /// receives the device's group datagrams, passes each on to the providers with QPs attached
+    /// (multicast fan-out is the daemon's: the data-path issue's item 5).
+    McastRelay {
+        /// The group.
+        group: IpAddr,
+        /// Attached (true) or detached.
+        on: bool,
+    },
 }
 
 /// What a provider reports ([`Request::Publish`]).

@@ -507,16 +507,24 @@ impl State {
         if buf.len() < 65536 {
             buf.resize(65536, 0);
         }
-        let State { groups, dev, tap, io, epoch, .. } = self;
+        let own_ports = self.dev.config().flow_ports;
+        let State { groups, dev, tap, io, epoch, relay, .. } = self;
         let n = groups.receive(&mut buf, 64, &mut |from, g, data| {
-            // Our own sends come back through the kernel's multicast loopback; the device
-            // already delivered them internally.
-            if from.ip() == addr {
+            // Providers with QPs in the group get it through their links (but for its own
+            // sends, a provider skips what it gets back).
+            let (sent, lost) = relay.pass_group(from, g, data);
+            io.relayed += sent;
+            io.relay_lost += lost;
+            // This engine's own sends come back through the kernel's multicast loopback; it
+            // already delivered them internally. A provider's (from the device's address but
+            // another source port) are for this engine's QPs too; their sender captured them.
+            let from_here = from.ip() == addr;
+            if from_here && own_ports.contains(from.port()) {
                 return;
             }
             io.udp_rcvd += 1;
             let dst = IpAddr::V4(g);
-            if let Some(t) = tap.as_mut() {
+            if let Some(t) = tap.as_mut().filter(|_| !from_here) {
                 let _ = t.write(epoch.elapsed().as_nanos() as u64, from.ip(), dst, from.port(), data, None);
             }
             let meta = RecvMeta { src: from.ip(), src_port: from.port(), ip_id: None, dst: Some(dst) };

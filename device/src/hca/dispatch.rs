@@ -560,6 +560,15 @@ impl State {
                 }
                 ok(R::Ok)
             }
+            Request::McastRelay { group, on } => {
+                let index = self.clients.get(&o).and_then(|c| c.steer).ok_or(VerbsError::Inval)?;
+                let IpAddr::V4(g) = group else { return Err(VerbsError::Inval) };
+                if !g.is_multicast() {
+                    return Err(VerbsError::Inval);
+                }
+                self.relay.attach_group(index, g, on);
+                ok(R::Ok)
+            }
             Request::AliasRkey { lkey, rkey } => {
                 mine!(mrs, lkey);
                 self.dev.alias_rkey(lkey, rkey)?;

@@ -5,6 +5,7 @@
 use super::*;
 
 use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
 
 use softrdma_transport::relay::{self, Frame, Link};
 use softrdma_transport::steer::{block_of, dest_qpn, BLOCKS, DAEMON_INDEX};
@@ -50,12 +51,21 @@ pub(super) struct Relay {
     /// when the receive call ends.
     out: Vec<(u32, Vec<u8>)>,
     buf: Vec<u8>,
+    /// The daemon: multicast groups with QPs of providers attached, by member index (how many).
+    groups: BTreeMap<Ipv4Addr, BTreeMap<u32, u32>>,
 }
 
 impl Relay {
     /// No links (an unsteered device, or the daemon before its first provider).
     pub(super) fn new() -> Relay {
-        Relay { foreign: Blocks::none(), links: BTreeMap::new(), provider: false, out: Vec::new(), buf: Vec::new() }
+        Relay {
+            foreign: Blocks::none(),
+            links: BTreeMap::new(),
+            provider: false,
+            out: Vec::new(),
+            buf: Vec::new(),
+            groups: BTreeMap::new(),
+        }
     }
 
     /// A provider's: `blocks` are its own, `link` goes to the daemon.
@@ -82,6 +92,44 @@ impl Relay {
     /// The daemon: member `index`'s client is gone.
     pub(super) fn remove_link(&mut self, index: u32) {
         self.links.remove(&index);
+        for members in self.groups.values_mut() {
+            members.remove(&index);
+        }
+        self.groups.retain(|_, m| !m.is_empty());
+    }
+
+    /// The daemon: a QP of member `index` attached to (`on`) or detached from `group`.
+    pub(super) fn attach_group(&mut self, index: u32, group: Ipv4Addr, on: bool) {
+        let members = self.groups.entry(group).or_default();
+        let n = members.entry(index).or_insert(0);
+        if on {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                members.remove(&index);
+            }
+        }
+        self.groups.retain(|_, m| !m.is_empty());
+    }
+
+    /// The daemon: passes a datagram of `group` from `from` to every member with QPs attached
+    /// to it. Returns the frames sent and those lost (a full link drops, as a full socket would).
+    pub(super) fn pass_group(&self, from: SocketAddr, group: Ipv4Addr, payload: &[u8]) -> (u64, u64) {
+        let Some(members) = self.groups.get(&group) else { return (0, 0) };
+        let mut frame = Vec::with_capacity(relay::HEADER_LEN + payload.len());
+        let f = Frame { src: from, dst: Some(IpAddr::V4(group)), segment: 0, payload };
+        if !relay::encode(&mut frame, &f) {
+            return (0, members.len() as u64);
+        }
+        let (mut sent, mut lost) = (0, 0);
+        for index in members.keys() {
+            match self.links.get(index).map(|l| l.send(&frame)) {
+                Some(Ok(())) => sent += 1,
+                _ => lost += 1,
+            }
+        }
+        (sent, lost)
     }
 
     /// The daemon: the blocks given to providers changed.
@@ -166,6 +214,28 @@ impl State {
                     self.io.relay_lost += 1;
                     continue;
                 };
+                if self.relay.provider && f.dst.is_some_and(|d| d.is_multicast()) {
+                    // A group datagram the daemon passes on: for this process's QPs in the
+                    // group, but not one of this engine's own sends (delivered internally).
+                    // The daemon captured it as it received it.
+                    let own = f.src.ip() == self.addr() && self.dev.config().flow_ports.contains(f.src.port());
+                    if !own {
+                        let (now, addr) = (self.now(), self.addr());
+                        let (src, dst, segment) = (f.src, f.dst, f.segment);
+                        super::datapath::deliver(
+                            &mut self.dev,
+                            &mut None,
+                            &self.epoch,
+                            now,
+                            addr,
+                            src,
+                            dst,
+                            segment,
+                            f.payload,
+                        );
+                    }
+                    continue;
+                }
                 let qpn = dest_qpn(f.payload).unwrap_or(0);
                 let owner = if self.relay.provider {
                     if self.relay.foreign.contains(block_of(qpn)) {

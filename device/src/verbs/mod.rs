@@ -541,6 +541,20 @@ impl Inner {
         Ok(self.call_fds(req, None)?.0)
     }
 
+    /// A provider's QP attached to or detached from `group`: tells the daemon, which passes the
+    /// group's datagrams on (nothing to tell for other contexts).
+    fn mcast_relay(&self, group: IpAddr, on: bool) -> Result<()> {
+        #[cfg(feature = "embedded")]
+        if let Backend::Embedded { daemon: Some(c), .. } = &self.backend {
+            return match c.call(&Request::McastRelay { group, on }, &[])?.0 {
+                Response::Err(e) => Err(Error::Verbs(e)),
+                _ => Ok(()),
+            };
+        }
+        let _ = (group, on);
+        Ok(())
+    }
+
     fn mrs_lock(&self) -> std::sync::MutexGuard<'_, FastMap<u32, (PdId, u64, u64, Access)>> {
         self.mrs.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -1775,6 +1789,11 @@ impl QueuePair {
     /// `ibv_attach_mcast` (UD).
     pub fn attach_mcast(&self, group: IpAddr) -> Result<()> {
         self.ctx.inner.call(Request::AttachMcast { qpn: self.qpn, group })?;
+        // A provider's QP: the daemon receives the group's datagrams and passes them on.
+        if let Err(e) = self.ctx.inner.mcast_relay(group, true) {
+            let _ = self.ctx.inner.call(Request::DetachMcast { qpn: self.qpn, group });
+            return Err(e);
+        }
         Ok(())
     }
 
@@ -1788,6 +1807,7 @@ impl QueuePair {
     /// `ibv_detach_mcast` (UD).
     pub fn detach_mcast(&self, group: IpAddr) -> Result<()> {
         self.ctx.inner.call(Request::DetachMcast { qpn: self.qpn, group })?;
+        let _ = self.ctx.inner.mcast_relay(group, false);
         Ok(())
     }
 

@@ -543,6 +543,16 @@ impl Default for FlowPorts {
 }
 
 impl FlowPorts {
+    /// Whether `port` is one of these (a datagram from this device's address and such a port
+    /// is this engine's own, looped back).
+    pub fn contains(self, port: u16) -> bool {
+        if self.count == 0 {
+            port == self.base
+        } else {
+            port.wrapping_sub(self.base) < self.count
+        }
+    }
+
     /// The UDP source port of a QP's packets.
     pub fn port(self, qpn: Qpn) -> u16 {
         if self.count == 0 {
