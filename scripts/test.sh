@@ -59,6 +59,9 @@ bash scripts/test-container.sh
 step "rdma-core's pyverbs test suite on the shim"
 bash scripts/pyverbs.sh
 
+step "rdma-core's pyverbs test suite again on the provider data path (SOFTRDMA_DATAPATH=provider: XRC on the programs' XRC sides, multicast passed on by the daemon)"
+SOFTRDMA_DATAPATH=provider bash scripts/pyverbs.sh
+
 step "interop with Linux's own Soft-RoCE (rdma_rxe in a qemu guest; needs root for its network namespace)"
 if [ "$(id -u)" = 0 ]; then
   bash conformance/interop/rxe.sh
