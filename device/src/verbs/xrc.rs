@@ -28,10 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use super::{
-    Access, CompletionChannel, CompletionQueue, Context, CqId, Error, FastMap, Inner, PdId, ProtectionDomain, RawMr,
-    RecvWr, Request, Result, VerbsError,
-};
+use super::*;
 
 /// How often bridge threads look whether their context is gone.
 const BRIDGE_TICK: Duration = Duration::from_millis(100);
@@ -309,5 +306,95 @@ impl XrcHost {
             s.lkey = x.lkey(&self.host, s.lkey)?;
         }
         Ok(wr)
+    }
+}
+
+/// An XRC domain.
+pub struct XrcDomain {
+    pub(super) ctx: Context,
+    pub(super) id: XrcdId,
+    /// A provider's domain (on its XRC side, `xrc`): the provider context.
+    pub(super) host: Option<xrc::XrcHost>,
+}
+
+impl XrcDomain {
+    /// `ibv_close_xrcd`, reporting EBUSY while objects of this process use it.
+    pub fn destroy(self) -> std::result::Result<(), (Self, Error)> {
+        let (ctx, req) = (self.ctx.clone(), Request::CloseXrcd(self.id));
+        // SAFETY: `me` is never used again; its context is dropped exactly once.
+        destroy_now(self, &ctx, req, |me| unsafe { std::ptr::drop_in_place(&mut me.ctx) })
+    }
+
+    /// The device's number for this domain (OFED's `ibv_xrc_domain.handle`).
+    pub fn id(&self) -> XrcdId {
+        self.id
+    }
+
+    /// `ibv_create_srq_ex` of type XRC in this domain.
+    pub fn create_srq(&self, pd: &ProtectionDomain, cq: &CompletionQueue, attr: SrqAttr) -> Result<SharedReceiveQueue> {
+        // On a provider the PD and CQ are the program's: the SRQ takes their twins (`xrc`).
+        let twins = match &self.host {
+            Some(h) => Some(h.twins(pd, cq)?),
+            None => None,
+        };
+        let (pd_id, cq_id) = twins.as_ref().map_or((pd.id, cq.id), |(p, c)| (p.id, *c));
+        match self.ctx.inner.call(Request::CreateXrcSrq { xrcd: self.id, pd: pd_id, cq: cq_id, attr })? {
+            Response::Srq { srqn, ring } => Ok(SharedReceiveQueue {
+                ctx: self.ctx.clone(),
+                srqn,
+                ring,
+                max_sge: attr.max_sge,
+                pd: pd_id,
+                host: self.host.clone(),
+            }),
+            _ => unexpected(),
+        }
+    }
+
+    /// `ibv_create_qp_ex` of type XRC_RECV: a target QP bound to this domain.
+    pub fn create_tgt_qp(&self) -> Result<QueuePair> {
+        self.tgt_handle(Request::CreateXrcTgtQp(self.id))
+    }
+
+    /// `ibv_open_qp`: a handle on an existing target QP of this domain.
+    pub fn open_qp(&self, qpn: u32) -> Result<QueuePair> {
+        self.tgt_handle(Request::OpenQp { xrcd: self.id, qpn: Qpn::new(qpn) })
+    }
+
+    /// OFED's XRC receive QP: a target QP whose lifetime is `lifetime` whatever the device's
+    /// policy (`ibv_create_xrc_rcv_qp`: [`XrcPolicy::DestroyOnLastClose`], the QP goes with its
+    /// last registration; `ibv_alloc_xrc_rcv_qp`: [`XrcPolicy::LiveWithDomain`]).
+    pub fn create_rcv_qp(&self, lifetime: XrcPolicy) -> Result<QueuePair> {
+        self.tgt_handle(Request::CreateXrcRcvQp { xrcd: self.id, lifetime })
+    }
+
+    pub(super) fn tgt_handle(&self, req: Request) -> Result<QueuePair> {
+        match self.ctx.inner.call(req)? {
+            Response::QpHandle(qpn, h) => Ok(QueuePair {
+                ctx: self.ctx.clone(),
+                qpn,
+                qp_type: QpType::XrcTgt,
+                handle: Some(h),
+                sq: None,
+                rq: None,
+                caps: QpCaps::default(),
+                pd: PdId(0),
+                cqs: [None, None],
+                state: std::sync::Mutex::new(QpState::Reset),
+            }),
+            _ => unexpected(),
+        }
+    }
+
+    /// Leaves a target QP handle open: the QP then lives as long as the domain (not destroyed
+    /// when this process exits), as the XRC extension defines.
+    pub fn leak_handle(qp: QueuePair) {
+        std::mem::forget(qp);
+    }
+}
+
+impl Drop for XrcDomain {
+    fn drop(&mut self) {
+        self.ctx.inner.release(Request::CloseXrcd(self.id));
     }
 }
