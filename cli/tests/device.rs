@@ -563,6 +563,34 @@ fn a_providers_xrc_srq_serves_its_own_cq_memory_and_events() {
     drop((ini, tgt, srq));
 }
 
+/// A provider's device is its daemon too: when the daemon goes, the program hears it as it would
+/// from a device-path context (the async event fd and channel fds become readable; the next
+/// event call fails as the device lost, which libibverbs reports as IBV_EVENT_DEVICE_FATAL),
+/// though its own QPs run in its process.
+#[test]
+fn a_provider_hears_its_device_go_away() {
+    use softrdma_device::verbs::*;
+    let (_base, rt) = rtdir();
+    let rt = rt.as_path();
+    let g = up(rt, "tg", "127.0.0.1", 47954, &[]);
+    let ctx = Context::provider_in(rt, "tg").unwrap();
+    assert!(ctx.is_provider());
+    let ch = ctx.create_comp_channel().unwrap();
+    let cq = ctx.create_cq(8, Some(&ch)).unwrap();
+    cq.req_notify(false).unwrap();
+    assert!(matches!(ctx.get_async_event(Some(Duration::from_millis(50))), Ok(None)), "no event while it runs");
+    drop(g); // softrdma down
+    let readable = |fd: std::os::fd::BorrowedFd<'_>| {
+        let mut p = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
+        matches!(nix::poll::poll(&mut p, nix::poll::PollTimeout::from(5000u16)), Ok(1))
+    };
+    assert!(readable(ctx.event_fd()), "the async event fd did not wake");
+    assert!(readable(std::os::fd::AsFd::as_fd(&ch)), "the channel fd did not wake");
+    let e = ctx.get_async_event(Some(Duration::from_secs(5)));
+    assert!(matches!(e, Err(Error::Device(_))), "{e:?}");
+    assert!(matches!(ch.get_cq_event(Some(Duration::from_secs(5))), Err(Error::Device(_))));
+}
+
 /// A GRO run whose segments name the QPs of several processes (a NIC merges consecutive datagrams
 /// of one flow; the kernel hands the run to the socket the steering program picks for its first
 /// segment) still reaches every QP it names: the member that got it passes the others' segments on

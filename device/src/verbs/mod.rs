@@ -225,6 +225,12 @@ impl Inner {
             Backend::Daemon(c) => {
                 Some(HangupWatch::start(c.hangup_fd(), c.event_fd.as_fd()).map_err(|_| VerbsError::NoMem)?)
             }
+            // A provider's device is its daemon too: when the daemon goes, the device is gone
+            // for the program (IBV_EVENT_DEVICE_FATAL), though its own QPs run in-process.
+            #[cfg(feature = "embedded")]
+            Backend::Embedded { daemon: Some(c), event_fd, .. } => {
+                Some(HangupWatch::start(c.hangup_fd(), event_fd.as_fd()).map_err(|_| VerbsError::NoMem)?)
+            }
             #[cfg(feature = "embedded")]
             Backend::Embedded { .. } => None,
         };
@@ -541,6 +547,8 @@ impl Inner {
         match &self.backend {
             Backend::Daemon(c) => Some(c.hangup_fd()),
             #[cfg(feature = "embedded")]
+            Backend::Embedded { daemon: Some(c), .. } => Some(c.hangup_fd()),
+            #[cfg(feature = "embedded")]
             Backend::Embedded { .. } => None,
         }
     }
@@ -645,6 +653,15 @@ fn wait_readable(fd: BorrowedFd<'_>, hangup: Option<BorrowedFd<'_>>, timeout: Op
     matches!(nix::poll::poll(&mut fds, t), Ok(n) if n > 0)
 }
 
+/// Whether the device connection `fd` has hung up (the daemon is gone). Only the hang-up counts:
+/// the socket is readable whenever another thread's call has its answer waiting.
+fn hung_up(fd: BorrowedFd<'_>) -> bool {
+    let mut p = [PollFd::new(fd, PollFlags::empty())];
+    let gone = PollFlags::POLLHUP | PollFlags::POLLERR | PollFlags::POLLNVAL;
+    matches!(nix::poll::poll(&mut p, PollTimeout::ZERO), Ok(n) if n > 0)
+        && p[0].revents().is_some_and(|r| r.intersects(gone))
+}
+
 /// Whether `fd` is readable right now (an eventfd drained only then never blocks).
 fn readable_now(fd: BorrowedFd<'_>) -> bool {
     wait_readable(fd, None, Some(Duration::ZERO))
@@ -668,7 +685,14 @@ fn next_event<T>(
     mut next: impl FnMut() -> Result<Option<T>>,
 ) -> Result<Option<T>> {
     let deadline = timeout.map(|t| Instant::now() + t);
+    // The device went away (its daemon's connection hung up): the event to report is that one
+    // (IBV_EVENT_DEVICE_FATAL), even where the queue runs in this process (a provider).
+    let gone = || hangup.is_some_and(hung_up);
+    let lost = || Err(Error::Device(ClientError::Lost(crate::proto::ProtoError::Closed)));
     loop {
+        if gone() {
+            return lost();
+        }
         if let Some(e) = next()? {
             return Ok(Some(e));
         }
