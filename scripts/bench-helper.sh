@@ -14,6 +14,9 @@ label="${3:-this build}"
 rt="$(mktemp -d)"
 chmod 700 "$rt"
 export SOFTRDMA_RUNTIME_DIR="$rt" SOFTRDMA_BIN="$bin" SOFTRDMA_NO_AUTOSTART=1 LD_LIBRARY_PATH="$shim"
+# The memory helper is how the daemon reaches a client: the device path (not the default since
+# stop 41, when each program runs its own QPs).
+export SOFTRDMA_DATAPATH="${SOFTRDMA_DATAPATH:-device}"
 cleanup() {
   jobs -p | xargs -r kill 2>/dev/null
   "$bin" down srdma0 >/dev/null 2>&1

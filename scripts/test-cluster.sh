@@ -189,7 +189,7 @@ streams() { # name [VAR=value...]
   done
   result "$name (3 rounds)" ok
 }
-streams "two ib_send_bw 64 B streams at once between the hosts"
+streams "two ib_send_bw 64 B streams at once between the hosts, device path" SOFTRDMA_DATAPATH=device
 streams "two ib_send_bw 64 B streams at once between the hosts, provider path" SOFTRDMA_DATAPATH=provider
 
 # Open MPI (pml ucx over softrdma's rc_verbs), launched from host 1 with `cluster rsh` as its

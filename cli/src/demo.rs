@@ -47,6 +47,16 @@ pub(crate) struct DemoArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
+    /// Where the QPs run: `provider` (each process runs the engine for its own QPs on the
+    /// device's steered port; XRC domains, SRQs and target QPs are the daemon's) or `device` (the
+    /// daemons run every QP).
+    #[arg(long, default_value = "provider", value_parser = ["provider", "device"])]
+    datapath: String,
+}
+
+/// Opens device `name` on the data path `datapath` ("provider" or "device").
+fn open(name: &str, datapath: &str) -> Result<Context> {
+    Ok(if datapath == "provider" { Context::provider(name)? } else { Context::open(name)? })
 }
 
 #[derive(Debug, Serialize)]
@@ -389,7 +399,7 @@ impl Drop for Worker {
     }
 }
 
-fn xrc_workload(c0: &Context, dir: &Path, ops: usize, rows: &mut Vec<Row>) -> Result<()> {
+fn xrc_workload(c0: &Context, dir: &Path, ops: usize, datapath: &str, rows: &mut Vec<Row>) -> Result<()> {
     let file = dir.join("xrc-domain");
     let per = ops.div_ceil(2);
     let common = |role: &str| -> Vec<String> {
@@ -402,6 +412,8 @@ fn xrc_workload(c0: &Context, dir: &Path, ops: usize, rows: &mut Vec<Row>) -> Re
             role.into(),
             "--messages".into(),
             per.to_string(),
+            "--datapath".into(),
+            datapath.into(),
         ]
     };
     let mut w1 = Worker::spawn(&common("create"))?;
@@ -462,6 +474,8 @@ pub(crate) struct WorkerArgs {
     role: String,
     #[arg(long)]
     messages: usize,
+    #[arg(long, default_value = "device")]
+    datapath: String,
 }
 
 pub(crate) fn worker(a: &WorkerArgs) -> Result<ExitCode> {
@@ -472,7 +486,7 @@ pub(crate) fn worker(a: &WorkerArgs) -> Result<ExitCode> {
         stdin.read_line(line)?;
         Ok(line.trim().to_owned())
     };
-    let ctx = Context::open(&a.device)?;
+    let ctx = open(&a.device, &a.datapath)?;
     let create = a.role == "create";
     let file = std::fs::OpenOptions::new().create(create).truncate(false).read(true).write(true).open(&a.xrcd_file)?;
     let xrcd = ctx.open_xrcd(Some(&file), create, false)?;
@@ -562,14 +576,14 @@ pub(crate) fn run(a: &DemoArgs) -> Result<ExitCode> {
         devices.names.push(name.to_owned());
         pcaps.push(pcap);
     }
-    let c0 = Context::open("srdma0")?;
-    let c1 = Context::open("srdma1")?;
+    let c0 = open("srdma0", &a.datapath)?;
+    let c1 = open("srdma1", &a.datapath)?;
     let mut rows = Vec::new();
     let t0 = Instant::now();
     let ops = a.ops as usize;
     let r = rc_workloads(&c0, &c1, ops, &mut rows)
         .and_then(|()| ud_workload(&c0, &c1, ops, &mut rows))
-        .and_then(|()| xrc_workload(&c0, &dir, ops, &mut rows));
+        .and_then(|()| xrc_workload(&c0, &dir, ops, &a.datapath, &mut rows));
     if let Err(e) = r {
         // Say what the devices saw before they stop.
         for (n, c) in [("srdma0", &c0), ("srdma1", &c1)] {
@@ -580,8 +594,10 @@ pub(crate) fn run(a: &DemoArgs) -> Result<ExitCode> {
         return Err(e);
     }
     let total = t0.elapsed();
-    let stats = [c0.counters()?, c1.counters()?];
+    // The devices' counters, which count every QP's packets: a provider's own context counts
+    // only its own, and reports them to the device as it closes.
     drop((c0, c1));
+    let stats = [Context::open("srdma0")?.counters()?, Context::open("srdma1")?.counters()?];
     drop(devices); // stops the daemons, which flush their captures
     let mut caps = Vec::new();
     for p in &pcaps {
@@ -591,6 +607,7 @@ pub(crate) fn run(a: &DemoArgs) -> Result<ExitCode> {
     if a.json {
         let v = serde_json::json!({
             "ok": all_ok,
+            "datapath": a.datapath,
             "rows": rows,
             "devices": stats.iter().zip(["srdma0", "srdma1"]).map(|((c, io), n)| serde_json::json!({
                 "name": n, "sent_pkts": c.sent_pkts, "rcvd_pkts": c.rcvd_pkts,
@@ -608,7 +625,13 @@ pub(crate) fn run(a: &DemoArgs) -> Result<ExitCode> {
             "softrdma demo: two devices, srdma0 on 127.0.0.1 and srdma1 on 127.0.0.2, RoCEv2 over UDP {},",
             a.port
         );
-        println!("{:.1}% loss injected on each device's transmit path; every byte checked.\n", a.loss * 100.0);
+        println!("{:.1}% loss injected on each device's transmit path; every byte checked.", a.loss * 100.0);
+        let path = if a.datapath == "provider" {
+            "provider: each process runs the engine for its own QPs (`--datapath device`: the daemons do)"
+        } else {
+            "device: the daemons run every QP (`--datapath provider`: each process runs its own)"
+        };
+        println!("data path {path}.\n");
         println!(
             "{:<24} {:>6} {:>12} {:>9} {:>10} {:>10}  {:<6} note",
             "workload", "ops", "bytes", "ms", "MB/s", "ops/s", "check"

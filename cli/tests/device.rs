@@ -198,29 +198,33 @@ fn a_malformed_client_is_cut_off_alone() {
 
 #[test]
 fn demo_runs_rc_ud_and_xrc_between_two_daemons_and_checks_everything() {
-    let base = tempfile::tempdir().unwrap();
-    let o = Command::new(env!("CARGO_BIN_EXE_softrdma"))
-        .args(["demo", "--ops", "24", "--port", "47950", "--json", "-w"])
-        .arg(base.path())
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", text(&o));
-    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v["ok"], true, "{v}");
-    let rows = v["rows"].as_array().unwrap();
-    let names: Vec<&str> = rows.iter().map(|r| r["workload"].as_str().unwrap()).collect();
-    for w in ["RC SEND", "RC RDMA WRITE", "RC RDMA READ", "RC atomics", "UD SEND", "XRC SEND fan-in"] {
-        assert!(names.iter().any(|n| n.starts_with(w)), "{w} missing: {names:?}");
-    }
-    assert!(rows.iter().all(|r| r["ok"] == true), "{v}");
-    // 1% loss on each device: with this many packets some were dropped, and RC recovered.
-    let devs = v["devices"].as_array().unwrap();
-    assert!(devs.iter().map(|d| d["dropped_by_fault"].as_u64().unwrap()).sum::<u64>() > 0, "{v}");
-    assert!(devs.iter().all(|d| d["udp_sent"].as_u64().unwrap() > 0));
-    for c in v["captures"].as_array().unwrap() {
-        assert_eq!(c["all_icrc_valid"], true, "{c}");
-        assert!(c["frames"].as_u64().unwrap() > 100, "{c}");
-        assert!(Path::new(c["path"].as_str().unwrap()).exists());
+    // On both data paths: the processes' own QPs (the default), and the daemons'.
+    for (datapath, port) in [("provider", "47950"), ("device", "47955")] {
+        let base = tempfile::tempdir().unwrap();
+        let o = Command::new(env!("CARGO_BIN_EXE_softrdma"))
+            .args(["demo", "--ops", "24", "--port", port, "--datapath", datapath, "--json", "-w"])
+            .arg(base.path())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{datapath}: {}", text(&o));
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["ok"], true, "{v}");
+        assert_eq!(v["datapath"], datapath);
+        let rows = v["rows"].as_array().unwrap();
+        let names: Vec<&str> = rows.iter().map(|r| r["workload"].as_str().unwrap()).collect();
+        for w in ["RC SEND", "RC RDMA WRITE", "RC RDMA READ", "RC atomics", "UD SEND", "XRC SEND fan-in"] {
+            assert!(names.iter().any(|n| n.starts_with(w)), "{w} missing: {names:?}");
+        }
+        assert!(rows.iter().all(|r| r["ok"] == true), "{v}");
+        // 1% loss on each device: with this many packets some were dropped, and RC recovered.
+        let devs = v["devices"].as_array().unwrap();
+        assert!(devs.iter().map(|d| d["dropped_by_fault"].as_u64().unwrap()).sum::<u64>() > 0, "{v}");
+        assert!(devs.iter().all(|d| d["udp_sent"].as_u64().unwrap() > 0), "{v}");
+        for c in v["captures"].as_array().unwrap() {
+            assert_eq!(c["all_icrc_valid"], true, "{c}");
+            assert!(c["frames"].as_u64().unwrap() > 100, "{c}");
+            assert!(Path::new(c["path"].as_str().unwrap()).exists());
+        }
     }
 }
 

@@ -483,7 +483,8 @@ pub(crate) const ACTIVE_TICK: std::time::Duration = std::time::Duration::from_mi
 pub(crate) const ACTIVE_WINDOW: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// The application-driven devices of this process, whose held-back answers
-/// ([`Hca::drive`]) an exiting process sends: a program that exits right after its last poll
+/// ([`Hca::drive`]) an exiting process sends (and, a provider, its last report to its daemon):
+/// a program that exits right after its last poll
 /// (ibv_rc_pingpong's server does, without destroying its QP first when it fails) would
 /// otherwise leave its peer retrying, where a NIC had answered at once.
 static EXIT_FLUSH: Mutex<Vec<(u32, std::sync::Weak<Shared>)>> = Mutex::new(Vec::new());
@@ -509,6 +510,10 @@ extern "C" fn at_exit() {
         // Never wait at exit: a thread that holds the lock is sending anyway.
         if let Ok(mut st) = sh.state.try_lock() {
             st.send_owed();
+            // A provider's last report, as when it closes: what its QPs did in their last
+            // moments (a retry exhausted just before the program gave up) counts in the device's
+            // counters too (`softrdma stat`).
+            st.publish(true);
         };
     }
 }
