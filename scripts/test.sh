@@ -38,11 +38,11 @@ SOFTRDMA_PROGRESS=application cargo test --locked -p softrdma-device --test embe
 step "example programs (examples/c: the seeds' workloads)"
 bash scripts/build-examples.sh
 
-step "unchanged rdma-core programs on the shim (the device path, the default: the daemons run every QP)"
+step "unchanged rdma-core programs on the shim (the provider data path, the default: each program runs its own QPs)"
 bash scripts/test-verbs-programs.sh
 
-step "the unchanged programs again (quick sizes) on the provider data path (SOFTRDMA_DATAPATH=provider: each program runs its own QPs)"
-SOFTRDMA_DATAPATH=provider bash scripts/test-verbs-programs.sh --quick
+step "the unchanged programs again (quick sizes) on the device path (SOFTRDMA_DATAPATH=device: the daemons run every QP)"
+SOFTRDMA_DATAPATH=device bash scripts/test-verbs-programs.sh --quick
 
 step "the provider data path (SOFTRDMA_DATAPATH=provider): the programs run their own QPs on the daemons' steered ports"
 bash scripts/test-provider.sh --quick
@@ -59,11 +59,11 @@ bash scripts/test-action.sh
 step "the container image (Containerfile; without a container engine: its runtime stage in a chroot, as root)"
 bash scripts/test-container.sh
 
-step "rdma-core's pyverbs test suite on the shim"
+step "rdma-core's pyverbs test suite on the shim (the provider data path: XRC on the programs' XRC sides, multicast passed on by the daemon)"
 bash scripts/pyverbs.sh
 
-step "rdma-core's pyverbs test suite again on the provider data path (SOFTRDMA_DATAPATH=provider: XRC on the programs' XRC sides, multicast passed on by the daemon)"
-SOFTRDMA_DATAPATH=provider bash scripts/pyverbs.sh
+step "rdma-core's pyverbs test suite again on the device path (SOFTRDMA_DATAPATH=device)"
+SOFTRDMA_DATAPATH=device bash scripts/pyverbs.sh
 
 step "interop with Linux's own Soft-RoCE (rdma_rxe in a qemu guest; needs root for its network namespace)"
 if [ "$(id -u)" = 0 ]; then

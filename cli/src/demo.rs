@@ -47,10 +47,10 @@ pub(crate) struct DemoArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
-    /// Where the QPs run: `device` (the daemons run every QP) or `provider` (each process runs
-    /// the engine for its own QPs on the device's steered port; XRC domains, SRQs and target QPs
-    /// are the daemon's), as `SOFTRDMA_DATAPATH` chooses for programs.
-    #[arg(long, default_value = "device", value_parser = ["provider", "device"])]
+    /// Where the QPs run: `provider` (each process runs the engine for its own QPs on the
+    /// device's steered port; XRC domains, SRQs and target QPs are the daemon's) or `device` (the
+    /// daemons run every QP).
+    #[arg(long, default_value = "provider", value_parser = ["provider", "device"])]
     datapath: String,
 }
 

@@ -74,28 +74,32 @@ thread_local! {
     pub(crate) static DEVICE_PATH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// The data path (`SOFTRDMA_DATAPATH`): `provider` runs the engine for this process's own QPs in
-/// this process, on a socket of the daemon's steered port ([`Context::provider`]); `device` (the
-/// default) has the daemon run them. A daemon that cannot steer its port leaves a provider on the
-/// device path, with a warning. (Not the default yet: XRC traffic between two provider processes
-/// is far slower than on the device path; BENCHMARKS.md, stop 41.)
+/// The data path (`SOFTRDMA_DATAPATH`): `provider` (the default) runs the engine for this
+/// process's own QPs in this process, on a socket of the daemon's steered port
+/// ([`Context::provider`]); `device` has the daemon run them. A daemon that cannot steer its port
+/// leaves a provider on the device path (with a warning when provider was asked for by name).
 ///
 /// Contexts librdmacm opens stay on the device path ([`DEVICE_PATH`]): the connection manager
 /// is the daemon's and moves its QPs through their states.
 fn open_context(name: &str) -> softrdma_device::verbs::Result<Context> {
     let path = std::env::var("SOFTRDMA_DATAPATH");
     let provider = match path.as_deref() {
-        Ok("provider") => true,
-        Ok("device") | Ok("") | Err(_) => false,
+        Ok("device") => false,
+        Ok("provider") | Ok("") | Err(_) => true,
         Ok(other) => {
-            eprintln!("softrdma: SOFTRDMA_DATAPATH={other:?} is neither provider nor device; using device");
-            false
+            eprintln!("softrdma: SOFTRDMA_DATAPATH={other:?} is neither provider nor device; using provider");
+            true
         }
     };
     if provider && !DEVICE_PATH.get() {
         match Context::provider(name) {
             Ok(c) => return Ok(c),
-            Err(e) => eprintln!("softrdma: {name}: no provider data path ({e}); the device runs this process's QPs"),
+            // Said only when asked for: by default a device that cannot steer its port (the
+            // kernel refused the group or its program) quietly runs the QPs itself.
+            Err(e) if path.is_ok_and(|p| p == "provider") => {
+                eprintln!("softrdma: {name}: no provider data path ({e}); the device runs this process's QPs")
+            }
+            Err(_) => {}
         }
     }
     Context::open(name)

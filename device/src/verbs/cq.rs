@@ -78,8 +78,11 @@ impl CompletionQueue {
 
     /// Whether the application's polls drive its device ([`crate::hca::Progress::Application`]:
     /// the provider path), so that a poll that found nothing has already done the device's work.
+    /// Not for a CQ with an XRC twin: the daemon's thread writes that one's completions, and a
+    /// program spinning on it must leave that thread the CPU (with two programs spinning on two
+    /// cores, XRC round trips took ~1.4 ms: BENCHMARKS.md, stop 41).
     pub fn application_driven(&self) -> bool {
-        self.ctx.inner.application_driven()
+        self.ctx.inner.application_driven() && self.xrc.get().is_none()
     }
 
     /// `ibv_poll_cq`: up to `max` completions, read from the completion ring in shared memory
