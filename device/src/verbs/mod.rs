@@ -140,6 +140,8 @@ struct HangupWatch {
     thread: Option<std::thread::JoinHandle<()>>,
     /// The process that started the thread: a child forked since has no such thread to join.
     pid: u32,
+    /// Set when the connection hung up (before the fds are woken).
+    gone: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl HangupWatch {
@@ -149,6 +151,8 @@ impl HangupWatch {
         let stop = nix::sys::eventfd::EventFd::from_value_and_flags(0, nix::sys::eventfd::EfdFlags::EFD_CLOEXEC)?;
         let stop_fd = stop.as_fd().try_clone_to_owned()?;
         let wake = fds.clone();
+        let gone_flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = gone_flag.clone();
         let thread = std::thread::Builder::new().name("softrdma-hup".into()).spawn(move || {
             // The program's signals go to the program's threads (crate::signals).
             crate::signals::keep_off_this_thread();
@@ -167,6 +171,7 @@ impl HangupWatch {
                 }
                 let gone = PollFlags::POLLHUP | PollFlags::POLLERR | PollFlags::POLLNVAL;
                 if p[0].revents().is_some_and(|r| r.intersects(gone)) {
+                    flag.store(true, Ordering::SeqCst);
                     for fd in wake.lock().unwrap_or_else(|e| e.into_inner()).iter() {
                         let _ = nix::unistd::write(fd, &1u64.to_ne_bytes());
                     }
@@ -174,7 +179,7 @@ impl HangupWatch {
                 }
             }
         })?;
-        Ok(HangupWatch { stop, fds, thread: Some(thread), pid: std::process::id() })
+        Ok(HangupWatch { stop, fds, thread: Some(thread), pid: std::process::id(), gone: gone_flag })
     }
 
     /// Also wakes `fd` (a completion channel's) when the device goes away.
@@ -524,6 +529,13 @@ impl Inner {
             Backend::Daemon(c) => c.call(&req, fd.as_slice())?,
             #[cfg(feature = "embedded")]
             Backend::Embedded { hca, owner, .. } => {
+                // A provider whose daemon went: its device is gone for the program, which has
+                // heard IBV_EVENT_DEVICE_FATAL; every call fails from then on, as uverbs' do
+                // after a device removal (its QPs' own data path runs in this process and is
+                // left as it is).
+                if self.hangup.as_ref().is_some_and(|h| h.gone.load(Ordering::SeqCst)) {
+                    return Err(Error::Device(ClientError::Lost(crate::proto::ProtoError::Closed)));
+                }
                 let fds = match fd {
                     // SAFETY: the caller lends a descriptor it keeps open for the call.
                     Some(f) => vec![unsafe { BorrowedFd::borrow_raw(f) }
