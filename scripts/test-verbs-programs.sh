@@ -204,9 +204,13 @@ if command -v unshare >/dev/null && command -v ip >/dev/null; then
     trap "\"$0\" down nsa >/dev/null 2>&1; \"$0\" down nsb >/dev/null 2>&1; kill %1 2>/dev/null; rm -rf \"$rt\"" EXIT
     "$0" up nsa --addr 127.0.0.1 >/dev/null && "$0" up nsb --addr 127.0.0.2 --path-cache-ttl 2 >/dev/null || exit 4
     st() { "$0" stat nsb | awk -v k="$1" "\$1 == k {print \$2}"; }
-    rping -s -P -a 127.0.0.1 -p 7471 >/dev/null 2>&1 &
+    rping -s -P -a 127.0.0.1 -p 7471 -v >"$rt/server.log" 2>&1 &
     for _ in $(seq 100); do "$0" cm-ids nsa | grep -q "state LISTEN" && break; sleep 0.1; done
-    one() { timeout 30 rping -c -a 127.0.0.1 -I 127.0.0.2 -p 7471 -C 1 -v >/dev/null 2>&1 || echo "rping failed"; }
+    # A failed client says why: its exit code and last lines, and the server log tail.
+    one() {
+      o=$(timeout 30 rping -c -a 127.0.0.1 -I 127.0.0.2 -p 7471 -C 1 -v 2>&1) && return
+      echo "rping failed (rc $?): $(echo "$o" | tail -n 5 | tr "\n" " ") | server: $(tail -n 5 "$rt/server.log" | tr "\n" " ")"
+    }
     one; one
     echo "two: misses $(st path_cache_misses) hits $(st path_cache_hits)"
     ip route add 10.77.0.0/24 dev lo

@@ -116,12 +116,30 @@ fn live_replay_to_a_running_device() {
 fn softrdmas_own_demo_trace_replays_whole() {
     let base = tempfile::tempdir().unwrap();
     let rt = base.path().join("rt");
-    let dir = base.path().join("demo");
-    let o = run(&rt, &["demo", "-w", dir.to_str().unwrap(), "--loss", "0", "--ops", "40", "--port", "47972"]);
-    assert!(o.status.success(), "{}", text(&o));
-    let v = replay_json(&rt, &[dir.join("srdma0.pcap").to_str().unwrap(), "--profile", "rxe"]);
-    let (m, n) = figures(&v);
-    assert!(n > 500 && m == n, "{m} of {n}: {}", v["mismatch_fields"]);
+    // A demo whose process was not scheduled for longer than its ACK timeout (a debug build on a
+    // loaded 2-core machine) resends though nothing was lost. The replay re-enacts those timeouts
+    // where the capture shows them, but what followed also hung on the recorder's clock (round-
+    // trip estimates, coalesced ACKs), so such a trace may differ in those details: it is
+    // recorded again, up to three times. A trace without resends must replay whole at once.
+    let mut attempt = 0;
+    let v = loop {
+        attempt += 1;
+        let dir = base.path().join(format!("demo{attempt}"));
+        let o = run(&rt, &["demo", "-w", dir.to_str().unwrap(), "--loss", "0", "--ops", "40", "--port", "47972"]);
+        assert!(o.status.success(), "{}", text(&o));
+        let v = replay_json(&rt, &[dir.join("srdma0.pcap").to_str().unwrap(), "--profile", "rxe"]);
+        let (m, n) = figures(&v);
+        assert!(n > 500, "{m} of {n}");
+        if m == n {
+            break v;
+        }
+        let resent = v["conversations"].as_array().unwrap().iter().any(|c| {
+            c["not_compared"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|t| t.as_str().is_some_and(|t| t.contains("recorded retransmissions"))))
+        });
+        assert!(resent && attempt < 3, "{m} of {n} (attempt {attempt}): {}", v["mismatch_fields"]);
+    };
     let convs = v["conversations"].as_array().unwrap();
     for t in ["RC", "UD", "XRC"] {
         for role in ["responder", "requester"] {

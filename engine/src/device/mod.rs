@@ -1432,6 +1432,18 @@ impl<M: Memory> Device<M> {
         [self.timers.first().map(|(t, _)| *t), self.cm.poll_timeout()].into_iter().flatten().min()
     }
 
+    /// Fires QP `qpn`'s transport timer at `now` whether or not it was due (IBTA 9.7.6.1.3: go
+    /// back to the oldest unacknowledged PSN, the window shrinks as on any timeout). A trace
+    /// replay uses it to re-enact the timeouts a recorded requester took, whose timer value is
+    /// not on the wire. Nothing happens when no sent request is outstanding.
+    pub fn expire_transport_timer(&mut self, qpn: Qpn, now: Instant) {
+        if let Some(qp) = self.qps.get_mut(&qpn) {
+            let mut ctx = ctx!(self, now);
+            comp::retransmit_timeout(qp, &mut ctx);
+        }
+        self.touched(qpn);
+    }
+
     /// Runs every timer that is due.
     pub fn handle_timeout(&mut self, now: Instant) {
         if self.cm.poll_timeout().is_some_and(|t| t <= now) {

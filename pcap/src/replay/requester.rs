@@ -138,6 +138,9 @@ pub(super) fn requester(
     let rd_atomic = conn.map_or(128, |k| k.initiator_depth.max(1));
     let peer_qpn = request_qp;
     let first = reqs[0].psn;
+    if !ud && !uc {
+        e.ack_timeout = 0;
+    }
     bring_up(
         &mut e,
         pd,
@@ -161,6 +164,41 @@ pub(super) fn requester(
         12,
         msgs.first().and_then(|m| m.qkey).unwrap_or(0),
     )?;
+    // The recorded requester's local ACK timeout is not on the wire, and its resends followed
+    // its own clock (a requester whose process was not scheduled for a while times out and
+    // resends though nothing was lost). softrdma's QP runs no transport timer of its own here
+    // (IBTA 9.7.6.1.3 allows timeout 0: none) and instead times out exactly where the recorded
+    // one did: at each resend that no recorded NAK asked for. So its window shrinks where the
+    // recorded one did, and its AckReq placement and pace stay comparable.
+    let timed = !ud && !uc;
+    let mut timeouts: Vec<Instant> = Vec::new();
+    if timed {
+        let mut seen = std::collections::HashSet::new();
+        let mut prev: Option<(Instant, bool)> = None;
+        for x in reqs {
+            let at = time_of(x, t0);
+            let resend = !seen.insert(x.psn.value());
+            if resend && !prev.is_some_and(|(_, was)| was) {
+                let since = prev.map_or(Instant::ZERO, |(t, _)| t);
+                let nak = resps.iter().any(|y| {
+                    let ty = time_of(y, t0);
+                    ty >= since
+                        && ty <= at
+                        && y.p.ib.headers.aeth.is_some_and(|a| !matches!(a.syndrome, Syndrome::Ack { .. }))
+                });
+                if !nak {
+                    timeouts.push(at);
+                }
+            }
+            prev = Some((at, resend));
+        }
+        if !timeouts.is_empty() {
+            r.setup.push(format!(
+                "{} recorded resends that no NAK asked for (the recorded requester's timeouts) re-enacted at their times",
+                timeouts.len()
+            ));
+        }
+    }
     if ud {
         r.not_compared.push("DETH source QP: softrdma's QP has its own number".into());
     }
@@ -188,11 +226,18 @@ pub(super) fn requester(
         let answered = msgs.iter().find(|m| !after(m.psn, x.psn) && after(m.psn + span(m), x.psn));
         events.push((time_of(x, t0).max(answered.map_or(Instant::ZERO, |m| m.at)), 1, i));
     }
+    events.extend(timeouts.iter().enumerate().map(|(i, &t)| (t, 2, i)));
     events.sort_by_key(|&(t, kind, i)| (t, kind, i));
     let mut addr = LOCAL_BASE;
     let empty = HashMap::new();
     for (t, kind, i) in events {
         e.run_until(t.max(e.now));
+        if kind == 2 {
+            let now = e.now;
+            e.dev.expire_transport_timer(e.qpn, now);
+            e.drain();
+            continue;
+        }
         if kind == 1 {
             let x = &resps[i];
             e.feed(

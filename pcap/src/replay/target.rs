@@ -89,6 +89,8 @@ pub(super) struct Engine {
     pub(super) sent: Vec<Sent>,
     pub(super) buf: Vec<u8>,
     pub(super) completions: u64,
+    /// The local ACK timeout code the engine's QPs get at RTS (0: no transport timer).
+    pub(super) ack_timeout: u8,
 }
 
 impl Engine {
@@ -290,7 +292,16 @@ pub(super) fn make_engine(addr: IpAddr, behaviour: Behaviour, mtu: Mtu) -> Engin
     cfg.behaviour = behaviour;
     let mut dev = Device::new(cfg, SparseMemory::default());
     let cq = dev.create_cq(32767).expect("a CQ on a new device");
-    Engine { dev, cq, qpn: Qpn::new(0), now: Instant::ZERO, sent: Vec::new(), buf: vec![0; 8192], completions: 0 }
+    Engine {
+        dev,
+        cq,
+        qpn: Qpn::new(0),
+        now: Instant::ZERO,
+        sent: Vec::new(),
+        buf: vec![0; 8192],
+        completions: 0,
+        ack_timeout: 14,
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -338,7 +349,7 @@ pub(super) fn bring_to_rts(
         mtu,
         access: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
         qkey,
-        timeout: 14,
+        timeout: e.ack_timeout,
         retry_cnt: 7,
         rnr_retry: 7,
         min_rnr_timer,
