@@ -341,6 +341,44 @@ fn posting_checks_give_the_errno_libibverbs_gives() {
     std::hint::black_box(&data);
 }
 
+/// `ibv_post_send` is ENOMEM once max_send_wr requests are outstanding, counting those still in
+/// the send queue's ring and those the device already took into its engine together (before,
+/// the ring and the engine's queue each held max_send_wr: twice as many were accepted). The peer
+/// never answers (it stays in RESET, whose packets a responder drops); the flushed requests free
+/// their slots once their completions are written.
+#[test]
+fn the_send_queue_holds_max_send_wr_across_ring_and_device() {
+    let (da, db) = (device("sqa", A, 47935, ""), device("sqb", B, 47935, ""));
+    let (a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
+    let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    let qa = a._pd.qp_builder(QpType::Rc, &a.cq).caps(caps).build().unwrap();
+    let qb = b._pd.qp_builder(QpType::Rc, &b.cq).caps(caps).build().unwrap();
+    let o = ConnectOptions { timeout: 20, retry_cnt: 1, ..ConnectOptions::default() };
+    qa.connect(1, &qb.endpoint(2), &o).unwrap();
+    let send = |id: u64| SendWr::new(id, SendOp::Send, vec![a.mr.sge(0..64)]);
+    qa.post_send(vec![send(1), send(2)]).unwrap();
+    // Let the device take them into its engine (its queue is where they wait for the ACK).
+    std::thread::sleep(Duration::from_millis(100));
+    match qa.post_send(vec![send(3), send(4), send(5), send(6)]) {
+        Err(Error::Post { err: VerbsError::NoMem, index: 2 }) => {}
+        r => panic!("two requests past max_send_wr 4: {r:?}"),
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(matches!(qa.post_send(vec![send(7)]), Err(Error::Post { err: VerbsError::NoMem, index: 0 })));
+    // ERR flushes the four; once their completions are in, four slots are free again.
+    qa.modify(&QpAttr { qp_state: QpState::Err, ..QpAttr::default() }, AttrMask::STATE).unwrap();
+    let got: Vec<(u64, WcStatus)> = a.cq.wait(4, T).unwrap().iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(got.iter().map(|w| w.0).collect::<Vec<_>>(), vec![1, 2, 3, 4], "{got:?}");
+    assert!(got.iter().all(|w| w.1 == WcStatus::WrFlushErr), "{got:?}");
+    // In ERR a post completes flushed (as in rxe); four fit, the fifth does not until polled.
+    match qa.post_send(vec![send(8), send(9), send(10), send(11), send(12)]) {
+        Ok(()) | Err(Error::Post { err: VerbsError::NoMem, index: 4 }) => {}
+        r => panic!("{r:?}"),
+    }
+    let more = a.cq.wait(4, T).unwrap();
+    assert_eq!(more.iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![8, 9, 10, 11], "{more:?}");
+}
+
 #[test]
 fn completion_channel_events_and_solicited_only() {
     let d = device("ce", A, 47920, "");

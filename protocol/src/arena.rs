@@ -4,7 +4,8 @@
 //! and that both map. One arena per client, not one memfd per queue: 10k QPs would exhaust the fd
 //! limit long before memory.
 //!
-//! A ring is a header (producer index and consumer index, each on its own cache line) and
+//! A ring is a header (producer index and consumer index, each on its own cache line; a send
+//! queue's ring also has the device's retired count beside the consumer index) and
 //! `cap` slots of `slot` bytes; the indices run freely and wrap, a slot is `index & (cap - 1)`.
 //! Headers and slots live apart: the headers packed together at the start of the arena (an idle
 //! queue touches 128 bytes of it, not a page of its own), the slots in a large sparse region
@@ -50,6 +51,9 @@ const HEADER: usize = 4096;
 const POLLING_OFF: usize = 64;
 const POSTED_OFF: usize = 128;
 const RING_HEADER: usize = 128;
+/// The retired count's place in a ring header (in the consumer's cache line: the device writes
+/// both).
+const RETIRED_OFF: usize = 68;
 /// The page size `discard` rounds to (a larger real page only makes it zero whole pages it could
 /// not free: still inside the released ring).
 const PAGE: usize = 4096;
@@ -262,6 +266,42 @@ impl Arena {
         done
     }
 
+    /// Entries ever put into a ring (its producer index, free-running).
+    pub fn produced(&self, r: &RingDesc) -> u32 {
+        if !self.check(r) {
+            return 0;
+        }
+        self.indices(r).0.load(Ordering::Relaxed)
+    }
+
+    /// Entries ever taken from a ring (its consumer index, free-running).
+    pub fn consumed(&self, r: &RingDesc) -> u32 {
+        if !self.check(r) {
+            return 0;
+        }
+        self.indices(r).1.load(Ordering::Acquire)
+    }
+
+    /// The retired count of a send queue's ring: how many of the requests ever posted on it
+    /// have left the queue (completed, flushed, or refused by the device), free-running. The
+    /// device publishes it, before it writes the completion that retired them, so that a
+    /// client counts `produced - retired` requests outstanding against max_send_wr (unsignaled
+    /// requests leave with the next completion written, as the slots of a hardware queue are
+    /// freed when a later completion is seen).
+    pub fn retired(&self, r: &RingDesc) -> u32 {
+        if !self.check(r) {
+            return 0;
+        }
+        self.u32_at(r.off as usize + RETIRED_OFF).load(Ordering::Acquire)
+    }
+
+    /// Publishes a send queue ring's retired count (the device; see [`Arena::retired`]).
+    pub fn set_retired(&self, r: &RingDesc, n: u32) {
+        if self.check(r) {
+            self.u32_at(r.off as usize + RETIRED_OFF).store(n, Ordering::Release);
+        }
+    }
+
     /// Entries waiting in a ring (bounded by its capacity).
     pub fn pending(&self, r: &RingDesc) -> u32 {
         if !self.check(r) {
@@ -325,6 +365,7 @@ impl Arena {
             let (p, c) = self.indices(r);
             p.store(0, Ordering::Relaxed);
             c.store(0, Ordering::Relaxed);
+            self.u32_at(r.off as usize + RETIRED_OFF).store(0, Ordering::Relaxed);
             fence(Ordering::Release);
         }
     }

@@ -41,6 +41,15 @@ fn drain<E: for<'de> serde::Deserialize<'de>>(
     })
 }
 
+/// Publishes how many of the requests posted on QP `qpn`'s send queue ring have left the
+/// queue: taken from the ring and no longer in the engine's send queue (completed, flushed or
+/// refused). The client refuses a post with ENOMEM once max_send_wr are outstanding
+/// (`ibv_post_send`), counting the ring and the engine's queue together.
+fn publish_retired(arena: &Arena, ring: &RingDesc, dev: &Device<ProcessMemory>, qpn: Qpn) {
+    let queued = dev.send_queue_len(qpn).unwrap_or(0) as u32;
+    arena.set_retired(ring, arena.consumed(ring).wrapping_sub(queued));
+}
+
 /// A receive the client asked to stage gets one SGE over a fresh piece of the staging area
 /// instead of its own, once its own SGEs pass the engine's checks (otherwise the engine sees them
 /// as they are, and reports what is wrong as it would); the staging is remembered by token.
@@ -595,8 +604,13 @@ impl State {
                 });
             }
             for (q, r) in sq.iter() {
-                moved +=
+                let n =
                     drain(arena, r, io, &mut backlog, &mut bad, |e: SendEntry| dev.post_send_inline(*q, e.wr, e.data));
+                if n > 0 {
+                    // A refused request left the queue at once.
+                    publish_retired(arena, r, dev, *q);
+                }
+                moved += n;
             }
             c.backlog = backlog;
             if bad {
@@ -677,6 +691,10 @@ impl State {
                     // A staged receive's completion says where its data is.
                     let recv = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
                     let stage = if recv { c.staged.remove(&wc.wr_id) } else { None };
+                    if let (false, Some(sq)) = (recv, c.sq.get(&wc.qp_num)) {
+                        // Before the completion: a client that sees it may post again.
+                        publish_retired(&c.arena, sq, dev, wc.qp_num);
+                    }
                     let e = CqEntry { wc, stage: stage.map(|st| (st.off as u64, st.len)), helper_writes };
                     let _ = c.arena.produce(r, &e);
                     *cqes_written += 1;

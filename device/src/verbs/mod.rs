@@ -305,10 +305,12 @@ impl Inner {
     /// Posts a list onto a ring: each request is checked and encoded by `prepare` (its error
     /// is the post's), a full ring is ENOMEM; on an error the requests before `index` were
     /// posted, and `undo` takes back what `prepare` did for the one that was not. One doorbell
-    /// for the list (`send_qp`: the QP whose send queue this is, see `ring_doorbell`).
+    /// for the list (`send_qp`: the QP whose send queue this is, see `ring_doorbell`, and its
+    /// max_send_wr: ENOMEM once that many are outstanding in the ring and the device's queue
+    /// together, by the ring's retired count).
     fn post_list<W, E: serde::Serialize>(
         &self,
-        send_qp: Option<Qpn>,
+        send_qp: Option<(Qpn, u32)>,
         ring: Option<RingDesc>,
         wrs: Vec<W>,
         mut prepare: impl FnMut(W) -> std::result::Result<E, VerbsError>,
@@ -322,7 +324,10 @@ impl Inner {
                 (None, _) => Some(VerbsError::Inval),
                 (_, Err(e)) => Some(e),
                 (Some(ring), Ok(e)) => {
-                    let err = match self.arena.produce(&ring, &e) {
+                    let full = send_qp.is_some_and(|(_, max)| {
+                        self.arena.produced(&ring).wrapping_sub(self.arena.retired(&ring)) >= max
+                    });
+                    let err = match if full { Ok(false) } else { self.arena.produce(&ring, &e) } {
                         Ok(true) => None,
                         Ok(false) => Some(VerbsError::NoMem),
                         Err(_) => Some(VerbsError::Inval),
@@ -341,7 +346,7 @@ impl Inner {
         }
         drop(turn);
         if n > 0 {
-            self.ring_doorbell(send_qp.is_some(), send_qp);
+            self.ring_doorbell(send_qp.is_some(), send_qp.map(|(q, _)| q));
         }
         r
     }

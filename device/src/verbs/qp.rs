@@ -301,7 +301,7 @@ impl QueuePair {
             return refused.map_or(Ok(()), Err);
         }
         self.ctx.inner.post_list(
-            Some(self.qpn),
+            Some((self.qpn, self.caps.max_send_wr)),
             self.sq,
             wrs,
             |wr| Ok(SendEntry { data: self.check_send(&wr)?, wr }),
