@@ -459,8 +459,6 @@ pub(crate) struct Shared {
     /// An application thread polls the socket: `udp_poll` is out of `poll_set`. Changed only with
     /// the state's lock held, so the flag and the set agree.
     handed_off: AtomicBool,
-    /// How many times the socket was handed off (each handoff costs two epoll_ctl calls).
-    handoffs: std::sync::atomic::AtomicU64,
     /// `HcaConfig::handoff_idle`.
     handoff_idle: std::time::Duration,
     /// When an application thread last read the socket (ns since `epoch`).
@@ -687,7 +685,6 @@ impl Hca {
             poll_set,
             udp_poll,
             handed_off: AtomicBool::new(false),
-            handoffs: std::sync::atomic::AtomicU64::new(0),
             last_drive_ns: std::sync::atomic::AtomicU64::new(0),
             tx_owed: AtomicBool::new(false),
             // The state's epoch: `last_drive_ns` compares with the state's clock.
@@ -798,12 +795,6 @@ impl Hca {
     /// How many clients are attached (`softrdma stat`'s own connection included while it asks).
     pub fn client_count(&self) -> usize {
         self.shared.lock().clients.len()
-    }
-
-    /// How many times an application thread took the socket from the progress thread (the
-    /// handoff, [`progress::HANDOFF_IDLE`]): a diagnostic, each costs two epoll_ctl calls.
-    pub fn handoffs(&self) -> u64 {
-        self.shared.handoffs.load(Ordering::Relaxed)
     }
 
     /// Engine counters, device-layer counters and injected faults.

@@ -70,7 +70,6 @@ fn set_handoff(sh: &Shared, _st: &State, on: bool) {
     // it has no device thread to hand anything to.
     if sh.poll_set.modify(&sh.udp_poll, &mut EpollEvent::new(flags, 0)).is_ok() {
         sh.handed_off.store(on, Ordering::Relaxed);
-        sh.handoffs.fetch_add(u64::from(on), Ordering::Relaxed);
     }
 }
 

@@ -122,21 +122,18 @@ impl CompletionQueue {
             if left > 0 {
                 let mut out: Vec<WorkCompletion> = entries.into_iter().map(|e| self.ctx.inner.complete(e)).collect();
                 out.extend(t.poll(left as u32)?);
-                if !out.is_empty() && !self.keeps_polling() {
+                if !out.is_empty() {
                     self.ctx.inner.end_handoff();
                 }
                 return Ok(out);
             }
         }
-        // (Completed first: a receive's completion is no longer posted.)
-        let out: Vec<WorkCompletion> = entries.into_iter().map(|e| self.ctx.inner.complete(e)).collect();
-        if !out.is_empty() && !self.keeps_polling() {
+        if !entries.is_empty() {
             // What the application waited for came: it may now wait on memory that only the
-            // device thread can fill (its RDMA WRITE done, the peer's to come: ib_write_lat's
-            // shape), which therefore takes the socket back.
+            // device thread can fill, which therefore takes the socket back.
             self.ctx.inner.end_handoff();
         }
-        Ok(out)
+        Ok(entries.into_iter().map(|e| self.ctx.inner.complete(e)).collect())
     }
 
     /// Polls until `n` completions arrived or `timeout` passed (spins briefly, then backs off).
@@ -213,19 +210,5 @@ impl Drop for CompletionQueue {
         let _ = self.xrc_destroy();
         self.forget_ring();
         self.ctx.inner.release(Request::DestroyCq(self.id));
-    }
-}
-
-impl CompletionQueue {
-    /// Whether the application that polled these completions will poll again rather than wait
-    /// on memory: it has receives posted on its QPs' own queues, so it waits for SENDs, which
-    /// only a poll delivers (a ping-pong: perftest's ib_send_lat posts its receives again as
-    /// they complete). Then the socket stays handed off to it: two epoll_ctl calls per message
-    /// saved (BENCHMARKS.md, stop 42). One that stops calling anyway (spins on memory with
-    /// receives posted) gets its progress thread back within HANDOFF_IDLE, and arming a channel
-    /// ends the handoff at once. Without receives posted (ib_write_lat's shape: its WRITE
-    /// completed, the peer's WRITE to come) the handoff ends at once.
-    fn keeps_polling(&self) -> bool {
-        self.ctx.inner.expects_receives()
     }
 }

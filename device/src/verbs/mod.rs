@@ -104,9 +104,6 @@ struct Inner {
     /// max_recv_wr is ENOMEM, as on hardware (the ring and the device's queue together hold
     /// more, so the limit is kept here).
     rq_outstanding: std::sync::Mutex<FastMap<u32, u32>>,
-    /// The sum of `rq_outstanding` (changed under its lock): whether the application waits
-    /// for SENDs at all (see `CompletionQueue::poll`).
-    recv_outstanding: std::sync::atomic::AtomicU32,
     /// Completion rings by CQ, and completions taken off them early (when a QP was reset or
     /// destroyed, its completions are removed and the others wait here, in order).
     cq_rings: std::sync::Mutex<FastMap<CqId, Arc<std::sync::Mutex<RingDesc>>>>,
@@ -182,7 +179,6 @@ impl Inner {
             next_token: std::sync::atomic::AtomicU64::new(1),
             release,
             rq_outstanding: Default::default(),
-            recv_outstanding: Default::default(),
             cq_rings: Default::default(),
             pending: Default::default(),
             producers: std::array::from_fn(|_| std::sync::Mutex::new(())),
@@ -229,7 +225,9 @@ impl Inner {
         if !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
             return wc;
         }
-        let _ = self.rq_change(wc.qp_num.value(), -1);
+        if let Some(n) = self.rq_lock().get_mut(&wc.qp_num.value()) {
+            *n = n.saturating_sub(1);
+        }
         if !self.stage_receives {
             return wc;
         }
@@ -370,40 +368,6 @@ impl Inner {
         if stage {
             self.staged_lock().remove(&wr_id);
         }
-    }
-
-    /// Counts a receive posted to QP `qpn` (`delta` 1: refused with ENOMEM at `max`) or one
-    /// that completed or was taken back (-1), keeping the total beside the per-QP counts.
-    fn rq_change(&self, qpn: u32, delta: i32) -> std::result::Result<(), VerbsError> {
-        self.rq_change_max(qpn, delta, u32::MAX)
-    }
-
-    pub(super) fn rq_change_max(&self, qpn: u32, delta: i32, max: u32) -> std::result::Result<(), VerbsError> {
-        let mut out = self.rq_lock();
-        if delta > 0 {
-            let n = out.entry(qpn).or_insert(0);
-            if *n >= max {
-                return Err(VerbsError::NoMem);
-            }
-            *n += 1;
-            self.recv_outstanding.fetch_add(1, Ordering::Relaxed);
-        } else if let Some(n) = out.get_mut(&qpn).filter(|n| **n > 0) {
-            *n -= 1;
-            self.recv_outstanding.fetch_sub(1, Ordering::Relaxed);
-        }
-        Ok(())
-    }
-
-    /// Forgets QP `qpn`'s receives (it is destroyed or reset).
-    pub(super) fn rq_forget(&self, qpn: u32) {
-        if let Some(n) = self.rq_lock().remove(&qpn) {
-            self.recv_outstanding.fetch_sub(n, Ordering::Relaxed);
-        }
-    }
-
-    /// Whether receives of the application's own QPs are posted and not yet completed.
-    pub(super) fn expects_receives(&self) -> bool {
-        self.recv_outstanding.load(Ordering::Relaxed) > 0
     }
 
     fn rq_lock(&self) -> std::sync::MutexGuard<'_, FastMap<u32, u32>> {

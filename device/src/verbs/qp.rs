@@ -152,7 +152,7 @@ impl QueuePair {
     pub(super) fn purge_completions(&self) {
         let cqs: Vec<CqId> = self.cqs.iter().flatten().copied().collect();
         self.ctx.inner.purge(self.qpn.value(), &cqs);
-        self.ctx.inner.rq_forget(self.qpn.value());
+        self.ctx.inner.rq_lock().remove(&self.qpn.value());
     }
 
     /// For an XRC target QP: this process's handle on it (what its async events name).
@@ -318,12 +318,20 @@ impl QueuePair {
             if self.cached_state() == QpState::Reset || wr.sg_list.len() > self.caps.max_recv_sge as usize {
                 return Err(VerbsError::Inval);
             }
-            inner.rq_change_max(qpn, 1, self.caps.max_recv_wr)?;
+            let mut out = inner.rq_lock();
+            let n = out.entry(qpn).or_insert(0);
+            if *n >= self.caps.max_recv_wr {
+                return Err(VerbsError::NoMem);
+            }
+            *n += 1;
+            drop(out);
             Ok(inner.recv_entry(self.pd, wr))
         };
         let undo_token = |wr_id: u64, stage: bool| {
             inner.unstage_token(wr_id, stage);
-            let _ = inner.rq_change(qpn, -1);
+            if let Some(n) = inner.rq_lock().get_mut(&qpn) {
+                *n = n.saturating_sub(1);
+            }
         };
         // A device the application drives (a provider's): straight into its engine.
         #[cfg(feature = "embedded")]
