@@ -386,7 +386,10 @@ run_once() {
   if [ $out = 0 ]; then
     outcome ok "$label  ($from_s+$from_c packets, $what$note)"
   else
-    outcome fail "$label: $detail; $(tail -q -n 2 "$slog" "$clog" | tr '\n' ' ')"
+    # The wire's last packets say who waited for what (a run without --keep loses its capture).
+    local last
+    last=$("$bin" pcap decode "$pcap" 2>/dev/null | tail -n 6 | cut -c1-140 | tr -s ' ' | tr '\n' '|')
+    outcome fail "$label: $detail; $(tail -q -n 2 "$slog" "$clog" | tr '\n' ' '); the last packets: $last"
   fi
 }
 
