@@ -173,19 +173,23 @@ pub(super) fn requester(
     let timed = !ud && !uc;
     let mut timeouts: Vec<Instant> = Vec::new();
     if timed {
+        // When the recorded NAKs (and RNR NAKs) came, sorted: one search per resend.
+        let mut naks: Vec<Instant> = resps
+            .iter()
+            .filter(|y| y.p.ib.headers.aeth.is_some_and(|a| !matches!(a.syndrome, Syndrome::Ack { .. })))
+            .map(|y| time_of(y, t0))
+            .collect();
+        naks.sort_unstable();
         let mut seen = std::collections::HashSet::new();
         let mut prev: Option<(Instant, bool)> = None;
         for x in reqs {
             let at = time_of(x, t0);
             let resend = !seen.insert(x.psn.value());
             if resend && !prev.is_some_and(|(_, was)| was) {
+                // A NAK recorded between the request before this resend and the resend.
                 let since = prev.map_or(Instant::ZERO, |(t, _)| t);
-                let nak = resps.iter().any(|y| {
-                    let ty = time_of(y, t0);
-                    ty >= since
-                        && ty <= at
-                        && y.p.ib.headers.aeth.is_some_and(|a| !matches!(a.syndrome, Syndrome::Ack { .. }))
-                });
+                let i = naks.partition_point(|&t| t < since);
+                let nak = naks.get(i).is_some_and(|&t| t <= at);
                 if !nak {
                     timeouts.push(at);
                 }
