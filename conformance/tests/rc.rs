@@ -1451,3 +1451,93 @@ fn a_sequence_nak_behind_an_rnr_nak_spends_no_transport_retry() {
     assert_eq!(wa.len(), 8);
     assert!(wa.iter().all(|w| w.status == WcStatus::Success), "{wa:?}");
 }
+
+/// The responder resources of IBTA 9.7.5.1.4 (max_dest_rd_atomic) are held by new READ/atomic
+/// requests, not by the answers to duplicates: a duplicate reuses what its first execution saved.
+/// A responder that falls behind (starved of CPU, found by rxe interop under faults) can hold the
+/// answers to a whole resent window and to the new requests after it, more than
+/// max_dest_rd_atomic answers in all, while the requester keeps within its max_rd_atomic.
+/// Regression: the responder counted every queued READ/atomic answer, NAKed the next new atomic
+/// as an invalid request and went to the error state; rxe (retry_cnt 7: for ever) then resent
+/// into the silence without end.
+#[test]
+fn answers_to_duplicates_hold_no_responder_resource() {
+    use softrdma_conformance::pair::{ADDR_A, ADDR_B};
+    use softrdma_engine::device::RecvMeta;
+    use softrdma_engine::wire::IbPacket;
+    type Out = Vec<(Psn, Opcode, RecvMeta, Vec<u8>)>;
+    fn transmit(p: &mut Pair, from: usize) -> Out {
+        let mut buf = vec![0u8; 4096 + 256];
+        let mut out = Vec::new();
+        let now = p.now;
+        while let Some(t) = p.dev(from).poll_transmit(now, &mut buf) {
+            let bytes = buf[..t.len].to_vec();
+            let pkt = IbPacket::new_checked(&bytes[..]).expect("the engine emits well-formed packets");
+            let src = if from == A { ADDR_A } else { ADDR_B };
+            let meta = RecvMeta { src, src_port: t.src_port, ip_id: None, dst: Some(t.dst) };
+            out.push((pkt.bth().psn(), pkt.opcode(), meta, bytes));
+        }
+        out
+    }
+    fn deliver(p: &mut Pair, to: usize, pkts: &Out) {
+        let now = p.now;
+        for (_, _, meta, bytes) in pkts {
+            p.dev(to).handle_packet(now, *meta, bytes);
+        }
+    }
+    let (mut p, a, b) =
+        setup(RcOptions { timeout: 10, max_rd_atomic: 4, max_dest_rd_atomic: 4, ..RcOptions::default() });
+    let target = BASE + 0x8000;
+    for i in 0..8u64 {
+        send(&mut p, &a, i + 1, SendOp::FetchAdd { remote_addr: target, rkey: b.mr.rkey, add: 1 }, BASE + 8 * i, 8);
+    }
+    // A sends four (its max_rd_atomic); B executes them and answers.
+    let first = transmit(&mut p, A);
+    assert_eq!(first.len(), 4);
+    let p0 = first[0].0;
+    deliver(&mut p, B, &first);
+    let answers = transmit(&mut p, B);
+    assert_eq!(answers.iter().map(|x| x.1).collect::<Vec<_>>(), vec![Opcode::RC_ATOMIC_ACKNOWLEDGE; 4]);
+    // The first two answers arrive; A sends the next two.
+    deliver(&mut p, A, &answers[..2].to_vec());
+    let new = transmit(&mut p, A);
+    assert_eq!(new.iter().map(|x| x.0).collect::<Vec<_>>(), vec![p0 + 4, p0 + 5]);
+    // The last two answers are late: A times out and goes back to its oldest unanswered
+    // request, resending p0+2 ..= p0+5.
+    let t = p.a.poll_timeout().expect("A's transport timer runs");
+    p.now = t;
+    let now = p.now;
+    p.a.handle_timeout(now);
+    let resent = transmit(&mut p, A);
+    assert_eq!(resent.iter().map(|x| x.0).collect::<Vec<_>>(), vec![p0 + 2, p0 + 3, p0 + 4, p0 + 5]);
+    // B, behind, receives the two new ones and the resent window before it transmits anything.
+    deliver(&mut p, B, &new);
+    deliver(&mut p, B, &resent);
+    // The late answers arrive at A: two more requests go out, within A's four outstanding.
+    deliver(&mut p, A, &answers[2..].to_vec());
+    let more = transmit(&mut p, A);
+    assert_eq!(more.iter().map(|x| x.0).collect::<Vec<_>>(), vec![p0 + 6, p0 + 7]);
+    // B receives them while the answers to the duplicates are still queued.
+    deliver(&mut p, B, &more);
+    let out = transmit(&mut p, B);
+    assert!(
+        out.iter().all(|x| x.1 == Opcode::RC_ATOMIC_ACKNOWLEDGE),
+        "B answers every request, refusing none: {:?}",
+        out.iter().map(|x| (x.0, x.1)).collect::<Vec<_>>()
+    );
+    assert!(out.iter().any(|x| x.0 == p0 + 7), "the last new request is answered");
+    assert_eq!(p.b.counters().duplicate_request, 4);
+    // Then all of it completes, each atomic executed once.
+    deliver(&mut p, A, &out);
+    p.drive(STEPS);
+    let wa = p.poll(A, a.cq);
+    assert_eq!(
+        wa.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        (1..=8).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>()
+    );
+    assert_eq!(u64::from_ne_bytes(p.read(B, target, 8).try_into().unwrap()), 8, "each added once");
+    let mut origs: Vec<u64> =
+        (0..8).map(|i| u64::from_ne_bytes(p.read(A, BASE + 8 * i, 8).try_into().unwrap())).collect();
+    origs.sort_unstable();
+    assert_eq!(origs, (0..8).collect::<Vec<_>>(), "each saw a distinct original value");
+}

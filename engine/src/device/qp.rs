@@ -140,11 +140,22 @@ impl SendWqe {
 pub(crate) enum RespOut {
     /// ACK or NAK for `psn`.
     Ack { psn: Psn, syndrome: crate::wire::Syndrome, msn: u32 },
-    /// An RDMA READ response being generated packet by packet.
-    Read { psn: Psn, va: u64, rkey: u32, remaining: u32, first: bool, total: u32, msn: u32, pd: Option<PdId> },
+    /// An RDMA READ response being generated packet by packet. `fresh`: the answer to a new
+    /// request, holding a responder resource until it is sent (a duplicate's answer holds none).
+    Read {
+        psn: Psn,
+        va: u64,
+        rkey: u32,
+        remaining: u32,
+        first: bool,
+        total: u32,
+        msn: u32,
+        pd: Option<PdId>,
+        fresh: bool,
+    },
     /// An atomic acknowledge: its original value, or the ticket it comes under (a memory that
-    /// answers later: the acknowledge waits for it).
-    Atomic { psn: Psn, orig: crate::memory::AtomicStart, msn: u32 },
+    /// answers later: the acknowledge waits for it). `fresh` as for `Read`.
+    Atomic { psn: Psn, orig: crate::memory::AtomicStart, msn: u32, fresh: bool },
 }
 
 /// A cached READ/atomic request, for duplicates (IBTA 9.7.5.1.6, max_dest_rd_atomic entries).

@@ -355,7 +355,17 @@ fn execute_read<M: Memory>(
         atomic_write: false,
     });
     let msn = qp.resp.msn;
-    qp.resp.out.push_back(RespOut::Read { psn, va, rkey, remaining: len, first: true, total: len, msn, pd });
+    qp.resp.out.push_back(RespOut::Read {
+        psn,
+        va,
+        rkey,
+        remaining: len,
+        first: true,
+        total: len,
+        msn,
+        pd,
+        fresh: true,
+    });
     qp.resp.epsn = psn + npkts;
     Flow::Done
 }
@@ -405,7 +415,7 @@ fn execute_atomic<M: Memory>(
         atomic_write: false,
     });
     let msn = qp.resp.msn;
-    qp.resp.out.push_back(RespOut::Atomic { psn, orig, msn });
+    qp.resp.out.push_back(RespOut::Atomic { psn, orig, msn, fresh: true });
     qp.resp.epsn = psn + 1;
     Flow::Done
 }
@@ -453,9 +463,18 @@ fn execute_atomic_write<M: Memory>(
 
 /// Makes room for one more outstanding READ/atomic: the oldest cached one is dropped once the
 /// requester must have seen it; more than max_dest_rd_atomic at once is an invalid request.
+/// A resource is held by a new request from its execution until its answer is sent; answers
+/// to duplicates hold none (IBTA 9.7.5.1.4: a duplicate reuses what its first execution
+/// saved). So a requester that goes back N and resends a whole window of READs/atomics, then
+/// goes on with new ones, stays within its max_rd_atomic however many answers are queued.
 fn rd_atomic_slot(qp: &mut Qp) -> bool {
     let max = usize::from(qp.attr.max_dest_rd_atomic);
-    let active = qp.resp.out.iter().filter(|o| !matches!(o, RespOut::Ack { .. })).count();
+    let active = qp
+        .resp
+        .out
+        .iter()
+        .filter(|o| matches!(o, RespOut::Read { fresh: true, .. } | RespOut::Atomic { fresh: true, .. }))
+        .count();
     if active >= max {
         return false;
     }
@@ -511,10 +530,13 @@ fn duplicate<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPacket<&[u8]>
             // place; responses queued for other READs stay, in PSN order (a requester that goes
             // back N resends several READs at once, and each needs its answer).
             let same = |o: &RespOut| matches!(o, RespOut::Read { psn: p, .. } if p.distance(first) >= 0 && last.distance(*p) >= 0);
+            // It holds the responder resource of the answer it replaces, if that was still
+            // unsent; otherwise none (its resource was freed when the answer went out).
             let at = qp.resp.out.iter().position(same);
+            let fresh = qp.resp.out.iter().any(|o| same(o) && matches!(o, RespOut::Read { fresh: true, .. }));
             qp.resp.out.retain(|o| !same(o));
             let msn = qp.resp.msn;
-            let r = RespOut::Read { psn, va, rkey, remaining: len, first: true, total: len, msn, pd };
+            let r = RespOut::Read { psn, va, rkey, remaining: len, first: true, total: len, msn, pd, fresh };
             match at {
                 Some(i) => qp.resp.out.insert(i.min(qp.resp.out.len()), r),
                 None => qp.resp.out.push_back(r),
@@ -531,7 +553,7 @@ fn duplicate<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPacket<&[u8]>
             // (One whose original value is still on its way answers once it comes.)
             if let Some(orig) = qp.resp.rd_atomic.iter().find(|r| r.first_psn == psn).and_then(|r| r.atomic_orig) {
                 let msn = qp.resp.msn;
-                qp.resp.out.push_back(RespOut::Atomic { psn, orig: AtomicStart::Done(orig), msn });
+                qp.resp.out.push_back(RespOut::Atomic { psn, orig: AtomicStart::Done(orig), msn, fresh: false });
             }
         }
         _ => {}
@@ -596,13 +618,13 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
             ib.aeth = Some(AethRepr { syndrome: with_credits(qp, ctx, syndrome), msn: Msn::new(msn) });
             emit(ctx, qp.qpn, dest, buf, &ib, |_, _| true)
         }
-        RespOut::Atomic { psn, orig, msn } => {
+        RespOut::Atomic { psn, orig, msn, fresh } => {
             let orig = match orig {
                 AtomicStart::Done(v) => v,
                 AtomicStart::Later(ticket) => match ctx.mem.atomic_result(ticket) {
                     // Not yet: the acknowledge (and what queues behind it) waits.
                     None => {
-                        qp.resp.out.push_front(RespOut::Atomic { psn, orig, msn });
+                        qp.resp.out.push_front(RespOut::Atomic { psn, orig, msn, fresh });
                         return None;
                     }
                     Some(Ok(v)) => {
@@ -623,7 +645,7 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
             ib.atomicacketh = Some(AtomicAckEthRepr { orig_rem_data: orig });
             emit(ctx, qp.qpn, dest, buf, &ib, |_, _| true)
         }
-        RespOut::Read { psn, va, rkey, remaining, first, total, msn, pd } => {
+        RespOut::Read { psn, va, rkey, remaining, first, total, msn, pd, fresh } => {
             let mtu = qp.mtu();
             let n = remaining.min(mtu);
             let last = remaining <= mtu;
@@ -665,7 +687,7 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
             if t.is_none() && ctx.mem.would_block_count() != blocked {
                 // The data is on its way (Memory::would_block_count): this response, and what
                 // queues behind it, waits for it.
-                qp.resp.out.push_front(RespOut::Read { psn, va, rkey, remaining, first, total, msn, pd });
+                qp.resp.out.push_front(RespOut::Read { psn, va, rkey, remaining, first, total, msn, pd, fresh });
                 return None;
             }
             if t.is_none() && (owner.is_none() || unreadable) {
@@ -687,6 +709,7 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
                     first: false,
                     total,
                     msn,
+                    fresh,
                 });
             }
             t
