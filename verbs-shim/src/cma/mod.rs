@@ -319,6 +319,8 @@ pub(crate) struct Channel {
     pub(crate) handle: u64,
     /// The read end is `c.fd`; the write end, which the devices get a copy of.
     pub(crate) write: OwnedFd,
+    /// Threads inside `rdma_get_cm_event` on it now (see `rdma_destroy_event_channel`).
+    pub(crate) inside: std::sync::atomic::AtomicUsize,
 }
 
 impl Channel {
@@ -335,7 +337,7 @@ impl Channel {
         // SAFETY: our own new descriptor.
         let write = unsafe { OwnedFd::from_raw_fd(fds[1]) };
         let handle = cma().map(|c| c.handle()).unwrap_or(0);
-        Ok(Box::new(Channel { c: c::rdma_event_channel { fd: fds[0] }, handle, write }))
+        Ok(Box::new(Channel { c: c::rdma_event_channel { fd: fds[0] }, handle, write, inside: Default::default() }))
     }
 
     /// Writes a frame (events this library makes itself).
