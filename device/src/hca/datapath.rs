@@ -683,6 +683,15 @@ impl State {
         for (&owner, c) in clients.iter_mut() {
             let helper_writes = dev.memory_ref().helper_writes(owner);
             for (cq, r) in &c.cq_rings {
+                if let Some(seen) = c.direct_cqs.get_mut(cq) {
+                    // Polled straight from the engine: only counted (what the progress policy
+                    // reads as "completions came").
+                    if let Some(n) = dev.cq_counts(*cq) {
+                        *cqes_written += n.added.wrapping_sub(*seen);
+                        *seen = n.added;
+                    }
+                    continue;
+                }
                 if dev.cq_counts(*cq).is_none_or(|n| n.held == 0) {
                     continue;
                 }

@@ -270,6 +270,9 @@ impl State {
                 };
                 c.arena.reset(&ring);
                 c.cq_rings.insert(cq, ring);
+                if self.direct_cqs {
+                    c.direct_cqs.insert(cq, 0);
+                }
                 c.objects.cqs.insert(cq);
                 self.cqs.insert(cq, CqWatch { channel, armed: false, solicited_only: false, seen: 0 });
                 ok(R::Cq { cq, ring })
@@ -317,6 +320,7 @@ impl State {
                 self.dev.destroy_cq(cq)?;
                 let c = self.clients.get_mut(&o).expect("checked");
                 c.objects.cqs.remove(&cq);
+                c.direct_cqs.remove(&cq);
                 if let Some(r) = c.cq_rings.remove(&cq) {
                     c.give_back(&r);
                 }

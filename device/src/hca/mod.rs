@@ -222,6 +222,11 @@ struct Client {
     rq: HashMap<Qpn, RingDesc>,
     srq_rings: HashMap<u32, RingDesc>,
     cq_rings: HashMap<CqId, RingDesc>,
+    /// On a device its application drives ([`Progress::Application`]: a provider): its CQs,
+    /// which it polls straight from the engine ([`Hca::poll_cq`]); their completions stay in the
+    /// engine's CQ, not copied into the rings. With the completions the engine had added to
+    /// each when the pump last looked.
+    direct_cqs: HashMap<CqId, u64>,
     /// The arena's `posted` counter when the rings were last serviced.
     seen_posted: u32,
     /// Work left in a ring because the engine's queue was full: look again next time.
@@ -399,6 +404,9 @@ struct State {
     gso: Gso,
     /// Completions written into the clients' CQ rings so far (a poll's drive compares).
     cqes_written: u64,
+    /// The application's polls take completions straight from the engine's CQs
+    /// ([`Progress::Application`]: `Client::direct_cqs`).
+    direct_cqs: bool,
     /// An application thread's poll held back the answers (ACKs) to what it received, to
     /// return the completions first ([`Hca::drive`]): the next pump sends them, requester
     /// packets first. Mirrored in `Shared::tx_owed` for the progress thread's lock-free waits.
@@ -669,6 +677,7 @@ impl Hca {
                 buf: Vec::with_capacity(udp::MAX_GSO_BYTES),
             },
             cqes_written: 0,
+            direct_cqs: cfg.progress == Progress::Application,
             tx_owed: false,
             posted_send: false,
             last_post: None,
@@ -743,6 +752,7 @@ impl Hca {
             rq: HashMap::new(),
             srq_rings: HashMap::new(),
             cq_rings: HashMap::new(),
+            direct_cqs: HashMap::new(),
             seen_posted: 0,
             backlog: false,
             steer: None,

@@ -366,6 +366,20 @@ impl Hca {
         received
     }
 
+    /// `ibv_poll_cq` on a [`Progress::Application`] device: up to `max` completions of
+    /// `owner`'s CQ `cq`, straight from the engine's CQ (no ring between: the provider and the
+    /// engine share the process). None when `cq` is not such a CQ of `owner`'s. Data that the
+    /// packets behind them wrote is in place first (the pump flushes it too, before it looks at
+    /// CQs).
+    pub fn poll_cq(&self, owner: u32, cq: CqId, max: usize) -> Option<Vec<softrdma_engine::wr::WorkCompletion>> {
+        let mut st = self.shared.lock();
+        if !st.clients.get(&owner).is_some_and(|c| c.direct_cqs.contains_key(&cq)) {
+            return None;
+        }
+        st.dev.memory().flush();
+        Some(st.dev.poll_cq(cq, max))
+    }
+
     /// An application thread stops polling for now (its poll returned completions, or it arms a
     /// CQ for a channel and will sleep): the socket goes back to the device thread (see
     /// [`HANDOFF_IDLE`]). Cheap when nothing is handed off.

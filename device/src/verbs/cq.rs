@@ -86,7 +86,7 @@ impl CompletionQueue {
     }
 
     /// `ibv_poll_cq`: up to `max` completions, read from the completion ring in shared memory
-    /// (no system call).
+    /// (no system call), or on a provider straight from its engine.
     pub fn poll(&self, max: u32) -> Result<Vec<WorkCompletion>> {
         let mut entries = Vec::new();
         let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
@@ -101,6 +101,21 @@ impl CompletionQueue {
         }
         self.ctx.inner.posting.store(false, Ordering::Relaxed);
         let left = max as usize - entries.len();
+        // A provider's CQ: straight from its engine (nothing in its ring); when empty, this poll
+        // makes the device progress and looks again.
+        let direct = if left > 0 { self.ctx.inner.poll_direct(self.id, left) } else { None };
+        if let Some(mut direct) = direct {
+            if direct.is_empty() && entries.is_empty() && self.ctx.inner.drive(true) {
+                direct = self.ctx.inner.poll_direct(self.id, left).unwrap_or_default();
+            }
+            drop(ring);
+            let mut out: Vec<WorkCompletion> = entries.into_iter().map(|e| self.ctx.inner.complete(e)).collect();
+            for wc in direct {
+                self.ctx.inner.complete_direct(&wc);
+                out.push(wc);
+            }
+            return self.finish_poll(out, max);
+        }
         if left > 0 {
             let took = self.ctx.inner.arena.consume::<CqEntry>(&ring, left, |e| {
                 entries.extend(e);
@@ -116,24 +131,25 @@ impl CompletionQueue {
             }
         }
         drop(ring);
+        let out = entries.into_iter().map(|e| self.ctx.inner.complete(e)).collect();
+        self.finish_poll(out, max)
+    }
+
+    /// The end of a poll that took `out`: the completions of the XRC SRQs it serves, if room is
+    /// left (on a provider: verbs::xrc); then, when anything came, the handoff ends.
+    fn finish_poll(&self, mut out: Vec<WorkCompletion>, max: u32) -> Result<Vec<WorkCompletion>> {
         if let Some(t) = self.xrc.get() {
-            // The completions of the XRC SRQs it serves (on a provider: verbs::xrc).
-            let left = max as usize - entries.len();
+            let left = max as usize - out.len();
             if left > 0 {
-                let mut out: Vec<WorkCompletion> = entries.into_iter().map(|e| self.ctx.inner.complete(e)).collect();
                 out.extend(t.poll(left as u32)?);
-                if !out.is_empty() {
-                    self.ctx.inner.end_handoff();
-                }
-                return Ok(out);
             }
         }
-        if !entries.is_empty() {
+        if !out.is_empty() {
             // What the application waited for came: it may now wait on memory that only the
             // device thread can fill, which therefore takes the socket back.
             self.ctx.inner.end_handoff();
         }
-        Ok(entries.into_iter().map(|e| self.ctx.inner.complete(e)).collect())
+        Ok(out)
     }
 
     /// Polls until `n` completions arrived or `timeout` passed (spins briefly, then backs off).

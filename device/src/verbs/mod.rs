@@ -217,18 +217,24 @@ impl Inner {
 
     /// A completion from the ring as the application sees it: a staged receive's data copied
     /// into its buffers (the last byte last), its staging given back, its own wr_id restored.
+    /// What every completion taken from the device needs, whether through a ring or straight
+    /// from the engine: a receive's leaves its queue's count. True for a receive's.
+    fn complete_direct(&self, wc: &WorkCompletion) -> bool {
+        if !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
+            return false;
+        }
+        if let Some(n) = self.rq_lock().get_mut(&wc.qp_num.value()) {
+            *n = n.saturating_sub(1);
+        }
+        true
+    }
+
     fn complete(&self, e: CqEntry) -> WorkCompletion {
         if let Some(h) = self.helper.get() {
             h.wait_for_writes(e.helper_writes);
         }
         let mut wc = e.wc;
-        if !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm) {
-            return wc;
-        }
-        if let Some(n) = self.rq_lock().get_mut(&wc.qp_num.value()) {
-            *n = n.saturating_sub(1);
-        }
-        if !self.stage_receives {
+        if !self.complete_direct(&wc) || !self.stage_receives {
             return wc;
         }
         let Some((wr_id, sges)) = self.staged_lock().remove(&wc.wr_id) else { return wc };
@@ -441,6 +447,20 @@ impl Inner {
                 true
             }
             _ => false,
+        }
+    }
+
+    /// On a device the application drives: up to `max` completions of CQ `cq` straight from
+    /// its engine ([`Hca::poll_cq`]); None for every other device (its completions come
+    /// through the CQ's ring).
+    #[cfg_attr(not(feature = "embedded"), allow(unused_variables))]
+    fn poll_direct(&self, cq: CqId, max: usize) -> Option<Vec<WorkCompletion>> {
+        match &self.backend {
+            #[cfg(feature = "embedded")]
+            Backend::Embedded { hca, owner, .. } if hca.progress() == crate::hca::Progress::Application => {
+                hca.poll_cq(*owner, cq, max)
+            }
+            _ => None,
         }
     }
 
