@@ -792,3 +792,60 @@ fn providers_report_their_packets_to_the_device_capture_faults_and_counters() {
     assert_eq!(sports.len(), 2, "source ports {sports:?}");
     assert!(sports.iter().all(|&p| p >= 0xc000 && p != 47949), "source ports {sports:?}");
 }
+
+/// A provider polls its CQs straight from its engine (no completion ring between them): a CQ
+/// holds `cqe` completions, and the one after them overruns it (IBTA 11.4.2.1: IBV_EVENT_CQ_ERR,
+/// the completion lost), as a NIC's CQ of that size does; what it held is still polled, in order.
+/// (With a ring beside the engine's queue, the CQ held twice its size.)
+#[test]
+fn a_providers_cq_holds_cqe_completions_then_overruns() {
+    use softrdma_device::verbs::*;
+    use softrdma_engine::device::AsyncEvent;
+    let (_base, rt) = rtdir();
+    let rt = rt.as_path();
+    let _g = up(rt, "tq", "127.0.0.1", 47956, &[]);
+    let ctx = Context::provider_in(rt, "tq").unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let small = ctx.create_cq(4, None).unwrap();
+    let big = ctx.create_cq(64, None).unwrap();
+    let a = pd.qp_builder(QpType::Rc, &small).build().unwrap();
+    let b = pd.qp_builder(QpType::Rc, &big).build().unwrap();
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let mr = pd.alloc_mr(1 << 16, access).unwrap();
+    let o = ConnectOptions { mtu: Mtu::Mtu1024, ..ConnectOptions::default() };
+    a.connect(1, &b.endpoint(2), &o).unwrap();
+    b.connect(2, &a.endpoint(1), &o).unwrap();
+    let (addr, rkey) = (mr.addr() + 0x8000, mr.rkey());
+    let write = |id: u64| {
+        a.post_send(vec![SendWr::new(id, SendOp::Write { remote_addr: addr, rkey }, vec![mr.sge(0..64)])]).unwrap();
+    };
+    // Four WRITEs complete and fill the CQ; nobody polls it. The peer's polls make the device
+    // progress (as the progress thread would).
+    for id in 1..=4 {
+        write(id);
+    }
+    // (Polls of the peer's CQ, empty, drive the device meanwhile: 300 ms is ample on loopback.)
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(300) {
+        assert!(big.poll(1).unwrap().is_empty());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        matches!(ctx.get_async_event(Some(Duration::from_millis(100))), Ok(None)),
+        "no event while the CQ has room"
+    );
+    // The fifth overruns it.
+    write(5);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut event = None;
+    while event.is_none() && Instant::now() < deadline {
+        assert!(big.poll(1).unwrap().is_empty());
+        event = ctx.get_async_event(Some(Duration::from_millis(10))).unwrap();
+    }
+    assert_eq!(event.map(|e| e.event), Some(AsyncEvent::CqErr(small.id())), "the overrun's event");
+    let got = small.poll(16).unwrap();
+    assert_eq!(
+        got.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        (1..=4).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>()
+    );
+}
