@@ -119,6 +119,11 @@ impl ProcessMemory {
         self.helpers.insert(owner, link);
     }
 
+    /// Whether `owner`'s memory is reached through its memory helper.
+    pub fn has_helper(&self, owner: Owner) -> bool {
+        self.helpers.contains_key(&owner)
+    }
+
     /// Writes sent to `owner`'s memory helper so far (0 without one): the client lets its
     /// helper make as many before it shows a completion the device produced after them.
     pub fn helper_writes(&self, owner: Owner) -> u64 {

@@ -682,8 +682,11 @@ impl State {
         let State { clients, dev, cqes_written, .. } = self;
         for (&owner, c) in clients.iter_mut() {
             let helper_writes = dev.memory_ref().helper_writes(owner);
+            // A client with a memory helper waits for the helper's writes before it sees a
+            // completion (CqEntry::helper_writes): its completions go through the rings.
+            let direct = !dev.memory_ref().has_helper(owner);
             for (cq, r) in &c.cq_rings {
-                if let Some(seen) = c.direct_cqs.get_mut(cq) {
+                if let Some(seen) = c.direct_cqs.get_mut(cq).filter(|_| direct) {
                     // Polled straight from the engine: only counted (what the progress policy
                     // reads as "completions came").
                     if let Some(n) = dev.cq_counts(*cq) {

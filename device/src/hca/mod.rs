@@ -224,8 +224,9 @@ struct Client {
     cq_rings: HashMap<CqId, RingDesc>,
     /// On a device its application drives ([`Progress::Application`]: a provider): its CQs,
     /// which it polls straight from the engine ([`Hca::poll_cq`]); their completions stay in the
-    /// engine's CQ, not copied into the rings. With the completions the engine had added to
-    /// each when the pump last looked.
+    /// engine's CQ, not copied into the rings (unless the client has a memory helper, whose
+    /// writes its polls must wait for). With the completions the engine had added to each when
+    /// the pump last looked.
     direct_cqs: HashMap<CqId, u64>,
     /// The arena's `posted` counter when the rings were last serviced.
     seen_posted: u32,

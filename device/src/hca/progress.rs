@@ -373,7 +373,9 @@ impl Hca {
     /// CQs).
     pub fn poll_cq(&self, owner: u32, cq: CqId, max: usize) -> Option<Vec<softrdma_engine::wr::WorkCompletion>> {
         let mut st = self.shared.lock();
-        if !st.clients.get(&owner).is_some_and(|c| c.direct_cqs.contains_key(&cq)) {
+        if !st.clients.get(&owner).is_some_and(|c| c.direct_cqs.contains_key(&cq))
+            || st.dev.memory_ref().has_helper(owner)
+        {
             return None;
         }
         st.dev.memory().flush();
