@@ -138,7 +138,9 @@ pub(super) fn requester(
     let rd_atomic = conn.map_or(128, |k| k.initiator_depth.max(1));
     let peer_qpn = request_qp;
     let first = reqs[0].psn;
-    if !ud && !uc {
+    // RC and XRC: no transport timer of the replaying QP's own (see `timed` below).
+    let timed = !ud && !uc;
+    if timed {
         e.ack_timeout = 0;
     }
     bring_up(
@@ -170,7 +172,6 @@ pub(super) fn requester(
     // (IBTA 9.7.6.1.3 allows timeout 0: none) and instead times out exactly where the recorded
     // one did: at each resend that no recorded NAK asked for. So its window shrinks where the
     // recorded one did, and its AckReq placement and pace stay comparable.
-    let timed = !ud && !uc;
     let mut timeouts: Vec<Instant> = Vec::new();
     if timed {
         // When the recorded NAKs (and RNR NAKs) came, sorted: one search per resend.
