@@ -858,79 +858,65 @@ impl Default for SlotMeta {
 #[repr(C, align(8))]
 struct CmsgSpace([u8; CMSG_SLOT]);
 
-/// Receive buffers, addresses and control space for one `recvmmsg`, allocated once, with the
-/// `mmsghdr` and `iovec` arrays that describe them: built once, pointing into the ring's own heap
-/// buffers (which never move or change size), and only the fields the kernel overwrites reset
-/// before each call. A poll that finds nothing (most of a spinning program's calls) then costs
-/// the system call alone, not the rebuild of 32 headers.
+/// Receive buffers, addresses and control space for one `recvmmsg`, allocated once. The
+/// `mmsghdr` array is rebuilt on the stack for each call, so no pointer outlives a call (and the
+/// ring stays `Send`).
 struct RecvRing {
     data: Vec<u8>,
     names: Vec<libc::sockaddr_storage>,
     control: Vec<CmsgSpace>,
-    iov: Vec<libc::iovec>,
-    hdrs: Vec<libc::mmsghdr>,
     meta: [SlotMeta; RECV_BATCH],
 }
 
-// SAFETY: the raw pointers in `iov` and `hdrs` point only into the ring's own heap allocations
-// (`data`, `names`, `control`, `iov`), which move with it when it moves to another thread and
-// are never reallocated; they are used only through `&mut self`.
-unsafe impl Send for RecvRing {}
-
 impl RecvRing {
     fn new() -> RecvRing {
-        let mut r = RecvRing {
+        RecvRing {
             data: vec![0; RECV_BATCH * RECV_SLOT],
             // SAFETY: sockaddr_storage is plain old data; all zeroes is a valid (AF_UNSPEC) value.
             names: vec![unsafe { mem::zeroed::<libc::sockaddr_storage>() }; RECV_BATCH],
             control: vec![CmsgSpace([0; CMSG_SLOT]); RECV_BATCH],
-            // SAFETY (both): iovec and mmsghdr are plain C structs; null pointers and zero
-            // lengths are valid values, and every field used is set below.
-            iov: vec![unsafe { mem::zeroed::<libc::iovec>() }; RECV_BATCH],
-            hdrs: vec![unsafe { mem::zeroed::<libc::mmsghdr>() }; RECV_BATCH],
             meta: [SlotMeta::default(); RECV_BATCH],
-        };
-        let data = r.data.as_mut_ptr();
-        let names = r.names.as_mut_ptr();
-        let control = r.control.as_mut_ptr();
-        let iov = r.iov.as_mut_ptr();
-        for i in 0..RECV_BATCH {
-            // SAFETY: i < RECV_BATCH = the number of slots of `data` (RECV_SLOT bytes each),
-            // `names`, `control` and `iov`.
-            unsafe {
-                let v = &mut *iov.add(i);
-                v.iov_base = data.add(i * RECV_SLOT).cast();
-                v.iov_len = RECV_SLOT;
-                let m = &mut r.hdrs[i].msg_hdr;
-                m.msg_name = names.add(i).cast();
-                m.msg_iov = iov.add(i);
-                m.msg_control = control.add(i).cast();
-            }
-            r.hdrs[i].msg_hdr.msg_iovlen = 1;
         }
-        r
     }
 
     /// One `recvmmsg` of up to `want` (<= RECV_BATCH) buffers; fills `meta[..n]`.
     fn fill(&mut self, fd: RawFd, want: usize) -> io::Result<usize> {
         let want = want.min(RECV_BATCH);
-        for h in &mut self.hdrs[..want] {
-            // What the kernel wrote in the last call, reset (the buffers' lengths are in place).
-            h.msg_hdr.msg_namelen = mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            h.msg_hdr.msg_controllen = CMSG_SLOT as _;
-            h.msg_hdr.msg_flags = 0;
-            h.msg_len = 0;
+        let data = self.data.as_mut_ptr();
+        let names = self.names.as_mut_ptr();
+        let control = self.control.as_mut_ptr();
+        // SAFETY (zeroed): iovec and mmsghdr are plain C structs; null pointers and zero lengths
+        // are valid values, and every field used is set below.
+        let mut iov: [libc::iovec; RECV_BATCH] = unsafe { mem::zeroed() };
+        let mut hdrs: [libc::mmsghdr; RECV_BATCH] = unsafe { mem::zeroed() };
+        for (i, v) in iov.iter_mut().enumerate().take(want) {
+            // SAFETY: i < RECV_BATCH, and `data` holds RECV_BATCH slots of RECV_SLOT bytes.
+            v.iov_base = unsafe { data.add(i * RECV_SLOT) }.cast();
+            v.iov_len = RECV_SLOT;
+        }
+        let iov_ptr = iov.as_mut_ptr();
+        for (i, h) in hdrs.iter_mut().enumerate().take(want) {
+            let m = &mut h.msg_hdr;
+            // SAFETY: i < RECV_BATCH = the length of `names`, `control` and `iov`.
+            unsafe {
+                m.msg_name = names.add(i).cast();
+                m.msg_iov = iov_ptr.add(i);
+                m.msg_control = control.add(i).cast();
+            }
+            m.msg_namelen = mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            m.msg_iovlen = 1;
+            m.msg_controllen = CMSG_SLOT as _;
+            m.msg_flags = 0;
         }
         // SAFETY: the first `want` headers point at buffers, names and control space owned by
         // `self` (borrowed mutably for this call) with the lengths given; the kernel writes only
         // within them. A null timeout is allowed.
-        let n = unsafe { libc::recvmmsg(fd, self.hdrs.as_mut_ptr(), want as libc::c_uint, 0, std::ptr::null_mut()) };
+        let n = unsafe { libc::recvmmsg(fd, hdrs.as_mut_ptr(), want as libc::c_uint, 0, std::ptr::null_mut()) };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
         let n = n as usize;
-        for i in 0..n {
-            let h = &self.hdrs[i];
+        for (i, h) in hdrs.iter().enumerate().take(n) {
             let len = h.msg_len as usize;
             // SAFETY: the kernel filled `names[i]` (msg_namelen bytes) and the control messages
             // within `msg_controllen` bytes of `control[i]`, which `h.msg_hdr` still describes.
