@@ -472,6 +472,9 @@ pub(crate) struct Shared {
     handoff_idle: std::time::Duration,
     /// When an application thread last read the socket (ns since `epoch`).
     last_drive_ns: std::sync::atomic::AtomicU64,
+    /// A poll returned receive completions while the socket was handed off: the handoff ends
+    /// after that thread's next send has left (see `Hca::end_handoff_after_post`), not before it.
+    end_after_post: AtomicBool,
     /// `State::tx_owed`, readable without the lock.
     tx_owed: AtomicBool,
     epoch: std::time::Instant,
@@ -696,6 +699,7 @@ impl Hca {
             udp_poll,
             handed_off: AtomicBool::new(false),
             last_drive_ns: std::sync::atomic::AtomicU64::new(0),
+            end_after_post: AtomicBool::new(false),
             tx_owed: AtomicBool::new(false),
             // The state's epoch: `last_drive_ns` compares with the state's clock.
             epoch,

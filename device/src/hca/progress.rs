@@ -62,6 +62,7 @@ pub(super) fn handoff_idle_from_env() -> std::time::Duration {
 /// with the state's lock held (`_st`), so that `handed_off` and the set agree. If datagrams are
 /// waiting when it goes back, epoll wakes the device thread at once: nothing waits unseen.
 fn set_handoff(sh: &Shared, _st: &State, on: bool) {
+    sh.end_after_post.store(false, Ordering::Relaxed);
     if sh.handed_off.load(Ordering::Relaxed) == on {
         return;
     }
@@ -103,12 +104,17 @@ pub(super) fn run(sh: &Shared) {
                 let idle = sh.handoff_idle.as_nanos() as u64;
                 let since =
                     (sh.epoch.elapsed().as_nanos() as u64).saturating_sub(sh.last_drive_ns.load(Ordering::Relaxed));
-                if since >= idle {
+                // A handoff whose end waits for a post that did not come (`end_handoff_after_post`)
+                // ends at this thread's next look after END_AFTER_POST_WAIT.
+                let deferred = sh.end_after_post.load(Ordering::Relaxed);
+                let wait = END_AFTER_POST_WAIT.as_nanos() as u64;
+                if since >= idle || (deferred && since >= wait) {
                     set_handoff(sh, &sh.lock(), false);
                     None
                 } else {
                     // Answers held back by a poll wait at most TX_DEFER (see the main path).
-                    Some((idle - since).min(TX_DEFER.as_nanos() as u64))
+                    let rest = (idle - since).min(TX_DEFER.as_nanos() as u64);
+                    Some(if deferred { rest.min(wait - since) } else { rest })
                 }
             })
             .flatten();
@@ -361,6 +367,10 @@ impl Hca {
             }
         }
         sh.tx_owed.store(st.tx_owed, Ordering::Relaxed);
+        if !receive && sh.end_after_post.load(Ordering::Relaxed) {
+            // A send after a poll that deferred the handoff's end: it has left, the end is due.
+            set_handoff(sh, &st, false);
+        }
         Hca::wake_for_timers(sh, &st);
         st.release_clock(held);
         received
@@ -370,8 +380,15 @@ impl Hca {
     /// `owner`'s CQ `cq`, straight from the engine's CQ (no ring between: the provider and the
     /// engine share the process). None when `cq` is not such a CQ of `owner`'s. Data that the
     /// packets behind them wrote is in place first (the pump flushes it too, before it looks at
-    /// CQs).
-    pub fn poll_cq(&self, owner: u32, cq: CqId, max: usize) -> Option<Vec<softrdma_engine::wr::WorkCompletion>> {
+    /// CQs). With them, whether another of `owner`'s CQs holds completions now (its next poll
+    /// is then most likely near: see [`Hca::end_handoff_after_post`]; only asked of owners with
+    /// a few CQs).
+    pub fn poll_cq(
+        &self,
+        owner: u32,
+        cq: CqId,
+        max: usize,
+    ) -> Option<(Vec<softrdma_engine::wr::WorkCompletion>, bool)> {
         let mut st = self.shared.lock();
         if !st.clients.get(&owner).is_some_and(|c| c.direct_cqs.contains_key(&cq))
             || st.dev.memory_ref().has_helper(owner)
@@ -379,7 +396,14 @@ impl Hca {
             return None;
         }
         st.dev.memory().flush();
-        Some(st.dev.poll_cq(cq, max))
+        let out = st.dev.poll_cq(cq, max);
+        let mut more = false;
+        if !out.is_empty() {
+            if let Some(c) = st.clients.get(&owner).filter(|c| c.direct_cqs.len() <= 8) {
+                more = c.direct_cqs.keys().any(|&other| st.dev.cq_counts(other).is_some_and(|n| n.held > 0));
+            }
+        }
+        Some((out, more))
     }
 
     /// An application thread stops polling for now (its poll returned completions, or it arms a
@@ -389,6 +413,21 @@ impl Hca {
         let sh = &self.shared;
         if sh.handed_off.load(Ordering::Relaxed) {
             set_handoff(sh, &sh.lock(), false);
+        }
+    }
+
+    /// An application thread's poll returned receive completions: it got a message and will
+    /// most likely answer it. The handoff then ends after that thread's next send has left
+    /// (`Hca::drive_post`, `Hca::post_send`), so that the `epoll_ctl` giving the socket back to
+    /// the progress thread is not between the message and its answer (0.5-0.7 us of a provider
+    /// one-way: BENCHMARKS.md, "Where a provider one-way goes"). A thread that polls again first
+    /// keeps the socket (no system call at all); one that does neither has the progress thread
+    /// back on the socket after [`END_AFTER_POST_WAIT`] at its next look (within
+    /// [`TX_DEFER`]). No lock, no system call.
+    pub fn end_handoff_after_post(&self) {
+        let sh = &self.shared;
+        if sh.handed_off.load(Ordering::Relaxed) {
+            sh.end_after_post.store(true, Ordering::Relaxed);
         }
     }
 
@@ -470,6 +509,11 @@ impl Hca {
             st.pump();
         }
         self.shared.tx_owed.store(st.tx_owed, Ordering::Relaxed);
+        if self.shared.end_after_post.load(Ordering::Relaxed) {
+            // The answer to what the last poll returned has left (or waits in the stream for
+            // the next pump): the socket goes back to the progress thread now.
+            set_handoff(&self.shared, st, false);
+        }
         Hca::wake_for_timers(&self.shared, st);
     }
 }
@@ -481,6 +525,11 @@ impl Hca {
 /// armed per held-back answer bounded it at 20 us, but arming and disarming it cost more than
 /// the held-back `sendto` saved: BENCHMARKS.md.)
 pub const TX_DEFER: std::time::Duration = std::time::Duration::from_micros(200);
+
+/// How long after its last read of the socket a thread whose poll deferred the handoff's end
+/// ([`Hca::end_handoff_after_post`]) may go without a post before the progress thread takes the
+/// socket back at its next look.
+pub(crate) const END_AFTER_POST_WAIT: std::time::Duration = std::time::Duration::from_micros(20);
 
 /// How recently an application thread must have posted a send for the progress thread to hold
 /// back the acknowledgements it receives for that thread's next post (`State::hold_for_post`):

@@ -104,9 +104,9 @@ impl CompletionQueue {
         // A provider's CQ: straight from its engine (nothing in its ring); when empty, this poll
         // makes the device progress and looks again.
         let direct = if left > 0 { self.ctx.inner.poll_direct(self.id, left) } else { None };
-        if let Some(mut direct) = direct {
+        if let Some((mut direct, mut more)) = direct {
             if direct.is_empty() && entries.is_empty() && self.ctx.inner.drive(true) {
-                direct = self.ctx.inner.poll_direct(self.id, left).unwrap_or_default();
+                (direct, more) = self.ctx.inner.poll_direct(self.id, left).unwrap_or_default();
             }
             drop(ring);
             let mut out: Vec<WorkCompletion> = entries.into_iter().map(|e| self.ctx.inner.complete(e)).collect();
@@ -114,7 +114,7 @@ impl CompletionQueue {
                 self.ctx.inner.complete_direct(&wc);
                 out.push(wc);
             }
-            return self.finish_poll(out, max);
+            return self.finish_poll(out, max, more);
         }
         if left > 0 {
             let took = self.ctx.inner.arena.consume::<CqEntry>(&ring, left, |e| {
@@ -132,12 +132,14 @@ impl CompletionQueue {
         }
         drop(ring);
         let out = entries.into_iter().map(|e| self.ctx.inner.complete(e)).collect();
-        self.finish_poll(out, max)
+        self.finish_poll(out, max, false)
     }
 
     /// The end of a poll that took `out`: the completions of the XRC SRQs it serves, if room is
-    /// left (on a provider: verbs::xrc); then, when anything came, the handoff ends.
-    fn finish_poll(&self, mut out: Vec<WorkCompletion>, max: u32) -> Result<Vec<WorkCompletion>> {
+    /// left (on a provider: verbs::xrc); then, when anything came, the handoff ends: at once, or
+    /// after the application's next send when it got a message or `more` completions wait in
+    /// another of its CQs (it is about to answer or to poll again, not to spin on memory).
+    fn finish_poll(&self, mut out: Vec<WorkCompletion>, max: u32, more: bool) -> Result<Vec<WorkCompletion>> {
         if let Some(t) = self.xrc.get() {
             let left = max as usize - out.len();
             if left > 0 {
@@ -146,8 +148,13 @@ impl CompletionQueue {
         }
         if !out.is_empty() {
             // What the application waited for came: it may now wait on memory that only the
-            // device thread can fill, which therefore takes the socket back.
-            self.ctx.inner.end_handoff();
+            // device thread can fill, which therefore takes the socket back. After a message
+            // received (or with completions waiting elsewhere), once the answer the
+            // application most likely posts next has left.
+            let received = out.iter().any(|wc| {
+                wc.status == WcStatus::Success && matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
+            });
+            self.ctx.inner.end_handoff_after(received || more);
         }
         Ok(out)
     }
