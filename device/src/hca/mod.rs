@@ -475,6 +475,8 @@ pub(crate) struct Shared {
     /// A poll returned receive completions while the socket was handed off: the handoff ends
     /// after that thread's next send has left (see `Hca::end_handoff_after_post`), not before it.
     end_after_post: AtomicBool,
+    /// An application thread posted a send since the last poll that returned completions.
+    posted_since_poll: AtomicBool,
     /// `State::tx_owed`, readable without the lock.
     tx_owed: AtomicBool,
     epoch: std::time::Instant,
@@ -700,6 +702,7 @@ impl Hca {
             handed_off: AtomicBool::new(false),
             last_drive_ns: std::sync::atomic::AtomicU64::new(0),
             end_after_post: AtomicBool::new(false),
+            posted_since_poll: AtomicBool::new(false),
             tx_owed: AtomicBool::new(false),
             // The state's epoch: `last_drive_ns` compares with the state's clock.
             epoch,

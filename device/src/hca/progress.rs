@@ -324,8 +324,12 @@ impl Hca {
     /// [`Progress::DeviceThread`] device it does the same work, which the device thread would
     /// have done a little later.
     pub fn drive(&self, receive: bool) -> usize {
+        self.drive_locked(&mut self.shared.lock(), receive)
+    }
+
+    /// [`Hca::drive`] with the state's lock held.
+    fn drive_locked(&self, st: &mut State, receive: bool) -> usize {
         let sh = &self.shared;
-        let mut st = sh.lock();
         // One clock read for the call (between receive batches, one more each).
         let (now, held) = st.hold_clock();
         if receive && sh.progress == Progress::Application && !sh.handoff_idle.is_zero() {
@@ -334,7 +338,7 @@ impl Hca {
             // thread that reads the socket takes it: one that posts and then spins on memory (an
             // RDMA WRITE's last byte) needs the device thread there.
             sh.last_drive_ns.store(now.as_nanos(), Ordering::Relaxed);
-            set_handoff(sh, &st, true);
+            set_handoff(sh, st, true);
         }
         st.pump();
         let mut received = 0;
@@ -369,9 +373,9 @@ impl Hca {
         sh.tx_owed.store(st.tx_owed, Ordering::Relaxed);
         if !receive && sh.end_after_post.load(Ordering::Relaxed) {
             // A send after a poll that deferred the handoff's end: it has left, the end is due.
-            set_handoff(sh, &st, false);
+            set_handoff(sh, st, false);
         }
-        Hca::wake_for_timers(sh, &st);
+        Hca::wake_for_timers(sh, st);
         st.release_clock(held);
         received
     }
@@ -383,11 +387,15 @@ impl Hca {
     /// CQs). With them, whether another of `owner`'s CQs holds completions now (its next poll
     /// is then most likely near: see [`Hca::end_handoff_after_post`]; only asked of owners with
     /// a few CQs).
+    ///
+    /// With `drive`, a poll that finds the CQ empty drives the device ([`Hca::drive`] with
+    /// receive) and looks again, all under one taking of the state's lock.
     pub fn poll_cq(
         &self,
         owner: u32,
         cq: CqId,
         max: usize,
+        drive: bool,
     ) -> Option<(Vec<softrdma_engine::wr::WorkCompletion>, bool)> {
         let mut st = self.shared.lock();
         if !st.clients.get(&owner).is_some_and(|c| c.direct_cqs.contains_key(&cq))
@@ -396,7 +404,12 @@ impl Hca {
             return None;
         }
         st.dev.memory().flush();
-        let out = st.dev.poll_cq(cq, max);
+        let mut out = st.dev.poll_cq(cq, max);
+        if out.is_empty() && drive {
+            self.drive_locked(&mut st, true);
+            st.dev.memory().flush();
+            out = st.dev.poll_cq(cq, max);
+        }
         let mut more = false;
         if !out.is_empty() {
             if let Some(c) = st.clients.get(&owner).filter(|c| c.direct_cqs.len() <= 8) {
@@ -416,18 +429,26 @@ impl Hca {
         }
     }
 
-    /// An application thread's poll returned receive completions: it got a message and will
-    /// most likely answer it. The handoff then ends after that thread's next send has left
-    /// (`Hca::drive_post`, `Hca::post_send`), so that the `epoll_ctl` giving the socket back to
-    /// the progress thread is not between the message and its answer (0.5-0.7 us of a provider
-    /// one-way: BENCHMARKS.md, "Where a provider one-way goes"). A thread that polls again first
-    /// keeps the socket (no system call at all); one that does neither has the progress thread
-    /// back on the socket after [`END_AFTER_POST_WAIT`] at its next look (within
-    /// [`TX_DEFER`]). No lock, no system call.
-    pub fn end_handoff_after_post(&self) {
+    /// An application thread's poll returned completions. With `answer_likely` (it got a
+    /// message, or more completions wait in its other CQs) and a send posted since its last
+    /// completions or a deferral pending (a ping-pong: it answers what it gets), the handoff ends after that thread's
+    /// next send has left (`Hca::drive_post`, `Hca::post_send`), so that the `epoll_ctl`
+    /// giving the socket back to the progress thread is not between the message and its answer
+    /// (0.5-0.7 us of a provider one-way: BENCHMARKS.md, "Where a provider one-way goes"). A
+    /// thread that polls again first keeps the socket (no system call at all); one that does
+    /// neither has the progress thread back on the socket after [`END_AFTER_POST_WAIT`] at its
+    /// next look (within [`TX_DEFER`]). Otherwise as [`Hca::end_handoff`]: a stream's receiver,
+    /// which posts no sends, leaves the progress thread the socket and the datagrams waiting
+    /// there (the two then work on two cores).
+    pub fn end_handoff_after_poll(&self, answer_likely: bool) {
         let sh = &self.shared;
-        if sh.handed_off.load(Ordering::Relaxed) {
+        // A deferral pending from the poll before (the send's completion, then the message, on
+        // two CQs) stays.
+        let posted = sh.posted_since_poll.swap(false, Ordering::Relaxed) || sh.end_after_post.load(Ordering::Relaxed);
+        if answer_likely && posted && sh.handed_off.load(Ordering::Relaxed) {
             sh.end_after_post.store(true, Ordering::Relaxed);
+        } else {
+            self.end_handoff();
         }
     }
 
@@ -501,6 +522,7 @@ impl Hca {
     /// [`Hca::drive_post`]).
     fn posted(&self, st: &mut State, now: softrdma_engine::time::Instant, qpn: Qpn, stream: bool) {
         st.posted_send = true;
+        self.shared.posted_since_poll.store(true, Ordering::Relaxed);
         st.last_post = Some(now);
         if stream && st.dev.awaiting_response(qpn) {
             let moved = st.service_rings();

@@ -102,12 +102,9 @@ impl CompletionQueue {
         self.ctx.inner.posting.store(false, Ordering::Relaxed);
         let left = max as usize - entries.len();
         // A provider's CQ: straight from its engine (nothing in its ring); when empty, this poll
-        // makes the device progress and looks again.
-        let direct = if left > 0 { self.ctx.inner.poll_direct(self.id, left) } else { None };
-        if let Some((mut direct, mut more)) = direct {
-            if direct.is_empty() && entries.is_empty() && self.ctx.inner.drive(true) {
-                (direct, more) = self.ctx.inner.poll_direct(self.id, left).unwrap_or_default();
-            }
+        // makes the device progress and looks again (under one taking of the device's lock).
+        let direct = if left > 0 { self.ctx.inner.poll_direct(self.id, left, entries.is_empty()) } else { None };
+        if let Some((direct, more)) = direct {
             drop(ring);
             let mut out: Vec<WorkCompletion> = entries.into_iter().map(|e| self.ctx.inner.complete(e)).collect();
             for wc in direct {
@@ -154,7 +151,7 @@ impl CompletionQueue {
             let received = out.iter().any(|wc| {
                 wc.status == WcStatus::Success && matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
             });
-            self.ctx.inner.end_handoff_after(received || more);
+            self.ctx.inner.end_handoff_after_poll(received || more);
         }
         Ok(out)
     }

@@ -453,12 +453,13 @@ impl Inner {
     /// On a device the application drives: up to `max` completions of CQ `cq` straight from
     /// its engine ([`Hca::poll_cq`]); None for every other device (its completions come
     /// through the CQ's ring). With them, whether another CQ of this context holds completions.
+    /// With `drive`, a poll that finds nothing drives the device and looks again.
     #[cfg_attr(not(feature = "embedded"), allow(unused_variables))]
-    fn poll_direct(&self, cq: CqId, max: usize) -> Option<(Vec<WorkCompletion>, bool)> {
+    fn poll_direct(&self, cq: CqId, max: usize, drive: bool) -> Option<(Vec<WorkCompletion>, bool)> {
         match &self.backend {
             #[cfg(feature = "embedded")]
             Backend::Embedded { hca, owner, .. } if hca.progress() == crate::hca::Progress::Application => {
-                hca.poll_cq(*owner, cq, max)
+                hca.poll_cq(*owner, cq, max, drive)
             }
             _ => None,
         }
@@ -467,20 +468,19 @@ impl Inner {
     /// On a device the application drives: this thread stops polling for now (see
     /// `Hca::end_handoff`); nothing for every other device.
     fn end_handoff(&self) {
-        self.end_handoff_after(false);
-    }
-
-    /// As [`Inner::end_handoff`], or with `post`, after this thread's next send has left (see
-    /// `Hca::end_handoff_after_post`).
-    #[cfg_attr(not(feature = "embedded"), allow(unused_variables))]
-    fn end_handoff_after(&self, post: bool) {
         #[cfg(feature = "embedded")]
         if let Backend::Embedded { hca, .. } = &self.backend {
-            if post {
-                hca.end_handoff_after_post();
-            } else {
-                hca.end_handoff();
-            }
+            hca.end_handoff();
+        }
+    }
+
+    /// After a poll that returned completions: as [`Inner::end_handoff`], or when an answer is
+    /// `likely`, after this thread's next send has left (see `Hca::end_handoff_after_poll`).
+    #[cfg_attr(not(feature = "embedded"), allow(unused_variables))]
+    fn end_handoff_after_poll(&self, likely: bool) {
+        #[cfg(feature = "embedded")]
+        if let Backend::Embedded { hca, .. } = &self.backend {
+            hca.end_handoff_after_poll(likely);
         }
     }
 
