@@ -267,6 +267,73 @@ fn application_driven_polls_hand_the_socket_back() {
     write(&mut c, &d, 1, 1);
 }
 
+/// A thread that answers what it receives (it posted a send since its last completions) and
+/// whose poll returns a message keeps the socket until its next send has left
+/// (`Hca::end_handoff_after_poll`: the `epoll_ctl` is then not between a message and its answer).
+/// One that makes no call after all (it spins on memory) has the progress thread back on the
+/// socket within `END_AFTER_POST_WAIT` at that thread's next look: b's application makes no call
+/// while a WRITEs, with a handoff that would otherwise last 60 s and a's retry_cnt 1 with a
+/// 67 ms timer (a socket left handed off ends in RETRY_EXC_ERR). Then the ping-pong goes on: b's
+/// next poll and send work as before.
+#[test]
+fn a_deferred_handoff_end_comes_without_the_post() {
+    let dev = |name: &str, addr: IpAddr| {
+        app_device(name, addr, 47957, |c| {
+            c.seed = Some(47957);
+            c.handoff_idle = Duration::from_secs(60);
+        })
+    };
+    let (da, db) = (dev("later0", A), dev("later1", B));
+    let (mut a, mut b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
+    let o = ConnectOptions { mtu: Mtu::Mtu1024, timeout: 14, retry_cnt: 1, ..ConnectOptions::default() };
+    a.qp.connect(100, &b.qp.endpoint(900), &o).unwrap();
+    b.qp.connect(900, &a.qp.endpoint(100), &o).unwrap();
+    for round in 0..3u64 {
+        a.qp.post_recv(vec![RecvWr { wr_id: 10 + round, sg_list: vec![a.mr.sge(200_000..200_064)] }]).unwrap();
+        b.qp.post_recv(vec![RecvWr { wr_id: 20 + round, sg_list: vec![b.mr.sge(0..64)] }]).unwrap();
+        // b posts first (a ping-pong's answering side; unsignaled, so that the poll that ends
+        // its wait returns the message alone), then polls until a's SEND arrives.
+        let mut pong = SendWr::new(30 + round, SendOp::Send, vec![b.mr.sge(64..128)]);
+        pong.signaled = false;
+        b.qp.post_send(vec![pong]).unwrap();
+        let poller = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            let t0 = Instant::now();
+            while !got.contains(&(20 + round)) {
+                for w in b.cq.poll(4).unwrap() {
+                    assert_eq!(w.status, WcStatus::Success, "{w:?}");
+                    got.push(w.wr_id);
+                }
+                assert!(t0.elapsed() < T, "round {round}: {got:?}");
+            }
+            (b, got)
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        a.qp.post_send(vec![SendWr::new(40 + round, SendOp::Send, vec![a.mr.sge(0..64)])]).unwrap();
+        let (back, got_b) = poller.join().unwrap();
+        b = back;
+        // b now makes no call: a's WRITE is served by b's progress thread, or fails.
+        let data = pattern(8192, round as u8);
+        a.mr.as_mut_slice()[..data.len()].copy_from_slice(&data);
+        let wr = SendOp::Write { remote_addr: b.mr.addr() + 4096, rkey: b.mr.rkey() };
+        a.qp.post_send(vec![SendWr::new(50 + round, wr, vec![a.mr.sge(0..data.len())])]).unwrap();
+        let mut got = Vec::new();
+        while !got.contains(&(50 + round)) {
+            let w = one(&a.cq);
+            assert_eq!(w.status, WcStatus::Success, "round {round}: {w:?}");
+            got.push(w.wr_id);
+        }
+        assert_eq!(&b.mr.as_slice()[4096..4096 + data.len()], &data[..]);
+        // The rest of the round: a's receive of b's SEND, a's SEND.
+        while !got.contains(&(10 + round)) || !got.contains(&(40 + round)) {
+            let w = one(&a.cq);
+            assert_eq!(w.status, WcStatus::Success, "round {round}: {w:?}");
+            got.push(w.wr_id);
+        }
+        assert_eq!(got_b, [20 + round], "round {round}");
+    }
+}
+
 /// An application's poll returns the completions of what it received before the answers leave
 /// (`Hca::drive`): the next post sends them after its own request, in one GSO send, and an
 /// application that makes no further call has them sent by its progress thread after
