@@ -341,16 +341,18 @@ pub(crate) fn stat(name: &str, json: bool) -> Result<ExitCode> {
         for (k, v) in rows {
             writeln!(io::stdout().lock(), "{k:<24}{v}")?;
         }
-        // rdma_cm multicast: each group, its members on this device, and whether the device is
-        // a member of the IP group (the kernel's IGMP membership).
+        // rdma_cm multicast: each group, its members on this device, whether the device is a
+        // member of the IP group (the kernel's IGMP membership), and the provider processes with
+        // QPs attached that the daemon passes its datagrams on to.
         for g in &groups {
             let ip = if g.ip_member { "yes" } else { "no" };
             writeln!(
                 io::stdout().lock(),
-                "mcast_group             {} full {} send_only {} ip_member {ip}",
+                "mcast_group             {} full {} send_only {} ip_member {ip} providers {}",
                 g.group,
                 g.full,
-                g.send_only
+                g.send_only,
+                g.providers
             )?;
         }
     }

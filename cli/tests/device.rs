@@ -849,3 +849,56 @@ fn a_providers_cq_holds_cqe_completions_then_overruns() {
         (1..=4).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>()
     );
 }
+
+/// A provider's QPs attached to a multicast group: the daemon passes the group's datagrams to
+/// the process while any of its QPs is attached, and stops when the last one detaches or is
+/// destroyed attached (ibv_destroy_qp detaches, as the kernel's uverbs does). Attaching a QP
+/// twice is one attachment (as in the engine and in rxe): one detach ends it. `softrdma stat`
+/// shows the count per group ("providers").
+#[test]
+fn a_providers_multicast_attachments_are_passed_on_while_a_qp_is_attached() {
+    use softrdma_device::verbs::*;
+    let (_base, rt) = rtdir();
+    let rt = rt.as_path();
+    let _g = up(rt, "mq", "127.0.0.1", 47958, &[]);
+    let providers = |g: &str| -> u64 {
+        let s = stat(rt, "mq");
+        s["mcast_groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["group"] == g)
+            .map_or(0, |e| e["providers"].as_u64().unwrap())
+    };
+    let ctx = Context::provider_in(rt, "mq").unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16, None).unwrap();
+    let qa = pd.qp_builder(QpType::Ud, &cq).build().unwrap();
+    let qb = pd.qp_builder(QpType::Ud, &cq).build().unwrap();
+    let (g, h): (std::net::IpAddr, std::net::IpAddr) = ("239.1.2.3".parse().unwrap(), "239.1.2.4".parse().unwrap());
+    assert_eq!(providers("239.1.2.3"), 0);
+    qa.attach_mcast(g).unwrap();
+    qa.attach_mcast(g).unwrap();
+    qb.attach_mcast(g).unwrap();
+    qb.attach_mcast(h).unwrap();
+    assert_eq!((providers("239.1.2.3"), providers("239.1.2.4")), (1, 1));
+    // One detach ends qa's double attachment; qb still holds the process in the group.
+    qa.detach_mcast(g).unwrap();
+    assert!(matches!(qa.detach_mcast(g), Err(Error::Verbs(VerbsError::Inval))), "qa is no longer attached");
+    assert_eq!(providers("239.1.2.3"), 1);
+    // qb destroyed while attached to both.
+    drop(qb);
+    assert_eq!((providers("239.1.2.3"), providers("239.1.2.4")), (0, 0));
+    qa.attach_mcast(h).unwrap();
+    assert_eq!(providers("239.1.2.4"), 1);
+    // The process's end (its context closed) ends its attachments too.
+    drop(qa);
+    drop(cq);
+    drop(pd);
+    drop(ctx);
+    let t = Instant::now();
+    while providers("239.1.2.4") != 0 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(providers("239.1.2.4"), 0);
+}

@@ -143,6 +143,7 @@ impl Groups {
                 full: gr.joins.iter().filter(|j| !j.send_only).count() as u32,
                 send_only: gr.joins.iter().filter(|j| j.send_only).count() as u32,
                 ip_member: gr.sock.is_some(),
+                providers: 0,
             })
             .collect()
     }
@@ -169,7 +170,7 @@ mod tests {
         gs.join(1, 10, IpAddr::V4(g), false, LO, 0).unwrap();
         gs.join(2, 20, IpAddr::V4(g), false, LO, 0).unwrap();
         gs.join(2, 21, IpAddr::V4(g), true, LO, 0).unwrap();
-        assert_eq!(gs.info()[0], GroupInfo { group: g, full: 2, send_only: 1, ip_member: true });
+        assert_eq!(gs.info()[0], GroupInfo { group: g, full: 2, send_only: 1, ip_member: true, providers: 0 });
         assert!(igmp_has(g), "the device joined the IP group");
         // The first leaves: the other still holds the membership.
         gs.leave(1, 10, IpAddr::V4(g)).unwrap();

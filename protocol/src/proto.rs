@@ -33,6 +33,9 @@ pub struct GroupInfo {
     pub send_only: u32,
     /// Whether the device is a member of the IP group.
     pub ip_member: bool,
+    /// Provider processes with QPs attached to the group, to which the daemon passes its
+    /// datagrams.
+    pub providers: u32,
 }
 
 /// One `softrdma stat` row per counter.
@@ -57,7 +60,7 @@ pub struct PathStats {
 }
 
 /// The protocol version; `Hello` with another one is refused.
-pub const VERSION: u32 = 10;
+pub const VERSION: u32 = 11;
 
 /// A request of the device to a client's memory helper (the fallback of design D3 where the
 /// kernel refuses cross-process access: the client serves its own memory on a socket pair).

@@ -585,7 +585,25 @@ impl State {
                 let _ = c.event_fd.write(1);
                 ok(R::Ok)
             }
-            Request::McastGroups => ok(R::McastGroups(self.groups.info())),
+            Request::McastGroups => {
+                // The rdma_cm joins, and the providers the daemon passes each group on to (a
+                // provider's QP may be attached to a group no ID of this device joined).
+                let mut info = self.groups.info();
+                for (group, n) in self.relay.group_members() {
+                    match info.iter_mut().find(|i| i.group == group) {
+                        Some(i) => i.providers = n,
+                        None => info.push(crate::proto::GroupInfo {
+                            group,
+                            full: 0,
+                            send_only: 0,
+                            ip_member: false,
+                            providers: n,
+                        }),
+                    }
+                }
+                info.sort_by_key(|i| i.group);
+                ok(R::McastGroups(info))
+            }
             Request::BlockSelfMcastLb(qpn) => {
                 mine!(qps, qpn);
                 self.dev.set_block_self_mcast_lb(qpn)?;

@@ -113,6 +113,11 @@ impl Relay {
         self.groups.retain(|_, m| !m.is_empty());
     }
 
+    /// The daemon: each group it passes on, with how many providers it passes it to.
+    pub(super) fn group_members(&self) -> impl Iterator<Item = (Ipv4Addr, u32)> + '_ {
+        self.groups.iter().map(|(g, m)| (*g, m.len() as u32))
+    }
+
     /// The daemon: passes a datagram of `group` from `from` to every member with QPs attached
     /// to it. Returns the frames sent and those lost (a full link drops, as a full socket would).
     pub(super) fn pass_group(&self, from: SocketAddr, group: Ipv4Addr, payload: &[u8]) -> (u64, u64) {

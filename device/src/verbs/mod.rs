@@ -129,6 +129,10 @@ struct Inner {
     /// A provider's XRC side (`xrc`): opened at its first `ibv_open_xrcd`.
     xrc: std::sync::OnceLock<xrc::XrcSide>,
     xrc_opening: std::sync::Mutex<()>,
+    /// A provider's QPs attached to multicast groups: the daemon passes a group's datagrams to
+    /// this process while any QP of it is attached, told once at the first attach and once at
+    /// the last detach or destroy (attaching twice is one attachment, as in the engine).
+    mcast: std::sync::Mutex<std::collections::BTreeSet<(IpAddr, Qpn)>>,
 }
 
 /// Receives up to this size have their data staged by the device in the shared arena and
@@ -188,6 +192,7 @@ impl Inner {
             daemon_at: None,
             xrc: std::sync::OnceLock::new(),
             xrc_opening: std::sync::Mutex::new(()),
+            mcast: std::sync::Mutex::new(std::collections::BTreeSet::new()),
         })
     }
 
@@ -531,6 +536,36 @@ impl Inner {
 
     /// A provider's QP attached to or detached from `group`: tells the daemon, which passes the
     /// group's datagrams on (nothing to tell for other contexts).
+    /// QP `qpn` attached to `group` (`on`) or detached from it, in the engine: tells a
+    /// provider's daemon when the process's first QP attaches to the group or its last leaves.
+    fn mcast_attached(&self, qpn: Qpn, group: IpAddr, on: bool) -> Result<()> {
+        let mut set = self.mcast.lock().unwrap_or_else(|e| e.into_inner());
+        let others = |set: &std::collections::BTreeSet<(IpAddr, Qpn)>| set.iter().any(|&(g, q)| g == group && q != qpn);
+        if on {
+            if set.contains(&(group, qpn)) {
+                return Ok(());
+            }
+            if !others(&set) {
+                self.mcast_relay(group, true)?;
+            }
+            set.insert((group, qpn));
+        } else if set.remove(&(group, qpn)) && !others(&set) {
+            self.mcast_relay(group, false)?;
+        }
+        Ok(())
+    }
+
+    /// QP `qpn` is destroyed: it leaves every group it was attached to.
+    fn mcast_forget(&self, qpn: Qpn) {
+        let groups: Vec<IpAddr> = {
+            let set = self.mcast.lock().unwrap_or_else(|e| e.into_inner());
+            set.iter().filter(|&&(_, q)| q == qpn).map(|&(g, _)| g).collect()
+        };
+        for g in groups {
+            let _ = self.mcast_attached(qpn, g, false);
+        }
+    }
+
     fn mcast_relay(&self, group: IpAddr, on: bool) -> Result<()> {
         #[cfg(feature = "embedded")]
         if let Backend::Embedded { daemon: Some(c), .. } = &self.backend {

@@ -354,10 +354,13 @@ impl QueuePair {
 
     /// `ibv_attach_mcast` (UD).
     pub fn attach_mcast(&self, group: IpAddr) -> Result<()> {
+        let again = self.ctx.inner.mcast.lock().unwrap_or_else(|e| e.into_inner()).contains(&(group, self.qpn));
         self.ctx.inner.call(Request::AttachMcast { qpn: self.qpn, group })?;
         // A provider's QP: the daemon receives the group's datagrams and passes them on.
-        if let Err(e) = self.ctx.inner.mcast_relay(group, true) {
-            let _ = self.ctx.inner.call(Request::DetachMcast { qpn: self.qpn, group });
+        if let Err(e) = self.ctx.inner.mcast_attached(self.qpn, group, true) {
+            if !again {
+                let _ = self.ctx.inner.call(Request::DetachMcast { qpn: self.qpn, group });
+            }
             return Err(e);
         }
         Ok(())
@@ -373,7 +376,7 @@ impl QueuePair {
     /// `ibv_detach_mcast` (UD).
     pub fn detach_mcast(&self, group: IpAddr) -> Result<()> {
         self.ctx.inner.call(Request::DetachMcast { qpn: self.qpn, group })?;
-        let _ = self.ctx.inner.mcast_relay(group, false);
+        let _ = self.ctx.inner.mcast_attached(self.qpn, group, false);
         Ok(())
     }
 
@@ -390,6 +393,7 @@ impl Drop for QueuePair {
             None => Request::DestroyQp(self.qpn),
         };
         self.ctx.inner.release(req);
+        self.ctx.inner.mcast_forget(self.qpn);
         self.purge_completions();
     }
 }
