@@ -309,6 +309,14 @@ fn progress_spin_time() -> std::time::Duration {
     })
 }
 
+/// Whether a poll may leave the handoff's end for the next send ([`Hca::end_handoff_after_poll`]):
+/// yes, unless $SOFTRDMA_END_AFTER_POST=0 (a tuning knob, read once, so that BENCHMARKS.md can
+/// compare both in one run).
+fn end_after_post_on() -> bool {
+    static S: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *S.get_or_init(|| std::env::var("SOFTRDMA_END_AFTER_POST").map_or(true, |v| v != "0"))
+}
+
 /// Whether the device yields the CPU between two looks while it spins: yes, unless
 /// $SOFTRDMA_SPIN_YIELD=0 (a tuning knob, read once).
 fn spin_yields() -> bool {
@@ -445,7 +453,7 @@ impl Hca {
         // A deferral pending from the poll before (the send's completion, then the message, on
         // two CQs) stays.
         let posted = sh.posted_since_poll.swap(false, Ordering::Relaxed) || sh.end_after_post.load(Ordering::Relaxed);
-        if answer_likely && posted && sh.handed_off.load(Ordering::Relaxed) {
+        if answer_likely && posted && end_after_post_on() && sh.handed_off.load(Ordering::Relaxed) {
             sh.end_after_post.store(true, Ordering::Relaxed);
         } else {
             self.end_handoff();
