@@ -41,10 +41,23 @@ impl Progress {
 /// after its last read by an application thread, when no poll ended the handoff before: a
 /// thread that polled an empty CQ and then went elsewhere without a completion (it sleeps on a
 /// channel it armed before, it spins on memory after giving up) has its device thread back on
-/// the socket within this time. The handoff ends at once when a poll returns completions (the
+/// the socket within this time, and the time to the progress thread's next look (at first
+/// within this time too, up to [`HANDOFF_LOOK_MAX`] after a long run of polls). The handoff ends at once when a poll returns completions (the
 /// application got what it waited for and may now spin on memory that only the device thread
 /// can fill: ib_write_lat's shape) and when a CQ is armed for a channel.
 pub const HANDOFF_IDLE: std::time::Duration = std::time::Duration::from_micros(200);
+
+/// The longest a [`Progress::Application`] device's progress thread sleeps between two looks at
+/// a socket handed off to an application thread that keeps reading it (4 ms). Each look that
+/// finds the thread still at it doubles the sleep from `min(handoff_idle, TX_DEFER)` up to this;
+/// the look that finds it gone starts again from there. Every
+/// look wakes this thread, which on a machine whose cores the application's threads keep busy
+/// preempts one of them: at a look every 200 us, ib_send_lat's p99 was 6-8x its median, and the
+/// p99 fell with the looks' spacing (BENCHMARKS.md, "The looks at a handed-off socket"). What a
+/// look bounds (the handoff's idle end, answers held back, a deferred end: see
+/// [`HANDOFF_IDLE`], [`TX_DEFER`], [`END_AFTER_POST_WAIT`]) is then bounded by this instead for
+/// an application thread that polled for a while and then stopped without a completion.
+pub(crate) const HANDOFF_LOOK_MAX: std::time::Duration = std::time::Duration::from_millis(4);
 
 /// The longest a [`Progress::Application`] device's progress thread sleeps (50 ms).
 const APPLICATION_TICK_NS: u64 = 50_000_000;
@@ -93,6 +106,9 @@ pub(super) fn run(sh: &Shared) {
     // Acknowledgements this (progress) thread received and holds back for the application's
     // next post, until this deadline (see `State::hold_for_post`).
     let mut holding: Option<softrdma_engine::time::Instant> = None;
+    // How long this thread sleeps between two looks at a handed-off socket (see HANDOFF_LOOK_MAX).
+    let look_base = (sh.handoff_idle.min(TX_DEFER).as_nanos() as u64).max(1);
+    let mut look_every = look_base;
     loop {
         if sh.stop.load(Ordering::SeqCst) {
             return;
@@ -110,10 +126,16 @@ pub(super) fn run(sh: &Shared) {
                 let wait = END_AFTER_POST_WAIT.as_nanos() as u64;
                 if since >= idle || (deferred && since >= wait) {
                     set_handoff(sh, &sh.lock(), false);
+                    look_every = look_base;
                     None
                 } else {
-                    // Answers held back by a poll wait at most TX_DEFER (see the main path).
-                    let rest = (idle - since).min(TX_DEFER.as_nanos() as u64);
+                    // The application thread still reads the socket: look again later, each
+                    // time twice as late up to HANDOFF_LOOK_MAX (the first looks come within
+                    // handoff_idle, at most TX_DEFER: the bound on answers a poll held back).
+                    let rest = look_every;
+                    if !woken {
+                        look_every = (look_every * 2).min(HANDOFF_LOOK_MAX.as_nanos() as u64).max(look_base);
+                    }
                     Some(if deferred { rest.min(wait - since) } else { rest })
                 }
             })
@@ -131,8 +153,15 @@ pub(super) fn run(sh: &Shared) {
             let ts = nix::sys::time::TimeSpec::from_duration(std::time::Duration::from_nanos(rest));
             let _ = nix::poll::ppoll(&mut fds, Some(ts), None);
             woken = fds.iter().any(|f| f.revents().is_some_and(|r| r.contains(PollFlags::POLLIN)));
-            // Answers a poll held back and no call sent since: the main path's pump sends them.
-            woken |= sh.tx_owed.load(Ordering::Relaxed);
+            // Answers a poll held back and no call sent since: the main path's pump sends them,
+            // unless the application thread read the socket within END_AFTER_POST_WAIT. That
+            // thread is at work and sends them with its next call (in a ping-pong answers are
+            // owed most of the time, between a poll and the post after it). Taking the lock and
+            // pumping then only preempts it: a look that pumped ran ~12 us (median) on a core a
+            // spinning program needed, 1,800 times a second (`perf sched timehist`), the source
+            // of ib_send_lat's p99.
+            let since = (sh.epoch.elapsed().as_nanos() as u64).saturating_sub(sh.last_drive_ns.load(Ordering::Relaxed));
+            woken |= sh.tx_owed.load(Ordering::Relaxed) && since >= END_AFTER_POST_WAIT.as_nanos() as u64;
             continue;
         }
         // The sockets of the last look go before this wait: one that a leave dropped meanwhile
