@@ -777,7 +777,16 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<ExitCode> {
         ),
     );
     // The seeds' LNet pattern (examples/c/lnet_bulk), next to ib_write_bw of this run.
-    let lnet = shim.join("../../examples/lnet_bulk");
+    // Where scripts/build-examples.sh puts it: the target dir's examples/, beside release/ (the
+    // executable's) or beside the shim's dir when that is target/release/shim.
+    let lnet = [
+        exe.parent().and_then(Path::parent).map(|t| t.join("examples/lnet_bulk")),
+        Some(shim.join("../../examples/lnet_bulk")),
+    ]
+    .into_iter()
+    .flatten()
+    .find(|p| p.is_file())
+    .unwrap_or_else(|| shim.join("../../examples/lnet_bulk"));
     let (peers, count) = if a.quick { (8u32, 4u32) } else { (8, 16) };
     if lnet.is_file() {
         eprintln!("softrdma bench: lnet_bulk {peers} peers across devices");
