@@ -570,7 +570,13 @@ impl Hca {
         self.shared.tx_owed.store(st.tx_owed, Ordering::Relaxed);
         if self.shared.end_after_post.load(Ordering::Relaxed) {
             // The answer to what the last poll returned has left (or waits in the stream for
-            // the next pump): the socket goes back to the progress thread now.
+            // the next pump): the socket goes back to the progress thread now. What came
+            // meanwhile is taken first (the rest of a run the poll read in part: the peer's
+            // GSO send arrives segment by segment), so that the socket's return does not wake
+            // the progress thread at once to race this thread for it.
+            if st.receive() > 0 {
+                st.pump();
+            }
             set_handoff(&self.shared, st, false);
         }
         Hca::wake_for_timers(&self.shared, st);
