@@ -53,7 +53,7 @@ mod relay;
 
 use self::fork::{register_member_fds, unregister_member_fds};
 use self::progress::*;
-pub use self::progress::{Progress, HANDOFF_IDLE, TX_DEFER};
+pub use self::progress::{Progress, END_AFTER_POST_WAIT, HANDOFF_IDLE, HANDOFF_LOOK_MAX, TX_DEFER};
 
 /// A descriptor an answer hands to its client (an event fd, a member socket of the steered port).
 pub type OutFd = Arc<dyn AsFd + Send + Sync>;
@@ -472,8 +472,9 @@ pub(crate) struct Shared {
     handoff_idle: std::time::Duration,
     /// When an application thread last read the socket (ns since `epoch`).
     last_drive_ns: std::sync::atomic::AtomicU64,
-    /// A poll returned receive completions while the socket was handed off: the handoff ends
-    /// after that thread's next send has left (see `Hca::end_handoff_after_post`), not before it.
+    /// A poll returned a message (or found more completions waiting) while the socket was handed
+    /// off: the handoff ends after that thread's next send has left (see
+    /// `Hca::end_handoff_after_poll`), not before it.
     end_after_post: AtomicBool,
     /// An application thread posted a send since the last poll that returned completions.
     posted_since_poll: AtomicBool,

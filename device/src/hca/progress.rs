@@ -42,22 +42,22 @@ impl Progress {
 /// thread that polled an empty CQ and then went elsewhere without a completion (it sleeps on a
 /// channel it armed before, it spins on memory after giving up) has its device thread back on
 /// the socket within this time, and the time to the progress thread's next look (at first
-/// within this time too, up to [`HANDOFF_LOOK_MAX`] after a long run of polls). The handoff ends at once when a poll returns completions (the
-/// application got what it waited for and may now spin on memory that only the device thread
-/// can fill: ib_write_lat's shape) and when a CQ is armed for a channel.
+/// within this time too, up to [`HANDOFF_LOOK_MAX`] after a long run of polls). The handoff
+/// ends at once when a poll returns completions (the application got what it waited for and may
+/// now spin on memory that only the device thread can fill: ib_write_lat's shape) and when a CQ
+/// is armed for a channel.
 pub const HANDOFF_IDLE: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// The longest a [`Progress::Application`] device's progress thread sleeps between two looks at
 /// a socket handed off to an application thread that keeps reading it (4 ms). Each look that
 /// finds the thread still at it doubles the sleep from `min(handoff_idle, TX_DEFER)` up to this;
-/// the look that finds it gone starts again from there. Every
-/// look wakes this thread, which on a machine whose cores the application's threads keep busy
-/// preempts one of them: at a look every 200 us, ib_send_lat's p99 was 6-8x its median, and the
+/// the look that finds it gone starts again from there. Every look wakes this thread, which on a
+/// machine whose cores the application's threads keep busy preempts one of them: at a look every 200 us, ib_send_lat's p99 was 6-8x its median, and the
 /// p99 fell with the looks' spacing (BENCHMARKS.md, "The looks at a handed-off socket"). What a
 /// look bounds (the handoff's idle end, answers held back, a deferred end: see
 /// [`HANDOFF_IDLE`], [`TX_DEFER`], [`END_AFTER_POST_WAIT`]) is then bounded by this instead for
 /// an application thread that polled for a while and then stopped without a completion.
-pub(crate) const HANDOFF_LOOK_MAX: std::time::Duration = std::time::Duration::from_millis(4);
+pub const HANDOFF_LOOK_MAX: std::time::Duration = std::time::Duration::from_millis(4);
 
 /// The longest a [`Progress::Application`] device's progress thread sleeps (50 ms).
 const APPLICATION_TICK_NS: u64 = 50_000_000;
@@ -120,7 +120,7 @@ pub(super) fn run(sh: &Shared) {
                 let idle = sh.handoff_idle.as_nanos() as u64;
                 let since =
                     (sh.epoch.elapsed().as_nanos() as u64).saturating_sub(sh.last_drive_ns.load(Ordering::Relaxed));
-                // A handoff whose end waits for a post that did not come (`end_handoff_after_post`)
+                // A handoff whose end waits for a post that did not come (`Hca::end_handoff_after_poll`)
                 // ends at this thread's next look after END_AFTER_POST_WAIT.
                 let deferred = sh.end_after_post.load(Ordering::Relaxed);
                 let wait = END_AFTER_POST_WAIT.as_nanos() as u64;
@@ -422,7 +422,7 @@ impl Hca {
     /// engine share the process). None when `cq` is not such a CQ of `owner`'s. Data that the
     /// packets behind them wrote is in place first (the pump flushes it too, before it looks at
     /// CQs). With them, whether another of `owner`'s CQs holds completions now (its next poll
-    /// is then most likely near: see [`Hca::end_handoff_after_post`]; only asked of owners with
+    /// is then most likely near: see [`Hca::end_handoff_after_poll`]; only asked of owners with
     /// a few CQs).
     ///
     /// With `drive`, a poll that finds the CQ empty drives the device ([`Hca::drive`] with
@@ -468,15 +468,15 @@ impl Hca {
 
     /// An application thread's poll returned completions. With `answer_likely` (it got a
     /// message, or more completions wait in its other CQs) and a send posted since its last
-    /// completions or a deferral pending (a ping-pong: it answers what it gets), the handoff ends after that thread's
-    /// next send has left (`Hca::drive_post`, `Hca::post_send`), so that the `epoll_ctl`
-    /// giving the socket back to the progress thread is not between the message and its answer
-    /// (0.5-0.7 us of a provider one-way: BENCHMARKS.md, "Where a provider one-way goes"). A
-    /// thread that polls again first keeps the socket (no system call at all); one that does
-    /// neither has the progress thread back on the socket after [`END_AFTER_POST_WAIT`] at its
-    /// next look (within [`TX_DEFER`]). Otherwise as [`Hca::end_handoff`]: a stream's receiver,
-    /// which posts no sends, leaves the progress thread the socket and the datagrams waiting
-    /// there (the two then work on two cores).
+    /// completions or a deferral pending (a ping-pong: it answers what it gets), the handoff
+    /// ends after that thread's next send has left (`Hca::drive_post`, `Hca::post_send`), so
+    /// that the `epoll_ctl` giving the socket back to the progress thread is not between the
+    /// message and its answer (0.5-0.7 us of a provider one-way: BENCHMARKS.md, "Where a
+    /// provider one-way goes"). A thread that polls again first keeps the socket (no system
+    /// call at all); one that does neither has the progress thread back on the socket after
+    /// [`END_AFTER_POST_WAIT`] at its next look (within [`HANDOFF_LOOK_MAX`]). Otherwise as
+    /// [`Hca::end_handoff`]: a stream's receiver, which posts no sends, leaves the progress
+    /// thread the socket and the datagrams waiting there (the two then work on two cores).
     pub fn end_handoff_after_poll(&self, answer_likely: bool) {
         let sh = &self.shared;
         // A deferral pending from the poll before (the send's completion, then the message, on
@@ -592,9 +592,9 @@ impl Hca {
 pub const TX_DEFER: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// How long after its last read of the socket a thread whose poll deferred the handoff's end
-/// ([`Hca::end_handoff_after_post`]) may go without a post before the progress thread takes the
+/// ([`Hca::end_handoff_after_poll`]) may go without a post before the progress thread takes the
 /// socket back at its next look.
-pub(crate) const END_AFTER_POST_WAIT: std::time::Duration = std::time::Duration::from_micros(20);
+pub const END_AFTER_POST_WAIT: std::time::Duration = std::time::Duration::from_micros(20);
 
 /// How recently an application thread must have posted a send for the progress thread to hold
 /// back the acknowledgements it receives for that thread's next post (`State::hold_for_post`):
