@@ -684,3 +684,54 @@ fn application_driven_posts_fail_at_the_request_refused_and_keep_the_ones_before
     std::thread::sleep(Duration::from_millis(20));
     assert!(a.cq.poll(16).unwrap().is_empty());
 }
+
+/// The count of armed CQs that lets a progress thread keep looking while the application sleeps
+/// on a channel (`Hca::armed_cqs`): arming counts once however often it is repeated, the event
+/// disarms, and a CQ destroyed armed, or one of a context that goes, no longer counts. A count
+/// left too high would keep a progress thread spinning after every packet for good; one that
+/// went below zero would panic the device.
+#[test]
+fn armed_cqs_are_counted_from_arming_to_event_or_destroy() {
+    let dev = |name: &str, addr: IpAddr| app_device(name, addr, 47959, |c| c.seed = Some(47959));
+    let (da, db) = (dev("arm0", A), dev("arm1", B));
+    let (a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
+    let o = ConnectOptions { mtu: Mtu::Mtu1024, ..ConnectOptions::default() };
+    let ch = b._ctx.create_comp_channel().unwrap();
+    let cq = b._ctx.create_cq(16, Some(&ch)).unwrap();
+    let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    let qb = b._pd.qp_builder(QpType::Rc, &cq).caps(caps).build().unwrap();
+    let qa = a._pd.qp_builder(QpType::Rc, &a.cq).caps(caps).build().unwrap();
+    qa.connect(1, &qb.endpoint(2), &o).unwrap();
+    qb.connect(2, &qa.endpoint(1), &o).unwrap();
+    assert_eq!(db.armed_cqs(), 0);
+    cq.req_notify(false).unwrap();
+    cq.req_notify(true).unwrap();
+    assert_eq!(db.armed_cqs(), 1, "arming twice counts once");
+    // A second armed CQ on the same channel, and one on a CQ without a channel is refused.
+    let cq2 = b._ctx.create_cq(16, Some(&ch)).unwrap();
+    cq2.req_notify(false).unwrap();
+    assert_eq!(db.armed_cqs(), 2);
+    assert!(b.cq.req_notify(false).is_err());
+    assert_eq!(db.armed_cqs(), 2);
+    // The event for a SEND disarms cq (solicited-only arming: a's SEND is solicited).
+    qb.post_recv(vec![RecvWr { wr_id: 7, sg_list: vec![b.mr.sge(0..64)] }]).unwrap();
+    let mut wr = SendWr::new(8, SendOp::Send, vec![a.mr.sge(0..64)]);
+    wr.solicited = true;
+    qa.post_send(vec![wr]).unwrap();
+    assert_eq!(one(&a.cq).status, WcStatus::Success);
+    assert_eq!(ch.get_cq_event(Some(T)).unwrap(), Some(cq.id()));
+    assert_eq!(one(&cq).wr_id, 7);
+    assert_eq!(db.armed_cqs(), 1, "cq's event disarmed it; cq2 stays armed");
+    // cq2 destroyed while armed.
+    drop(cq2);
+    assert_eq!(db.armed_cqs(), 0);
+    // Armed again, then the whole context goes (its process's cleanup).
+    cq.req_notify(false).unwrap();
+    assert_eq!(db.armed_cqs(), 1);
+    drop((qb, cq, ch, b));
+    let t0 = Instant::now();
+    while db.armed_cqs() != 0 && t0.elapsed() < T {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(db.armed_cqs(), 0, "a departed context's armed CQ still counted");
+}

@@ -490,16 +490,19 @@ impl State {
             }
         }
         let mut fired = Vec::new();
+        let mut disarmed = 0;
         for (cq, w) in self.cqs.iter_mut() {
             let Some(n) = self.dev.cq_counts(*cq) else { continue };
             let now = if w.solicited_only { n.solicited } else { n.added };
             if w.armed && now > w.seen {
                 w.armed = false;
+                disarmed += 1;
                 if let Some(ch) = w.channel {
                     fired.push((ch, *cq));
                 }
             }
         }
+        self.armed_cqs -= disarmed;
         for (ch, cq) in fired {
             if let Some(c) = self.channels.get_mut(&ch) {
                 c.events.push_back(cq);

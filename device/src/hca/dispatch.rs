@@ -325,6 +325,7 @@ impl State {
                     c.give_back(&r);
                 }
                 if let Some(w) = self.cqs.remove(&cq) {
+                    self.armed_cqs -= usize::from(w.armed);
                     // Events of the CQ still queued on its channel go with it.
                     if let Some(ch) = w.channel.and_then(|c| self.channels.get_mut(&c)) {
                         ch.events.retain(|c| *c != cq);
@@ -341,6 +342,9 @@ impl State {
                 }
                 // IBTA 11.4.2.2 / ibv_req_notify_cq(3): the next completion, or with
                 // solicited_only the next solicited receive or unsuccessful completion.
+                if !w.armed {
+                    self.armed_cqs += 1;
+                }
                 w.armed = true;
                 w.solicited_only = solicited_only;
                 w.seen = if solicited_only { n.solicited } else { n.added };
@@ -557,6 +561,7 @@ impl State {
                 // Fires as route_events fires for the CQ's own completions: once per arming.
                 if w.armed {
                     w.armed = false;
+                    self.armed_cqs -= 1;
                     if let Some(c) = w.channel.and_then(|ch| self.channels.get_mut(&ch)) {
                         c.events.push_back(cq);
                         let _ = c.fd.write(1);
@@ -765,7 +770,9 @@ impl State {
         }
         for cq in &ob.cqs {
             let _ = self.dev.destroy_cq(*cq);
-            self.cqs.remove(cq);
+            if let Some(w) = self.cqs.remove(cq) {
+                self.armed_cqs -= usize::from(w.armed);
+            }
         }
         for mr in &ob.mrs {
             let _ = self.dev.dereg_mr(*mr);

@@ -53,7 +53,7 @@ mod relay;
 
 use self::fork::{register_member_fds, unregister_member_fds};
 use self::progress::*;
-pub use self::progress::{Progress, END_AFTER_POST_WAIT, HANDOFF_IDLE, HANDOFF_LOOK_MAX, TX_DEFER};
+pub use self::progress::{Progress, END_AFTER_POST_WAIT, HANDOFF_IDLE, HANDOFF_LOOK_MAX, PROGRESS_SPIN, TX_DEFER};
 
 /// A descriptor an answer hands to its client (an event fd, a member socket of the steered port).
 pub type OutFd = Arc<dyn AsFd + Send + Sync>;
@@ -396,6 +396,10 @@ struct State {
     channels: HashMap<u32, Channel>,
     next_channel: u32,
     cqs: HashMap<CqId, CqWatch>,
+    /// How many of `cqs` are armed: a thread of a client waits for a completion event (a
+    /// [`Progress::Application`] device's progress thread then keeps looking for a while after
+    /// work, since no application thread drives it: see `progress_spin_time`).
+    armed_cqs: usize,
     /// Shared XRC domain files by (st_dev, st_ino), kept open while their domain lives.
     xrcd_files: HashMap<(u64, u64), File>,
     /// rdma_cm multicast joins and the IP group memberships behind them.
@@ -669,6 +673,7 @@ impl Hca {
             channels: HashMap::new(),
             next_channel: 1,
             cqs: HashMap::new(),
+            armed_cqs: 0,
             xrcd_files: HashMap::new(),
             groups: Default::default(),
             buf: vec![0u8; 4096 + 256],
@@ -814,6 +819,13 @@ impl Hca {
     /// How many clients are attached (`softrdma stat`'s own connection included while it asks).
     pub fn client_count(&self) -> usize {
         self.shared.lock().clients.len()
+    }
+
+    /// How many CQs are armed for a completion event (`ibv_req_notify_cq` since their last
+    /// event): while any is, a [`Progress::Application`] device's progress thread keeps looking
+    /// for [`PROGRESS_SPIN`] after work instead of blocking at once.
+    pub fn armed_cqs(&self) -> usize {
+        self.shared.lock().armed_cqs
     }
 
     /// Engine counters, device-layer counters and injected faults.

@@ -180,8 +180,19 @@ pub(super) fn run(sh: &Shared) {
                 st.pump();
             }
             // Spin after activity: the device thread for spin_time(); a progress thread for
-            // progress_spin_time() and only while no application thread reads the socket.
-            let spin_for = if application { progress_spin_time() } else { spin_time() };
+            // progress_spin_time(), only while no application thread reads the socket and a
+            // thread of the application waits for a completion event (a CQ is armed): then no
+            // call of the application drives the device, and this thread is the one to answer
+            // the next packet (an RDMA READ's next request, the next ACK of a chained list).
+            // A program that spins on memory instead (ib_write_lat) arms nothing: there two
+            // spinning threads already hold the two cores, and a third would only preempt them.
+            let spin_for = if !application {
+                spin_time()
+            } else if st.armed_cqs > 0 {
+                progress_spin_time()
+            } else {
+                std::time::Duration::ZERO
+            };
             if handed_back_in.is_some() {
                 spin_until = None;
             } else if !spin_for.is_zero() && (st.io.ring_wqes + st.io.udp_rcvd != before || received) {
@@ -327,16 +338,28 @@ fn spin_time() -> std::time::Duration {
 }
 
 /// How long a progress thread ([`Progress::Application`]) keeps looking at the socket after
-/// work it found itself, while no application thread reads it: $SOFTRDMA_PROGRESS_SPIN_US
-/// (read once), default 0 (it blocks in poll at once).
+/// work it found itself, while no application thread reads it and one waits for a completion
+/// event: [`PROGRESS_SPIN`], or $SOFTRDMA_PROGRESS_SPIN_US (read once; 0: it blocks in poll at
+/// once, as before this was measured).
 fn progress_spin_time() -> std::time::Duration {
     static S: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
     *S.get_or_init(|| {
-        std::time::Duration::from_micros(
-            std::env::var("SOFTRDMA_PROGRESS_SPIN_US").ok().and_then(|v| v.parse().ok()).unwrap_or(0),
-        )
+        std::env::var("SOFTRDMA_PROGRESS_SPIN_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(PROGRESS_SPIN, std::time::Duration::from_micros)
     })
 }
+
+/// How long a [`Progress::Application`] device's progress thread keeps looking (yielding the CPU
+/// between two looks) after work it found, while the application sleeps on a completion
+/// channel (200 us). A wake-up from a blocking poll costs tens of microseconds on a busy
+/// machine (UDP blocking ping-pong: 59 us round trip against 3.2 busy-polling, BENCHMARKS.md),
+/// and an event-driven program's transfers are chains of such hops that only the progress
+/// threads serve: lnet_bulk's GET (one RDMA READ in flight, `initiator_depth` 1) waited one
+/// wake-up per 4 KiB page. Measured in BENCHMARKS.md ("Progress threads that keep looking while
+/// the application sleeps").
+pub const PROGRESS_SPIN: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// Whether a poll may leave the handoff's end for the next send ([`Hca::end_handoff_after_poll`]):
 /// yes, unless $SOFTRDMA_END_AFTER_POST=0 (a tuning knob, read once, so that BENCHMARKS.md can
