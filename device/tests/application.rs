@@ -735,3 +735,55 @@ fn armed_cqs_are_counted_from_arming_to_event_or_destroy() {
     }
     assert_eq!(db.armed_cqs(), 0, "a departed context's armed CQ still counted");
 }
+
+/// The poll that closes the race between arming a CQ and sleeping on its channel
+/// (ibv_req_notify_cq(3): arm, poll once more, then wait) reads the socket but does not take it
+/// from the progress thread: its thread sleeps next. With a handoff that would last 60 s, a
+/// taken socket would leave a's WRITEs unanswered (retry_cnt 1, a 67 ms timer: RETRY_EXC_ERR)
+/// and a's SEND would never wake the sleeper. Three rounds, the sleeper arming and polling
+/// before each.
+#[test]
+fn the_poll_after_arming_leaves_the_socket_to_the_progress_thread() {
+    let dev = |name: &str, addr: IpAddr| {
+        app_device(name, addr, 47960, |c| {
+            c.seed = Some(47960);
+            c.handoff_idle = Duration::from_secs(60);
+        })
+    };
+    let (da, db) = (dev("armpoll0", A), dev("armpoll1", B));
+    let (mut a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
+    let o = ConnectOptions { mtu: Mtu::Mtu1024, timeout: 14, retry_cnt: 1, ..ConnectOptions::default() };
+    let ch = b._ctx.create_comp_channel().unwrap();
+    let cq = b._ctx.create_cq(16, Some(&ch)).unwrap();
+    let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    let qb = b._pd.qp_builder(QpType::Rc, &cq).caps(caps).build().unwrap();
+    let qa = a._pd.qp_builder(QpType::Rc, &a.cq).caps(caps).build().unwrap();
+    qa.connect(1, &qb.endpoint(2), &o).unwrap();
+    qb.connect(2, &qa.endpoint(1), &o).unwrap();
+    let (cq, ch) = (Arc::new(cq), Arc::new(ch));
+    for round in 0..3u64 {
+        qb.post_recv(vec![RecvWr { wr_id: 10 + round, sg_list: vec![b.mr.sge(0..64)] }]).unwrap();
+        cq.req_notify(false).unwrap();
+        assert!(cq.poll(4).unwrap().is_empty());
+        let (cq2, ch2) = (cq.clone(), ch.clone());
+        let sleeper = std::thread::spawn(move || {
+            let got = ch2.get_cq_event(Some(T)).unwrap();
+            let w = cq2.poll(4).unwrap();
+            (got.is_some(), w.first().map(|w| (w.wr_id, w.status)))
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        // b's application only sleeps: its progress thread answers the WRITE.
+        let data = pattern(8192, round as u8);
+        a.mr.as_mut_slice()[..data.len()].copy_from_slice(&data);
+        let wr = SendOp::Write { remote_addr: b.mr.addr() + 4096, rkey: b.mr.rkey() };
+        qa.post_send(vec![SendWr::new(20 + round, wr, vec![a.mr.sge(0..data.len())])]).unwrap();
+        let w = one(&a.cq);
+        assert_eq!((w.wr_id, w.status), (20 + round, WcStatus::Success), "round {round}");
+        assert_eq!(&b.mr.as_slice()[4096..4096 + data.len()], &data[..]);
+        // And wakes the sleeper for a SEND.
+        qa.post_send(vec![SendWr::new(30 + round, SendOp::Send, vec![a.mr.sge(0..64)])]).unwrap();
+        let w = one(&a.cq);
+        assert_eq!((w.wr_id, w.status), (30 + round, WcStatus::Success), "round {round}");
+        assert_eq!(sleeper.join().unwrap(), (true, Some((10 + round, WcStatus::Success))), "round {round}");
+    }
+}

@@ -384,15 +384,16 @@ impl Hca {
     /// [`Progress::DeviceThread`] device it does the same work, which the device thread would
     /// have done a little later.
     pub fn drive(&self, receive: bool) -> usize {
-        self.drive_locked(&mut self.shared.lock(), receive)
+        self.drive_locked(&mut self.shared.lock(), receive, receive)
     }
 
-    /// [`Hca::drive`] with the state's lock held.
-    fn drive_locked(&self, st: &mut State, receive: bool) -> usize {
+    /// [`Hca::drive`] with the state's lock held; with `take_socket` (and `receive`) the socket
+    /// is handed off to the calling thread.
+    fn drive_locked(&self, st: &mut State, receive: bool, take_socket: bool) -> usize {
         let sh = &self.shared;
         // One clock read for the call (between receive batches, one more each).
         let (now, held) = st.hold_clock();
-        if receive && sh.progress == Progress::Application && !sh.handoff_idle.is_zero() {
+        if receive && take_socket && sh.progress == Progress::Application && !sh.handoff_idle.is_zero() {
             // This thread reads the socket now (and, its CQ empty, again soon): the device thread
             // keeps off it until a poll returns completions or this thread stops looking. Only a
             // thread that reads the socket takes it: one that posts and then spins on memory (an
@@ -409,7 +410,9 @@ impl Hca {
             // for this application's next call, which sends them after what it posts, in the
             // same GSO send (a ping-pong's answer then pays one send system call instead of
             // two), or for the progress thread (within ACTIVE_TICK). Only where one is.
-            let defer = sh.progress == Progress::Application;
+            // Not for a poll that leaves the socket (its thread is about to sleep: nothing of it
+            // would send them).
+            let defer = sh.progress == Progress::Application && take_socket;
             for batch in 0..64 {
                 if batch > 0 {
                     st.refresh_clock();
@@ -466,7 +469,15 @@ impl Hca {
         st.dev.memory().flush();
         let mut out = st.dev.poll_cq(cq, max);
         if out.is_empty() && drive {
-            self.drive_locked(&mut st, true);
+            // A poll of an armed CQ is the one that closes the race between arming and sleeping
+            // (ibv_req_notify_cq(3): arm, poll again, then wait for the event): its thread is
+            // about to sleep on the channel, not to keep polling. It reads the socket but does not
+            // take it: taken, the socket stayed with the sleeper until the progress thread's next
+            // look (up to HANDOFF_LOOK_MAX), and an event-driven program's next packet waited
+            // that long (lnet_bulk's slow runs: BENCHMARKS.md, "Progress threads that keep
+            // looking while the application sleeps").
+            let armed = st.cqs.get(&cq).is_some_and(|w| w.armed);
+            self.drive_locked(&mut st, true, !armed);
             st.dev.memory().flush();
             out = st.dev.poll_cq(cq, max);
         }
