@@ -19,9 +19,9 @@ pub enum Progress {
     /// The application's threads drive the device in the calls they make anyway, as a user-space
     /// provider over a NIC does: posting runs the engine and sends ([`Hca::drive`]), polling an
     /// empty CQ receives, runs the timers and writes completions. The device thread becomes a
-    /// *progress thread* that never spins: it serves what no call drives (one-sided targets,
-    /// timers, completion-channel sleepers) from a blocking poll on the socket, the doorbell and
-    /// the engine's next timer. While an application thread polls the socket itself (its CQ is
+    /// *progress thread*: it serves what no call drives (one-sided targets, timers,
+    /// completion-channel sleepers) from a blocking poll on the socket, the doorbell and the
+    /// engine's next timer, and spins only while a CQ is armed (see [`PROGRESS_SPIN`]). While an application thread polls the socket itself (its CQ is
     /// empty and it keeps looking), the socket leaves the progress thread's wait set, so that
     /// the datagrams that thread is about to read do not wake a second one (see [`HANDOFF_IDLE`]).
     Application,

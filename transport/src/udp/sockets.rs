@@ -1,0 +1,219 @@
+//! Socket set-up (options every socket of a device has, the source-port pool) and the send
+//! system calls, with how their errors count.
+
+use std::io::{self, IoSlice};
+use std::mem;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsRawFd;
+
+use nix::sys::socket::{self as nsock, sockopt, ControlMessage, MsgFlags, SockaddrStorage};
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+use super::{BindProblem, Sent, UdpError, SOCKET_BUFFER_BYTES, SPORT_RANGE_START};
+
+/// One send syscall without control messages.
+pub(super) fn send_one(socket: &Socket, to: &SocketAddr, payload: &[u8]) -> io::Result<Sent> {
+    let to = SockAddr::from(*to);
+    loop {
+        match socket.send_to(payload, &to) {
+            Ok(_) => return Ok(Sent::Ok),
+            Err(e) => match classify_send_error(e)? {
+                Some(outcome) => return Ok(outcome),
+                None => continue,
+            },
+        }
+    }
+}
+
+/// One `sendmsg` with a `UDP_SEGMENT` control message.
+pub(super) fn send_gso(socket: &Socket, to: SocketAddr, buf: &[u8], segment_size: usize) -> io::Result<Sent> {
+    let to = SockaddrStorage::from(to);
+    // The callers checked segment_size <= MAX_GSO_BYTES < 65536.
+    let size = segment_size as u16;
+    let iov = [IoSlice::new(buf)];
+    let cmsgs = [ControlMessage::UdpGsoSegments(&size)];
+    loop {
+        match nsock::sendmsg(socket.as_raw_fd(), &iov, &cmsgs, MsgFlags::MSG_NOSIGNAL, Some(&to)) {
+            Ok(_) => return Ok(Sent::Ok),
+            Err(errno) => match classify_send_error(io::Error::from(errno))? {
+                Some(outcome) => return Ok(outcome),
+                None => continue,
+            },
+        }
+    }
+}
+
+/// `Ok(Some(Dropped))` for a full queue, `Ok(None)` to retry (`EINTR`), `Err` for the rest.
+fn classify_send_error(error: io::Error) -> io::Result<Option<Sent>> {
+    match error.raw_os_error() {
+        Some(libc::ENOBUFS | libc::EAGAIN) => Ok(Some(Sent::Dropped)),
+        Some(libc::EINTR) => Ok(None),
+        _ => Err(error),
+    }
+}
+
+pub(crate) fn bind_error(local: SocketAddr, addr: IpAddr, error: io::Error) -> UdpError {
+    UdpError::Bind { local, addr, problem: BindProblem::of(&error), error }
+}
+
+pub(crate) fn setup_error(local: SocketAddr, what: &'static str, error: io::Error) -> UdpError {
+    UdpError::Setup { local, what, error }
+}
+
+/// A nonblocking, close-on-exec UDP socket for `local`'s family with the options every socket
+/// here has (V6ONLY, no fragmentation, a large send buffer). Not bound yet.
+pub(crate) fn new_socket(local: SocketAddr) -> Result<Socket, UdpError> {
+    let socket = Socket::new(Domain::for_address(local), Type::DGRAM, Some(Protocol::UDP)).map_err(|e| {
+        let what = if e.raw_os_error() == Some(libc::EMFILE) {
+            "creating a socket (too many open files: each source port of the pool is one socket)"
+        } else {
+            "creating a socket"
+        };
+        setup_error(local, what, e)
+    })?;
+    socket.set_nonblocking(true).map_err(|e| setup_error(local, "setting O_NONBLOCK", e))?;
+    if local.is_ipv6() {
+        socket.set_only_v6(true).map_err(|e| setup_error(local, "setting IPV6_V6ONLY", e))?;
+        set_int_option(&socket, libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER, libc::IPV6_PMTUDISC_DO)
+            .map_err(|e| setup_error(local, "setting IPV6_MTU_DISCOVER", e))?;
+        nsock::setsockopt(&socket, sockopt::Ipv6DontFrag, &true)
+            .map_err(|e| setup_error(local, "setting IPV6_DONTFRAG", e.into()))?;
+    } else {
+        set_int_option(&socket, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO)
+            .map_err(|e| setup_error(local, "setting IP_MTU_DISCOVER", e))?;
+        if let IpAddr::V4(a) = local.ip() {
+            if !a.is_unspecified() {
+                // Multicast UD SENDs leave through the device's own interface with TTL 64, as
+                // rxe's do (rxe_net.c); the host's other devices hear them through the kernel's
+                // multicast loopback.
+                let _ = socket.set_multicast_if_v4(&a);
+                let _ = socket.set_multicast_ttl_v4(64);
+            }
+        }
+    }
+    let _ = socket.set_send_buffer_size(SOCKET_BUFFER_BYTES);
+    Ok(socket)
+}
+
+/// The receive socket's ancillary data: destination address, TTL, TOS.
+pub(crate) fn configure_receive(socket: &Socket, local: SocketAddr) -> Result<(), UdpError> {
+    let fail = |what: &'static str| move |e: nix::errno::Errno| setup_error(local, what, e.into());
+    if local.is_ipv6() {
+        nsock::setsockopt(socket, sockopt::Ipv6RecvPacketInfo, &true).map_err(fail("setting IPV6_RECVPKTINFO"))?;
+        nsock::setsockopt(socket, sockopt::Ipv6RecvHopLimit, &true).map_err(fail("setting IPV6_RECVHOPLIMIT"))?;
+        nsock::setsockopt(socket, sockopt::Ipv6RecvTClass, &true).map_err(fail("setting IPV6_RECVTCLASS"))?;
+    } else {
+        nsock::setsockopt(socket, sockopt::Ipv4PacketInfo, &true).map_err(fail("setting IP_PKTINFO"))?;
+        nsock::setsockopt(socket, sockopt::Ipv4RecvTtl, &true).map_err(fail("setting IP_RECVTTL"))?;
+        nsock::setsockopt(socket, sockopt::IpRecvTos, &true).map_err(fail("setting IP_RECVTOS"))?;
+    }
+    Ok(())
+}
+
+/// `setsockopt` of an int option that neither socket2 nor nix offers (`IP_MTU_DISCOVER`).
+pub(super) fn set_int_option(
+    socket: &Socket,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: the pointer and length describe `value`, a live c_int, for the whole call; the fd
+    // is owned by `socket`.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The bases tried for a pool of `count` ports: `base` itself, then the following blocks up to
+/// 65535 (only those inside `0xC000..`), then the blocks from 0xC000 that end before `base`.
+fn pool_bases(base: u16, count: u16) -> impl Iterator<Item = u16> {
+    let (base, count) = (u32::from(base), u32::from(count));
+    let start = u32::from(SPORT_RANGE_START);
+    let fits = move |b: &u32| b + count <= 0x1_0000;
+    let forward = (1..).map(move |k| base + k * count).take_while(fits).filter(move |b| *b >= start);
+    let wrapped = (0..).map(move |k| start + k * count).take_while(move |b| b + count <= base);
+    std::iter::once(base).chain(forward).chain(wrapped).map(|b| b as u16)
+}
+
+/// Binds `count` send sockets to consecutive ports, trying the bases of [`pool_bases`] until one
+/// block is entirely free.
+pub(super) fn bind_pool(addr: IpAddr, base: u16, count: u16) -> Result<(u16, Vec<Socket>), UdpError> {
+    'blocks: for block in pool_bases(base, count) {
+        let mut pool = Vec::with_capacity(usize::from(count));
+        for i in 0..count {
+            let local = SocketAddr::new(addr, block + i);
+            let socket = new_socket(local)?;
+            match socket.bind(&SockAddr::from(local)) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => continue 'blocks,
+                Err(e) => return Err(bind_error(local, addr, e)),
+            }
+            // Pool sockets only send; a small receive buffer bounds what strays sent to them can
+            // hold (the kernel rounds 0 up to its minimum).
+            let _ = socket.set_recv_buffer_size(0);
+            pool.push(socket);
+        }
+        return Ok((block, pool));
+    }
+    Err(UdpError::NoSourcePorts { addr, count, first: base })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_bases_stay_in_range() {
+        let bases: Vec<u16> = pool_bases(0xC000, 0x1000).collect();
+        assert_eq!(bases, [0xC000, 0xD000, 0xE000, 0xF000]);
+        // From the middle: forward while blocks fit, then wrap to 0xC000 without reaching the start.
+        let bases: Vec<u16> = pool_bases(0xE010, 0x1000).collect();
+        // (0xF010 + 0x1000 would pass 65535.)
+        assert_eq!(bases, [0xE010, 0xC000, 0xD000]);
+        // A base below the range is tried first, and only blocks inside the range follow.
+        let bases: Vec<u16> = pool_bases(0xBFF0, 0x2000).collect();
+        assert_eq!(bases, [0xBFF0, 0xDFF0]);
+        // Single ports: every port of the range, each once.
+        let bases: Vec<u16> = pool_bases(0xFFFF, 1).collect();
+        assert_eq!((bases.len(), bases[0], bases[1], bases[0x3FFF]), (0x4000, 0xFFFF, 0xC000, 0xFFFE));
+        assert_eq!(pool_bases(0xC000, 1).count(), 0x4000);
+    }
+
+    #[test]
+    fn send_errors() {
+        let err = |n| classify_send_error(io::Error::from_raw_os_error(n));
+        assert!(matches!(err(libc::ENOBUFS), Ok(Some(Sent::Dropped))));
+        assert!(matches!(err(libc::EAGAIN), Ok(Some(Sent::Dropped))));
+        assert!(matches!(err(libc::EINTR), Ok(None)));
+        assert_eq!(err(libc::EMSGSIZE).err().and_then(|e| e.raw_os_error()), Some(libc::EMSGSIZE));
+    }
+
+    #[test]
+    fn bind_messages() {
+        let local: SocketAddr = "127.0.0.1:4791".parse().unwrap();
+        let e = bind_error(local, local.ip(), io::Error::from_raw_os_error(libc::EADDRINUSE));
+        assert_eq!(
+            e.to_string(),
+            "cannot bind UDP 127.0.0.1:4791 (--addr 127.0.0.1): address already in use (another device, maybe \
+             another user's, owns it)"
+        );
+        let local: SocketAddr = "[2001:db8::1]:4791".parse().unwrap();
+        let e = bind_error(local, local.ip(), io::Error::from_raw_os_error(libc::EADDRNOTAVAIL));
+        assert_eq!(
+            e.to_string(),
+            "cannot bind UDP [2001:db8::1]:4791 (--addr 2001:db8::1): address not available (it is not an address \
+             of this host)"
+        );
+    }
+}
