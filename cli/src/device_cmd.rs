@@ -188,7 +188,7 @@ pub(crate) fn profile_cm_response_timeout(b: Behaviour) -> u8 {
 pub(crate) fn daemon(name: &str, args: &DeviceArgs) -> Result<ExitCode> {
     let cfg = args.config(name)?;
     let idle = args.idle_exit.filter(|&s| s > 0).map(std::time::Duration::from_secs);
-    let r = daemon::run(cfg, idle, |info| {
+    let r = softrdma_daemon::run(cfg, idle, |info| {
         println!(
             "softrdma: device {} on {} (UDP {}), active MTU {}, pid {}",
             info.name,
@@ -205,15 +205,15 @@ pub(crate) fn daemon(name: &str, args: &DeviceArgs) -> Result<ExitCode> {
             eprintln!("softrdma: {e}");
             Ok(ExitCode::from(daemon::EXIT_ALREADY_RUNNING))
         }
-        Ok(softrdma_device::server::Ended::SocketGone) => {
+        Ok(softrdma_daemon::server::Ended::SocketGone) => {
             eprintln!("softrdma: device {name}: its socket file was removed or replaced; ending");
             Ok(ExitCode::SUCCESS)
         }
-        Ok(softrdma_device::server::Ended::Idle) => {
+        Ok(softrdma_daemon::server::Ended::Idle) => {
             eprintln!("softrdma: device {name}: no client for {} s; ending", args.idle_exit.unwrap_or(0));
             Ok(ExitCode::SUCCESS)
         }
-        Ok(softrdma_device::server::Ended::Stopped) => Ok(ExitCode::SUCCESS),
+        Ok(softrdma_daemon::server::Ended::Stopped) => Ok(ExitCode::SUCCESS),
         Err(e) => Err(e.into()),
     }
 }

@@ -1,22 +1,18 @@
-//! A device as a process (design D2): `softrdma daemon` runs one, `up` starts one in the
-//! background and waits until it answers, `down` stops one.
+//! A device as a process (design D2), from its clients' side: `up` starts one in the background
+//! (`softrdma daemon`, which the `softrdma-daemon` crate runs) and waits until it answers, `down`
+//! stops one.
 
 use std::fs;
 use std::io;
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::client::{ClientError, Connection};
-use crate::hca::{Hca, HcaConfig, HcaError};
+use crate::hca::HcaError;
 use crate::proto::DeviceInfo;
 use crate::runtime::{self, RuntimeError};
-use crate::server;
 
 /// Why a daemon could not start or stop.
 #[derive(Debug, thiserror::Error)]
@@ -51,53 +47,8 @@ pub enum DaemonError {
     },
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-}
-
-/// Runs a device until SIGTERM or SIGINT, or until its socket file is removed or replaced (no
-/// client could reach it any more: its runtime dir was deleted), or, with `idle_exit`, until it
-/// has had no client that long (what autostarted devices get): takes its lock, binds UDP and the
-/// socket, serves clients. `ready` runs once the socket accepts.
-pub fn run(
-    cfg: HcaConfig,
-    idle_exit: Option<Duration>,
-    ready: impl FnOnce(&DeviceInfo),
-) -> Result<server::Ended, DaemonError> {
-    runtime::check_name(&cfg.name)?;
-    let dir = runtime::runtime_dir()?;
-    let Some(_lock) = runtime::lock_device(&dir, &cfg.name, false)? else {
-        return Err(DaemonError::Running(cfg.name.clone()));
-    };
-    let sock_path = runtime::socket_path(&dir, &cfg.name);
-    // We hold the lock, so a socket file left here is stale (a daemon that was killed).
-    let _ = fs::remove_file(&sock_path);
-    let hca = Arc::new(Hca::start(cfg)?);
-    let io_err = |what: String| move |source| DaemonError::Io { what, source };
-    let listener = UnixListener::bind(&sock_path).map_err(io_err(format!("bind {}", sock_path.display())))?;
-    let _ = fs::set_permissions(&sock_path, fs::Permissions::from_mode(0o600));
-    let handler = nix::sys::signal::SigHandler::Handler(on_signal);
-    let action = nix::sys::signal::SigAction::new(
-        handler,
-        nix::sys::signal::SaFlags::empty(),
-        nix::sys::signal::SigSet::empty(),
-    );
-    for sig in [nix::sys::signal::SIGTERM, nix::sys::signal::SIGINT] {
-        // SAFETY: the handler only stores to an atomic.
-        let _ = unsafe { nix::sys::signal::sigaction(sig, &action) };
-    }
-    let watch = server::Watch { socket: server::file_id(&sock_path).ok().map(|id| (sock_path.clone(), id)), idle_exit };
-    ready(hca.info());
-    let r = server::serve(hca.clone(), listener, &STOP, &watch);
-    // Only our own socket file is removed (a replaced one belongs to another device).
-    if watch.socket.as_ref().is_some_and(|(p, id)| server::file_id(p).ok() == Some(*id)) {
-        let _ = fs::remove_file(&sock_path);
-    }
-    hca.stop();
-    r.map_err(io_err("accept".into()))
-}
+/// How long `up` waits for a device it started to answer.
+pub const START_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long an autostarted device (the shim's, `softrdma exec`'s) lives with no client.
 pub const AUTOSTART_IDLE_EXIT: Duration = Duration::from_secs(300);
@@ -135,7 +86,7 @@ pub fn up(exe: &Path, name: &str, args: &[String]) -> Result<DeviceInfo, DaemonE
         .process_group(0)
         .spawn()
         .map_err(io_err(format!("start {}", exe.display())))?;
-    let deadline = Instant::now() + server::START_TIMEOUT;
+    let deadline = Instant::now() + START_TIMEOUT;
     loop {
         if runtime::is_live(&dir, name) {
             return Ok(Connection::connect_in(&dir, name)?.info);

@@ -11,14 +11,13 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 use softrdma_engine::verbs::VerbsError;
 
-use crate::hca::Hca;
-use crate::proto::{self, Request, Response, VERSION};
+use softrdma_device::hca::Hca;
+use softrdma_device::proto::{self, Request, Response, VERSION};
 
 /// A pidfd for a process (Linux 5.3+).
 pub fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
@@ -129,7 +128,7 @@ pub fn serve_client(hca: &Hca, sock: UnixStream) {
     // process_vm_readv/writev; where the kernel refuses (Yama ptrace_scope 2/3, a non-dumpable
     // process, seccomp), the client serves its memory itself from a helper thread on a socket
     // pair (design D3's fallback; slower: a round trip per access).
-    let helper = !crate::memory::can_reach(pid, probe);
+    let helper = !softrdma_device::memory::can_reach(pid, probe);
     let Ok(pidfd) = pidfd_open(pid) else { return };
     let Ok(a) = hca.attach(pid) else { return };
     let owner = a.owner;
@@ -185,13 +184,10 @@ fn serve_calls(hca: &Hca, owner: u32, sock: &UnixStream, pidfd: &OwnedFd) {
     }
 }
 
-/// How long `up` waits for a device to answer.
-pub const START_TIMEOUT: Duration = Duration::from_secs(10);
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hca::HcaConfig;
+    use softrdma_device::hca::HcaConfig;
 
     #[test]
     fn another_protocol_version_is_refused_and_nothing_is_attached() {
