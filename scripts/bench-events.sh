@@ -16,21 +16,8 @@ bin="$(realpath "$target/release/softrdma")"
 lnet="$(realpath "$target/examples/lnet_bulk" 2>/dev/null)" || { echo "no $target/examples/lnet_bulk: run scripts/build-examples.sh" >&2; exit 2; }
 shims=()
 for s in ${SHIMS:-$target/release/shim}; do shims+=("$(realpath "$s")"); done
-rt="$(mktemp -d)"
-chmod 700 "$rt"
-export SOFTRDMA_RUNTIME_DIR="$rt" SOFTRDMA_BIN="$bin" SOFTRDMA_NO_AUTOSTART=1
-cleanup() {
-  jobs -p | xargs -r kill 2>/dev/null
-  "$bin" down srdma0 >/dev/null 2>&1
-  "$bin" down srdma1 >/dev/null 2>&1
-  rm -rf "$rt"
-}
-trap cleanup EXIT
-addr0=${ADDR0:-127.0.0.1}
-addr1=${ADDR1:-127.0.0.2}
-"$bin" up srdma0 --addr "$addr0" >/dev/null || exit 2
-"$bin" up srdma1 --addr "$addr1" >/dev/null || exit 2
-port=$((21000 + RANDOM % 9000))
+. scripts/bench-lib.sh
+bench_devices "$bin" "${ADDR0:-127.0.0.1}" "${ADDR1:-127.0.0.2}"
 # lnet PEERS COUNT [--verify]: the client's MB/s.
 lnet() {
   port=$((port + 1))
@@ -46,20 +33,7 @@ lnet() {
   echo "$out" | awk '/OK client/ { for (i = 1; i < NF; i++) if ($i == "MB/s") print $(i + 1) }'
 }
 # perf PROG ARGS...: server on srdma0, client on srdma1; prints the client's first result row.
-perf() {
-  local prog=$1
-  shift
-  port=$((port + 1))
-  timeout 120 "$prog" -d srdma0 -p $port "$@" >"$rt/s.log" 2>&1 &
-  local out=""
-  for _ in $(seq 50); do
-    sleep 0.1
-    out=$(timeout 120 "$prog" -d srdma1 -p $port "$@" "$addr0" 2>&1) || true
-    echo "$out" | grep -q "Couldn't connect" || break
-  done
-  wait
-  echo "$out" | awk '/#bytes/ {t=1; next} t && /^ *[0-9]+ +[0-9]+ +[0-9.]+/ {print; exit}' | tr -s ' \t' ' '
-}
+perf() { perftest_pair "$@" | perftest_row; }
 lat() { perf "$@" | awk '{print $5 " (p99 " $8 ")"}'; }
 echo "columns: lnet_bulk MB/s; ib_*_lat typical (p99) us; ib_send_bw -e 64 B M msg/s; ib_read_bw -e 4 KiB MB/s"
 for round in $(seq "${ROUNDS:-4}"); do

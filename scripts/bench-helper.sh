@@ -11,21 +11,12 @@ target="${CARGO_TARGET_DIR:-target}"
 bin="$(realpath "${1:-$target/release/softrdma}")"
 shim="$(realpath "${2:-$target/release/shim}")"
 label="${3:-this build}"
-rt="$(mktemp -d)"
-chmod 700 "$rt"
-export SOFTRDMA_RUNTIME_DIR="$rt" SOFTRDMA_BIN="$bin" SOFTRDMA_NO_AUTOSTART=1 LD_LIBRARY_PATH="$shim"
+export LD_LIBRARY_PATH="$shim"
 # The memory helper is how the daemon reaches a client: the device path (not the default since
 # stop 41, when each program runs its own QPs).
 export SOFTRDMA_DATAPATH="${SOFTRDMA_DATAPATH:-device}"
-cleanup() {
-  jobs -p | xargs -r kill 2>/dev/null
-  "$bin" down srdma0 >/dev/null 2>&1
-  "$bin" down srdma1 >/dev/null 2>&1
-  rm -rf "$rt"
-}
-trap cleanup EXIT
-"$bin" up srdma0 --addr 127.0.0.1 >/dev/null || exit 2
-"$bin" up srdma1 --addr 127.0.0.2 >/dev/null || exit 2
+. scripts/bench-lib.sh
+bench_devices "$bin" 127.0.0.1 127.0.0.2
 # Server on srdma0, client on srdma1 (port $3): the client's output is kept.
 pair() {
   local helper=$1 server=$2 client=$3

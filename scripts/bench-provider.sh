@@ -19,20 +19,8 @@ for s in ${SHIMS:-$target/release/shim}; do shims+=("$(realpath "$s")"); done
 ub=../shared/tools/udpbench
 CARGO_TARGET_DIR="$PWD/target/udpbench" cargo build --release -q --manifest-path "$ub/Cargo.toml" || exit 2
 udpbench="$PWD/target/udpbench/release/udpbench"
-rt="$(mktemp -d)"
-chmod 700 "$rt"
-export SOFTRDMA_RUNTIME_DIR="$rt" SOFTRDMA_BIN="$bin" SOFTRDMA_NO_AUTOSTART=1
-cleanup() {
-  jobs -p | xargs -r kill 2>/dev/null
-  "$bin" down srdma0 >/dev/null 2>&1
-  "$bin" down srdma1 >/dev/null 2>&1
-  rm -rf "$rt"
-}
-trap cleanup EXIT
-addr0=${ADDR0:-127.0.0.1}
-"$bin" up srdma0 --addr "$addr0" >/dev/null || exit 2
-"$bin" up srdma1 --addr "${ADDR1:-127.0.0.2}" >/dev/null || exit 2
-port=$((21000 + RANDOM % 9000))
+. scripts/bench-lib.sh
+bench_devices "$bin" "${ADDR0:-127.0.0.1}" "${ADDR1:-127.0.0.2}"
 # perf SHIM MODE PROG ARGS...: server on srdma0, client on srdma1; prints the client's first
 # result row.
 perf() {
@@ -43,16 +31,7 @@ perf() {
   local dp=${mode%-nohandoff}
   local handoff=${SOFTRDMA_HANDOFF_US:-}
   [ "$mode" != "$dp" ] && handoff=0
-  port=$((port + 1))
-  SOFTRDMA_DATAPATH=$dp SOFTRDMA_HANDOFF_US=$handoff timeout 120 "$prog" -d srdma0 -p $port "$@" >"$rt/s.log" 2>&1 &
-  local out=""
-  for _ in $(seq 50); do
-    sleep 0.1
-    out=$(SOFTRDMA_DATAPATH=$dp SOFTRDMA_HANDOFF_US=$handoff timeout 120 "$prog" -d srdma1 -p $port "$@" "$addr0" 2>&1) || true
-    echo "$out" | grep -q "Couldn't connect" || break
-  done
-  wait
-  echo "$out" | awk '/#bytes/ {t=1; next} t && /^ *[0-9]+ +[0-9]+ +[0-9.]+/ {print; exit}' | tr -s ' \t' ' '
+  SOFTRDMA_DATAPATH=$dp SOFTRDMA_HANDOFF_US=$handoff perftest_pair "$prog" "$@" | perftest_row
 }
 # want PROG: whether PROGS (default: all four programs) names PROG.
 want() { [[ " ${PROGS:-ib_send_lat ib_write_lat ib_write_bw ib_send_bw} " == *" $1 "* ]]; }

@@ -49,15 +49,19 @@ impl Progress {
 pub const HANDOFF_IDLE: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// The longest a [`Progress::Application`] device's progress thread sleeps between two looks at
-/// a socket handed off to an application thread that keeps reading it (4 ms). Each look that
-/// finds the thread still at it doubles the sleep from `min(handoff_idle, TX_DEFER)` up to this;
-/// the look that finds it gone starts again from there. Every look wakes this thread, which on a
-/// machine whose cores the application's threads keep busy preempts one of them: at a look every 200 us, ib_send_lat's p99 was 6-8x its median, and the
-/// p99 fell with the looks' spacing (BENCHMARKS.md, "The looks at a handed-off socket"). What a
-/// look bounds (the handoff's idle end, answers held back, a deferred end: see
-/// [`HANDOFF_IDLE`], [`TX_DEFER`], [`END_AFTER_POST_WAIT`]) is then bounded by this instead for
-/// an application thread that polled for a while and then stopped without a completion.
-pub const HANDOFF_LOOK_MAX: std::time::Duration = std::time::Duration::from_millis(4);
+/// a socket handed off to an application thread that keeps reading it (16 ms, or
+/// `$SOFTRDMA_HANDOFF_LOOK_MAX_US`). Each look that finds the thread still at it doubles the
+/// sleep from `min(handoff_idle, TX_DEFER)` up to this; the look that finds it gone starts again
+/// from there. Every look wakes this thread, which on a machine whose cores the application's
+/// threads keep busy preempts one of them: at a look every 200 us, ib_send_lat's p99 was 6-8x
+/// its median, and the p99 fell with the looks' spacing (BENCHMARKS.md, "The looks at a
+/// handed-off socket"; from 4 to 16 ms: "The looks, further apart"). What a look bounds (the
+/// handoff's idle end, answers held back, a deferred end: see [`HANDOFF_IDLE`], [`TX_DEFER`],
+/// [`END_AFTER_POST_WAIT`]) is then bounded by this instead for an application thread that
+/// polled without a pause for ~25 ms (200 us doubled up to this) and then stopped without a
+/// completion: shorter than the transport timer of a QP's usual `timeout` (14: 67 ms), so a
+/// peer waiting for an answer held back meanwhile does not resend.
+pub const HANDOFF_LOOK_MAX: std::time::Duration = std::time::Duration::from_millis(16);
 
 /// The longest a [`Progress::Application`] device's progress thread sleeps (50 ms).
 const APPLICATION_TICK_NS: u64 = 50_000_000;
@@ -134,7 +138,7 @@ pub(super) fn run(sh: &Shared) {
                     // handoff_idle, at most TX_DEFER: the bound on answers a poll held back).
                     let rest = look_every;
                     if !woken {
-                        look_every = (look_every * 2).min(HANDOFF_LOOK_MAX.as_nanos() as u64).max(look_base);
+                        look_every = (look_every * 2).min(look_max()).max(look_base);
                     }
                     Some(if deferred { rest.min(wait - since) } else { rest })
                 }
@@ -324,6 +328,18 @@ pub(super) fn run(sh: &Shared) {
             }
         }
     }
+}
+
+/// [`HANDOFF_LOOK_MAX`] in ns, or $SOFTRDMA_HANDOFF_LOOK_MAX_US (a tuning knob, read once, so
+/// that BENCHMARKS.md can compare spacings in one build).
+fn look_max() -> u64 {
+    static S: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *S.get_or_init(|| {
+        std::env::var("SOFTRDMA_HANDOFF_LOOK_MAX_US")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or(HANDOFF_LOOK_MAX.as_nanos() as u64, |us| us.saturating_mul(1000))
+    })
 }
 
 /// How long the device keeps polling the rings and the socket after the last work it found:
