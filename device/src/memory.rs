@@ -13,7 +13,6 @@
 //! by packet in PSN order; within one call the kernel copies the iovecs front to back, and x86
 //! stores become visible in program order, so the last cache line of a message lands last.
 
-use std::collections::HashMap;
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
@@ -30,13 +29,16 @@ use nix::unistd::Pid;
 use softrdma_engine::copy::{copy_bytes, extend_bytes, lead_in, lead_out};
 use softrdma_engine::memory::{AtomicOp, AtomicStart, Memory, MemoryError, Owner};
 
+/// Keyed by owners and request numbers (ours): a fast hash, looked up on every access.
+type HashMap<K, V> = std::collections::HashMap<K, V, rustc_hash::FxBuildHasher>;
+
 /// The memory of every attached client, by owner.
 #[derive(Default)]
 pub struct ProcessMemory {
     pids: HashMap<Owner, i32>,
     /// Owners that are this very process (a provider's, a device embedded in its program): the
     /// buffers they post themselves are written directly ([`Memory::write_local`]).
-    local: std::collections::HashSet<Owner>,
+    local: std::collections::HashSet<Owner, rustc_hash::FxBuildHasher>,
     /// Each client's arena: received data for a staged receive lands in its staging area.
     arenas: HashMap<Owner, Arc<Arena>>,
     /// Clients whose memory the kernel does not let the device reach: the way to their helper.
@@ -111,7 +113,7 @@ impl ProcessMemory {
             writes: 0,
             applied,
             applied_seen: 0,
-            reads: HashMap::new(),
+            reads: HashMap::default(),
             fetched: Vec::new(),
             gone: false,
         };

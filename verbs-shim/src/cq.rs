@@ -69,8 +69,12 @@ pub(crate) struct Cq {
     pub(crate) ex: ffi::ibv_cq_ex,
     pub(crate) ctx: *const Ctx,
     pub(crate) inner: Option<CompletionQueue>,
-    /// Locked by each poll: threads may poll one CQ at once, as libibverbs allows.
+    /// Locked by each poll once the extended API is in use (`extended`): threads may poll one
+    /// CQ at once, as libibverbs allows.
     poll: std::sync::Mutex<PollState>,
+    /// Whether `ibv_start_poll` was ever called on this CQ: until then `poll` holds nothing
+    /// and `ibv_poll_cq` leaves its lock alone (a lock less per empty poll).
+    extended: std::sync::atomic::AtomicBool,
 }
 
 pub(crate) fn cq_of<'a>(p: *mut ffi::ibv_cq) -> Result<&'a Cq, Errno> {
@@ -113,7 +117,7 @@ unsafe fn create(
     }
     let mut ex = ffi::ibv_cq_ex { context, channel, cq_context, handle: inner.id().0, cqe, ..Default::default() };
     fill_ex(&mut ex);
-    let cq = into_c(Cq { ex, ctx, inner: Some(inner), poll: Default::default() });
+    let cq = into_c(Cq { ex, ctx, inner: Some(inner), poll: Default::default(), extended: Default::default() });
     // SAFETY: into_c has just made `cq`; nothing else references it yet.
     lock(&ctx.cqs).insert(unsafe { &*cq }.inner().id().0, cq as usize);
     Ok(cq)
@@ -255,10 +259,10 @@ unsafe extern "C" fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::ibv_w
         if n < 0 || (n > 0 && wc.is_null()) {
             return Err(EINVAL);
         }
-        let mut st = lock(&c.poll);
+        let mut st = c.extended.load(std::sync::atomic::Ordering::Acquire).then(|| lock(&c.poll));
         let mut k = 0usize;
         // Completions an extended poll read but did not hand out come first.
-        while k < n as usize {
+        while let Some(st) = st.as_mut().filter(|_| k < n as usize) {
             let Some(w) = st.pending.pop_front() else { break };
             // SAFETY: ibv_poll_cq(3): `wc` (non-NULL, checked) points to `n` writable ibv_wc,
             // and k < n.
@@ -374,6 +378,7 @@ unsafe fn advance(cq: *mut ffi::ibv_cq_ex) -> c_int {
 /// As for [`advance`].
 unsafe fn advance_inner(cq: *mut ffi::ibv_cq_ex) -> c_int {
     let Ok(c) = cq_of(cq as *mut ffi::ibv_cq) else { return libc::EINVAL };
+    c.extended.store(true, std::sync::atomic::Ordering::Release);
     let mut st = lock(&c.poll);
     if st.pending.is_empty() {
         match c.inner().poll(16) {

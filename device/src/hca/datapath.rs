@@ -293,16 +293,21 @@ impl State {
     /// last one, at once; its counters when they changed and [`PUBLISH_INTERVAL_MS`] passed
     /// (the progress thread pumps at least that often), or with `force`.
     pub(super) fn publish(&mut self, force: bool) {
+        if self.publisher.is_none() {
+            return;
+        }
+        // Every pump comes here: nothing but a clock comparison unless something is due.
+        let now = self.now();
+        let due = now.saturating_since(self.last_publish).as_nanos() >= PUBLISH_INTERVAL_MS * 1_000_000;
+        let captured_waiting = matches!(&self.tap, Some(Capture::Remote { out, .. }) if !out.is_empty());
+        if !force && !captured_waiting && !due {
+            return;
+        }
         let Some(p) = self.publisher.clone() else { return };
         let captured = match &mut self.tap {
             Some(Capture::Remote { out, .. }) => std::mem::take(out),
             _ => Vec::new(),
         };
-        let now = self.now();
-        let due = now.saturating_since(self.last_publish).as_nanos() >= PUBLISH_INTERVAL_MS * 1_000_000;
-        if !force && captured.is_empty() && !due {
-            return;
-        }
         let totals = (*self.dev.counters(), self.io_stats(), self.dev.next_qpn());
         if captured.is_empty() && self.published == Some(totals) {
             return;

@@ -13,7 +13,14 @@
 //! progress thread).
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
+
+/// The device's tables are keyed by its own small numbers (clients, CQs, QPNs, keys), never by
+/// what a peer chooses: a fast hash instead of SipHash, which an empty poll paid for in every
+/// lookup (BENCHMARKS.md, "The empty poll").
+pub(crate) type HashMap<K, V> = std::collections::HashMap<K, V, rustc_hash::FxBuildHasher>;
+/// A set as [`HashMap`].
+pub(crate) type HashSet<K> = std::collections::HashSet<K, rustc_hash::FxBuildHasher>;
 use std::fs::File;
 use std::io;
 use std::net::IpAddr;
@@ -665,16 +672,16 @@ impl Hca {
             last_publish: Instant(0),
             published: None,
             departed: Default::default(),
-            qpn_cursor: HashMap::new(),
-            clients: HashMap::new(),
+            qpn_cursor: HashMap::default(),
+            clients: HashMap::default(),
             cm: crate::cm::CmDesk::with_paths(crate::paths::PathCache::new(cfg.path_cache_ttl)),
             name: cfg.name.clone(),
             next_owner: 1,
-            channels: HashMap::new(),
+            channels: HashMap::default(),
             next_channel: 1,
-            cqs: HashMap::new(),
+            cqs: HashMap::default(),
             armed_cqs: 0,
-            xrcd_files: HashMap::new(),
+            xrcd_files: HashMap::default(),
             groups: Default::default(),
             buf: vec![0u8; 4096 + 256],
             io: IoCounters::default(),
@@ -758,15 +765,15 @@ impl Hca {
             alloc,
             staging: Allocator::span(STAGING_OFF, STAGING_LEN),
             release,
-            staged: HashMap::new(),
-            stage_mrs: HashMap::new(),
-            qp_pd: HashMap::new(),
-            srq_pd: HashMap::new(),
-            sq: HashMap::new(),
-            rq: HashMap::new(),
-            srq_rings: HashMap::new(),
-            cq_rings: HashMap::new(),
-            direct_cqs: HashMap::new(),
+            staged: HashMap::default(),
+            stage_mrs: HashMap::default(),
+            qp_pd: HashMap::default(),
+            srq_pd: HashMap::default(),
+            sq: HashMap::default(),
+            rq: HashMap::default(),
+            srq_rings: HashMap::default(),
+            cq_rings: HashMap::default(),
+            direct_cqs: HashMap::default(),
             seen_posted: 0,
             backlog: false,
             steer: None,

@@ -49,19 +49,20 @@ impl Progress {
 pub const HANDOFF_IDLE: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// The longest a [`Progress::Application`] device's progress thread sleeps between two looks at
-/// a socket handed off to an application thread that keeps reading it (16 ms, or
+/// a socket handed off to an application thread that keeps reading it (4 ms, or
 /// `$SOFTRDMA_HANDOFF_LOOK_MAX_US`). Each look that finds the thread still at it doubles the
 /// sleep from `min(handoff_idle, TX_DEFER)` up to this; the look that finds it gone starts again
 /// from there. Every look wakes this thread, which on a machine whose cores the application's
 /// threads keep busy preempts one of them: at a look every 200 us, ib_send_lat's p99 was 6-8x
 /// its median, and the p99 fell with the looks' spacing (BENCHMARKS.md, "The looks at a
-/// handed-off socket"; from 4 to 16 ms: "The looks, further apart"). What a look bounds (the
-/// handoff's idle end, answers held back, a deferred end: see [`HANDOFF_IDLE`], [`TX_DEFER`],
-/// [`END_AFTER_POST_WAIT`]) is then bounded by this instead for an application thread that
-/// polled without a pause for ~25 ms (200 us doubled up to this) and then stopped without a
-/// completion: shorter than the transport timer of a QP's usual `timeout` (14: 67 ms), so a
-/// peer waiting for an answer held back meanwhile does not resend.
-pub const HANDOFF_LOOK_MAX: std::time::Duration = std::time::Duration::from_millis(16);
+/// handed-off socket"). What a look bounds (the handoff's idle end, answers held back, a
+/// deferred end: see [`HANDOFF_IDLE`], [`TX_DEFER`], [`END_AFTER_POST_WAIT`]) is then bounded by
+/// this instead for an application thread that polled without a pause and then stopped without
+/// a completion, or after a message without answering: the socket, and with it every other QP
+/// of the process, waits that long for the progress thread. That is why this is not longer: 16
+/// ms lowered the p99 of the latency tests further but let that wait grow fourfold
+/// (BENCHMARKS.md, "The looks, further apart: tried").
+pub const HANDOFF_LOOK_MAX: std::time::Duration = std::time::Duration::from_millis(4);
 
 /// The longest a [`Progress::Application`] device's progress thread sleeps (50 ms).
 const APPLICATION_TICK_NS: u64 = 50_000_000;

@@ -88,9 +88,21 @@ impl CompletionQueue {
     /// `ibv_poll_cq`: up to `max` completions, read from the completion ring in shared memory
     /// (no system call), or on a provider straight from its engine.
     pub fn poll(&self, max: u32) -> Result<Vec<WorkCompletion>> {
+        if max > 0 && !self.ctx.inner.pending_used.load(Ordering::Relaxed) {
+            // A provider's CQ with nothing taken off early: straight from its engine, without
+            // the ring's lock (its ring stays empty). Any other CQ goes the way below.
+            self.ctx.inner.posting.store(false, Ordering::Relaxed);
+            if let Some((direct, more)) = self.ctx.inner.poll_direct(self.id, max as usize, true) {
+                for wc in &direct {
+                    self.ctx.inner.complete_direct(wc);
+                }
+                return self.finish_poll(direct, max, more);
+            }
+        }
         let mut entries = Vec::new();
         let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
-        {
+        // (Set under a ring's lock, which this thread now holds: seen if it matters here.)
+        if self.ctx.inner.pending_used.load(Ordering::Relaxed) {
             let mut pending = self.ctx.inner.pending.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(q) = pending.get_mut(&self.id) {
                 while entries.len() < max as usize {
@@ -185,6 +197,7 @@ impl CompletionQueue {
         let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
         // What is in the ring now moves with the CQ; the device moves what it adds meanwhile.
         let unpolled = {
+            inner.pending_used.store(true, Ordering::Relaxed);
             let mut pending = inner.pending.lock().unwrap_or_else(|e| e.into_inner());
             let q = pending.entry(self.id).or_default();
             inner.arena.consume::<CqEntry>(&ring, usize::MAX, |e| {

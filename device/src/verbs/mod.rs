@@ -108,6 +108,9 @@ struct Inner {
     /// destroyed, its completions are removed and the others wait here, in order).
     cq_rings: std::sync::Mutex<FastMap<CqId, Arc<std::sync::Mutex<RingDesc>>>>,
     pending: std::sync::Mutex<FastMap<CqId, std::collections::VecDeque<CqEntry>>>,
+    /// Whether `pending` was ever given entries (set with a CQ's ring lock held, before the
+    /// entries go in): a poll takes the `pending` lock only then.
+    pending_used: std::sync::atomic::AtomicBool,
     /// The rings are single-producer: threads of this process that post to the same queue (or
     /// give staging back) take turns, as libibverbs' providers lock a QP's send queue. Striped
     /// by ring.
@@ -185,6 +188,7 @@ impl Inner {
             rq_outstanding: Default::default(),
             cq_rings: Default::default(),
             pending: Default::default(),
+            pending_used: std::sync::atomic::AtomicBool::new(false),
             producers: std::array::from_fn(|_| std::sync::Mutex::new(())),
             hangup,
             helper: std::sync::OnceLock::new(),
@@ -291,6 +295,7 @@ impl Inner {
             let Some(ring) = rings.get(cq) else { continue };
             // The ring first, then the pending list: the order poll and resize take them in.
             let ring = ring.lock().unwrap_or_else(|e| e.into_inner());
+            self.pending_used.store(true, Ordering::Relaxed);
             let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
             let q = pending.entry(*cq).or_default();
             self.arena.consume::<CqEntry>(&ring, usize::MAX, |e| {

@@ -40,65 +40,93 @@ impl Default for SlotMeta {
 #[repr(C, align(8))]
 struct CmsgSpace([u8; CMSG_SLOT]);
 
-/// Receive buffers, addresses and control space for one `recvmmsg`, allocated once. The
-/// `mmsghdr` array is rebuilt on the stack for each call, so no pointer outlives a call (and the
-/// ring stays `Send`).
+/// Receive buffers, addresses, control space and the `mmsghdr`s describing them for one
+/// `recvmmsg`, allocated and built once: a call resets only the lengths and flags the kernel
+/// wrote back in the last one. (Rebuilding all 32 headers per call, zeroed first, was 15% of an
+/// empty poll: BENCHMARKS.md, "The empty poll".)
 pub(super) struct RecvRing {
     pub(super) data: Vec<u8>,
     names: Vec<libc::sockaddr_storage>,
     control: Vec<CmsgSpace>,
+    iov: Vec<libc::iovec>,
+    hdrs: Vec<libc::mmsghdr>,
+    /// How many headers from the first the last call may have written back into.
+    dirty: usize,
     pub(super) meta: [SlotMeta; RECV_BATCH],
 }
 
+// SAFETY: the raw pointers in `iov` and `hdrs` point only into this ring's own heap buffers
+// (`data`, `names`, `control`, `iov`), allocated once in `new` and never resized, so they stay
+// valid wherever the ring moves; they are used only through `&mut self` (`fill`).
+unsafe impl Send for RecvRing {}
+
 impl RecvRing {
     pub(super) fn new() -> RecvRing {
-        RecvRing {
+        let mut r = RecvRing {
             data: vec![0; RECV_BATCH * RECV_SLOT],
             // SAFETY: sockaddr_storage is plain old data; all zeroes is a valid (AF_UNSPEC) value.
             names: vec![unsafe { mem::zeroed::<libc::sockaddr_storage>() }; RECV_BATCH],
             control: vec![CmsgSpace([0; CMSG_SLOT]); RECV_BATCH],
+            iov: Vec::with_capacity(RECV_BATCH),
+            hdrs: Vec::with_capacity(RECV_BATCH),
+            dirty: RECV_BATCH,
             meta: [SlotMeta::default(); RECV_BATCH],
+        };
+        let data = r.data.as_mut_ptr();
+        for i in 0..RECV_BATCH {
+            // SAFETY: i < RECV_BATCH, and `data` holds RECV_BATCH slots of RECV_SLOT bytes.
+            r.iov.push(libc::iovec { iov_base: unsafe { data.add(i * RECV_SLOT) }.cast(), iov_len: RECV_SLOT });
         }
+        let (names, control, iov) = (r.names.as_mut_ptr(), r.control.as_mut_ptr(), r.iov.as_mut_ptr());
+        for i in 0..RECV_BATCH {
+            // SAFETY (zeroed): mmsghdr is a plain C struct; null pointers and zero lengths are
+            // valid values, and every field the kernel reads is set here or in `fill`.
+            let mut h: libc::mmsghdr = unsafe { mem::zeroed() };
+            // SAFETY: i < RECV_BATCH = the length of `names`, `control` and `iov`.
+            unsafe {
+                h.msg_hdr.msg_name = names.add(i).cast();
+                h.msg_hdr.msg_iov = iov.add(i);
+                h.msg_hdr.msg_control = control.add(i).cast();
+            }
+            h.msg_hdr.msg_iovlen = 1;
+            r.hdrs.push(h);
+        }
+        r
     }
 
     /// One `recvmmsg` of up to `want` (<= RECV_BATCH) buffers; fills `meta[..n]`.
     pub(super) fn fill(&mut self, fd: RawFd, want: usize) -> io::Result<usize> {
         let want = want.min(RECV_BATCH);
-        let data = self.data.as_mut_ptr();
-        let names = self.names.as_mut_ptr();
-        let control = self.control.as_mut_ptr();
-        // SAFETY (zeroed): iovec and mmsghdr are plain C structs; null pointers and zero lengths
-        // are valid values, and every field used is set below.
-        let mut iov: [libc::iovec; RECV_BATCH] = unsafe { mem::zeroed() };
-        let mut hdrs: [libc::mmsghdr; RECV_BATCH] = unsafe { mem::zeroed() };
-        for (i, v) in iov.iter_mut().enumerate().take(want) {
-            // SAFETY: i < RECV_BATCH, and `data` holds RECV_BATCH slots of RECV_SLOT bytes.
-            v.iov_base = unsafe { data.add(i * RECV_SLOT) }.cast();
-            v.iov_len = RECV_SLOT;
+        for h in &mut self.hdrs[..self.dirty.clamp(1, RECV_BATCH)] {
+            h.msg_hdr.msg_namelen = mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_hdr.msg_controllen = CMSG_SLOT as _;
+            h.msg_hdr.msg_flags = 0;
+            h.msg_len = 0;
         }
-        let iov_ptr = iov.as_mut_ptr();
-        for (i, h) in hdrs.iter_mut().enumerate().take(want) {
-            let m = &mut h.msg_hdr;
-            // SAFETY: i < RECV_BATCH = the length of `names`, `control` and `iov`.
-            unsafe {
-                m.msg_name = names.add(i).cast();
-                m.msg_iov = iov_ptr.add(i);
-                m.msg_control = control.add(i).cast();
-            }
-            m.msg_namelen = mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            m.msg_iovlen = 1;
-            m.msg_controllen = CMSG_SLOT as _;
-            m.msg_flags = 0;
-        }
+        let hdrs = self.hdrs.as_mut_ptr();
         // SAFETY: the first `want` headers point at buffers, names and control space owned by
         // `self` (borrowed mutably for this call) with the lengths given; the kernel writes only
         // within them. A null timeout is allowed.
-        let n = unsafe { libc::recvmmsg(fd, hdrs.as_mut_ptr(), want as libc::c_uint, 0, std::ptr::null_mut()) };
+        // The system call itself, not libc's wrapper: that one makes every call a cancellation
+        // point (two calls into the thread library around it, ~6% of an empty poll), which
+        // neither ibv_poll_cq nor the progress thread is (BENCHMARKS.md, "The empty poll").
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_recvmmsg,
+                fd,
+                hdrs,
+                want as libc::c_uint,
+                0 as libc::c_int,
+                std::ptr::null_mut::<libc::timespec>(),
+            )
+        };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
         let n = n as usize;
-        for (i, h) in hdrs.iter().enumerate().take(n) {
+        // The kernel wrote back into the headers of what it received (and perhaps the next).
+        self.dirty = n + 1;
+        for (i, h) in self.hdrs.iter().enumerate().take(n) {
             let len = h.msg_len as usize;
             // SAFETY: the kernel filled `names[i]` (msg_namelen bytes) and the control messages
             // within `msg_controllen` bytes of `control[i]`, which `h.msg_hdr` still describes.
