@@ -949,3 +949,22 @@ fn resize_counts_the_completions_of_work_posted_before_it() {
         a.cq.resize(if round % 2 == 0 { 7 } else { 256 }).unwrap();
     }
 }
+
+/// A device that stops sends what its fault injector still delays: those packets had left, as
+/// far as the peer can tell, and a network delivers a packet whose sender is gone. Were they
+/// dropped, a reordered last ACK would die with an exiting program and leave its peer resending
+/// (rxe never stops at retry_cnt 7).
+#[test]
+fn a_stopping_device_sends_what_its_faults_delay() {
+    let (da, db) = (device("la", A, 47964, "delay=50s"), device("lb", B, 47964, ""));
+    let (a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
+    connect(&a, &b, Mtu::Mtu1024);
+    b.qp.post_recv(vec![RecvWr { wr_id: 1, sg_list: vec![b.mr.sge(0..64)] }]).unwrap();
+    a.qp.post_send(vec![SendWr::new(2, SendOp::Send, vec![a.mr.sge(0..64)])]).unwrap();
+    // The SEND waits in a's delay queue.
+    assert!(b.cq.wait(1, Duration::from_millis(300)).unwrap().is_empty(), "the delay did not hold the SEND");
+    da.stop();
+    // `one` waits 20 s, under half the delay: the SEND left at the stop.
+    let r = one(&b.cq);
+    assert_eq!((r.wr_id, r.status, r.byte_len), (1, WcStatus::Success, 64));
+}

@@ -671,6 +671,21 @@ impl State {
         }
     }
 
+    /// Sends every packet the fault injector delays, now: what a stopping device (or exiting
+    /// process) had already put "on the wire" still arrives, as a network delivers a packet its
+    /// sender no longer exists for. Dropping them would lose, e.g., a reordered final ACK, and
+    /// a peer whose retries never run out (Linux rxe does not count down a retry_cnt of 7) would
+    /// then resend its last request for ever.
+    pub(super) fn send_delayed_now(&mut self) {
+        if self.delayed.is_empty() {
+            return;
+        }
+        while let Some(Reverse(d)) = self.delayed.pop() {
+            self.deliver(d.dst, d.sport, &d.data, d.icrc_id, d.flip);
+        }
+        self.flush();
+    }
+
     /// Whether the progress thread may hold back the acknowledgements of what it just received
     /// for the application's next post: an application thread posted a send within
     /// [`super::progress::HOLD_AFTER_POST`] and nothing was held back since (once per post, so

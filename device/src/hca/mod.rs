@@ -869,6 +869,7 @@ impl Hca {
         }
         let mut st = self.shared.lock();
         st.send_owed();
+        st.send_delayed_now();
         if let Some(tap) = st.tap.as_mut() {
             let _ = tap.flush();
         }

@@ -691,6 +691,7 @@ extern "C" fn at_exit() {
         // Never wait at exit: a thread that holds the lock is sending anyway.
         if let Ok(mut st) = sh.state.try_lock() {
             st.send_owed();
+            st.send_delayed_now();
             // A provider's last report, as when it closes: what its QPs did in their last
             // moments (a retry exhausted just before the program gave up) counts in the device's
             // counters too (`softrdma stat`).
