@@ -332,6 +332,64 @@ struct Side {
     _ctx: softrdma_device::verbs::Context,
 }
 
+/// Each provider's memory keys come from key blocks the daemon reserved for it
+/// (engine/src/device/keys.rs), never from another provider's or the device's own, so the
+/// device can serve RDMA through XRC target QPs under any provider's key (before, about one
+/// such alias in 256 collided). A provider that fills its block gets another from the daemon
+/// (`Request::KeyBlock`); one that goes gives its blocks back.
+#[test]
+fn providers_memory_keys_come_from_blocks_of_their_own() {
+    use softrdma_device::verbs::*;
+    use softrdma_engine::device::key_block;
+    let (_base, rt) = rtdir();
+    let rt = rt.as_path();
+    let _g = up(rt, "tk", "127.0.0.1", 47965, &[]);
+    let (p1, p2, d) = (
+        Context::provider_in(rt, "tk").unwrap(),
+        Context::provider_in(rt, "tk").unwrap(),
+        Context::open_in(rt, "tk").unwrap(),
+    );
+    let buf = vec![0u8; 4096];
+    let regs = |ctx: &Context, n: usize| {
+        let pd = ctx.alloc_pd().unwrap();
+        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        // SAFETY: `buf` outlives every registration (they go at the end of the test).
+        let mrs: Vec<RawMr> =
+            (0..n).map(|_| unsafe { pd.reg_mr_raw(buf.as_ptr() as u64, 4096, access) }.unwrap()).collect();
+        let w = pd.alloc_mw(2).unwrap();
+        let mut keys: Vec<u32> = mrs.iter().map(|m| m.keys().rkey).collect();
+        keys.push(w.rkey());
+        (pd, mrs, w, keys)
+    };
+    let blocks = |keys: &[u32]| keys.iter().map(|k| key_block(k >> 8)).collect::<std::collections::BTreeSet<u32>>();
+    let (_pd, _m, _w, kd) = regs(&d, 200);
+    let in_block = 1usize << softrdma_engine::device::KEY_BLOCK_SHIFT;
+    // More than one block's worth: the last ones come from a second block.
+    let (_pd1, _m1, _w1, k1) = regs(&p1, in_block + 10);
+    let (_pd2, _m2, _w2, k2) = regs(&p2, 200);
+    let (b1, b2, bd) = (blocks(&k1), blocks(&k2), blocks(&kd));
+    assert_eq!(b1.len(), 2, "{b1:?}");
+    assert_eq!(b2.len(), 1, "{b2:?}");
+    assert!(b1.is_disjoint(&b2) && b1.is_disjoint(&bd) && b2.is_disjoint(&bd), "{b1:?} {b2:?} {bd:?}");
+    let distinct: std::collections::BTreeSet<u32> = k1.iter().map(|k| k >> 8).collect();
+    assert_eq!(distinct.len(), k1.len(), "a key index handed out twice");
+    // The first provider goes: the next one gets one of its blocks (the daemon hands out the
+    // highest free block first, and the first provider had it).
+    drop((_w1, _m1, _pd1, p1));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let p3 = Context::provider_in(rt, "tk").unwrap();
+        let (_pd3, _m3, _w3, k3) = regs(&p3, 1);
+        let b3 = blocks(&k3);
+        if b3.is_subset(&b1) {
+            assert!(b3.is_disjoint(&b2) && b3.is_disjoint(&bd));
+            break;
+        }
+        assert!(Instant::now() < deadline, "the first provider's key blocks never came back: {b3:?} {b1:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// `SOFTRDMA_DATAPATH=provider`'s path on the Rust API: two processes' worth of providers and a
 /// client on the device path share one daemon's steered port. Each provider allocates its QPNs
 /// from its own block; their RC traffic between each other goes through the port, steered by the

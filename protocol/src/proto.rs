@@ -424,6 +424,9 @@ pub enum Request {
     /// The client runs its own QPs (`SOFTRDMA_DATAPATH=provider`): it asks for a socket of the
     /// device's steered port and a block of QPNs whose datagrams the port steers to that socket.
     JoinSteering,
+    /// A provider whose key blocks are full (its engine answered a registration with ENOMEM)
+    /// asks for one more (`Response::KeyBlock`).
+    KeyBlock,
     /// A provider (a client that joined the steered port) reports what its own QPs did, so that
     /// the device's counters (`softrdma stat`) and capture cover them as a NIC's cover every QP
     /// (the data-path issue's item 5): its totals so far, and the packets it captured since its
@@ -665,6 +668,8 @@ pub enum Response {
     CmIds(Vec<(IdInfo, i32)>),
     /// The device's multicast groups and their members (`softrdma stat`).
     McastGroups(Vec<GroupInfo>),
+    /// `KeyBlock` granted: one more key block.
+    KeyBlock(u32),
     /// `JoinSteering` granted: the client's member of the steered port (its socket travels with
     /// the answer, then its end of the relay link to the daemon) and the QPN blocks it allocates
     /// from.
@@ -673,6 +678,10 @@ pub enum Response {
         index: u32,
         /// QPN blocks (`softrdma_engine::device::QPN_BLOCK_SHIFT`).
         blocks: Vec<u32>,
+        /// Key blocks (`softrdma_engine::device::KEY_BLOCK_SHIFT`): the provider's memory keys
+        /// come from these, which the device's own never do, so the device can serve RDMA
+        /// through XRC target QPs under a provider's key.
+        key_blocks: Vec<u32>,
         /// The device's settings for the provider's QPs.
         settings: Box<ProviderSettings>,
         /// The QPN to allocate first (cyclically through the blocks): where the block's last

@@ -6,6 +6,10 @@ use super::*;
 /// The largest UDP payload over IPv4 (65,535 - 20 - 8 bytes).
 const MAX_UDP_PAYLOAD: usize = 65_507;
 
+/// The most key blocks a provider gets: 16 x 2^14 regions and windows, the max_mr the device
+/// reports (2^18).
+const MAX_KEY_BLOCKS_PER_PROVIDER: usize = 16;
+
 /// Before a region changes or goes (dereg, rereg), the queued receives staged over SGEs that use
 /// it get their own SGEs back, so that when data arrives the engine checks those as the verbs
 /// say it must (LOC_PROT_ERR and a NAK if the region no longer fits), instead of the staging.
@@ -631,11 +635,18 @@ impl State {
                         return Err(VerbsError::NoMem);
                     }
                 };
+                let Some(key_block) = dev.reserve_key_block() else {
+                    dev.release_qpn_block(block);
+                    let _ = steering.release(m.index);
+                    return Err(VerbsError::NoMem);
+                };
                 // The relay link: what other members receive for this client's QPs comes to it
                 // through the daemon, and what it receives for others goes back this way.
                 let (link, theirs) = match softrdma_transport::relay::Link::pair() {
                     Ok(p) => p,
                     Err(_) => {
+                        dev.release_qpn_block(block);
+                        dev.release_key_block(key_block);
                         let _ = steering.release(m.index);
                         return Err(VerbsError::NoMem);
                     }
@@ -643,6 +654,7 @@ impl State {
                 relay.add_link(m.index, link);
                 relay.set_foreign(steering.assigned_blocks());
                 c.steer = Some(m.index);
+                c.key_blocks = vec![key_block];
                 // Start where the block's last holder stopped; until this one reports (or if it
                 // never does: killed at once), its successor starts a stride further on.
                 const STRIDE: u32 = 256;
@@ -660,9 +672,29 @@ impl State {
                     capture: self.tap.is_some(),
                 });
                 Ok((
-                    R::Steering { index: m.index, blocks: vec![block], settings, first_qpn },
+                    R::Steering {
+                        index: m.index,
+                        blocks: vec![block],
+                        key_blocks: vec![key_block],
+                        settings,
+                        first_qpn,
+                    },
                     vec![fd, Arc::new(theirs)],
                 ))
+            }
+            Request::KeyBlock => {
+                let c = self.clients.get_mut(&o).expect("checked");
+                // Only for a provider, and a bounded share: a client that asks for ever gets
+                // ENOMEM, as its registrations would, and leaves blocks for the others.
+                if c.steer.is_none() {
+                    return Err(VerbsError::Inval);
+                }
+                if c.key_blocks.len() >= MAX_KEY_BLOCKS_PER_PROVIDER {
+                    return Err(VerbsError::NoMem);
+                }
+                let b = self.dev.reserve_key_block().ok_or(VerbsError::NoMem)?;
+                c.key_blocks.push(b);
+                ok(R::KeyBlock(b))
             }
             // Routed to the CM in `call` before this match.
             _ => Err(VerbsError::Inval),
@@ -746,6 +778,9 @@ impl State {
         if let (Some(i), Some(st)) = (c.steer, self.udp.steering_mut()) {
             for b in st.blocks_of(i) {
                 self.dev.release_qpn_block(b);
+            }
+            for &b in &c.key_blocks {
+                self.dev.release_key_block(b);
             }
             let _ = st.release(i);
             self.relay.remove_link(i);

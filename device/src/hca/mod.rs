@@ -101,6 +101,10 @@ pub struct HcaConfig {
     pub publish: Option<Publisher>,
     /// Capture every packet for the daemon (`publish`) instead of into `pcap`.
     pub capture_remote: bool,
+    /// A provider's key blocks (`Response::Steering`): its engine gives its memory regions and
+    /// windows keys from these only (`softrdma_engine::device::KEY_BLOCK_SHIFT`); empty: from
+    /// any block not reserved.
+    pub key_blocks: Vec<u32>,
     /// Faults injected on transmit.
     pub faults: Faults,
     /// Send sockets for flow entropy (UDP source ports 0xC000.. upward); 0: send from the 4791
@@ -158,6 +162,7 @@ impl HcaConfig {
             pcap: None,
             publish: None,
             capture_remote: false,
+            key_blocks: Vec::new(),
             faults: Faults::default(),
             flow_ports: 8,
             icrc: IcrcPolicy::AnyIpv4Id,
@@ -241,6 +246,8 @@ struct Client {
     backlog: bool,
     /// Its member of the steered port, when it runs its own QPs.
     steer: Option<u32>,
+    /// Its key blocks, when it runs its own QPs (reserved in the device's engine).
+    key_blocks: Vec<u32>,
     /// A provider's last report of its own QPs' counters, and of the QPN its allocator takes next.
     published: Option<(Counters, IoStats)>,
     next_qpn: Option<u32>,
@@ -626,6 +633,9 @@ impl Hca {
         if let Some((b, first)) = blocks {
             dev.restrict_qpns_to(b, first);
         }
+        if !cfg.key_blocks.is_empty() {
+            dev.restrict_keys_to(cfg.key_blocks.clone());
+        }
         dev.set_xrc_policy(cfg.xrc_policy);
         {
             let cm = dev.cm().config_mut();
@@ -777,6 +787,7 @@ impl Hca {
             seen_posted: 0,
             backlog: false,
             steer: None,
+            key_blocks: Vec::new(),
             published: None,
             next_qpn: None,
         };
@@ -857,6 +868,12 @@ impl Hca {
     /// Who makes this device progress.
     pub fn progress(&self) -> Progress {
         self.shared.progress
+    }
+
+    /// One more key block for a provider whose blocks are full (from its daemon,
+    /// `Request::KeyBlock`).
+    pub fn add_key_block(&self, block: u32) {
+        self.shared.lock().dev.add_key_block(block);
     }
 
     /// Stops the device thread and flushes the capture.

@@ -498,7 +498,7 @@ impl Inner {
         let (resp, fds) = match &self.backend {
             Backend::Daemon(c) => c.call(&req, fd.as_slice())?,
             #[cfg(feature = "embedded")]
-            Backend::Embedded { hca, owner, .. } => {
+            Backend::Embedded { hca, owner, daemon, .. } => {
                 // A provider whose daemon went: its device is gone for the program, which has
                 // heard IBV_EVENT_DEVICE_FATAL; every call fails from then on, as uverbs' do
                 // after a device removal (its QPs' own data path runs in this process and is
@@ -513,7 +513,16 @@ impl Inner {
                         .map_err(|_| VerbsError::NoMem)?],
                     None => Vec::new(),
                 };
-                let (r, out) = hca.call(*owner, req, fds);
+                let again = matches!(req, Request::RegMr { .. } | Request::AllocMw { .. }).then(|| req.clone());
+                let (mut r, mut out) = hca.call(*owner, req, fds);
+                // A provider's key blocks are full (engine/src/device/keys.rs): one more from its
+                // daemon, then once again; the daemon's ENOMEM is the program's.
+                if let (Some(again), Response::Err(VerbsError::NoMem), Some(d)) = (again, &r, daemon) {
+                    if let Ok((Response::KeyBlock(b), _)) = d.call(&Request::KeyBlock, &[]) {
+                        hca.add_key_block(b);
+                        (r, out) = hca.call(*owner, again, Vec::new());
+                    }
+                }
                 let out = out.iter().filter_map(|e| e.as_fd().try_clone_to_owned().ok()).collect();
                 (r, out)
             }
@@ -800,8 +809,10 @@ impl Context {
     fn provider_on(c: Connection) -> Result<Context> {
         let name = c.info.name.clone();
         let (resp, fds) = c.call(&Request::JoinSteering, &[])?;
-        let (index, blocks, settings, first_qpn) = match resp {
-            Response::Steering { index, blocks, settings, first_qpn } => (index, blocks, settings, first_qpn),
+        let (index, blocks, key_blocks, settings, first_qpn) = match resp {
+            Response::Steering { index, blocks, key_blocks, settings, first_qpn } => {
+                (index, blocks, key_blocks, settings, first_qpn)
+            }
             Response::Err(e) => return Err(Error::Verbs(e)),
             _ => return unexpected(),
         };
@@ -826,6 +837,7 @@ impl Context {
         cfg.icrc = settings.icrc;
         cfg.max_cqe = Some(settings.max_cqe);
         cfg.capture_remote = settings.capture;
+        cfg.key_blocks = key_blocks;
         let c = Arc::new(c);
         let link = c.clone();
         let pid = std::process::id();

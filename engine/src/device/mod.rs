@@ -17,6 +17,7 @@
 
 mod comp;
 mod dispatch;
+mod keys;
 mod mw;
 mod packet;
 pub mod profile;
@@ -31,6 +32,7 @@ use std::collections::VecDeque;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::net::IpAddr;
 
+pub use self::keys::{key_block, KEY_BLOCK_SHIFT};
 pub use self::profile::{Behaviour, CreditPolicy, ProfileName};
 pub use self::qp::{QpAttr, QpCaps, QpInit};
 pub use self::srq::{SrqAttr, XrcPolicy, XrcdId};
@@ -632,6 +634,8 @@ pub struct Device<M: Memory> {
     next_qpn: u32,
     /// Which QPN blocks are this engine's (a steered port shares the QPN space among processes).
     qpns: QpnSpace,
+    /// Which key indexes this engine allocates from (`keys.rs`).
+    keys: keys::KeySpace,
     /// QPs that may have a packet to send, in round-robin order (a QP appears at most once:
     /// `in_ready` says which are queued).
     ready: VecDeque<Qpn>,
@@ -734,6 +738,7 @@ impl<M: Memory> Device<M> {
             next_id: 1,
             next_qpn,
             qpns: QpnSpace::default(),
+            keys: Default::default(),
             ready: VecDeque::new(),
             in_ready: Default::default(),
             mem_waiters: Vec::new(),
@@ -822,11 +827,10 @@ impl<M: Memory> Device<M> {
         if addr.checked_add(len).is_none() {
             return Err(VerbsError::Inval);
         }
-        let index = self.next_id() & 0x00ff_ffff;
-        // The low 8 bits are random: any local user can send to UDP 4791 (design D5).
-        let lkey = (index << 8) | (self.rng.next_u32() & 0xff);
+        // An index of this engine's and a random low byte (`keys.rs`).
+        let lkey = self.new_key()?;
         let rkey = lkey;
-        self.mrs.insert(index, Mr { pd, owner, addr, len, access, lkey, rkey });
+        self.mrs.insert(lkey >> 8, Mr { pd, owner, addr, len, access, lkey, rkey });
         Ok(MrKeys { lkey, rkey })
     }
 

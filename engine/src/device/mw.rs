@@ -118,9 +118,8 @@ impl<M: Memory> Device<M> {
         if !self.pds.contains_key(&pd) || !(mw_type == 1 || mw_type == 2) {
             return Err(VerbsError::Inval);
         }
-        let index = self.next_id() & 0x00ff_ffff;
-        let rkey = (index << 8) | (self.rng.next_u32() & 0xff);
-        self.mws.insert(index, Mw { pd, mw_type, rkey, bound: None });
+        let rkey = self.new_key()?;
+        self.mws.insert(rkey >> 8, Mw { pd, mw_type, rkey, bound: None });
         Ok(rkey)
     }
 

@@ -22,7 +22,7 @@ const MAX_PKT_PER_ACK: u32 = 64;
 /// again, until the retry count runs out. rxe keeps 128 (RXE_MAX_UNACKED_PSNS); 256 (1 MiB at
 /// MTU 4096) keeps a provider's ib_write_bw 64 KiB moving while the receiving process's progress
 /// thread is woken: 1.3 GB/s with 128, 1.8-2.2 with 256 or 512 in the same rounds (BENCHMARKS.md,
-/// "The window"). The window shrinks under loss ([`Window`]).
+/// "The window"). The window shrinks under loss (`Window`).
 pub const MAX_UNACKED_PSNS: i32 = 256;
 
 /// The smallest window [`Window`] shrinks to, in PSNs.
