@@ -6,13 +6,10 @@
 #        SHIMS="/tmp/shim-before target/release/shim" scripts/bench-empty-poll.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
-target="${CARGO_TARGET_DIR:-target}"
-bin="$(realpath "$target/release/softrdma")"
-shims=()
-for s in ${SHIMS:-$target/release/shim}; do shims+=("$(realpath "$s")"); done
+. scripts/bench-lib.sh
+bench_builds
 prog="$target/empty-poll"
 cc -O2 -o "$prog" scripts/empty-poll.c -libverbs || exit 2
-. scripts/bench-lib.sh
 bench_devices "$bin" "${ADDR0:-127.0.0.1}" "${ADDR1:-127.0.0.2}"
 export SOFTRDMA_DATAPATH=provider
 for round in $(seq "${ROUNDS:-3}"); do

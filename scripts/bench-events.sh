@@ -11,12 +11,9 @@
 #          round runs every shim on the provider path, then the last shim on the device path)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-target="${CARGO_TARGET_DIR:-target}"
-bin="$(realpath "$target/release/softrdma")"
-lnet="$(realpath "$target/examples/lnet_bulk" 2>/dev/null)" || { echo "no $target/examples/lnet_bulk: run scripts/build-examples.sh" >&2; exit 2; }
-shims=()
-for s in ${SHIMS:-$target/release/shim}; do shims+=("$(realpath "$s")"); done
 . scripts/bench-lib.sh
+bench_builds
+lnet="$(realpath "$target/examples/lnet_bulk" 2>/dev/null)" || { echo "no $target/examples/lnet_bulk: run scripts/build-examples.sh" >&2; exit 2; }
 bench_devices "$bin" "${ADDR0:-127.0.0.1}" "${ADDR1:-127.0.0.2}"
 # lnet PEERS COUNT [--verify]: the client's MB/s.
 lnet() {

@@ -9,7 +9,17 @@
 #                                   $PAIR_CLIENT_DEV (default srdma1) to $addr0, retried while
 #                                   the server is not listening yet; prints the client's output.
 #   perftest_row                    reads perftest's output, prints its first result row.
+#   bench_builds                    sets $target (CARGO_TARGET_DIR or target), $bin (its
+#                                   softrdma) and the array $shims: each build of the shim named
+#                                   in $SHIMS (default $target/release/shim), as absolute paths.
 # The caller's environment (LD_LIBRARY_PATH, SOFTRDMA_DATAPATH, ...) reaches both programs.
+
+bench_builds() {
+  target="${CARGO_TARGET_DIR:-target}"
+  bin="$(realpath "$target/release/softrdma")"
+  shims=()
+  for s in ${SHIMS:-$target/release/shim}; do shims+=("$(realpath "$s")"); done
+}
 
 bench_devices() {
   bench_bin=$1

@@ -12,14 +12,11 @@
 #        PROGS="ib_write_lat ib_send_lat" scripts/bench-provider.sh   (only these programs)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-target="${CARGO_TARGET_DIR:-target}"
-bin="$(realpath "$target/release/softrdma")"
-shims=()
-for s in ${SHIMS:-$target/release/shim}; do shims+=("$(realpath "$s")"); done
+. scripts/bench-lib.sh
+bench_builds
 ub=../shared/tools/udpbench
 CARGO_TARGET_DIR="$PWD/target/udpbench" cargo build --release -q --manifest-path "$ub/Cargo.toml" || exit 2
 udpbench="$PWD/target/udpbench/release/udpbench"
-. scripts/bench-lib.sh
 bench_devices "$bin" "${ADDR0:-127.0.0.1}" "${ADDR1:-127.0.0.2}"
 # perf SHIM MODE PROG ARGS...: server on srdma0, client on srdma1; prints the client's first
 # result row.
