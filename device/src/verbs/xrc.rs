@@ -105,8 +105,10 @@ impl XrcSide {
             // The engine gives a region one key for both uses (rkey = lkey).
             let rkey = lkey;
             if let Err(e) = self.ctx.inner.call(Request::AliasRkey { lkey: twin_lkey, rkey }) {
-                // Another engine's key equal to this one (the low byte is random): RDMA through
-                // a target QP with it fails as a remote access error, sends still work.
+                // The provider's keys come from key blocks the daemon reserved for it
+                // (engine/src/device/keys.rs), so no key of the daemon's or of another provider
+                // equals this one; should the daemon refuse anyway, RDMA through a target QP
+                // with it fails as a remote access error, and sends still work.
                 tracing::warn!("XRC side: rkey {rkey:#x} of region {lkey:#x} not usable through target QPs: {e}");
             }
         }
