@@ -10,7 +10,7 @@ use crate::bench::Table;
 /// as printed, and its test.
 type Target = (&'static str, &'static str, &'static str, &'static str, &'static str, fn(f64) -> bool);
 
-const TARGETS: [Target; 8] = [
+const TARGETS: [Target; 9] = [
     (
         "ib_send_lat 2 B across / busy-poll UDP one-way",
         "ib_send_lat_2_across",
@@ -18,6 +18,16 @@ const TARGETS: [Target; 8] = [
         "udp_busy_oneway_us",
         "<= 1.3",
         |v| v <= 1.3,
+    ),
+    // Not a target: the same latency over the floor of what an RC SEND ping-pong puts on the
+    // wire per one-way (the SEND and the ACK of the peer's SEND, crate::bench_floor).
+    (
+        "ib_send_lat 2 B across / busy-poll UDP one-way of a message and its ACK",
+        "ib_send_lat_2_across",
+        "us",
+        "udp_pair_oneway_us",
+        "-",
+        |_| true,
     ),
     (
         "ib_write_lat 2 B across / busy-poll UDP one-way",
@@ -110,7 +120,7 @@ fn plausible(reference: &str) -> std::ops::RangeInclusive<f64> {
         "ucx_put_bw_gbps" => 0.25..=f64::INFINITY,
         "memcpy_cold_gbps" => 2.0..=f64::INFINITY,
         "ucx_tag_bw_64_mps" => 0.01..=f64::INFINITY,
-        "udp_busy_oneway_us" => 0.1..=40.0,
+        "udp_busy_oneway_us" | "udp_pair_oneway_us" => 0.1..=40.0,
         "ucx_tag_lat_us" => 0.1..=150.0,
         "fi_lat_us" => 0.1..=200.0,
         "udp_block_rtt_us" => 0.1..=400.0,

@@ -25,6 +25,7 @@
 
 mod bench;
 mod bench_cluster;
+mod bench_floor;
 mod bench_parse;
 mod bench_progress;
 mod bench_ratio;

@@ -288,6 +288,25 @@ fn recv_budget_bounds_one_call() {
 }
 
 #[test]
+fn a_lone_read_takes_one_buffer_and_leaves_the_rest_queued() {
+    let mut devs = bind_group(&[A, B], 22_300, 0xCE00, 1, false, false);
+    let mut b = devs.pop().unwrap();
+    let mut a = devs.pop().unwrap();
+    let mut seen = Vec::new();
+    // An empty socket: nothing, and no error.
+    assert_eq!(b.recv_lone(&mut |d| seen.push(d.payload.to_vec())).unwrap(), 0);
+    for i in 0..5u32 {
+        a.send(B, a.sport_base(), &i.to_be_bytes()).unwrap();
+    }
+    sleep(Duration::from_millis(100));
+    // One datagram (one buffer) only; the other four stay in the kernel's queue, in order.
+    assert_eq!(b.recv_lone(&mut |d| seen.push(d.payload.to_vec())).unwrap(), 1);
+    assert_eq!(seen, vec![0u32.to_be_bytes().to_vec()]);
+    assert_eq!(b.recv(&mut |d| seen.push(d.payload.to_vec())).unwrap(), 4);
+    assert_eq!(seen, (0..5u32).map(|i| i.to_be_bytes().to_vec()).collect::<Vec<_>>());
+}
+
+#[test]
 fn bind_conflict_names_the_address() {
     let mut devs = bind_group(&[A], 22_000, 0xCA00, 1, true, true);
     let a = devs.pop().unwrap();

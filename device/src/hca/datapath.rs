@@ -178,6 +178,19 @@ impl State {
     /// responses) must not wait until the socket is empty, or a sender retransmitting faster than
     /// we drain would never hear from us.
     pub(super) fn receive(&mut self) -> usize {
+        self.receive_with(false)
+    }
+
+    /// [`State::receive`] for a spinning application poll: after a read that found the socket
+    /// empty, the next one asks for a lone buffer (`RoceUdp::recv_lone`); a caller that
+    /// wants the rest of a burst calls [`State::receive`] next.
+    pub(super) fn receive_spin(&mut self) -> usize {
+        let n = self.receive_with(self.spin_found_empty);
+        self.spin_found_empty = n == 0;
+        n
+    }
+
+    fn receive_with(&mut self, lone: bool) -> usize {
         // Work posted before these packets arrived must be in the engine when they are handled
         // (a receive posted before the peer's SEND was posted is there for it, as on an HCA).
         let moved = self.service_rings();
@@ -185,7 +198,7 @@ impl State {
         let now = self.now();
         let addr = self.addr();
         let State { udp, dev, tap, io, epoch, relay, .. } = self;
-        let r = udp.recv(&mut |d| {
+        let mut each = |d: softrdma_transport::udp::Datagram<'_>| {
             io.udp_rcvd += 1;
             // Another member's (a GRO run the kernel gave to the owner of its first segment):
             // it goes on to its owner, which captures and handles it (`relay`).
@@ -193,7 +206,8 @@ impl State {
                 return;
             }
             deliver(dev, tap, epoch, now, addr, d.src, d.dst, d.segment, d.payload);
-        });
+        };
+        let r = if lone { udp.recv_lone(&mut each) } else { udp.recv(&mut each) };
         self.send_relayed();
         r.unwrap_or(0)
     }

@@ -434,6 +434,8 @@ struct State {
     /// be held back only then (a ping-pong's next post sends them; a program that only polls,
     /// a stream's receiver, would hold each batch's ACK until its next poll: measured slower).
     posted_send: bool,
+    /// A spinning application poll's last read found the socket empty (`State::receive_spin`).
+    spin_found_empty: bool,
     /// When an application thread last posted a send (`Hca::drive_post`).
     last_post: Option<Instant>,
     /// Datagrams for other members of the steered port, and the links they go on.
@@ -709,6 +711,7 @@ impl Hca {
             direct_cqs: cfg.progress == Progress::Application,
             tx_owed: false,
             posted_send: false,
+            spin_found_empty: false,
             last_post: None,
             relay,
         };

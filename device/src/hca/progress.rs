@@ -434,7 +434,8 @@ impl Hca {
                 if batch > 0 {
                     st.refresh_clock();
                 }
-                let n = st.receive();
+                // The first read of a spinning poll (it keeps the socket) is a short one.
+                let n = if batch == 0 && take_socket { st.receive_spin() } else { st.receive() };
                 if n == 0 {
                     break;
                 }

@@ -483,11 +483,29 @@ impl RoceUdp {
     /// An error is returned only if nothing was delivered; after a partial read the next call
     /// meets it again.
     pub fn recv(&mut self, f: &mut dyn FnMut(Datagram<'_>)) -> io::Result<usize> {
+        self.recv_from_first(RECV_BATCH, f)
+    }
+
+    /// [`RoceUdp::recv`] for a thread that spins on the socket and found it empty last time:
+    /// the first `recvmmsg` asks for one buffer only, and when it gets one the call returns
+    /// there, without the kernel's look for a second (on a nonblocking socket `recvmmsg` tries
+    /// the queue once more after each buffer it fills, and on loopback that empty try costs
+    /// ~0.1 us: BENCHMARKS.md, "The two datagrams of a one-way"). A lone arrival (a ping-pong's
+    /// message: the peer's GSO send arrives as one buffer) is the common case there; a caller
+    /// that gets one buffer and wants the rest of a burst calls [`RoceUdp::recv`] next. What
+    /// stays queued stays in the kernel, so a level-triggered poll still sees the socket
+    /// readable.
+    pub fn recv_lone(&mut self, f: &mut dyn FnMut(Datagram<'_>)) -> io::Result<usize> {
+        self.recv_from_first(1, f)
+    }
+
+    fn recv_from_first(&mut self, first: usize, f: &mut dyn FnMut(Datagram<'_>)) -> io::Result<usize> {
         let fd = self.recv.as_raw_fd();
         let mut delivered = 0usize;
         let mut buffers = 0usize;
         while buffers < RECV_BUDGET {
-            let want = (RECV_BUDGET - buffers).min(RECV_BATCH);
+            let cap = if buffers == 0 { first } else { RECV_BATCH };
+            let want = (RECV_BUDGET - buffers).min(cap);
             let n = match self.ring.fill(fd, want) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -528,8 +546,9 @@ impl RoceUdp {
                 }
                 delivered += segments;
             }
-            if n < want {
+            if n < want || (buffers == n && first < RECV_BATCH) {
                 // recvmmsg on a nonblocking socket returns what is queued: the queue is empty now.
+                // Or a short first read (`recv_lone`) got what it asked for.
                 break;
             }
         }
