@@ -519,7 +519,8 @@ impl Hca {
     }
 
     /// An application thread's poll returned completions. With `answer_likely` (it got a
-    /// message, or more completions wait in its other CQs) and a send posted since its last
+    /// message, or more completions wait in its other CQs, or the poll held answers back for
+    /// its next post) and a send posted since its last
     /// completions or a deferral pending (a ping-pong: it answers what it gets), the handoff
     /// ends after that thread's next send has left (`Hca::drive_post`, `Hca::post_send`), so
     /// that the `epoll_ctl` giving the socket back to the progress thread is not between the
@@ -534,6 +535,14 @@ impl Hca {
         // A deferral pending from the poll before (the send's completion, then the message, on
         // two CQs) stays.
         let posted = sh.posted_since_poll.swap(false, Ordering::Relaxed) || sh.end_after_post.load(Ordering::Relaxed);
+        // Answers this poll held back for the thread's next post (`Hca::drive`: the run that
+        // completed its work also brought a request of the peer, which only needs an ACK): an
+        // answer is likely too. ib_write_lat's poll returns only its send's completion, while
+        // the run also held the peer's RDMA WRITE, already in the memory the program then finds
+        // changed before it posts again; ending the handoff at once put an `epoll_ctl` (~0.45
+        // us) between that WRITE and the answer (BENCHMARKS.md, "The handoff's end in
+        // ib_write_lat").
+        let answer_likely = answer_likely || sh.tx_owed.load(Ordering::Relaxed);
         if answer_likely && posted && end_after_post_on() && sh.handed_off.load(Ordering::Relaxed) {
             sh.end_after_post.store(true, Ordering::Relaxed);
         } else {
