@@ -787,3 +787,49 @@ fn the_poll_after_arming_leaves_the_socket_to_the_progress_thread() {
         assert_eq!(sleeper.join().unwrap(), (true, Some((10 + round, WcStatus::Success))), "round {round}");
     }
 }
+
+/// A progress thread whose application makes no call (it sleeps elsewhere, as the target of
+/// ib_write_bw does) goes on looking at the socket after the work it found, instead of sleeping
+/// in poll until the peer's next burst wakes it; one whose application keeps calling (here it
+/// posts receives) sleeps after its work: its calls come, and on two cores a third busy thread
+/// would only preempt the application's. Counted in `progress_looks` (no CQ is armed here).
+#[test]
+fn a_progress_thread_keeps_looking_while_its_application_makes_no_call() {
+    // A long window (the default is 10 ms), so that a busy machine's scheduler cannot make b's
+    // calls look far apart.
+    let dev = |name: &str, addr: IpAddr| {
+        app_device(name, addr, 47966, |c| {
+            c.seed = Some(47966);
+            c.idle_look_after = Duration::from_millis(300);
+        })
+    };
+    let (da, db) = (dev("idle0", A), dev("idle1", B));
+    let (a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
+    connect(&a, &b, Mtu::Mtu1024);
+    let looks = || db.counters().1.progress_looks;
+    let write = |id: u64| {
+        let wr = SendWr::new(
+            id,
+            SendOp::Write { remote_addr: b.mr.addr() + 4096, rkey: b.mr.rkey() },
+            vec![a.mr.sge(0..256)],
+        );
+        a.qp.post_send(vec![wr]).unwrap();
+        assert_eq!(one(&a.cq).status, WcStatus::Success);
+    };
+    // b's application calls every millisecond: its progress thread answers each WRITE and
+    // sleeps.
+    let before = looks();
+    for i in 0..20 {
+        b.qp.post_recv(vec![RecvWr { wr_id: i, sg_list: vec![b.mr.sge(0..64)] }]).unwrap();
+        write(i);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(looks(), before, "the progress thread kept looking while its application called");
+    // b's application makes no call: each WRITE (a burst 400 ms apart) has the progress thread
+    // looking after it.
+    for i in 0..3 {
+        std::thread::sleep(Duration::from_millis(400));
+        write(100 + i);
+    }
+    assert!(looks() >= before + 3, "looks after work for an application without calls: {}", looks() - before);
+}

@@ -60,7 +60,9 @@ mod relay;
 
 use self::fork::{register_member_fds, unregister_member_fds};
 use self::progress::*;
-pub use self::progress::{Progress, END_AFTER_POST_WAIT, HANDOFF_IDLE, HANDOFF_LOOK_MAX, PROGRESS_SPIN, TX_DEFER};
+pub use self::progress::{
+    Progress, END_AFTER_POST_WAIT, HANDOFF_IDLE, HANDOFF_LOOK_MAX, IDLE_LOOK_AFTER, PROGRESS_SPIN, TX_DEFER,
+};
 
 /// A descriptor an answer hands to its client (an event fd, a member socket of the steered port).
 pub type OutFd = Arc<dyn AsFd + Send + Sync>;
@@ -139,6 +141,10 @@ pub struct HcaConfig {
     /// that polled it and then stopped without a completion ([`HANDOFF_IDLE`], or
     /// `$SOFTRDMA_HANDOFF_US`; zero: no handoff, the progress thread always waits on the socket).
     pub handoff_idle: std::time::Duration,
+    /// [`Progress::Application`]: after how long without a call of the application (a poll or
+    /// a post) its progress thread takes it for one that makes none, and goes on looking after
+    /// the work it finds ([`PROGRESS_SPIN`]; [`IDLE_LOOK_AFTER`] by default).
+    pub idle_look_after: std::time::Duration,
     /// Make the port a steered `SO_REUSEPORT` group (`softrdma_transport::steer`), so that
     /// clients can run their own QPs on it (`Request::JoinSteering`). The daemon does this;
     /// where the kernel refuses, the device runs unsteered and says so to a client that asks.
@@ -176,6 +182,7 @@ impl HcaConfig {
             max_cqe: None,
             progress: Progress::from_env(),
             handoff_idle: handoff_idle_from_env(),
+            idle_look_after: IDLE_LOOK_AFTER,
             steered: false,
         }
     }
@@ -373,6 +380,10 @@ pub struct IoCounters {
     /// Datagrams for another member that could not be passed on (a full link, no owner, a bad
     /// frame on a link).
     pub relay_lost: u64,
+    /// Times a progress thread ([`Progress::Application`]) went on looking at the socket after
+    /// work ([`PROGRESS_SPIN`]) instead of sleeping in poll: while a CQ was armed for a
+    /// channel, or while the application made no call.
+    pub progress_looks: u64,
 }
 
 struct State {
@@ -438,6 +449,9 @@ struct State {
     spin_found_empty: bool,
     /// When an application thread last posted a send (`Hca::drive_post`).
     last_post: Option<Instant>,
+    /// Calls of the application's threads that reach the state (polls, posts): the progress
+    /// thread tells from its changes whether the application makes calls at all.
+    app_calls: u64,
     /// Datagrams for other members of the steered port, and the links they go on.
     relay: relay::Relay,
 }
@@ -490,6 +504,8 @@ pub(crate) struct Shared {
     handed_off: AtomicBool,
     /// `HcaConfig::handoff_idle`.
     handoff_idle: std::time::Duration,
+    /// `HcaConfig::idle_look_after`.
+    idle_look_after: std::time::Duration,
     /// When an application thread last read the socket (ns since `epoch`).
     last_drive_ns: std::sync::atomic::AtomicU64,
     /// A poll returned a message (or found more completions waiting) while the socket was handed
@@ -713,6 +729,7 @@ impl Hca {
             posted_send: false,
             spin_found_empty: false,
             last_post: None,
+            app_calls: 0,
             relay,
         };
         let shared = Arc::new(Shared {
@@ -722,6 +739,7 @@ impl Hca {
             info,
             progress: cfg.progress,
             handoff_idle: cfg.handoff_idle,
+            idle_look_after: cfg.idle_look_after,
             sleep_until: std::sync::atomic::AtomicU64::new(u64::MAX),
             poll_set,
             udp_poll,

@@ -21,7 +21,8 @@ pub enum Progress {
     /// empty CQ receives, runs the timers and writes completions. The device thread becomes a
     /// *progress thread*: it serves what no call drives (one-sided targets, timers,
     /// completion-channel sleepers) from a blocking poll on the socket, the doorbell and the
-    /// engine's next timer, and spins only while a CQ is armed (see [`PROGRESS_SPIN`]). While an application thread polls the socket itself (its CQ is
+    /// engine's next timer, and keeps looking after work only while a CQ is armed or the
+    /// application makes no call (see [`PROGRESS_SPIN`]). While an application thread polls the socket itself (its CQ is
     /// empty and it keeps looking), the socket leaves the progress thread's wait set, so that
     /// the datagrams that thread is about to read do not wake a second one (see [`HANDOFF_IDLE`]).
     Application,
@@ -114,6 +115,8 @@ pub(super) fn run(sh: &Shared) {
     // How long this thread sleeps between two looks at a handed-off socket (see HANDOFF_LOOK_MAX).
     let look_base = (sh.handoff_idle.min(TX_DEFER).as_nanos() as u64).max(1);
     let mut look_every = look_base;
+    // The application's call count as last seen, and when it last changed.
+    let mut calls_seen = (0u64, std::time::Instant::now());
     loop {
         if sh.stop.load(Ordering::SeqCst) {
             return;
@@ -191,9 +194,20 @@ pub(super) fn run(sh: &Shared) {
             // the next packet (an RDMA READ's next request, the next ACK of a chained list).
             // A program that spins on memory instead (ib_write_lat) arms nothing: there two
             // spinning threads already hold the two cores, and a third would only preempt them.
+            // The same look after work serves a program that makes no call at all (none for
+            // IDLE_LOOK_AFTER): it sleeps elsewhere, as the target of ib_write_bw or ib_read_bw
+            // does in its TCP exchange, and every request of the peer's next burst waits for
+            // this thread alone. Blocking in poll there cost a wake-up per burst (ib_write_bw
+            // 64 B across: 0.76-0.82 M msg/s against 1.0-1.06 with the look, BENCHMARKS.md
+            // "The target's progress thread").
+            let t = std::time::Instant::now();
+            if st.app_calls != calls_seen.0 {
+                calls_seen = (st.app_calls, t);
+            }
+            let idle_application = t.duration_since(calls_seen.1) >= sh.idle_look_after && idle_look_on();
             let spin_for = if !application {
                 spin_time()
-            } else if st.armed_cqs > 0 {
+            } else if st.armed_cqs > 0 || idle_application {
                 progress_spin_time()
             } else {
                 std::time::Duration::ZERO
@@ -203,6 +217,9 @@ pub(super) fn run(sh: &Shared) {
             } else if !spin_for.is_zero() && (st.io.ring_wqes + st.io.udp_rcvd != before || received) {
                 if spin_until.is_none() {
                     st.set_polling(true);
+                    if application {
+                        st.io.progress_looks += 1;
+                    }
                 }
                 spin_until = Some(std::time::Instant::now() + spin_for);
             }
@@ -370,13 +387,28 @@ fn progress_spin_time() -> std::time::Duration {
 
 /// How long a [`Progress::Application`] device's progress thread keeps looking (yielding the CPU
 /// between two looks) after work it found, while the application sleeps on a completion
-/// channel (200 us). A wake-up from a blocking poll costs tens of microseconds on a busy
+/// channel or makes no call at all (200 us). A wake-up from a blocking poll costs tens of microseconds on a busy
 /// machine (UDP blocking ping-pong: 59 us round trip against 3.2 busy-polling, BENCHMARKS.md),
 /// and an event-driven program's transfers are chains of such hops that only the progress
 /// threads serve: lnet_bulk's GET (one RDMA READ in flight, `initiator_depth` 1) waited one
 /// wake-up per 4 KiB page. Measured in BENCHMARKS.md ("Progress threads that keep looking while
 /// the application sleeps").
 pub const PROGRESS_SPIN: std::time::Duration = std::time::Duration::from_micros(200);
+
+/// Whether a progress thread keeps looking after work while the application makes no call (see
+/// `run`): yes, unless $SOFTRDMA_IDLE_LOOK=0 (a tuning knob, read once, so that BENCHMARKS.md can
+/// compare).
+fn idle_look_on() -> bool {
+    static S: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *S.get_or_init(|| std::env::var("SOFTRDMA_IDLE_LOOK").map_or(true, |v| v != "0"))
+}
+
+/// After how long without a call (a poll or a post) a [`Progress::Application`] device's
+/// progress thread takes its application for one that makes none (10 ms; `HcaConfig`'s
+/// `idle_look_after`): a program that posts and polls calls far more often (a stream's polls,
+/// a ping-pong's post per round trip), and one that computes between calls for longer has its
+/// progress thread serve its targets in the meantime.
+pub const IDLE_LOOK_AFTER: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// Whether a poll may leave the handoff's end for the next send ([`Hca::end_handoff_after_poll`]):
 /// yes, unless $SOFTRDMA_END_AFTER_POST=0 (a tuning knob, read once, so that BENCHMARKS.md can
@@ -479,6 +511,7 @@ impl Hca {
         drive: bool,
     ) -> Option<(Vec<softrdma_engine::wr::WorkCompletion>, bool)> {
         let mut st = self.shared.lock();
+        st.app_calls += 1;
         if !st.clients.get(&owner).is_some_and(|c| c.direct_cqs.contains_key(&cq))
             || st.dev.memory_ref().has_helper(owner)
         {
@@ -612,7 +645,9 @@ impl Hca {
     /// [`Hca::drive_post`]'s receives, the next pump answers what they let in). On a request the
     /// engine refuses the ones before it stay posted; returns that error and its index.
     pub fn post_recv(&self, owner: u32, qpn: Qpn, entries: Vec<RecvEntry>) -> Result<(), (VerbsError, usize)> {
-        self.shared.lock().post_recv_direct(owner, qpn, entries)
+        let mut st = self.shared.lock();
+        st.app_calls += 1;
+        st.post_recv_direct(owner, qpn, entries)
     }
 
     /// After a post to QP `qpn`'s send queue: sends now, or leaves the new work for the next
@@ -620,6 +655,7 @@ impl Hca {
     /// [`Hca::drive_post`]).
     fn posted(&self, st: &mut State, now: softrdma_engine::time::Instant, qpn: Qpn, stream: bool) {
         st.posted_send = true;
+        st.app_calls += 1;
         self.shared.posted_since_poll.store(true, Ordering::Relaxed);
         st.last_post = Some(now);
         if stream && st.dev.awaiting_response(qpn) {
