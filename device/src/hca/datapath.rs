@@ -262,9 +262,19 @@ impl State {
                 // when the packet does not.
                 let id = self.gso.next_id();
                 let opts = TransmitOptions { ip_id: id, loopback_icrc, requester_first };
-                let Some(t) = self.dev.poll_transmit_with(now, &mut buf, opts) else { break };
-                trace_packet("tx", &buf[..t.len]);
-                self.emit(now, t, &buf[..t.len], id);
+                if self.gso.enabled && !self.faults.is_active() {
+                    // Built in place, at the end of the GSO batch it most likely joins: no copy
+                    // of the packet into the batch (4 KiB a packet in a bulk transfer).
+                    let at = self.gso.used;
+                    let room = &mut self.gso.buf[at..at + PACKET_ROOM];
+                    let Some(t) = self.dev.poll_transmit_with(now, room, opts) else { break };
+                    trace_packet("tx", &self.gso.buf[at..at + t.len]);
+                    self.emit_placed(t, id);
+                } else {
+                    let Some(t) = self.dev.poll_transmit_with(now, &mut buf, opts) else { break };
+                    trace_packet("tx", &buf[..t.len]);
+                    self.emit(now, t, &buf[..t.len], id);
+                }
                 sent += 1;
                 if sent == 256 {
                     break;
@@ -431,38 +441,80 @@ impl State {
             }
             return;
         }
+        if data.len() > PACKET_ROOM {
+            // Larger than anything the engine builds: alone, after the batch.
+            self.flush();
+            self.capture(dst, sport, data, 0);
+            match self.udp.send(dst, sport, data) {
+                Ok(()) => self.io.udp_sent += 1,
+                Err(_) => self.io.send_errors += 1,
+            }
+            return;
+        }
+        // The packet goes where the batch being built ends (the batch may leave first, see
+        // `wire_placed`).
+        let at = self.gso.used;
+        softrdma_engine::copy::copy_bytes(&mut self.gso.buf[at..at + data.len()], data);
+        self.wire_placed(dst, sport, data.len(), icrc_id, flip);
+    }
+
+    /// [`State::wire`] of the packet already at the end of the GSO batch being built (at
+    /// `gso.buf[gso.used..]`, `len` bytes): it joins the batch, or the batch leaves and the packet
+    /// moves to the start of the next one.
+    fn wire_placed(&mut self, dst: IpAddr, sport: u16, len: usize, icrc_id: u16, flip: Option<usize>) {
+        let at = self.gso.used;
         let b = &self.gso;
         // One destination QP per GSO send: a receiver's steered port picks the socket for the
         // whole run by its first segment.
-        let dqpn = softrdma_transport::steer::dest_qpn(data).unwrap_or(u32::MAX);
+        let dqpn = softrdma_transport::steer::dest_qpn(&b.buf[at..at + len]).unwrap_or(u32::MAX);
         let fits = b.n > 0
             && b.dst == dst
             && b.dqpn == dqpn
             && b.sport == sport
             && !b.closed
-            && data.len() <= b.seg
+            && len <= b.seg
             && b.n < MAX_GSO_SEGMENTS
-            && b.buf.len() + data.len() <= udp::MAX_GSO_BYTES;
+            && at + len <= udp::MAX_GSO_BYTES;
         if !fits {
             self.flush();
             let b = &mut self.gso;
+            if at > 0 {
+                b.buf.copy_within(at..at + len, 0);
+            }
             b.dst = dst;
             b.dqpn = dqpn;
             b.sport = sport;
-            b.seg = data.len();
+            b.seg = len;
             b.closed = false;
         }
         let k = self.gso.n as u16;
-        let start = self.gso.buf.len();
+        let start = self.gso.used;
         let mut buf = std::mem::take(&mut self.gso.buf);
-        softrdma_engine::copy::extend_bytes(&mut buf, data);
-        self.fix_icrc(dst, sport, &mut buf[start..], icrc_id, k);
-        flip_bit(&mut buf[start..], flip);
-        self.capture(dst, sport, &buf[start..], k);
+        let seg = &mut buf[start..start + len];
+        self.fix_icrc(dst, sport, seg, icrc_id, k);
+        flip_bit(seg, flip);
+        self.capture(dst, sport, seg, k);
         self.gso.buf = buf;
+        self.gso.used += len;
         self.gso.n += 1;
         // A shorter segment can only be the last of a GSO send.
-        self.gso.closed = data.len() < self.gso.seg;
+        self.gso.closed = len < self.gso.seg;
+    }
+
+    /// A packet the engine built in place at the end of the GSO batch (see [`State::pump_with`]):
+    /// to the wire from there, or, for this device's own QPs and multicast groups, copied out
+    /// and delivered as [`State::emit`] does (no fault injection is on).
+    fn emit_placed(&mut self, t: Transmit, icrc_id: u16) {
+        let at = self.gso.used;
+        let data = &self.gso.buf[at..at + t.len];
+        let addr = self.addr();
+        let local = t.dst == addr && softrdma_transport::steer::dest_qpn(data).is_none_or(|q| self.dev.owns_qpn(q));
+        if local || t.dst.is_multicast() {
+            let d = data.to_vec();
+            self.deliver(t.dst, t.src_port, &d, icrc_id, None);
+        } else {
+            self.wire_placed(t.dst, t.src_port, t.len, icrc_id, None);
+        }
     }
 
     /// Sends the GSO batch being built, if any.
@@ -471,17 +523,18 @@ impl State {
         if b.n == 0 {
             return;
         }
+        let data = &b.buf[..b.used];
         let r = if b.n == 1 {
-            self.udp.send(b.dst, b.sport, &b.buf)
+            self.udp.send(b.dst, b.sport, data)
         } else {
-            self.udp.send_segments(b.dst, b.sport, &b.buf, b.seg)
+            self.udp.send_segments(b.dst, b.sport, data, b.seg)
         };
         match r {
             Ok(()) => self.io.udp_sent += b.n as u64,
             Err(_) => self.io.send_errors += b.n as u64,
         }
         b.n = 0;
-        b.buf.clear();
+        b.used = 0;
     }
 
     /// Async events to their owners; completion channel events for armed CQs.

@@ -465,7 +465,11 @@ struct Gso {
     seg: usize,
     n: usize,
     closed: bool,
+    /// The batch's packets, `used` bytes of them, and room for one packet more after the
+    /// largest batch (the engine builds packets there: `State::pump_with`). Its length never
+    /// changes.
     buf: Vec<u8>,
+    used: usize,
 }
 
 impl Gso {
@@ -478,6 +482,9 @@ impl Gso {
         }
     }
 }
+
+/// The most a packet the engine builds takes (4096 bytes of payload and the headers).
+const PACKET_ROOM: usize = 4096 + 256;
 
 /// Most segments in one GSO send: 64 is what 6.1 kernels take (newer ones take 128).
 const MAX_GSO_SEGMENTS: usize = 64;
@@ -711,7 +718,7 @@ impl Hca {
             armed_cqs: 0,
             xrcd_files: HashMap::default(),
             groups: Default::default(),
-            buf: vec![0u8; 4096 + 256],
+            buf: vec![0u8; PACKET_ROOM],
             io: IoCounters::default(),
             gso: Gso {
                 enabled: cfg.gso,
@@ -721,7 +728,8 @@ impl Hca {
                 seg: 0,
                 n: 0,
                 closed: false,
-                buf: Vec::with_capacity(udp::MAX_GSO_BYTES),
+                buf: vec![0; udp::MAX_GSO_BYTES + PACKET_ROOM],
+                used: 0,
             },
             cqes_written: 0,
             direct_cqs: cfg.progress == Progress::Application,
