@@ -107,6 +107,15 @@ pub(crate) const EINVAL: Errno = Errno(libc::EINVAL);
 /// (`softrdma_device::signals::keep_off_this_thread`), so a program's handler runs on the
 /// program's threads. What C callers free with free(3) (rdma_getaddrinfo's results, the
 /// device list) is allocated with the C library's calloc/malloc explicitly.
+///
+/// Built without mimalloc's request for transparent huge pages (its `no_thp` feature): its arenas
+/// follow the system's policy, as the C library's malloc does. With the request, every first
+/// touch of a fresh 2 MiB stretch of an arena zeroed all of it: a WRITE target's progress thread
+/// spent its first ~30 ms in the kernel's `clear_page` (a 500-message ib_write_bw at a third of
+/// the speed of a long one), and the programs' resident memory doubled (BENCHMARKS.md, "The
+/// shim's allocator and huge pages"). The option that turns it off at run time would turn off
+/// transparent huge pages for the whole program (`PR_SET_THP_DISABLE`), not only for this
+/// library's memory.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
