@@ -106,7 +106,11 @@ perf() {
   if [ "$src" = 0 ] && [ "$crc" = 0 ] && [ "$rows" -ge "${want_rows:-1}" ]; then
     result "$name ($rows result rows)" ok
   else
-    result "$name" fail "server rc=$src client rc=$crc, $rows result rows; server: $(tail -n 4 "$slog" | tr '\n' ' ') client: $(tail -n 4 "$clog" | tr '\n' ' ')"
+    # perftest's errors go to stderr at once and its tables to stdout at exit: a log's tail is
+    # its table's header, so the lines that say what went wrong are picked out first.
+    local errs
+    errs=$(grep -h -i -m 4 -E "error|fail|couldn|unable|wrong|timed? ?out|refused" "$slog" "$clog" | tr '\n' ' ')
+    result "$name" fail "server rc=$src client rc=$crc, $rows result rows; errors: ${errs:-none printed}; server: $(tail -n 4 "$slog" | tr '\n' ' ') client: $(tail -n 4 "$clog" | tr '\n' ' ')"
   fi
 }
 
