@@ -4,6 +4,39 @@
 
 use super::*;
 
+/// The GSO send being built.
+pub(super) struct Gso {
+    pub(super) enabled: bool,
+    pub(super) dst: IpAddr,
+    pub(super) dqpn: u32,
+    pub(super) sport: u16,
+    pub(super) seg: usize,
+    pub(super) n: usize,
+    pub(super) closed: bool,
+    /// The batch's packets, `used` bytes of them, and room for one packet more after the
+    /// largest batch (the engine builds packets there: `State::pump_with`). Its length never
+    /// changes.
+    pub(super) buf: Vec<u8>,
+    pub(super) used: usize,
+}
+
+impl Gso {
+    /// The IPv4 ID the next packet gets if it joins the send being built (0 if a new one starts).
+    pub(super) fn next_id(&self) -> u16 {
+        if self.enabled && self.n > 0 && !self.closed && self.n < MAX_GSO_SEGMENTS {
+            self.n as u16
+        } else {
+            0
+        }
+    }
+}
+
+/// The most a packet the engine builds takes (4096 bytes of payload and the headers).
+pub(super) const PACKET_ROOM: usize = 4096 + 256;
+
+/// Most segments in one GSO send: 64 is what 6.1 kernels take (newer ones take 128).
+const MAX_GSO_SEGMENTS: usize = 64;
+
 /// Flips one bit of a packet (fault injection), if asked.
 fn flip_bit(d: &mut [u8], bit: Option<usize>) {
     if let Some(b) = bit.filter(|b| b / 8 < d.len()) {
