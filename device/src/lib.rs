@@ -19,6 +19,7 @@ pub mod client;
 mod cm;
 pub mod daemon;
 pub mod faults;
+pub mod guard;
 pub mod hca;
 pub mod mcast;
 pub mod memory;

@@ -1,9 +1,11 @@
 //! How the device reaches its clients' memory (design D3): `process_vm_readv`/`process_vm_writev`
 //! on the client's pid, after the engine has checked the key, bounds and access rights against its
-//! memory region table. A device running in its client's own process (a provider) writes the
-//! buffers the client posted itself (receives, READ and atomic results) directly
-//! ([`Memory::write_local`]); what a remote peer asks for (RDMA WRITE, READ, atomics) keeps to the
-//! system calls, which fail on memory the program has unmapped instead of crashing it.
+//! memory region table. A device running in its client's own process (a provider) reaches that
+//! process's memory by guarded copies instead ([`crate::guard`]: no system call, and a fault on
+//! memory the program has unmapped fails the access instead of crashing the program): the
+//! buffers the client posted itself (receives, READ and atomic results, [`Memory::write_local`]),
+//! a peer's RDMA WRITE, and what a READ response or a send reads. Atomics keep to the system
+//! calls.
 //!
 //! Atomics are a read and a write under the device lock, so they are atomic with respect to every
 //! other RDMA atomic on the device (IBV_ATOMIC_HCA, what `ibv_query_device` reports), as on an HCA;
@@ -60,6 +62,11 @@ pub struct ProcessMemory {
     pub writes: u64,
     /// Accesses served by clients' memory helpers.
     pub helper_ops: u64,
+    /// Accesses to this process's own memory by guarded copy ([`crate::guard`]).
+    pub guarded_copies: u64,
+    /// This process's own memory is reached like another's (system calls), not by guarded
+    /// copies ([`ProcessMemory::set_guarded`]).
+    unguarded: bool,
     /// Writes accepted but not yet made (see [`ProcessMemory::flush`]): owner, remote address,
     /// and the data's place in `pending_data`.
     pending: Vec<(Owner, u64, std::ops::Range<usize>)>,
@@ -78,6 +85,14 @@ const PENDING_BYTES: usize = 1 << 20;
 const PENDING_WRITES: usize = 1024;
 
 impl ProcessMemory {
+    /// Whether this process's own memory is reached by guarded copies (the default where they
+    /// are available, [`crate::guard`]) or, with `false`, by the system calls that reach another
+    /// process's (`$SOFTRDMA_GUARDED_COPY=0` sets it so, to compare the two), except the buffers
+    /// the process posted itself, which it then copies unguarded.
+    pub fn set_guarded(&mut self, on: bool) {
+        self.unguarded = !on;
+    }
+
     /// Maps an owner to its process.
     pub fn attach(&mut self, owner: Owner, pid: i32) {
         self.pids.insert(owner, pid);
@@ -348,6 +363,28 @@ impl ProcessMemory {
             && !self.helpers.contains_key(&owner)
     }
 
+    /// Whether `[addr, addr+len)` of `owner` is this process's own memory, reached by a guarded
+    /// copy ([`crate::guard`]): what a peer's WRITE lands in and a READ or send is read from,
+    /// with no system call, and a fault there fails the access instead of crashing the program.
+    fn guarded(&self, owner: Owner, addr: u64, len: usize) -> bool {
+        self.direct(owner, addr, len) && self.guard_on()
+    }
+
+    fn guard_on(&self) -> bool {
+        !self.unguarded && crate::guard::available()
+    }
+
+    /// A guarded copy's result: a fault is counted, as a failed cross-process access is.
+    fn guarded_result(&mut self, ok: bool, addr: u64, len: usize) -> Result<(), MemoryError> {
+        self.guarded_copies += 1;
+        if ok {
+            Ok(())
+        } else {
+            self.faults += 1;
+            Err(MemoryError { addr, len })
+        }
+    }
+
     /// The staging offset of `[addr, addr+len)` if it is a staging address range.
     fn staging(addr: u64, len: usize) -> Option<usize> {
         let rel = addr.checked_sub(STAGE_VA)?;
@@ -437,6 +474,10 @@ impl Memory for ProcessMemory {
 
     fn read_ahead(&mut self, owner: Owner, addr: u64, buf: &mut [u8], avail: u64) -> Result<(), MemoryError> {
         let len = buf.len();
+        if self.guarded(owner, addr, len) {
+            // Reading the program's memory costs no more than reading ahead would.
+            return self.read(owner, addr, buf);
+        }
         let inside = |base: u64, have: usize| {
             addr.checked_sub(base).is_some_and(|o| o.checked_add(len as u64).is_some_and(|e| e <= have as u64))
         };
@@ -481,6 +522,14 @@ impl Memory for ProcessMemory {
         if len == 0 {
             return Ok(());
         }
+        if self.guarded(owner, addr, len) {
+            if !self.pending.is_empty() {
+                self.flush();
+            }
+            self.ahead = None;
+            let ok = crate::guard::read(addr, buf);
+            return self.guarded_result(ok, addr, len);
+        }
         if self.helpers.contains_key(&owner) {
             // What follows tends to be read next (a READ response, packet after packet).
             return self.helper_read(owner, addr, buf, HELPER_READ_AHEAD);
@@ -503,11 +552,10 @@ impl Memory for ProcessMemory {
 
     /// A buffer this process posted itself (a receive's, a READ's or atomic's destination), when
     /// the device runs in that process: copied directly, after the writes that wait for a flush
-    /// (they came first). The engine has checked the key, the region's bounds and its access; a
-    /// region's memory that the program unmapped while registered is its own mistake there, as
-    /// when it copies a staged receive out at poll (`verbs::Inner::complete`). A remote peer's
-    /// RDMA WRITE still goes through [`Memory::write`]: a system call that fails on unmapped
-    /// memory (a remote access error, never a crash).
+    /// (they came first). The engine has checked the key, the region's bounds and its access.
+    /// The copy is guarded ([`crate::guard`]): a buffer the program unmapped while registered
+    /// fails the work request (a local protection error) instead of crashing the program. Where
+    /// guarded copies are not available (not x86-64 Linux) it is a plain copy.
     fn write_local(&mut self, owner: Owner, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
         let len = data.len();
         if !self.direct(owner, addr, len) {
@@ -519,6 +567,10 @@ impl Memory for ProcessMemory {
         self.ahead = None;
         if !self.pending.is_empty() {
             self.flush();
+        }
+        if self.guard_on() {
+            let ok = crate::guard::write(addr, data);
+            return self.guarded_result(ok, addr, len);
         }
         // SAFETY: `[addr, addr + len)` lies in a memory region of this process (the engine
         // checked the key and bounds against the region, registered by this process) and is a
@@ -536,6 +588,11 @@ impl Memory for ProcessMemory {
         }
         // What was read ahead may be what this changes.
         self.ahead = None;
+        if self.guarded(owner, addr, len) {
+            // A peer's WRITE into this process's own memory: no system call, and a buffer the
+            // program unmapped fails it (a remote access error) as process_vm_writev would.
+            return self.write_local(owner, addr, data);
+        }
         if let Some(off) = ProcessMemory::staging(addr, len) {
             return match self.arenas.get(&owner) {
                 Some(a) if a.stage_write(off, data) => Ok(()),
@@ -795,6 +852,59 @@ mod tests {
         std::hint::black_box(&buf);
     }
 
+    /// This process's own memory is reached by guarded copies: a peer's WRITE, a READ's or a
+    /// send's read and a posted buffer's write make no system call, and each of them fails on
+    /// memory the program unmapped (or made read-only) instead of crashing it.
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    #[test]
+    fn this_process_memory_is_reached_by_guarded_copies_that_fail_on_unmapped_pages() {
+        // SAFETY: a fresh anonymous mapping of three pages, this test's; its last page is
+        // unmapped at once and its middle one made read-only.
+        let base = unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                3 * 4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            libc::munmap(p.cast::<u8>().add(2 * 4096).cast(), 4096);
+            p as u64
+        };
+        let mut m = ProcessMemory::default();
+        m.attach(1, std::process::id() as i32);
+        m.write(1, base + 100, &[5; 3000]).unwrap();
+        assert!(m.pending.is_empty(), "written at once, not behind");
+        let mut out = vec![0u8; 3002];
+        m.read_ahead(1, base + 99, &mut out, 1 << 20).unwrap();
+        assert!(out[0] == 0 && out[1..3001].iter().all(|&b| b == 5) && out[3001] == 0);
+        m.write_local(1, base + 4000, &[6; 50]).unwrap();
+        m.read(1, base + 4000, &mut out[..50]).unwrap();
+        assert!(out[..50].iter().all(|&b| b == 6));
+        assert_eq!((m.reads, m.writes, m.faults), (0, 0, 0), "no system call");
+        // SAFETY: the middle page of this test's mapping becomes read-only.
+        unsafe { libc::mprotect((base + 4096) as *mut libc::c_void, 4096, libc::PROT_READ) };
+        let gone = base + 2 * 4096;
+        assert!(m.write(1, gone + 8, &[1; 10]).is_err(), "a WRITE into an unmapped page");
+        assert!(m.write(1, base + 4096, &[1; 10]).is_err(), "a WRITE into a read-only page");
+        assert!(m.write_local(1, gone, &[1; 10]).is_err(), "a receive into an unmapped page");
+        assert!(m.read(1, gone - 10, &mut out[..20]).is_err(), "a READ that runs off the mapping");
+        assert!(m.read_ahead(1, gone, &mut out[..64], 4096).is_err(), "a send's read");
+        assert_eq!(m.faults, 5);
+        m.read(1, base + 4096, &mut out[..8]).unwrap();
+        assert_eq!((m.reads, m.writes), (0, 0));
+        // Another process's owner still goes by system call.
+        m.attach(2, 1);
+        m.write(2, base, &[1; 8]).unwrap();
+        assert_eq!(m.pending.len(), 1, "written behind");
+        m.pending.clear();
+        m.pending_data.clear();
+        // SAFETY: unmapping the rest of this test's mapping.
+        unsafe { libc::munmap(base as *mut libc::c_void, 2 * 4096) };
+    }
+
     /// A plain read is a fresh look and drops what was read ahead: the first packet of a READ
     /// response reads afresh, so a READ after its owner changed the memory never gets the bytes a
     /// READ before it left in the read-ahead buffer.
@@ -826,6 +936,7 @@ mod tests {
         let mut buf = vec![0u8; 8192];
         let addr = buf.as_mut_ptr() as u64;
         let mut m = ProcessMemory::default();
+        m.set_guarded(false);
         m.attach(1, std::process::id() as i32);
         // A write behind (an RDMA WRITE), then a local write over part of it: the local one is
         // last, as it came.
@@ -870,6 +981,7 @@ mod tests {
         assert_ne!(base, libc::MAP_FAILED);
         let addr = base as u64;
         let mut m = ProcessMemory::default();
+        m.set_guarded(false);
         m.attach(1, std::process::id() as i32);
         // Three packets that continue one another, and one elsewhere: one call.
         for (k, v) in [(0u64, 1u8), (1, 2), (2, 3)] {
@@ -913,6 +1025,7 @@ mod tests {
         let src: Vec<u8> = (0..40_000u32).map(|i| (i * 13 + i / 256) as u8).collect();
         let mut dst = vec![0u8; 40_000];
         let mut m = ProcessMemory::default();
+        m.set_guarded(false);
         m.attach(1, std::process::id() as i32);
         let (mut leads_in, mut leads_out) = (0, 0);
         for shift in 0..4096 {

@@ -622,7 +622,10 @@ impl Hca {
         if let Some(m) = cfg.max_cqe {
             dc.limits.max_cqe = m.clamp(1, MAX_CQE_LIMIT);
         }
-        let mut dev = Device::new(dc, ProcessMemory::default());
+        let mut memory = ProcessMemory::default();
+        // A knob to compare with the system calls (BENCHMARKS.md), never needed otherwise.
+        memory.set_guarded(std::env::var("SOFTRDMA_GUARDED_COPY").map_or(true, |v| v != "0"));
+        let mut dev = Device::new(dc, memory);
         if let Some((b, first)) = blocks {
             dev.restrict_qpns_to(b, first);
         }
