@@ -208,6 +208,53 @@ fn application_driven_target_survives_memory_it_made_inaccessible() {
     unsafe { libc::munmap(base, len) };
 }
 
+/// An application-driven device writes received SENDs straight into the posted buffers (a
+/// guarded copy in its own process): a receive buffer its program made inaccessible after posting
+/// it ends in a local protection error completion, the sender's request in a NAK (remote
+/// operational error: IBTA 9.7.5.2.8, as rxe answers a receive whose buffer it cannot write),
+/// and the process lives on; no system call reached its memory.
+#[test]
+fn application_driven_receive_into_memory_made_inaccessible_fails_without_a_crash() {
+    let dev = |name: &str, addr: IpAddr| app_device(name, addr, 47967, |c| c.seed = Some(47967));
+    let (da, db) = (dev("rinacc0", A), dev("rinacc1", B));
+    let (mut a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
+    let len = 16 * 1024;
+    // SAFETY: a fresh anonymous mapping of `len` bytes, owned by this test until the munmap below.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(base, libc::MAP_FAILED);
+    // SAFETY: the range is mapped and stays allocated (if inaccessible) until after `raw` goes.
+    let raw = unsafe { b._pd.reg_mr_raw(base as u64, len as u64, Access::LOCAL_WRITE) }.unwrap();
+    let sge = softrdma_engine::wr::Sge { addr: base as u64 + 100, length: 8000, lkey: raw.keys().lkey };
+    let o = ConnectOptions { mtu: Mtu::Mtu1024, timeout: 14, retry_cnt: 1, ..ConnectOptions::default() };
+    a.qp.connect(100, &b.qp.endpoint(900), &o).unwrap();
+    b.qp.connect(900, &a.qp.endpoint(100), &o).unwrap();
+    b.qp.post_recv(vec![RecvWr { wr_id: 7, sg_list: vec![sge] }]).unwrap();
+    // SAFETY: the mapping made above; nothing of this process touches it until the munmap.
+    assert_eq!(unsafe { libc::mprotect(base, len, libc::PROT_NONE) }, 0);
+    let data = pattern(3000, 9);
+    a.mr.as_mut_slice()[..data.len()].copy_from_slice(&data);
+    let faults_before = db.stats().1.memory_faults;
+    a.qp.post_send(vec![SendWr::new(1, SendOp::Send, vec![a.mr.sge(0..data.len())])]).unwrap();
+    let r = one(&b.cq);
+    assert_eq!((r.wr_id, r.status), (7, WcStatus::LocProtErr), "the receive into inaccessible memory");
+    assert_eq!(one(&a.cq).status, WcStatus::RemOpErr, "the sender's request is refused");
+    let io = db.counters().1;
+    assert!(db.stats().1.memory_faults > faults_before && io.memory_guarded > 0, "{io:?}");
+    assert_eq!(io.memory_writes, 0, "no process_vm_writev");
+    drop(raw);
+    // SAFETY: the registration is gone; the mapping is ours.
+    unsafe { libc::munmap(base, len) };
+}
+
 /// On an application-driven device, a thread whose poll found its CQ empty reads the socket
 /// itself and the progress thread keeps off it (the handoff): the progress thread takes it back
 /// when a poll returns completions (the application may then spin on memory only the progress

@@ -375,6 +375,9 @@ pub struct IoCounters {
     pub memory_reads: u64,
     /// Writes of client memory across processes (process_vm_writev).
     pub memory_writes: u64,
+    /// Reads and writes of this process's own memory by guarded copy (a provider's, an embedded
+    /// device's: `crate::guard`).
+    pub memory_guarded: u64,
     /// Datagrams the kernel handed to this layer's socket for another member of the steered
     /// port, passed on to their owner (`relay`).
     pub relayed: u64,
@@ -853,7 +856,7 @@ impl Hca {
         let u = st.udp.stats();
         (io.gso_sends, io.gro_buffers) = (u.gso_sends, u.gro_buffers);
         let mem = st.dev.memory_ref();
-        (io.memory_reads, io.memory_writes) = (mem.reads, mem.writes);
+        (io.memory_reads, io.memory_writes, io.memory_guarded) = (mem.reads, mem.writes, mem.guarded_copies);
         (*st.dev.counters(), io, st.faults.counts)
     }
 
