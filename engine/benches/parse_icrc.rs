@@ -57,6 +57,11 @@ fn bench(c: &mut Criterion) {
             })
         });
         g.bench_function("icrc_verify", |b| b.iter(|| black_box(icrc::verify_roce_v2(black_box(l3)).unwrap())));
+        // What the device computes for each packet it sends or receives: the IP and UDP headers
+        // as one part, the transport packet (the UDP payload) as the other.
+        g.bench_function("icrc_of_parts", |b| {
+            b.iter(|| black_box(icrc::roce_v2_parts(black_box(&l3[..28]), black_box(&l3[28..l3.len() - 4])).unwrap()))
+        });
         g.bench_function("view_and_icrc_verify", |b| {
             b.iter(|| {
                 let v = roce::RoceView::new_checked(black_box(&f)).unwrap();

@@ -19,9 +19,12 @@ pub const LEN: usize = 4;
 /// CRC-32 over any data followed by its own CRC (least-significant byte first) yields this.
 pub const RESIDUE: u32 = 0x2144_df1c;
 
-/// Bytes copied (and masked) into a stack buffer before hashing. Hashing them in one call with
-/// the 8 bytes of 0xFF lets crc32fast use its wide (PCLMULQDQ) path, which needs at least 128
-/// bytes; the masked fields all lie in the first 80 bytes (IPv4 with 40 bytes of options).
+/// The most bytes copied (and masked) into a stack buffer before hashing: a packet this short is
+/// hashed whole in one call with the 8 bytes of 0xFF. A longer one copies only up to its last
+/// masked byte (at most 80 bytes in: IPv4 with 40 bytes of options) and hashes the rest straight
+/// from its buffer: crc32fast's wide (PCLMULQDQ) path, which it takes for 64 bytes and more,
+/// costs a fixed setup per call, and a short prefix is cheaper through its table path
+/// (4 KiB packet: ~79 ns against ~97 with a 120-byte prefix).
 const PREFIX: usize = 120;
 
 fn mask_ipv6_like(b: &mut [u8]) {
@@ -32,10 +35,12 @@ fn mask_ipv6_like(b: &mut [u8]) {
     b[7] = 0xff; // hop limit
 }
 
-/// CRC-32 over 8 x 0xFF, then `data` with `mask` applied to a copy of its first bytes.
-fn crc_masked(data: &[u8], mask: impl FnOnce(&mut [u8])) -> u32 {
+/// CRC-32 over 8 x 0xFF, then `data` with `mask` applied to a copy of its first bytes: all of
+/// them if they fit the copy, else its first `masked_end` (the masked fields all lie before;
+/// see `roce_v2_parts` for why no more).
+fn crc_masked(data: &[u8], masked_end: usize, mask: impl FnOnce(&mut [u8])) -> u32 {
     let mut buf = [0xffu8; 8 + PREFIX];
-    let n = data.len().min(PREFIX);
+    let n = if data.len() <= PREFIX { data.len() } else { masked_end };
     buf[8..8 + n].copy_from_slice(&data[..n]);
     mask(&mut buf[8..8 + n]);
     let mut h = crc32fast::Hasher::new();
@@ -59,7 +64,7 @@ pub fn roce_v2(l3: &[u8]) -> Result<u32> {
     if l3.len() < ip_len + udp::HEADER_LEN + bth::HEADER_LEN {
         return Err(Error::Truncated("BTH"));
     }
-    Ok(crc_masked(l3, |p| mask_v2(p, ip_len, v6)))
+    Ok(crc_masked(l3, ip_len + udp::HEADER_LEN + bth::FECN_BECN_OFFSET + 1, |p| mask_v2(p, ip_len, v6)))
 }
 
 /// The ICRC of a RoCEv1 packet. `grh` runs from the first byte of the GRH to the end of the pad,
@@ -68,7 +73,7 @@ pub fn roce_v1(grh: &[u8]) -> Result<u32> {
     if grh.len() < ipv6::HEADER_LEN + bth::HEADER_LEN {
         return Err(Error::Truncated("BTH"));
     }
-    Ok(crc_masked(grh, |p| {
+    Ok(crc_masked(grh, ipv6::HEADER_LEN + bth::FECN_BECN_OFFSET + 1, |p| {
         mask_ipv6_like(p);
         p[ipv6::HEADER_LEN + bth::FECN_BECN_OFFSET] = 0xff;
     }))
@@ -92,10 +97,12 @@ pub fn roce_v2_parts(ip_udp: &[u8], transport: &[u8]) -> Result<u32> {
         return Err(Error::Truncated("BTH"));
     }
     // One masked copy of the headers and the start of the transport packet, hashed in one call
-    // with the 8 bytes of 0xFF, then the rest straight from the caller's buffer.
+    // with the 8 bytes of 0xFF, then the rest straight from the caller's buffer. A packet that
+    // does not fit whole copies only as far as the last masked byte (the BTH's FECN/BECN byte;
+    // see PREFIX).
     let mut buf = [0xffu8; 8 + PREFIX];
     let h = ip_udp.len();
-    let t = transport.len().min(PREFIX - h);
+    let t = if transport.len() <= PREFIX - h { transport.len() } else { bth::FECN_BECN_OFFSET + 1 };
     buf[8..8 + h].copy_from_slice(ip_udp);
     buf[8 + h..8 + h + t].copy_from_slice(&transport[..t]);
     mask_v2(&mut buf[8..8 + h + t], ip_len, v6);
@@ -199,6 +206,50 @@ mod test {
         let f = hex(G5);
         let l3 = &f[14..f.len() - 4];
         assert_eq!(roce_v2_parts(&l3[..48], &l3[48..]).unwrap(), 0x7786_0003);
+    }
+
+    /// Packets of every length around the masked copy's size, and of 4 KiB, over IPv4 and IPv6:
+    /// each way of computing the ICRC equals the CRC of a fully masked copy, whichever part of
+    /// the packet the masked copy holds.
+    #[test]
+    fn every_length_equals_a_fully_masked_copy() {
+        let reference = |p: &[u8], masked: &[usize]| {
+            let mut m = vec![0xffu8; 8];
+            m.extend_from_slice(p);
+            for &i in masked {
+                // Only the low nibble of an IPv6 header's first byte (traffic class) is masked.
+                m[8 + i] = if i == 0 { m[8] | 0x0f } else { 0xff };
+            }
+            crc32fast::hash(&m)
+        };
+        for v6 in [false, true] {
+            let ip_len = if v6 { 40 } else { 20 };
+            let masked: Vec<usize> = if v6 { vec![0, 1, 2, 3, 7] } else { vec![1, 8, 10, 11] }
+                .into_iter()
+                .chain([ip_len + 6, ip_len + 7, ip_len + 8 + 4])
+                .collect();
+            for payload in (0..200).chain([4096, 4096 + 3]) {
+                let len = ip_len + 8 + 12 + payload;
+                let mut p: Vec<u8> = (0..len).map(|i| (i * 31 + payload) as u8).collect();
+                p[0] = if v6 { 0x6a } else { 0x45 };
+                let want = reference(&p, &masked);
+                assert_eq!(roce_v2(&p).unwrap(), want, "v6 {v6} payload {payload}");
+                assert_eq!(roce_v2_parts(&p[..ip_len + 8], &p[ip_len + 8..]).unwrap(), want);
+                // The masked fields do not count.
+                let mut q = p.clone();
+                for &i in &masked {
+                    q[i] ^= if i == 0 { 0x05 } else { 0x5a };
+                }
+                assert_eq!(roce_v2(&q).unwrap(), want);
+                assert_eq!(roce_v2_parts(&q[..ip_len + 8], &q[ip_len + 8..]).unwrap(), want);
+                if v6 {
+                    // RoCEv1: a GRH (IPv6-like) and the BTH, no UDP header.
+                    let g = &p[8..];
+                    let gm: Vec<usize> = vec![0, 1, 2, 3, 7, 40 + 4];
+                    assert_eq!(roce_v1(g).unwrap(), reference(g, &gm), "v1 payload {payload}");
+                }
+            }
+        }
     }
 
     #[test]
