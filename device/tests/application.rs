@@ -148,18 +148,7 @@ fn application_driven_target_survives_memory_it_made_inaccessible() {
     let (da, db) = (dev("inacc0", A), dev("inacc1", B));
     let (mut a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
     let len = 64 * 1024;
-    // SAFETY: a fresh anonymous mapping of `len` bytes, owned by this test until the munmap below.
-    let base = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    assert_ne!(base, libc::MAP_FAILED);
+    let base = anonymous_mapping(len);
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
     // SAFETY: the range is mapped and stays allocated (if inaccessible) until after `raw` goes.
     let raw = unsafe { b._pd.reg_mr_raw(base as u64, len as u64, access) }.unwrap();
@@ -208,18 +197,9 @@ fn application_driven_target_survives_memory_it_made_inaccessible() {
     unsafe { libc::munmap(base, len) };
 }
 
-/// An application-driven device writes received SENDs straight into the posted buffers (a
-/// guarded copy in its own process): a receive buffer its program made inaccessible after posting
-/// it ends in a local protection error completion, the sender's request in a NAK (remote
-/// operational error: IBTA 9.7.5.2.8, as rxe answers a receive whose buffer it cannot write),
-/// and the process lives on; no system call reached its memory.
-#[test]
-fn application_driven_receive_into_memory_made_inaccessible_fails_without_a_crash() {
-    let dev = |name: &str, addr: IpAddr| app_device(name, addr, 47967, |c| c.seed = Some(47967));
-    let (da, db) = (dev("rinacc0", A), dev("rinacc1", B));
-    let (mut a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
-    let len = 16 * 1024;
-    // SAFETY: a fresh anonymous mapping of `len` bytes, owned by this test until the munmap below.
+/// A fresh anonymous read-write mapping of `len` bytes, the caller's until it unmaps it.
+fn anonymous_mapping(len: usize) -> *mut libc::c_void {
+    // SAFETY: mmap(2) of new anonymous memory; nothing else refers to it.
     let base = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
@@ -231,6 +211,21 @@ fn application_driven_receive_into_memory_made_inaccessible_fails_without_a_cras
         )
     };
     assert_ne!(base, libc::MAP_FAILED);
+    base
+}
+
+/// An application-driven device writes received SENDs straight into the posted buffers (a
+/// guarded copy in its own process): a receive buffer its program made inaccessible after posting
+/// it ends in a local protection error completion, the sender's request in a NAK (remote
+/// operational error: IBTA 9.7.5.2.8, as rxe answers a receive whose buffer it cannot write),
+/// and the process lives on; no system call reached its memory.
+#[test]
+fn application_driven_receive_into_memory_made_inaccessible_fails_without_a_crash() {
+    let dev = |name: &str, addr: IpAddr| app_device(name, addr, 47967, |c| c.seed = Some(47967));
+    let (da, db) = (dev("rinacc0", A), dev("rinacc1", B));
+    let (mut a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
+    let len = 16 * 1024;
+    let base = anonymous_mapping(len);
     // SAFETY: the range is mapped and stays allocated (if inaccessible) until after `raw` goes.
     let raw = unsafe { b._pd.reg_mr_raw(base as u64, len as u64, Access::LOCAL_WRITE) }.unwrap();
     let sge = softrdma_engine::wr::Sge { addr: base as u64 + 100, length: 8000, lkey: raw.keys().lkey };
