@@ -390,6 +390,52 @@ fn providers_memory_keys_come_from_blocks_of_their_own() {
     }
 }
 
+/// A side of an RC exchange: a PD, a 64-entry CQ, an RC QP and a 64 KiB MR on `ctx`.
+fn side(ctx: softrdma_device::verbs::Context) -> Side {
+    use softrdma_device::verbs::*;
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64, None).unwrap();
+    let qp = pd.qp_builder(QpType::Rc, &cq).build().unwrap();
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let mr = pd.alloc_mr(1 << 16, access).unwrap();
+    Side { qp, cq, mr, _pd: pd, _ctx: ctx }
+}
+
+/// Connects two sides' QPs (MTU 1024).
+fn connect(a: &Side, b: &Side) {
+    use softrdma_device::verbs::*;
+    let o = ConnectOptions { mtu: Mtu::Mtu1024, ..ConnectOptions::default() };
+    a.qp.connect(1, &b.qp.endpoint(2), &o).unwrap();
+    b.qp.connect(2, &a.qp.endpoint(1), &o).unwrap();
+}
+
+/// One successful completion on `cq` within 10 s.
+fn one(cq: &softrdma_device::verbs::CompletionQueue) {
+    let w = cq.wait(1, Duration::from_secs(10)).unwrap();
+    assert_eq!(w.len(), 1, "no completion");
+    assert_eq!(w[0].status, softrdma_device::verbs::WcStatus::Success, "{w:?}");
+}
+
+/// SEND a -> b, then WRITE a -> b and READ it back into a, 6000 bytes each, checked.
+fn exchange(a: &mut Side, b: &mut Side, seed: u8) {
+    use softrdma_device::verbs::*;
+    let data: Vec<u8> = (0..6000).map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed)).collect();
+    a.mr.as_mut_slice()[..6000].copy_from_slice(&data);
+    b.qp.post_recv(vec![RecvWr { wr_id: 1, sg_list: vec![b.mr.sge(0..8192)] }]).unwrap();
+    a.qp.post_send(vec![SendWr::new(2, SendOp::Send, vec![a.mr.sge(0..6000)])]).unwrap();
+    one(&a.cq);
+    one(&b.cq);
+    assert_eq!(&b.mr.as_slice()[..6000], &data[..]);
+    let (addr, rkey) = (b.mr.addr() + 10_000, b.mr.rkey());
+    a.qp.post_send(vec![SendWr::new(3, SendOp::Write { remote_addr: addr, rkey }, vec![a.mr.sge(0..6000)])]).unwrap();
+    one(&a.cq);
+    a.qp.post_send(vec![SendWr::new(4, SendOp::Read { remote_addr: addr, rkey }, vec![a.mr.sge(20_000..26_000)])])
+        .unwrap();
+    one(&a.cq);
+    assert_eq!(&a.mr.as_slice()[20_000..26_000], &data[..]);
+    assert_eq!(&b.mr.as_slice()[10_000..16_000], &data[..]);
+}
+
 /// `SOFTRDMA_DATAPATH=provider`'s path on the Rust API: two processes' worth of providers and a
 /// client on the device path share one daemon's steered port. Each provider allocates its QPNs
 /// from its own block; their RC traffic between each other goes through the port, steered by the
@@ -401,43 +447,6 @@ fn providers_run_their_own_qps_on_the_steered_port() {
     let (_base, rt) = rtdir();
     let rt = rt.as_path();
     let _g = up(rt, "tp", "127.0.0.1", 47948, &[]);
-    let side = |ctx: Context| {
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq(64, None).unwrap();
-        let qp = pd.qp_builder(QpType::Rc, &cq).build().unwrap();
-        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
-        let mr = pd.alloc_mr(1 << 16, access).unwrap();
-        Side { qp, cq, mr, _pd: pd, _ctx: ctx }
-    };
-    let connect = |a: &Side, b: &Side| {
-        let o = ConnectOptions { mtu: Mtu::Mtu1024, ..ConnectOptions::default() };
-        a.qp.connect(1, &b.qp.endpoint(2), &o).unwrap();
-        b.qp.connect(2, &a.qp.endpoint(1), &o).unwrap();
-    };
-    let one = |cq: &CompletionQueue| {
-        let w = cq.wait(1, Duration::from_secs(10)).unwrap();
-        assert_eq!(w.len(), 1, "no completion");
-        assert_eq!(w[0].status, WcStatus::Success, "{w:?}");
-    };
-    // SEND a -> b, then WRITE a -> b and READ it back into a.
-    let exchange = |a: &mut Side, b: &mut Side, seed: u8| {
-        let data: Vec<u8> = (0..6000).map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed)).collect();
-        a.mr.as_mut_slice()[..6000].copy_from_slice(&data);
-        b.qp.post_recv(vec![RecvWr { wr_id: 1, sg_list: vec![b.mr.sge(0..8192)] }]).unwrap();
-        a.qp.post_send(vec![SendWr::new(2, SendOp::Send, vec![a.mr.sge(0..6000)])]).unwrap();
-        one(&a.cq);
-        one(&b.cq);
-        assert_eq!(&b.mr.as_slice()[..6000], &data[..]);
-        let (addr, rkey) = (b.mr.addr() + 10_000, b.mr.rkey());
-        a.qp.post_send(vec![SendWr::new(3, SendOp::Write { remote_addr: addr, rkey }, vec![a.mr.sge(0..6000)])])
-            .unwrap();
-        one(&a.cq);
-        a.qp.post_send(vec![SendWr::new(4, SendOp::Read { remote_addr: addr, rkey }, vec![a.mr.sge(20_000..26_000)])])
-            .unwrap();
-        one(&a.cq);
-        assert_eq!(&a.mr.as_slice()[20_000..26_000], &data[..]);
-        assert_eq!(&b.mr.as_slice()[10_000..16_000], &data[..]);
-    };
     let mut p1 = side(Context::provider_in(rt, "tp").unwrap());
     let mut p2 = side(Context::provider_in(rt, "tp").unwrap());
     let mut d = side(Context::open_in(rt, "tp").unwrap());
@@ -515,6 +524,49 @@ fn providers_run_their_own_qps_on_the_steered_port() {
     unsafe { libc::waitpid(pid, &mut status, 0) };
     assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child kept a member socket");
     drop((p1, p3, d));
+}
+
+/// What two providers of one device send each other is the device's internal loopback: it
+/// carries no ICRC and is not checked, unless the device injects faults (or captures), when
+/// every packet has its ICRC and a corrupted one is caught (engine `TransmitOptions::loopback_icrc`,
+/// `tests/same_address.rs` for the packets themselves). Without the faults the exchanges pass with
+/// no ICRC error (a receiver that checked what its sender left unprotected would drop every
+/// packet); with them they pass too, the corrupted packets counted and resent.
+#[test]
+fn providers_of_one_device_protect_their_packets_only_where_they_can_break() {
+    let (_base, rt) = rtdir();
+    let rt = rt.as_path();
+    let icrc_errs = |name: &str, at_least: u64| {
+        // The providers report their counters within PUBLISH_INTERVAL_MS.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let n = stat(rt, name)["icrc_err"].as_u64().unwrap();
+            if n >= at_least || Instant::now() > deadline {
+                return n;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    for (name, port, faults) in [("tq", 47968, ""), ("tc", 47969, "corrupt=0.05,seed=5")] {
+        let extra: &[&str] = if faults.is_empty() { &[] } else { &["--faults", faults] };
+        let _g = up(rt, name, "127.0.0.1", port, extra);
+        let mut p1 = side(softrdma_device::verbs::Context::provider_in(rt, name).unwrap());
+        let mut p2 = side(softrdma_device::verbs::Context::provider_in(rt, name).unwrap());
+        assert!(p1._ctx.is_provider() && p2._ctx.is_provider());
+        connect(&p1, &p2);
+        for seed in 0..8 {
+            exchange(&mut p1, &mut p2, seed);
+            exchange(&mut p2, &mut p1, seed + 100);
+        }
+        if faults.is_empty() {
+            // Let a report come, then nothing may have been dropped for its ICRC.
+            std::thread::sleep(Duration::from_millis(300));
+            assert_eq!(icrc_errs(name, 0), 0, "packets between the device's providers failed their ICRC check");
+        } else {
+            assert!(icrc_errs(name, 1) > 0, "no corrupted packet was caught: {}", stat(rt, name));
+        }
+        drop((p1, p2));
+    }
 }
 
 /// XRC on the provider path: the domain, its XRC SRQs and target QPs are the daemon's (made on

@@ -116,7 +116,11 @@ fn unstage(staging: &mut Allocator, staged: &mut HashMap<u64, Staged>, token: u6
 
 /// Hands a received datagram to the engine (from the socket, or passed on by another member of
 /// the port: `relay`), captured first: `src` sent it to `dst` (the kernel's word; `None`: not
-/// said), `segment` is its place in a GRO run.
+/// said), `segment` is its place in a GRO run. `own_icrc` says whether the engines of this
+/// device put an ICRC on packets to its own address ([`State::loopback_icrc`]: the device
+/// captures or injects faults); when they do not, a datagram from this address to it is
+/// another engine's of this device (a provider's, or the daemon's), sent without one, and is
+/// taken as internal loopback.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn deliver(
     dev: &mut Device<ProcessMemory>,
@@ -128,6 +132,7 @@ pub(super) fn deliver(
     dst: Option<IpAddr>,
     segment: u16,
     payload: &[u8],
+    own_icrc: bool,
 ) {
     let (sport, src) = (src.port(), src.ip());
     let dst = dst.filter(|a| *a != addr);
@@ -140,7 +145,14 @@ pub(super) fn deliver(
     // The place in a GRO buffer is the IPv4 ID a GSO sender gave it (a hint).
     let ip_id = (segment > 0).then_some(segment);
     trace_packet("rx", payload);
-    dev.handle_packet(now, RecvMeta { src, src_port: sport, ip_id, dst }, payload);
+    let meta = RecvMeta { src, src_port: sport, ip_id, dst };
+    // (A host that forges this device's own address as the source is not what the ICRC guards
+    // against: it protects a packet from a wire's errors, IBTA A17.4.3.1.)
+    if src == addr && dst.is_none() && !own_icrc {
+        dev.handle_internal_packet(now, meta, payload);
+    } else {
+        dev.handle_packet(now, meta, payload);
+    }
 }
 
 /// One line per packet at TRACE level (`SOFTRDMA_LOG=trace`): direction, opcode, PSN, AckReq.
@@ -230,6 +242,7 @@ impl State {
         self.io.ring_wqes += moved as u64;
         let now = self.now();
         let addr = self.addr();
+        let own_icrc = self.loopback_icrc();
         let State { udp, dev, tap, io, epoch, relay, .. } = self;
         let mut each = |d: softrdma_transport::udp::Datagram<'_>| {
             io.udp_rcvd += 1;
@@ -238,7 +251,7 @@ impl State {
             if relay.takes(&d) {
                 return;
             }
-            deliver(dev, tap, epoch, now, addr, d.src, d.dst, d.segment, d.payload);
+            deliver(dev, tap, epoch, now, addr, d.src, d.dst, d.segment, d.payload, own_icrc);
         };
         let r = if lone { udp.recv_lone(&mut each) } else { udp.recv(&mut each) };
         self.send_relayed();
@@ -400,8 +413,11 @@ impl State {
         self.copies = copies;
     }
 
-    /// Whether internal loopback packets need an ICRC: only where someone can see it (a capture)
-    /// or break it (fault injection).
+    /// Whether packets to this device's own address need an ICRC (internal loopback, and those
+    /// between the engines of the device's processes): only where someone can see it (a
+    /// capture) or break it (fault injection). Both are the device's settings, which every
+    /// process of the device holds alike (`softrdma up --pcap/--faults`), so a receiver of this
+    /// device knows whether its sender put one on.
     pub(super) fn loopback_icrc(&self) -> bool {
         self.tap.is_some() || self.faults.is_active()
     }

@@ -237,6 +237,7 @@ impl State {
                             dst,
                             segment,
                             f.payload,
+                            true,
                         );
                     }
                     continue;
@@ -268,8 +269,8 @@ impl State {
 
     /// A relayed datagram, handled as if this layer's socket had received it.
     fn handle_relayed(&mut self, f: Frame<'_>) {
-        let (now, addr) = (self.now(), self.addr());
+        let (now, addr, own_icrc) = (self.now(), self.addr(), self.loopback_icrc());
         let State { dev, tap, epoch, .. } = self;
-        super::datapath::deliver(dev, tap, epoch, now, addr, f.src, f.dst, f.segment, f.payload);
+        super::datapath::deliver(dev, tap, epoch, now, addr, f.src, f.dst, f.segment, f.payload, own_icrc);
     }
 }

@@ -251,11 +251,14 @@ pub struct TransmitOptions {
     /// several packets in one UDP GSO send, whose segments Linux numbers 0, 1, 2, ..., gives the
     /// number this packet will get, so that its ICRC need not be computed twice (design D5).
     pub ip_id: u16,
-    /// Whether a packet to the device's own address (internal loopback) gets an ICRC (the
-    /// default). A transport that neither captures such packets nor injects faults into them
-    /// may leave it out and hand them back with [`Device::handle_internal_packet`]: an HCA's
-    /// loopback never puts them on a wire, so no CRC can go wrong (two 4 KiB CRCs per packet
-    /// saved).
+    /// Whether a packet to the device's own address gets an ICRC (the default): one for a QP of
+    /// this engine (internal loopback), and one for a QP of another engine of the same device
+    /// (another process's, reached through the device's port on this host). A transport that
+    /// neither captures such packets nor injects faults into them may leave it out, and the
+    /// receiving engine, told the same, takes them with [`Device::handle_internal_packet`]: an
+    /// HCA loops back traffic between its own QPs without putting it on a wire (IBTA A17.4.3.1's
+    /// ICRC protects a packet on the wire), so no CRC can go wrong, and a packet saves two CRCs
+    /// of its length (~8% of each side of a bulk transfer within one device: BENCHMARKS.md).
     pub loopback_icrc: bool,
     /// Whether a QP's requester packets go before its responder packets (ACKs, READ responses)
     /// in this call: off by default (a responder answers first). A transport that held back the
@@ -493,9 +496,6 @@ pub(crate) struct Ctx<'a, M: Memory> {
     pub(crate) loopback_icrc: bool,
     /// The device's wire choices.
     pub(crate) behaviour: Behaviour,
-    /// Which QPNs this engine runs (a packet to this address for another QPN leaves through
-    /// the port, so it needs its ICRC).
-    pub(crate) qpns: &'a QpnSpace,
 }
 
 impl<M: Memory> Ctx<'_, M> {
@@ -683,7 +683,6 @@ macro_rules! ctx {
             ip_id: 0,
             loopback_icrc: true,
             behaviour: $d.config.behaviour,
-            qpns: &$d.qpns,
         }
     };
 }

@@ -29,11 +29,10 @@ pub(crate) fn emit<M: Memory>(
         crate::wire::bth::Packet::new_unchecked(&mut buf[..len]).set_mig_req(true);
     }
     let sport = ctx.flow_ports.port(qp_num);
-    // Internal loopback without an ICRC when the transport asked for none (it hands the packet
-    // back with handle_internal_packet, which does not check it).
-    let foreign =
-        || crate::wire::bth::Packet::new_checked(&buf[..len]).is_ok_and(|b| !ctx.qpns.owns(b.dest_qp().value()));
-    if dest != ctx.local || ctx.loopback_icrc || foreign() {
+    // A packet to this device's own address without an ICRC when the transport asked for none
+    // (the receiving engine, of this process or another on the same device, takes it with
+    // handle_internal_packet, which does not check it).
+    if dest != ctx.local || ctx.loopback_icrc {
         let (hdr, n) = ip_udp_header(ctx.local, dest, sport, len, ctx.ip_id);
         let crc = icrc::roce_v2_parts(&hdr[..n], &buf[..len - icrc::LEN]).ok()?;
         IbPacket::new_unchecked(&mut buf[..len]).set_icrc(crc);
