@@ -362,6 +362,15 @@ impl State {
     /// A provider's report to its daemon (`Request::Publish`): the packets captured since the
     /// last one, at once; its counters when they changed and [`PUBLISH_INTERVAL_MS`] passed
     /// (the progress thread pumps at least that often), or with `force`.
+    ///
+    /// Only a forced report (the device stops, the process exits) is sent from here. Any other
+    /// waits in `unsent` (a later one joins it: its packets after the first's, its totals
+    /// instead) for the device thread, which sends it with the state unlocked
+    /// ([`State::take_unsent`]). The report is a call that waits for the daemon's answer, and
+    /// the daemon's thread has to be scheduled for it: on a machine whose cores the programs
+    /// keep busy that took up to a scheduler tick (~4 ms here), while every thread of the
+    /// program that wanted the state waited on its lock (the stalls of perftest's 64-byte
+    /// rates: BENCHMARKS.md, "The provider's report").
     pub(super) fn publish(&mut self, force: bool) {
         if self.publisher.is_none() {
             return;
@@ -380,11 +389,31 @@ impl State {
         };
         let totals = (*self.dev.counters(), self.io_stats(), self.dev.next_qpn());
         if captured.is_empty() && self.published == Some(totals) {
+            // Nothing new; a forced report still sends what waits.
+            if let Some(report) = self.unsent.take().filter(|_| force) {
+                (p.0)(report);
+            }
             return;
         }
         self.last_publish = now;
         self.published = Some(totals);
-        (p.0)(Published { counters: totals.0, io: totals.1, captured, next_qpn: totals.2 });
+        let mut report = Published { counters: totals.0, io: totals.1, captured, next_qpn: totals.2 };
+        if let Some(mut earlier) = self.unsent.take() {
+            earlier.captured.append(&mut report.captured);
+            report.captured = earlier.captured;
+        }
+        if force {
+            (p.0)(report);
+        } else {
+            self.unsent = Some(report);
+        }
+    }
+
+    /// The report [`State::publish`] left for the device thread, and who sends it: the caller
+    /// sends it once it has let the state's lock go.
+    pub(super) fn take_unsent(&mut self) -> Option<(Publisher, Published)> {
+        let report = self.unsent.take()?;
+        self.publisher.clone().map(|p| (p, report))
     }
 
     /// A packet the engine wrote, its ICRC computed for IPv4 ID `icrc_id`: through the fault

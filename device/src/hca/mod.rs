@@ -75,8 +75,9 @@ pub const ROCE_PORT: u16 = 4791;
 /// Mellanox hardware do not.
 pub const VENDOR_ID: u32 = 0xff_ffff;
 
-/// How a provider reports to its daemon ([`HcaConfig::publish`]): called with the device's
-/// state locked, from whichever thread pumped it.
+/// How a provider reports to its daemon ([`HcaConfig::publish`]): a call to the daemon, which
+/// waits for its answer. The device thread makes it with the device's state unlocked (when
+/// the device stops and at exit, with it locked).
 #[derive(Clone)]
 pub struct Publisher(pub Arc<dyn Fn(Published) + Send + Sync>);
 
@@ -410,6 +411,9 @@ struct State {
     /// When the last report went (engine time).
     last_publish: Instant,
     published: Option<(Counters, IoStats, u32)>,
+    /// A report made while the state was locked, which the device thread sends once it has let
+    /// the lock go (see [`State::publish`]).
+    unsent: Option<Published>,
     /// The last reports of providers that have gone (a NIC's counters do not go down when a
     /// process exits).
     departed: (Counters, IoStats),
@@ -680,6 +684,7 @@ impl Hca {
             publisher: cfg.publish.clone(),
             last_publish: Instant(0),
             published: None,
+            unsent: None,
             departed: Default::default(),
             qpn_cursor: HashMap::default(),
             clients: HashMap::default(),

@@ -158,6 +158,8 @@ pub(super) fn run(sh: &Shared) {
             ];
             fds.extend(groups_seen.iter().map(|g| PollFd::new(g.as_fd(), PollFlags::POLLIN)));
             fds.extend(links_seen.iter().map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN)));
+            // A report an application thread's pump left (`State::publish`), sent unlocked.
+            send_unsent(sh.state.try_lock().ok().and_then(|mut st| st.take_unsent()));
             let ts = nix::sys::time::TimeSpec::from_duration(std::time::Duration::from_nanos(rest));
             let _ = nix::poll::ppoll(&mut fds, Some(ts), None);
             woken = fds.iter().any(|f| f.revents().is_some_and(|r| r.contains(PollFlags::POLLIN)));
@@ -176,7 +178,7 @@ pub(super) fn run(sh: &Shared) {
         // must not stay a member of its IP group while this thread sleeps.
         groups_seen.clear();
         links_seen.clear();
-        let (timeout, spinning_now, groups, links) = {
+        let (timeout, spinning_now, groups, links, report) = {
             let mut st = sh.lock();
             let before = st.io.ring_wqes + st.io.udp_rcvd;
             // Held acknowledgements stay until their deadline (a call of the application's
@@ -260,8 +262,9 @@ pub(super) fn run(sh: &Shared) {
             // The application's calls arm timers while this thread sleeps: they wake it when they
             // arm one earlier than this ([`Hca::wake_for_timers`]).
             sh.sleep_until.store(t.map_or(u64::MAX, |t| now.0.saturating_add(t)), Ordering::SeqCst);
-            (t, spinning, st.groups.sockets(), st.relay.links())
+            (t, spinning, st.groups.sockets(), st.relay.links(), st.take_unsent())
         };
+        send_unsent(report);
         let ts = timeout.map(|ns| nix::sys::time::TimeSpec::from_duration(std::time::Duration::from_nanos(ns)));
         // The group sockets are shared with the state: one that a leave drops meanwhile stays open
         // (and a member) until this poll returns and `groups` goes, as the kernel would keep it
@@ -345,6 +348,13 @@ pub(super) fn run(sh: &Shared) {
                 received = true;
             }
         }
+    }
+}
+
+/// Sends a provider's report to its daemon (`State::take_unsent`), with the state unlocked.
+fn send_unsent(report: Option<(Publisher, softrdma_protocol::proto::Published)>) {
+    if let Some((p, r)) = report {
+        (p.0)(r);
     }
 }
 

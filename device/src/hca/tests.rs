@@ -96,3 +96,37 @@ fn the_last_leave_and_a_departed_member_take_the_device_out_of_the_ip_group_at_o
     assert!(igmp_left(g), "the device stayed in the IP group after its member's client went");
     h.stop();
 }
+
+/// A provider's report to its daemon is a call that waits for the daemon's answer: it is made
+/// with the device's state unlocked, so that the program's threads never wait on the lock for
+/// the daemon to be scheduled (`State::publish`). The forced last report, when the device
+/// stops, is the exception.
+#[test]
+fn a_providers_report_goes_with_the_state_unlocked() {
+    use std::sync::{OnceLock, Weak};
+    let shared: Arc<OnceLock<Weak<Shared>>> = Arc::default();
+    let seen: Arc<Mutex<Vec<bool>>> = Arc::default();
+    let (sh2, seen2) = (shared.clone(), seen.clone());
+    let mut c = HcaConfig::new("pub", "127.0.0.1".parse().unwrap());
+    c.port = 47970;
+    c.progress = Progress::Application;
+    c.publish = Some(Publisher(Arc::new(move |_report| {
+        let unlocked = sh2.get().and_then(Weak::upgrade).is_some_and(|sh| sh.state.try_lock().is_ok());
+        seen2.lock().unwrap().push(unlocked);
+    })));
+    let h = Hca::start(c).unwrap();
+    shared.set(Arc::downgrade(&h.shared)).unwrap();
+    // Something to report: datagrams that are no RoCE packets (the counters move).
+    let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let t0 = std::time::Instant::now();
+    while seen.lock().unwrap().len() < 2 && t0.elapsed() < std::time::Duration::from_secs(5) {
+        s.send_to(&[1, 2, 3], "127.0.0.1:47970").unwrap();
+        // An application call pumps too, and leaves its report to the device thread.
+        h.drive(true);
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert!(seen.len() >= 2, "no reports were made: {seen:?}");
+    assert!(seen.iter().all(|&unlocked| unlocked), "a report was made with the state locked: {seen:?}");
+    h.stop();
+}
