@@ -456,6 +456,10 @@ impl State {
         if from == to || !matches!((self.addr(), dst), (IpAddr::V4(_), IpAddr::V4(_))) || seg.len() < icrc::LEN {
             return;
         }
+        // A packet to this device's own address went without one (`State::loopback_icrc`).
+        if dst == self.addr() && !self.loopback_icrc() {
+            return;
+        }
         let (hdr, n) = ip_udp_header(self.addr(), dst, sport, seg.len(), to);
         if let Ok(crc) = icrc::roce_v2_parts(&hdr[..n], &seg[..seg.len() - icrc::LEN]) {
             IbPacket::new_unchecked(seg).set_icrc(crc);
