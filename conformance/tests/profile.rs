@@ -497,3 +497,131 @@ fn read_response_credits_are_zero_under_cx_and_invalid_under_rxe() {
     assert_eq!(read_response_aeths(18, Behaviour::CX), expect(0));
     assert_eq!(read_response_aeths(18, Behaviour::RXE), expect(CREDITS_INVALID));
 }
+
+// End-to-end credits at the requester (IBTA 9.7.7.2): whatever its own profile, a requester
+// starts a message that takes a receive WQE (SEND, RDMA WRITE with immediate) only within the
+// limit the responder's last ACK set (its MSN plus its credit count), or, with nothing
+// unacknowledged, one message to learn a fresh count. A responder that sends the invalid count
+// (rxe) sets no limit.
+
+/// B's answers since the log's `from`-th entry: (PSN, AETH syndrome byte).
+fn answers_since(p: &Pair, from: usize) -> Vec<(u32, u8)> {
+    wire_since(p, from).iter().filter(|x| x.from == B).filter_map(|x| x.aeth.map(|s| (x.psn, s))).collect()
+}
+
+/// A's request PSNs since the log's `from`-th entry, in order.
+fn requests_since(p: &Pair, from: usize) -> Vec<u32> {
+    wire_since(p, from).iter().filter(|x| x.from == A && x.aeth.is_none()).map(|x| x.psn).collect()
+}
+
+/// Steps until B has sent an RNR NAK since the log's `from`-th entry.
+fn step_to_rnr_nak(p: &mut Pair, from: usize) {
+    while !answers_since(p, from).iter().any(|&(_, s)| s & 0x60 == 0x20) {
+        assert!(p.step(), "B never sent an RNR NAK: {:?}", wire_since(p, from));
+    }
+}
+
+#[test]
+fn a_requester_sends_into_no_more_receive_wqes_than_the_responders_credits() {
+    // A runs rxe (whose own ACKs carry no credits): honouring the peer's count is not a profile
+    // choice. B counts (cx), with 4 receives.
+    let mut p = pair(17, Behaviour::RXE, Behaviour::CX);
+    let (a, b) = p.connect_rc(RcOptions { min_rnr_timer: 1, ..opts() });
+    post_recvs(&mut p, B, &b, 4);
+    post(&mut p, A, &a, 1, SendOp::Send, BASE, 8);
+    p.drive(STEPS);
+    // MSN 1, 3 WQEs left (code 3): the limit is SSN 4.
+    assert_eq!(answers_since(&p, 0), vec![(100, credit_code(3))]);
+    let n = p.log.len();
+    for i in 0..10 {
+        post(&mut p, A, &a, 10 + i, SendOp::Send, BASE, 8);
+    }
+    step_to_rnr_nak(&mut p, n);
+    // SSNs 2-4 leave at once; once all are acknowledged (the last ACK says 0 left), one more
+    // message goes alone (PSN 104), and only it meets the empty queue. A requester blind to
+    // credits sent all ten, and the responder dropped the six behind the RNR-NAKed one.
+    assert_eq!(requests_since(&p, n), vec![101, 102, 103, 104]);
+    assert_eq!(answers_since(&p, n), vec![(101, credit_code(2)), (102, credit_code(1)), (103, 0), (104, 0x20 | 1)]);
+    // Eight receives: the resent SSN 5 takes one, its ACK counts 7 (code 5: 6 credits), the
+    // limit is SSN 11, and the six left go.
+    post_recvs(&mut p, B, &b, 8);
+    let m = p.log.len();
+    p.drive(STEPS);
+    assert_eq!(requests_since(&p, m), vec![104, 105, 106, 107, 108, 109, 110]);
+    let after = answers_since(&p, m);
+    assert_eq!(after.first(), Some(&(104, credit_code(7))));
+    assert!(after.iter().all(|&(_, s)| s & 0x60 == 0), "only ACKs after the receives: {after:?}");
+    let wa = p.poll(A, a.cq);
+    assert_eq!(wa.len(), 11);
+    assert!(wa.iter().all(|w| w.status == WcStatus::Success), "{wa:?}");
+    assert_eq!(p.poll(B, b.cq).len(), 11);
+    // One RNR NAK in all, and no PSN sequence NAK: nothing was sent to be dropped.
+    let naks: Vec<(u32, u8)> = answers_since(&p, 0).into_iter().filter(|&(_, s)| s & 0x60 != 0).collect();
+    assert_eq!(naks, vec![(104, 0x20 | 1)]);
+}
+
+#[test]
+fn credits_bound_only_the_messages_that_take_a_receive_wqe() {
+    let mut p = pair(18, Behaviour::CX, Behaviour::CX);
+    let (a, b) = p.connect_rc(opts());
+    post_recvs(&mut p, B, &b, 2);
+    post(&mut p, A, &a, 1, SendOp::Send, BASE, 8);
+    p.drive(STEPS);
+    // MSN 1, one WQE left: the limit is SSN 2.
+    assert_eq!(answers_since(&p, 0), vec![(100, credit_code(1))]);
+    let n = p.log.len();
+    for i in 0..5 {
+        post(&mut p, A, &a, 10 + i, SendOp::Write { remote_addr: BASE + 0x4_0000, rkey: b.mr.rkey }, BASE, 64);
+    }
+    let imm = SendOp::WriteWithImm { remote_addr: BASE + 0x5_0000, rkey: b.mr.rkey, imm: 7 };
+    post(&mut p, A, &a, 20, imm, BASE, 64);
+    // Until B's first answer: the five WRITEs (SSNs 2-6) left, the WRITE with immediate (SSN 7,
+    // past the limit) did not, although B has a WQE for it. The SSN counts every message, as the
+    // MSN does, so the limit errs on the side of waiting.
+    while !wire_since(&p, n).iter().any(|x| x.from == B) {
+        assert!(p.step(), "B never answered");
+    }
+    let first_answer = wire_since(&p, n).iter().position(|x| x.from == B).unwrap();
+    let before: Vec<(Opcode, u32)> =
+        wire_since(&p, n)[..first_answer].iter().filter(|x| x.from == A).map(|x| (x.opcode, x.psn)).collect();
+    let writes: Vec<(Opcode, u32)> = (101..106).map(|psn| (Opcode::RC_RDMA_WRITE_ONLY, psn)).collect();
+    assert_eq!(before, writes);
+    // The WRITEs' ACKs move the limit (MSN 6 + 1): the WRITE with immediate goes and takes the WQE.
+    p.drive(STEPS);
+    let imm_pkts: Vec<u32> = wire_since(&p, n)
+        .iter()
+        .filter(|x| x.opcode == Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE)
+        .map(|x| x.psn)
+        .collect();
+    assert_eq!(imm_pkts, vec![106]);
+    let wa = p.poll(A, a.cq);
+    assert_eq!(wa.len(), 7);
+    assert!(wa.iter().all(|w| w.status == WcStatus::Success), "{wa:?}");
+    let wb = p.poll(B, b.cq);
+    assert_eq!(wb.iter().map(|w| w.opcode).collect::<Vec<_>>(), vec![WcOpcode::Recv, WcOpcode::RecvRdmaWithImm]);
+    assert!(answers_since(&p, 0).iter().all(|&(_, s)| s & 0x60 == 0), "no NAK of any kind");
+}
+
+#[test]
+fn invalid_credits_set_no_limit() {
+    // B runs rxe (0x1F in every ACK): A sends all ten at once, as rxe's requester does, and the
+    // empty receive queue answers with an RNR NAK.
+    let mut p = pair(19, Behaviour::CX, Behaviour::RXE);
+    let (a, b) = p.connect_rc(RcOptions { min_rnr_timer: 1, ..opts() });
+    post_recvs(&mut p, B, &b, 4);
+    post(&mut p, A, &a, 1, SendOp::Send, BASE, 8);
+    p.drive(STEPS);
+    assert_eq!(answers_since(&p, 0), vec![(100, CREDITS_INVALID)]);
+    let n = p.log.len();
+    for i in 0..10 {
+        post(&mut p, A, &a, 10 + i, SendOp::Send, BASE, 8);
+    }
+    step_to_rnr_nak(&mut p, n);
+    let sent = requests_since(&p, n);
+    assert_eq!(sent[..10], (101..111).collect::<Vec<u32>>()[..]);
+    post_recvs(&mut p, B, &b, 8);
+    p.drive(STEPS);
+    let wa = p.poll(A, a.cq);
+    assert_eq!(wa.len(), 11);
+    assert!(wa.iter().all(|w| w.status == WcStatus::Success), "{wa:?}");
+}

@@ -126,6 +126,15 @@ impl SendOp {
         matches!(self, SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
     }
 
+    /// Whether it takes a receive WQE at the responder (SEND, RDMA WRITE with immediate): the
+    /// requests that end-to-end credits bound (IBTA 9.7.7.2).
+    pub const fn consumes_recv_wqe(self) -> bool {
+        matches!(
+            self,
+            SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } | SendOp::WriteWithImm { .. }
+        )
+    }
+
     /// Whether it is a local operation (no packet: bind, invalidate).
     pub const fn is_local(self) -> bool {
         matches!(self, SendOp::BindMw { .. } | SendOp::LocalInv { .. })

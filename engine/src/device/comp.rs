@@ -4,7 +4,7 @@
 
 use super::packet::walk_sges;
 use super::qp::Qp;
-use super::req::rewind;
+use super::req::{rewind, Credits};
 use super::Ctx;
 use crate::memory::Memory;
 use crate::verbs::{QpState, WcStatus};
@@ -151,11 +151,33 @@ fn handle_nak<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn, syndrome: 
     }
 }
 
+/// The end-to-end credit limit an acknowledgement sets (IBTA 9.7.7.2; see [`Credits`]): an ACK
+/// with a credit count sets MSN + count, one with the invalid count lifts the limit, an RNR NAK
+/// of a responder that counts says it has no WQE (the limit is its MSN). Only ACKs (opcode
+/// ACKNOWLEDGE): the AETH of a READ response or an atomic ACK carries the MSN, but a ConnectX
+/// puts 0 in its credit field whatever its receive queue holds (nvme-discover2.pcap). An ACK
+/// older (by MSN) than the one that set the limit changes nothing.
+fn update_credits(qp: &mut Qp, pkt: &IbPacket<&[u8]>) {
+    let Some(aeth) = pkt.aeth() else { return };
+    let msn = Psn::new(aeth.msn().value());
+    if qp.comp.credits.is_some_and(|c| msn.distance(c.msn) < 0) {
+        return;
+    }
+    qp.comp.credits = match aeth.syndrome() {
+        Syndrome::Ack { credits } => aeth::credit_count(credits).map(|n| Credits { msn, limit: msn + n }),
+        Syndrome::RnrNak { .. } if qp.comp.credits.is_some() => Some(Credits { msn, limit: msn }),
+        _ => qp.comp.credits,
+    };
+}
+
 /// Processes one response packet.
 pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPacket<&[u8]>) {
     let Some(info) = pkt.info() else { return };
     let psn = pkt.bth().psn();
     let syndrome = pkt.aeth().map(|a| a.syndrome());
+    if info.kind == OpKind::Acknowledge {
+        update_credits(qp, pkt);
+    }
     let mut advanced = false;
     let before = qp.comp.psn;
     while let Some(w) = qp.sq.front() {

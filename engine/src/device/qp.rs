@@ -234,6 +234,9 @@ pub(crate) struct ReqState {
     pub(crate) sent_high: Psn,
     /// Whether the SQ_DRAINED event was raised for the current SQD period.
     pub(crate) drained_reported: bool,
+    /// The send sequence number (SSN) of the last message started on the wire: the first is 1
+    /// (IBTA 9.7.7.2: the requester's count that the responder's MSN follows), 24 bits.
+    pub(crate) ssn: u32,
 }
 
 /// The completer's state (rxe's `qp->comp`).
@@ -256,6 +259,9 @@ pub(crate) struct CompState {
     pub(crate) retry_psn: Option<Psn>,
     /// How many PSNs may be unacknowledged (shrinks on loss, grows on ACKs).
     pub(crate) window: super::req::Window,
+    /// The end-to-end credit limit the responder's last ACK set (IBTA 9.7.7.2), or `None`
+    /// while it sent none (the "invalid" count, as rxe always does) or sent nothing yet.
+    pub(crate) credits: Option<super::req::Credits>,
 }
 
 /// The responder's state (rxe's `qp->resp`).

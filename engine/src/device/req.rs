@@ -207,6 +207,37 @@ impl Window {
     }
 }
 
+/// The end-to-end credit limit of an RC requester (IBTA 9.7.7.2, end-to-end flow control).
+///
+/// A responder that tracks its receive queue reports in each ACK's AETH how many receive WQEs it
+/// holds (the credit count, encoded as in Table 44) beside its MSN, the number of messages it
+/// has completed. The requester may start messages that take a receive WQE (SEND, RDMA WRITE
+/// with immediate) up to the SSN `msn + credits` (the limit); past it, it waits for an ACK that
+/// moves the limit, except that with nothing unacknowledged it may send one such message anyway:
+/// its ACK brings a fresh count, or its RNR NAK says there is still no WQE. The SSN counts every
+/// message, as the MSN does, so a WRITE or READ between counts as if it took a WQE: the limit
+/// errs on the side of waiting. A responder that sends the "invalid" count 31 (rxe always; a
+/// QP on an SRQ, whose WQEs are not its own to promise) sets no limit, nor does one that has
+/// not acknowledged anything yet: the requester then sends as rxe's does, and an empty receive
+/// queue answers with an RNR NAK. Honouring a ConnectX responder's counts is what keeps its
+/// requester from sending into a receive queue it was told is empty (each RNR NAK is a wait of
+/// the responder's `min_rnr_timer` and a go-back-N of everything sent behind it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Credits {
+    /// The MSN of the acknowledgement that set the limit (24 bits, compared as PSNs are).
+    pub(crate) msn: Psn,
+    /// The highest SSN that may start.
+    pub(crate) limit: Psn,
+}
+
+/// Whether the requester may start its next message, which takes a receive WQE at the responder
+/// (see [`Credits`]).
+fn credit_allows(qp: &Qp) -> bool {
+    let Some(c) = qp.comp.credits else { return true };
+    let ssn = Psn::new(qp.req.ssn.wrapping_add(1));
+    ssn.distance(c.limit) <= 0 || qp.comp.psn == qp.req.next_psn
+}
+
 /// Copies `out.len()` bytes of the message starting at `offset` from the WQE's buffers.
 fn gather<M: Memory>(ctx: &mut Ctx<'_, M>, w: &SendWqe, offset: u32, out: &mut [u8]) -> bool {
     if let Some(data) = &w.inline {
@@ -312,6 +343,11 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
         if qp.state == QpState::Sqd || !may_start(qp, idx) {
             return None;
         }
+        // Out of end-to-end credits (IBTA 9.7.7.2): an ACK that moves the limit makes the QP
+        // ready again, and the ACK of what is outstanding always comes (its last packet asks).
+        if qp.sq[idx].wr.op.consumes_recv_wqe() && !credit_allows(qp) {
+            return None;
+        }
         if qp.sq[idx].wr.op.is_local() {
             run_local(qp, ctx, idx);
             return poll_transmit(qp, ctx, buf);
@@ -322,6 +358,7 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
             return None;
         }
         let next = qp.req.next_psn;
+        qp.req.ssn = qp.req.ssn.wrapping_add(1) & Psn::MASK;
         let w = &mut qp.sq[idx];
         w.started = true;
         w.first_psn = next;
