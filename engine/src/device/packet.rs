@@ -1,10 +1,15 @@
 //! What every role does with packets and buffers: writes a transport packet (headers, payload,
 //! ICRC) and moves bytes between a packet and the buffers of a scatter/gather list.
 
-use super::{ip_udp_header, Ctx, PdId, Transmit};
+use std::net::IpAddr;
+
+use super::{Ctx, PdId, Transmit};
 use crate::memory::Memory;
 use crate::verbs::Access;
-use crate::wire::{icrc, IbPacket, IbRepr, Qpn};
+use crate::wire::{
+    icrc, ipv4, ipv6, udp, IbPacket, IbRepr, IpProtocol, Ipv4Packet, Ipv4Repr, Ipv6Packet, Ipv6Repr, Qpn, UdpPacket,
+    UdpRepr, ROCE_V2_PORT,
+};
 use crate::wr::{RecvWr, Sge};
 
 /// Writes one transport packet: headers from `ib`, the payload through `fill`, pad, ICRC.
@@ -92,4 +97,51 @@ pub(crate) fn scatter<M: Memory>(
 
 pub(crate) fn recv_capacity(wr: &RecvWr) -> u64 {
     wr.sg_list.iter().map(|s| u64::from(s.length)).sum()
+}
+
+/// The IPv4/IPv6 and UDP headers the ICRC of a datagram covers, as the sender's kernel writes
+/// them: IPv4 with DF, the given ID, TTL 64; TOS, TTL and checksums are masked by the ICRC anyway.
+/// Returns the bytes and their length (28 for IPv4, 48 for IPv6).
+pub fn ip_udp_header(src: IpAddr, dst: IpAddr, sport: u16, udp_payload_len: usize, ip_id: u16) -> ([u8; 48], usize) {
+    let mut h = [0u8; 48];
+    let udp = UdpRepr { src_port: sport, dst_port: ROCE_V2_PORT, payload_len: udp_payload_len };
+    let l4_len = udp::HEADER_LEN + udp_payload_len;
+    // What a Linux sender of RoCEv2 writes: IPv4 with DF, TTL 64 and the given ID; otherwise
+    // IPv6 (an IPv4 address as IPv4-mapped) with hop limit 64. A length beyond what the IP
+    // header holds is not a RoCE packet: the header is then left as far as it was written.
+    let n = match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let r = Ipv4Repr {
+                src_addr: s,
+                dst_addr: d,
+                protocol: IpProtocol::Udp,
+                payload_len: l4_len,
+                dscp_ecn: 0,
+                ident: ip_id,
+                dont_frag: true,
+                ttl: 64,
+            };
+            let _ = r.emit(&mut Ipv4Packet::new_unchecked(&mut h[..]));
+            ipv4::HEADER_LEN
+        }
+        (s, d) => {
+            let to6 = |a: IpAddr| match a {
+                IpAddr::V4(a) => a.to_ipv6_mapped(),
+                IpAddr::V6(a) => a,
+            };
+            let r = Ipv6Repr {
+                src_addr: to6(s),
+                dst_addr: to6(d),
+                next_header: IpProtocol::Udp,
+                payload_len: l4_len,
+                hop_limit: 64,
+                traffic_class: 0,
+                flow_label: 0,
+            };
+            let _ = r.emit(&mut Ipv6Packet::new_unchecked(&mut h[..]));
+            ipv6::HEADER_LEN
+        }
+    };
+    let _ = udp.emit(&mut UdpPacket::new_unchecked(&mut h[n..]));
+    (h, n + udp::HEADER_LEN)
 }
