@@ -55,6 +55,8 @@ fn a_taken_address_is_a_clear_error_naming_addr() {
     assert!(!o.status.success());
     let t = text(&o);
     assert!(t.contains("--addr 127.0.0.1") && t.contains("in use"), "{t}");
+    // It names who holds the address: t2's daemon, a process of this user.
+    assert!(t.contains("held by pid ") && t.contains("of this user"), "{t}");
     // An address that is not this host's.
     let o = run(rt, &["daemon", "--name", "t4", "--addr", "192.0.2.77", "--port", "47931"]);
     assert!(!o.status.success());

@@ -312,12 +312,16 @@ fn bind_conflict_names_the_address() {
     let a = devs.pop().unwrap();
     let e = RoceUdp::bind(&config(A, a.port(), 0xCB00, 1)).unwrap_err();
     assert!(matches!(e, UdpError::Bind { problem: BindProblem::InUse, .. }), "{e:?}");
+    // The holder is this test's own socket: the message names this process.
     assert_eq!(
         e.to_string(),
         format!(
-            "cannot bind UDP 127.0.0.1:{} (--addr 127.0.0.1): address already in use (another device, maybe another \
-             user's, owns it)",
-            a.port()
+            "cannot bind UDP 127.0.0.1:{} (--addr 127.0.0.1): address already in use, held by pid {} ({}) of this \
+             user: a device's daemon, or a program still running from a device that stopped (it keeps its member of \
+             the device's port); end it, or use another --addr",
+            a.port(),
+            std::process::id(),
+            std::fs::read_to_string("/proc/self/comm").unwrap().trim()
         )
     );
 

@@ -186,9 +186,10 @@ impl BindProblem {
 pub enum UdpError {
     /// Binding a socket failed. The message names the address and the likely cause, e.g.
     /// "cannot bind UDP 127.0.0.1:4791 (--addr 127.0.0.1): address already in use (another
-    /// device, maybe another user's, owns it)"; it includes `error`, which is therefore not
-    /// reported again as the source.
-    #[error("cannot bind UDP {local} (--addr {addr}): {}", bind_reason(.problem, .error))]
+    /// device, maybe another user's, owns it)", or, when processes of this user hold the port,
+    /// "... address already in use, held by pid 1234 (ib_send_bw) of this user: ..."; it includes
+    /// `error`, which is therefore not reported again as the source.
+    #[error("cannot bind UDP {local} (--addr {addr}): {}", bind_reason(.problem, .error, .holders))]
     Bind {
         /// The address and port that could not be bound.
         local: SocketAddr,
@@ -198,6 +199,10 @@ pub enum UdpError {
         problem: BindProblem,
         /// The system's error.
         error: io::Error,
+        /// With [`BindProblem::InUse`]: the processes of this user that hold a socket on that
+        /// address and port (pid, command name), as far as /proc shows them; another user's
+        /// processes cannot be looked into.
+        holders: Vec<(u32, String)>,
     },
     /// Every block of `count` source ports tried had a port in use.
     #[error(
@@ -227,8 +232,16 @@ pub enum UdpError {
     },
 }
 
-fn bind_reason(problem: &BindProblem, error: &io::Error) -> String {
+fn bind_reason(problem: &BindProblem, error: &io::Error, holders: &[(u32, String)]) -> String {
     match problem {
+        BindProblem::InUse if !holders.is_empty() => {
+            let who: Vec<String> = holders.iter().map(|(pid, comm)| format!("pid {pid} ({comm})")).collect();
+            format!(
+                "address already in use, held by {} of this user: a device's daemon, or a program still running \
+                 from a device that stopped (it keeps its member of the device's port); end it, or use another --addr",
+                who.join(", ")
+            )
+        }
         BindProblem::InUse => "address already in use (another device, maybe another user's, owns it)".to_string(),
         BindProblem::NotLocal => "address not available (it is not an address of this host)".to_string(),
         BindProblem::Permission => "permission denied (ports below 1024 need CAP_NET_BIND_SERVICE or root)".to_string(),

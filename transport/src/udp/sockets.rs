@@ -53,7 +53,76 @@ fn classify_send_error(error: io::Error) -> io::Result<Option<Sent>> {
 }
 
 pub(crate) fn bind_error(local: SocketAddr, addr: IpAddr, error: io::Error) -> UdpError {
-    UdpError::Bind { local, addr, problem: BindProblem::of(&error), error }
+    let problem = BindProblem::of(&error);
+    let holders = if problem == BindProblem::InUse { holders(local) } else { Vec::new() };
+    UdpError::Bind { local, addr, problem, error, holders }
+}
+
+/// The processes of this user holding a UDP socket bound to `local`'s port on its address or on
+/// the wildcard address (pid and command name, by pid): /proc/net/udp and udp6 give the sockets'
+/// inodes, /proc/PID/fd which processes have them open (another user's cannot be read, and are
+/// left out). For the message of a bind that found the address taken: a program left running
+/// from a device that stopped keeps its member of the device's port (design D3), and "address in
+/// use" alone did not say who.
+pub(crate) fn holders(local: SocketAddr) -> Vec<(u32, String)> {
+    let mut inodes = std::collections::HashSet::new();
+    for table in ["/proc/net/udp", "/proc/net/udp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else { continue };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (Some(at), Some(inode)) = (f.get(1).and_then(|a| proc_addr(a)), f.get(9)) else { continue };
+            let same = at.ip() == local.ip() || at.ip().is_unspecified() || mapped(at.ip()) == Some(local.ip());
+            if at.port() == local.port() && same && *inode != "0" {
+                inodes.insert(format!("socket:[{inode}]"));
+            }
+        }
+    }
+    let mut found = Vec::new();
+    if inodes.is_empty() {
+        return found;
+    }
+    let Ok(procs) = std::fs::read_dir("/proc") else { return found };
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else { continue };
+        let holds = fds
+            .flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.to_str().is_some_and(|l| inodes.contains(l))));
+        if holds {
+            let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
+            found.push((pid, comm.trim().to_string()));
+        }
+    }
+    found.sort();
+    found
+}
+
+/// An address of /proc/net/udp{,6} ("0100007F:12B7": the address as the kernel's 32-bit words in
+/// this host's byte order, then the port), or `None`.
+fn proc_addr(field: &str) -> Option<SocketAddr> {
+    let (a, port) = field.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let word = |i: usize| a.get(i * 8..i * 8 + 8).and_then(|w| u32::from_str_radix(w, 16).ok()).map(u32::to_ne_bytes);
+    let ip: IpAddr = match a.len() {
+        8 => std::net::Ipv4Addr::from(word(0)?).into(),
+        32 => {
+            let mut b = [0u8; 16];
+            for i in 0..4 {
+                b[i * 4..i * 4 + 4].copy_from_slice(&word(i)?);
+            }
+            std::net::Ipv6Addr::from(b).into()
+        }
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, port))
+}
+
+/// The IPv4 address an IPv4-mapped IPv6 address stands for.
+fn mapped(ip: IpAddr) -> Option<IpAddr> {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4),
+        IpAddr::V4(_) => None,
+    }
 }
 
 pub(crate) fn setup_error(local: SocketAddr, what: &'static str, error: io::Error) -> UdpError {
@@ -201,11 +270,12 @@ mod tests {
 
     #[test]
     fn bind_messages() {
-        let local: SocketAddr = "127.0.0.1:4791".parse().unwrap();
+        // Port 9 (discard): no process here holds it, so the message names none.
+        let local: SocketAddr = "127.0.0.1:9".parse().unwrap();
         let e = bind_error(local, local.ip(), io::Error::from_raw_os_error(libc::EADDRINUSE));
         assert_eq!(
             e.to_string(),
-            "cannot bind UDP 127.0.0.1:4791 (--addr 127.0.0.1): address already in use (another device, maybe \
+            "cannot bind UDP 127.0.0.1:9 (--addr 127.0.0.1): address already in use (another device, maybe \
              another user's, owns it)"
         );
         let local: SocketAddr = "[2001:db8::1]:4791".parse().unwrap();
@@ -215,5 +285,37 @@ mod tests {
             "cannot bind UDP [2001:db8::1]:4791 (--addr 2001:db8::1): address not available (it is not an address \
              of this host)"
         );
+    }
+
+    #[test]
+    fn a_taken_address_names_the_processes_of_this_user_that_hold_it() {
+        let me = std::process::id();
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let local = s.local_addr().unwrap();
+        let e = bind_error(local, local.ip(), io::Error::from_raw_os_error(libc::EADDRINUSE));
+        let t = e.to_string();
+        assert!(t.contains(&format!("held by pid {me} (")) && t.contains("end it, or use another --addr"), "{t}");
+        // A socket on the wildcard address holds the port on every address.
+        let any = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        let on = SocketAddr::new("127.0.0.9".parse().unwrap(), any.local_addr().unwrap().port());
+        assert!(holders(on).iter().any(|h| h.0 == me), "{:?}", holders(on));
+        // Gone with the socket.
+        drop((s, any));
+        assert!(!holders(local).iter().any(|h| h.0 == me), "{:?}", holders(local));
+    }
+
+    #[test]
+    #[cfg(target_endian = "little")]
+    fn proc_net_udp_addresses_parse() {
+        assert_eq!(proc_addr("0100007F:12B7"), Some("127.0.0.1:4791".parse().unwrap()));
+        assert_eq!(proc_addr("00000000:0009"), Some("0.0.0.0:9".parse().unwrap()));
+        assert_eq!(
+            proc_addr("0000000000000000FFFF00001F00007F:12B7"),
+            Some("[::ffff:127.0.0.31]:4791".parse().unwrap())
+        );
+        assert_eq!(proc_addr("00000000000000000000000001000000:12B7"), Some("[::1]:4791".parse().unwrap()));
+        assert_eq!(proc_addr("zz"), None);
+        assert_eq!(proc_addr("0100007F:"), None);
+        assert_eq!(proc_addr("0100007:12B7"), None);
     }
 }
