@@ -875,3 +875,126 @@ fn a_progress_thread_keeps_looking_while_its_application_makes_no_call() {
     }
     assert!(looks() >= before + 3, "looks after work for an application without calls: {}", looks() - before);
 }
+
+/// A thread that posts a stream (each post follows a post, and its QP still waits for the
+/// answer to what it sent before) takes the socket with those posts, as its polls would: the
+/// answers to the stream (its ACKs) wait in the socket for that thread's next poll instead of
+/// waking the progress thread, which then took the state's lock from under the posts
+/// (`Hca::drive_post`). b delays every packet it sends by 5 ms, so that a's posts all find the
+/// first SEND unacknowledged and a's ACKs arrive while a's thread sleeps; the handoff lasts 60 s
+/// here. Then a thread that stops after its stream still has its peer's WRITE served and its
+/// sends completed with the default handoff (the progress thread takes the socket back: a's
+/// retry_cnt 1 with a 67 ms timer would otherwise end in RETRY_EXC_ERR).
+#[test]
+fn a_stream_poster_reads_the_answers_to_its_stream_itself() {
+    let dev = |name: &str, addr: IpAddr, port: u16, idle: Duration, faults: &str| {
+        app_device(name, addr, port, |c| {
+            c.seed = Some(port as u64);
+            c.handoff_idle = idle;
+            c.faults = faults.parse().unwrap();
+        })
+    };
+    let long = Duration::from_secs(60);
+    let (da, db) = (dev("stream0", A, 47973, long, ""), dev("stream1", B, 47973, long, "delay=5ms"));
+    let (a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
+    let o = ConnectOptions { mtu: Mtu::Mtu1024, timeout: 14, retry_cnt: 1, ..ConnectOptions::default() };
+    a.qp.connect(100, &b.qp.endpoint(900), &o).unwrap();
+    b.qp.connect(900, &a.qp.endpoint(100), &o).unwrap();
+    let n = 16u64;
+    b.qp.post_recv((0..n).map(|i| RecvWr { wr_id: i, sg_list: vec![b.mr.sge(0..64)] }).collect()).unwrap();
+    let read_by_progress = || da.counters().1.progress_rcvd;
+    let before = read_by_progress();
+    for i in 0..n {
+        a.qp.post_send(vec![SendWr::new(100 + i, SendOp::Send, vec![a.mr.sge(0..64)])]).unwrap();
+    }
+    // The first SEND's ACK comes back after ~5 ms, the rest's after another ~5 ms.
+    std::thread::sleep(Duration::from_millis(40));
+    assert_eq!(read_by_progress(), before, "the progress thread read the answers to a's stream");
+    let mut got = Vec::new();
+    let t0 = Instant::now();
+    while got.len() < n as usize {
+        for w in a.cq.poll(16).unwrap() {
+            assert_eq!(w.status, WcStatus::Success, "{w:?}");
+            got.push(w.wr_id);
+        }
+        assert!(t0.elapsed() < T, "{got:?}");
+    }
+    assert_eq!(got, (100..100 + n).collect::<Vec<_>>());
+    drop((a, b));
+
+    // With the default handoff: c streams SENDs to d, then makes no call at all; d WRITEs into
+    // c's memory and reads it back.
+    let (dc, dd) = (dev("stream2", A, 47974, HANDOFF_IDLE, ""), dev("stream3", B, 47974, HANDOFF_IDLE, ""));
+    let (c, mut d) = (side(&dc, QpType::Rc), side(&dd, QpType::Rc));
+    c.qp.connect(100, &d.qp.endpoint(900), &o).unwrap();
+    d.qp.connect(900, &c.qp.endpoint(100), &o).unwrap();
+    d.qp.post_recv((0..n).map(|i| RecvWr { wr_id: i, sg_list: vec![d.mr.sge(0..64)] }).collect()).unwrap();
+    for i in 0..n {
+        c.qp.post_send(vec![SendWr::new(200 + i, SendOp::Send, vec![c.mr.sge(0..64)])]).unwrap();
+    }
+    let data = pattern(4096, 7);
+    d.mr.as_mut_slice()[8192..8192 + data.len()].copy_from_slice(&data);
+    let wr = SendOp::Write { remote_addr: c.mr.addr() + 65536, rkey: c.mr.rkey() };
+    d.qp.post_send(vec![SendWr::new(300, wr, vec![d.mr.sge(8192..8192 + data.len())])]).unwrap();
+    let mut got = Vec::new();
+    let t0 = Instant::now();
+    while got.len() < n as usize + 1 {
+        for w in d.cq.poll(16).unwrap() {
+            assert_eq!(w.status, WcStatus::Success, "{w:?}");
+            got.push(w.wr_id);
+        }
+        assert!(t0.elapsed() < T, "{got:?}");
+    }
+    assert!(got.contains(&300), "{got:?}");
+    assert_eq!(&c.mr.as_slice()[65536..65536 + data.len()], &data[..]);
+    // c's sends were acknowledged meanwhile (its progress thread read the ACKs): its first
+    // poll finds every completion.
+    let done: Vec<u64> = c.cq.poll(32).unwrap().into_iter().map(|w| w.wr_id).collect();
+    assert_eq!(done, (200..200 + n).collect::<Vec<_>>());
+}
+
+/// A stream's receiver (each poll returns a message, and it posts no send) keeps the socket
+/// across its polls (`Hca::end_handoff_after_poll`): one handoff for the stream, where each
+/// poll that returned a message used to end it (an `epoll_ctl`) and the next empty poll took it
+/// again (another). The first message after a pause still ends it, as
+/// `application_driven_polls_hand_the_socket_back` needs: the program may then spin on memory.
+/// Here the handoff's idle end is 60 s and the SENDs come every millisecond.
+#[test]
+fn a_stream_receiver_keeps_the_socket_across_its_polls() {
+    let dev = |name: &str, addr: IpAddr| {
+        app_device(name, addr, 47975, |c| {
+            c.seed = Some(47975);
+            c.handoff_idle = Duration::from_secs(60);
+        })
+    };
+    let (da, db) = (dev("keep0", A), dev("keep1", B));
+    let (a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
+    connect(&a, &b, Mtu::Mtu1024);
+    let n = 16u64;
+    b.qp.post_recv((0..n).map(|i| RecvWr { wr_id: i, sg_list: vec![b.mr.sge(0..64)] }).collect()).unwrap();
+    let handoffs = || db.counters().1.handoffs;
+    let before = handoffs();
+    let receiver = std::thread::spawn(move || {
+        let mut got = Vec::new();
+        let t0 = Instant::now();
+        while got.len() < n as usize {
+            for w in b.cq.poll(4).unwrap() {
+                assert_eq!(w.status, WcStatus::Success, "{w:?}");
+                got.push(w.wr_id);
+            }
+            assert!(t0.elapsed() < T, "{got:?}");
+        }
+        (b, got)
+    });
+    for i in 0..n {
+        std::thread::sleep(Duration::from_millis(1));
+        a.qp.post_send(vec![SendWr::new(100 + i, SendOp::Send, vec![a.mr.sge(0..64)])]).unwrap();
+        assert_eq!(one(&a.cq).status, WcStatus::Success);
+    }
+    let (_b, got) = receiver.join().unwrap();
+    assert_eq!(got, (0..n).collect::<Vec<_>>());
+    // The first poll takes the socket, the first message ends the handoff, the next poll takes
+    // it again for the rest of the stream.
+    let took = handoffs() - before;
+    assert!(took <= 3, "{took} handoffs for a stream of {n} messages");
+}

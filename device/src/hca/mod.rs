@@ -389,6 +389,12 @@ pub struct IoCounters {
     /// work ([`PROGRESS_SPIN`]) instead of sleeping in poll: while a CQ was armed for a
     /// channel, or while the application made no call.
     pub progress_looks: u64,
+    /// Datagrams a progress thread ([`Progress::Application`]) read from the device's socket
+    /// itself (the rest were read by the application's calls).
+    pub progress_rcvd: u64,
+    /// Times the socket left the progress thread's wait set for the application's threads (the
+    /// handoff; each costs an `epoll_ctl`, and so does its end).
+    pub handoffs: u64,
 }
 
 struct State {
@@ -490,6 +496,11 @@ pub(crate) struct Shared {
     idle_look_after: std::time::Duration,
     /// When an application thread last read the socket (ns since `epoch`).
     last_drive_ns: std::sync::atomic::AtomicU64,
+    /// Times the socket went to the application's threads (IoCounters::handoffs).
+    handoffs: std::sync::atomic::AtomicU64,
+    /// When a poll last returned a message with no send posted since the poll before (ns since
+    /// `epoch`; see `Hca::end_handoff_after_poll`).
+    last_message_ns: std::sync::atomic::AtomicU64,
     /// A poll returned a message (or found more completions waiting) while the socket was handed
     /// off: the handoff ends after that thread's next send has left (see
     /// `Hca::end_handoff_after_poll`), not before it.
@@ -732,6 +743,8 @@ impl Hca {
             udp_poll,
             handed_off: AtomicBool::new(false),
             last_drive_ns: std::sync::atomic::AtomicU64::new(0),
+            last_message_ns: std::sync::atomic::AtomicU64::new(u64::MAX),
+            handoffs: std::sync::atomic::AtomicU64::new(0),
             end_after_post: AtomicBool::new(false),
             posted_since_poll: AtomicBool::new(false),
             tx_owed: AtomicBool::new(false),
@@ -862,6 +875,7 @@ impl Hca {
         (io.gso_sends, io.gro_buffers) = (u.gso_sends, u.gro_buffers);
         let mem = st.dev.memory_ref();
         (io.memory_reads, io.memory_writes, io.memory_guarded) = (mem.reads, mem.writes, mem.guarded_copies);
+        io.handoffs = self.shared.handoffs.load(Ordering::Relaxed);
         (*st.dev.counters(), io, st.faults.counts)
     }
 

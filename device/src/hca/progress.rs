@@ -90,6 +90,9 @@ fn set_handoff(sh: &Shared, _st: &State, on: bool) {
     // it has no device thread to hand anything to.
     if sh.poll_set.modify(&sh.udp_poll, &mut EpollEvent::new(flags, 0)).is_ok() {
         sh.handed_off.store(on, Ordering::Relaxed);
+        if on {
+            sh.handoffs.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -316,6 +319,9 @@ pub(super) fn run(sh: &Shared) {
             for _ in 0..64 {
                 let mut st = sh.lock();
                 let n = st.receive();
+                if application {
+                    st.io.progress_rcvd += n as u64;
+                }
                 if n > 0 && holding.is_none() && st.hold_for_post() {
                     let cqes = st.cqes_written;
                     // The application posted a send a moment ago and does not read the socket
@@ -426,6 +432,22 @@ pub const IDLE_LOOK_AFTER: std::time::Duration = std::time::Duration::from_milli
 fn end_after_post_on() -> bool {
     static S: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *S.get_or_init(|| std::env::var("SOFTRDMA_END_AFTER_POST").map_or(true, |v| v != "0"))
+}
+
+/// Whether a stream's receiver keeps the socket across its polls (see `Hca::streams_in`): yes,
+/// unless $SOFTRDMA_RECV_KEEP=0 (a tuning knob, read once, so that BENCHMARKS.md can compare
+/// both in one run).
+fn recv_keep_on() -> bool {
+    static S: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *S.get_or_init(|| std::env::var("SOFTRDMA_RECV_KEEP").map_or(true, |v| v != "0"))
+}
+
+/// Whether a post that is part of a stream takes the socket for the posting thread (see
+/// [`Hca::drive_post`]): yes, unless $SOFTRDMA_STREAM_TAKE=0 (a tuning knob, read once, so that
+/// BENCHMARKS.md can compare both in one run).
+fn stream_take_on() -> bool {
+    static S: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *S.get_or_init(|| std::env::var("SOFTRDMA_STREAM_TAKE").map_or(true, |v| v != "0"))
 }
 
 /// Whether the device yields the CPU between two looks while it spins: yes, unless
@@ -570,10 +592,10 @@ impl Hca {
     /// message and its answer (0.5-0.7 us of a provider one-way: BENCHMARKS.md, "Where a
     /// provider one-way goes"). A thread that polls again first keeps the socket (no system
     /// call at all); one that does neither has the progress thread back on the socket after
-    /// [`END_AFTER_POST_WAIT`] at its next look (within [`HANDOFF_LOOK_MAX`]). Otherwise as
-    /// [`Hca::end_handoff`]: a stream's receiver, which posts no sends, leaves the progress
-    /// thread the socket and the datagrams waiting there (the two then work on two cores).
-    pub fn end_handoff_after_poll(&self, answer_likely: bool) {
+    /// [`END_AFTER_POST_WAIT`] at its next look (within [`HANDOFF_LOOK_MAX`]). A poll that
+    /// `received` a message as part of a stream (no send posted since, and the poll before also
+    /// returned one: see `Hca::streams_in`) keeps the socket. Otherwise as [`Hca::end_handoff`].
+    pub fn end_handoff_after_poll(&self, answer_likely: bool, received: bool) {
         let sh = &self.shared;
         // A deferral pending from the poll before (the send's completion, then the message, on
         // two CQs) stays.
@@ -588,9 +610,28 @@ impl Hca {
         let answer_likely = answer_likely || sh.tx_owed.load(Ordering::Relaxed);
         if answer_likely && posted && end_after_post_on() && sh.handed_off.load(Ordering::Relaxed) {
             sh.end_after_post.store(true, Ordering::Relaxed);
+        } else if received && !posted && self.streams_in(sh) {
+            // A stream's receiver: it polls again for the next message (and reads the socket
+            // itself when its CQ is empty), so the socket stays with it.
         } else {
             self.end_handoff();
         }
+    }
+
+    /// Whether a poll that returned a message, with no send posted since the poll before, is
+    /// part of a stream: the poll before it that returned a message was at most `handoff_idle`
+    /// ago, with no send between. Such a receiver polls again for the next message and keeps the
+    /// socket; the progress thread takes it back once its reads stop (`handoff_idle`, at its
+    /// next look). Without this, each such poll ended the handoff (an `epoll_ctl`) and the
+    /// next datagrams woke the progress thread, which took the state's lock from under the
+    /// receiver's calls: ib_send_bw's 64 B rate was ~25% lower (BENCHMARKS.md, "A stream's
+    /// receiver keeps the socket"). The first message after a pause ends the handoff as
+    /// before: a program that waited for one message may now spin on memory that only the
+    /// progress thread can fill.
+    fn streams_in(&self, sh: &Shared) -> bool {
+        let now = sh.epoch.elapsed().as_nanos() as u64;
+        let before = sh.last_message_ns.swap(now, Ordering::Relaxed);
+        recv_keep_on() && before <= now && now - before <= sh.handoff_idle.as_nanos() as u64
     }
 
     /// Wakes the device thread if the engine (or the fault injector's delay queue) now has a
@@ -614,8 +655,10 @@ impl Hca {
     /// for the next pump, which that answer brings (the progress thread reads it, or the
     /// application's next poll; the transport timer bounds it), and leave together in GSO
     /// sends: an application that posts a stream of small messages makes one send syscall per
-    /// batch instead of one per post. A post after a poll (a ping-pong, a latency test) or to
-    /// an idle QP leaves at once.
+    /// batch instead of one per post. Such a post also takes the socket for the application's
+    /// threads, as a poll that finds its CQ empty does: the stream's answers wait for the
+    /// thread's next poll rather than wake the progress thread. A post after a poll (a
+    /// ping-pong, a latency test) or to an idle QP leaves at once.
     pub fn drive_post(&self, qpn: Qpn, stream: bool) {
         let mut st = self.shared.lock();
         let (now, held) = st.hold_clock();
@@ -667,10 +710,25 @@ impl Hca {
         st.posted_send = true;
         st.app_calls += 1;
         self.shared.posted_since_poll.store(true, Ordering::Relaxed);
+        self.shared.last_message_ns.store(u64::MAX, Ordering::Relaxed);
         st.last_post = Some(now);
         if stream && st.dev.awaiting_response(qpn) {
             let moved = st.service_rings();
             st.io.ring_wqes += moved as u64;
+            // A stream: this thread polls for the completions of what it keeps posting, and
+            // its polls that find the CQ empty read the socket. It takes the socket now (as a
+            // poll does), so that the answers meanwhile (the ACKs of the stream) wait in the
+            // socket for that poll instead of waking the progress thread, which then took the
+            // state's lock from under the posts and sent their packets itself: 5-6 thousand
+            // wake-ups a second, each a context switch on a core the posting thread needs
+            // (BENCHMARKS.md, "A stream's poster keeps the socket"). A thread that stops
+            // calling has the progress thread back on the socket as after its polls (within
+            // HANDOFF_IDLE, at most HANDOFF_LOOK_MAX); one that arms a CQ, at once.
+            let sh = &self.shared;
+            if stream_take_on() && sh.progress == Progress::Application && !sh.handoff_idle.is_zero() {
+                sh.last_drive_ns.store(now.as_nanos(), Ordering::Relaxed);
+                set_handoff(sh, st, true);
+            }
         } else {
             st.pump();
         }

@@ -159,11 +159,12 @@ impl CompletionQueue {
             // What the application waited for came: it may now wait on memory that only the
             // device thread can fill, which therefore takes the socket back. After a message
             // received (or with completions waiting elsewhere), once the answer the
-            // application most likely posts next has left.
+            // application most likely posts next has left; not at all for a stream's receiver
+            // (`Hca::end_handoff_after_poll`).
             let received = out.iter().any(|wc| {
                 wc.status == WcStatus::Success && matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
             });
-            self.ctx.inner.end_handoff_after_poll(received || more);
+            self.ctx.inner.end_handoff_after_poll(received || more, received);
         }
         Ok(out)
     }

@@ -487,10 +487,10 @@ impl Inner {
     /// After a poll that returned completions: as [`Inner::end_handoff`], or when an answer is
     /// `likely`, after this thread's next send has left (see `Hca::end_handoff_after_poll`).
     #[cfg_attr(not(feature = "embedded"), allow(unused_variables))]
-    fn end_handoff_after_poll(&self, likely: bool) {
+    fn end_handoff_after_poll(&self, likely: bool, received: bool) {
         #[cfg(feature = "embedded")]
         if let Backend::Embedded { hca, .. } = &self.backend {
-            hca.end_handoff_after_poll(likely);
+            hca.end_handoff_after_poll(likely, received);
         }
     }
 
