@@ -796,14 +796,34 @@ pub(super) fn send_owed_at_exit(sh: &Arc<Shared>) {
     });
 }
 
+/// How long an exiting process waits for a device's state lock to send what it holds back.
+const EXIT_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+
+fn lock_for_exit(sh: &Shared) -> Option<std::sync::MutexGuard<'_, State>> {
+    let t0 = std::time::Instant::now();
+    loop {
+        match sh.state.try_lock() {
+            Ok(st) => return Some(st),
+            Err(std::sync::TryLockError::Poisoned(e)) => return Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) if t0.elapsed() < EXIT_LOCK_WAIT => {
+                std::thread::sleep(std::time::Duration::from_micros(50))
+            }
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        }
+    }
+}
+
 extern "C" fn at_exit() {
     let Ok(list) = EXIT_FLUSH.try_lock() else { return };
     let me = std::process::id();
     for (pid, w) in list.iter() {
         // A forked child's copies are its parent's devices: not its to answer for.
         let Some(sh) = w.upgrade().filter(|_| *pid == me) else { continue };
-        // Never wait at exit: a thread that holds the lock is sending anyway.
-        if let Ok(mut st) = sh.state.try_lock() {
+        // The progress thread may hold the lock at this moment (it woke for a datagram or its
+        // tick) without sending what is held back for a post: it dies with the process, so
+        // wait for the lock, but boundedly (`EXIT_LOCK_WAIT`): the exiting thread itself may
+        // hold it (exit(3) called from a callback), and exit never hangs.
+        if let Some(mut st) = lock_for_exit(&sh) {
             st.send_owed();
             st.send_delayed_now();
             // A provider's last report, as when it closes: what its QPs did in their last
