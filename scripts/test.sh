@@ -15,7 +15,7 @@ repo=$(pwd)
 
 bash scripts/install-deps.sh
 
-step() { printf '\n== %s\n' "$*"; }
+step() { printf '\n== %s (at %dm%02ds)\n' "$*" $((SECONDS / 60)) $((SECONDS % 60)); }
 
 step "format"
 cargo fmt --all -- --check
