@@ -8,13 +8,18 @@ failed=0
 # then fails (a CI run lost ib_send_bw -c UD that way: "Couldn't connect" after the server
 # exited). A run uses a few hundred ports from the start.
 port=$((20000 + RANDOM % 11000))
+# Each result line ends with the seconds since the one before (where CI's time goes).
+result_at=${EPOCHREALTIME/[.,]/}
 result() { # name status detail
+  local now=${EPOCHREALTIME/[.,]/} ms
+  ms=$(((now - result_at) / 1000))
+  result_at=$now
   if [ "$2" = ok ]; then
     passed=$((passed + 1))
-    printf 'ok    %s\n' "$1"
+    printf 'ok    %s (%d.%d s)\n' "$1" $((ms / 1000)) $((ms % 1000 / 100))
   else
     failed=$((failed + 1))
-    printf 'FAIL  %s: %s\n' "$1" "$3"
+    printf 'FAIL  %s: %s (%d.%d s)\n' "$1" "$3" $((ms / 1000)) $((ms % 1000 / 100))
   fi
 }
 
