@@ -136,9 +136,12 @@ wait_listen() { # port [port space: TCP or IB]
 # reuses the IDs it destroyed, so the run fails (the same happens against the kernel's rdma_cm:
 # INTEROP.md). Such a run, and only such a run, is tried again, at most 5 times in all (a loaded
 # machine makes the slow server more likely); the
-# result line says when it took more than one.
-cm_perf() { # program [port space [flags]] (server on srdma0, client connecting to its address; no -g: with -R it means multicast)
-  local prog="$1" ps="${2:-TCP}" attempt src crc
+# result line says when it took more than one. The client starts once the server listens for the
+# exchange, which is an RC connection in the TCP port space whatever the data QPs' type: the data
+# listener of a UD run (UDP port space) appears only after that exchange, so waiting for it
+# first only ran out wait_listen's 20 s, every UD run.
+cm_perf() { # program [data port space [flags]] (server on srdma0, client connecting to its address; no -g: with -R it means multicast)
+  local prog="$1" attempt src crc
   shift
   [ $# -gt 0 ] && shift
   local tag="$prog -R${*:+ $*}"
@@ -147,7 +150,7 @@ cm_perf() { # program [port space [flags]] (server on srdma0, client connecting 
     port=$((port + 1))
     timeout 60 "$prog" -R "$@" -d srdma0 -p "$port" -n 200 >"$slog" 2>&1 &
     local spid=$!
-    wait_listen "$port" "$ps"
+    wait_listen "$port" TCP || { result "$tag" fail "the server never listened on $port: $(tail -n 2 "$slog" | tr '\n' ' ')"; kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null; return; }
     timeout 60 "$prog" -R "$@" -d srdma0 -p "$port" -n 200 "$addr0" >"$clog" 2>&1
     crc=$?
     # (For UD the late listener shows as a SIDR_REP "unsupported": UNREACHABLE, status 1.)
