@@ -38,6 +38,7 @@ addr1="${SOFTRDMA_TEST_ADDR1:-127.0.0.2}"
 "$bin" up srdma1 --addr "$addr1" >/dev/null || exit 2
 
 . scripts/programs-lib.sh
+. scripts/rping-race.sh
 
 # Every rdma-core, perftest and rdmacm-utils program loads on the shim with every symbol bound
 # at start (they are linked BIND_NOW; LD_BIND_NOW makes sure): its libibverbs.so.1 (and
@@ -80,14 +81,9 @@ cm_rping() { # name server-addr count size [extra server/client flags]
   pings=$(grep -c "^ping data: rdma-ping-" "$clog")
   if [ "$src" = 0 ] && [ "$crc" = 0 ] && [ "$pings" = "$count" ]; then
     result "$name ($pings pings verified)" ok
-  elif [ "$src" = 255 ] && [ "$crc" = 0 ] && [ "$pings" = "$count" ] \
-    && [ "$(tail -n 3 "$slog")" = "$(printf 'server DISCONNECT EVENT...\nwait for RDMA_READ_ADV state 10\nrdma_get_cm_event: Bad file descriptor')" ]; then
-    # rping's own race, on any device: its CM thread goes back to rdma_get_cm_event after the
-    # DISCONNECTED event, and exits 255 if its main thread, done with the last ping, destroyed
-    # the event channel first (a read of the kernel's closed ucma fd fails with EBADF just so;
-    # a thread already blocked inside stays blocked, in the shim as on the kernel:
-    # verbs-shim/src/cma/calls.rs rdma_destroy_event_channel). Every ping was verified and the
-    # server's teardown completed; seen once in ~50 CI runs.
+  elif [ "$src" = 255 ] && [ "$crc" = 0 ] && [ "$pings" = "$count" ] && rping_lost_teardown_race "$slog"; then
+    # rping's own race (scripts/rping-race.sh): every ping was verified and the server's
+    # teardown completed; seen about once in 50 CI runs.
     result "$name ($pings pings verified; rping's CM thread lost its race with the teardown)" ok
   else
     result "$name" fail "server rc=$src client rc=$crc pings=$pings; $(tail -q -n 2 "$slog" "$clog" | tr '\n' ' ')"

@@ -37,6 +37,7 @@
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
+. "$repo/scripts/rping-race.sh"
 keep="" only="" seed="" traces=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -578,8 +579,16 @@ cm_run_once() {
 rping_ok() { # rping -v: one "ping data" line per ping, each checked (-V)
   local pings
   pings=$(grep -c "^ping data: rdma-ping-" "$4")
-  echo "$pings pings verified"
-  [ "$1" = 0 ] && [ "$2" = 0 ] && [ "$pings" = "$rping_count" ]
+  [ "$2" = 0 ] && [ "$pings" = "$rping_count" ] || { echo "$pings pings verified"; return 1; }
+  if [ "$1" = 0 ]; then
+    echo "$pings pings verified"
+  elif [ "$1" = 255 ] && rping_lost_teardown_race "$3"; then
+    # rping's own race (scripts/rping-race.sh), on whichever side serves: seen once in ~50 runs.
+    echo "$pings pings verified; rping's CM thread lost its race with the teardown"
+  else
+    echo "$pings pings verified"
+    return 1
+  fi
 }
 ucmatose_ok() {
   echo "both \"return status 0\""
