@@ -1,5 +1,6 @@
-//! Helpers of the device's integration tests (embedded.rs, application.rs): two devices in this
-//! process on 127.0.0.1 and 127.0.0.2, a side (context, PD, CQ, QP, MR) on each.
+//! Helpers of the device's integration tests (embedded.rs, application.rs, handoff.rs,
+//! held_back.rs): two devices in this process on 127.0.0.1 and 127.0.0.2, a side (context, PD, CQ,
+//! QP, MR) on each, and the loops that collect completions.
 #![allow(dead_code)]
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -76,4 +77,62 @@ pub fn one(cq: &CompletionQueue) -> WorkCompletion {
     let w = cq.wait(1, T).unwrap();
     assert_eq!(w.len(), 1, "no completion within {T:?}");
     w[0]
+}
+
+/// The wr_ids of completions on `cq`, each a success, polled `batch` at a time (the polling thread
+/// drives an application-driven device, as a program's polls do) until `done` says they are
+/// enough; fails after T, naming `what`.
+pub fn poll_successes_until(cq: &CompletionQueue, batch: u32, what: &str, done: impl Fn(&[u64]) -> bool) -> Vec<u64> {
+    let mut got = Vec::new();
+    let t0 = std::time::Instant::now();
+    while !done(&got) {
+        for w in cq.poll(batch).unwrap() {
+            assert_eq!(w.status, WcStatus::Success, "{what}: {w:?}");
+            got.push(w.wr_id);
+        }
+        assert!(t0.elapsed() < T, "{what}: not done within {T:?}, got {got:?}");
+    }
+    got
+}
+
+/// The wr_ids of at least `n` completions on `cq`, each a success (see [`poll_successes_until`]).
+pub fn successes(cq: &CompletionQueue, n: usize, batch: u32) -> Vec<u64> {
+    poll_successes_until(cq, batch, "successes", |g| g.len() >= n)
+}
+
+/// Waits on `cq` for one completion at a time, each a success, adding its wr_id to `got`, until
+/// `done(got)`; each wait fails after T.
+pub fn wait_successes_until(cq: &CompletionQueue, got: &mut Vec<u64>, what: &str, done: impl Fn(&[u64]) -> bool) {
+    while !done(got) {
+        let w = one(cq);
+        assert_eq!(w.status, WcStatus::Success, "{what}: {w:?}");
+        got.push(w.wr_id);
+    }
+}
+
+/// A new QP pair between `a` and `b`, b's on a CQ with a completion channel: a thread asleep on
+/// that channel (the CQ armed first; with `poll_first`, polled empty just before) wakes for a's
+/// SEND and finds its receive completed.
+pub fn channel_sleeper_wakes(a: &Side, b: &Side, o: &ConnectOptions, poll_first: bool) {
+    let ch = b._ctx.create_comp_channel().unwrap();
+    let cq = b._ctx.create_cq(16, Some(&ch)).unwrap();
+    let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    let qb = b._pd.qp_builder(QpType::Rc, &cq).caps(caps).build().unwrap();
+    let qa = a._pd.qp_builder(QpType::Rc, &a.cq).caps(caps).build().unwrap();
+    qa.connect(1, &qb.endpoint(2), o).unwrap();
+    qb.connect(2, &qa.endpoint(1), o).unwrap();
+    qb.post_recv(vec![RecvWr { wr_id: 7, sg_list: vec![b.mr.sge(300_000..300_064)] }]).unwrap();
+    if poll_first {
+        assert!(cq.poll(4).unwrap().is_empty());
+    }
+    cq.req_notify(false).unwrap();
+    let sleeper = std::thread::spawn(move || {
+        let got = ch.get_cq_event(Some(T)).unwrap();
+        let w = cq.poll(4).unwrap();
+        (got.is_some(), w.len(), w.first().map(|w| (w.wr_id, w.status)))
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    qa.post_send(vec![SendWr::new(8, SendOp::Send, vec![a.mr.sge(0..64)])]).unwrap();
+    assert_eq!(one(&a.cq).status, WcStatus::Success);
+    assert_eq!(sleeper.join().unwrap(), (true, 1, Some((7, WcStatus::Success))));
 }
