@@ -129,7 +129,10 @@ fn softrdmas_own_demo_trace_replays_whole() {
         assert!(o.status.success(), "{}", text(&o));
         let v = replay_json(&rt, &[dir.join("srdma0.pcap").to_str().unwrap(), "--profile", "rxe"]);
         let (m, n) = figures(&v);
-        assert!(n > 500, "{m} of {n}");
+        // The whole demo: its requests of 40 ops per transport bring ~496 answers (RC 296, UD 40,
+        // XRC 160), its responders' coalesced ACKs a few more, as many as the timing gave
+        // (500-584 seen). A conversation missing from the capture would take 40 or more away.
+        assert!(n >= 480, "{m} of {n}");
         if m == n {
             break v;
         }
