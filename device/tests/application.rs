@@ -20,8 +20,7 @@ use common::*;
 /// its work.
 #[test]
 fn application_driven_devices_serve_one_sided_targets_and_channel_sleepers_without_calls() {
-    let dev = |name: &str, addr: IpAddr| app_device(name, addr, 47936, |c| c.seed = Some(47936));
-    let (da, db) = (dev("app0", A), dev("app1", B));
+    let (da, db) = app_pair(("app0", "app1"), 47936, |_| {});
     let (mut a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
     // Shorter transport timer and few retries: a target that did not answer shows as an error.
     let o = ConnectOptions { mtu: Mtu::Mtu1024, timeout: 14, retry_cnt: 1, ..ConnectOptions::default() };
@@ -116,8 +115,7 @@ fn application_driven_sends_are_resent_while_the_application_sleeps() {
 /// cannot serve); the target goes on serving its other memory.
 #[test]
 fn application_driven_target_survives_memory_it_made_inaccessible() {
-    let dev = |name: &str, addr: IpAddr| app_device(name, addr, 47938, |c| c.seed = Some(47938));
-    let (da, db) = (dev("inacc0", A), dev("inacc1", B));
+    let (da, db) = app_pair(("inacc0", "inacc1"), 47938, |_| {});
     let (mut a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
     let len = 64 * 1024;
     let base = anonymous_mapping(len);
@@ -193,8 +191,7 @@ fn anonymous_mapping(len: usize) -> *mut libc::c_void {
 /// and the process lives on; no system call reached its memory.
 #[test]
 fn application_driven_receive_into_memory_made_inaccessible_fails_without_a_crash() {
-    let dev = |name: &str, addr: IpAddr| app_device(name, addr, 47967, |c| c.seed = Some(47967));
-    let (da, db) = (dev("rinacc0", A), dev("rinacc1", B));
+    let (da, db) = app_pair(("rinacc0", "rinacc1"), 47967, |_| {});
     let (mut a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
     let len = 16 * 1024;
     let base = anonymous_mapping(len);

@@ -85,13 +85,7 @@ fn application_driven_polls_hand_the_socket_back() {
 /// next poll and send work as before.
 #[test]
 fn a_deferred_handoff_end_comes_without_the_post() {
-    let dev = |name: &str, addr: IpAddr| {
-        app_device(name, addr, 47957, |c| {
-            c.seed = Some(47957);
-            c.handoff_idle = Duration::from_secs(60);
-        })
-    };
-    let (da, db) = (dev("later0", A), dev("later1", B));
+    let (da, db) = app_pair(("later0", "later1"), 47957, |c| c.handoff_idle = Duration::from_secs(60));
     let (mut a, mut b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
     let o = ConnectOptions { mtu: Mtu::Mtu1024, timeout: 14, retry_cnt: 1, ..ConnectOptions::default() };
     a.qp.connect(100, &b.qp.endpoint(900), &o).unwrap();
@@ -134,17 +128,10 @@ fn a_deferred_handoff_end_comes_without_the_post() {
 /// went below zero would panic the device.
 #[test]
 fn armed_cqs_are_counted_from_arming_to_event_or_destroy() {
-    let dev = |name: &str, addr: IpAddr| app_device(name, addr, 47959, |c| c.seed = Some(47959));
-    let (da, db) = (dev("arm0", A), dev("arm1", B));
+    let (da, db) = app_pair(("arm0", "arm1"), 47959, |_| {});
     let (a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
     let o = ConnectOptions { mtu: Mtu::Mtu1024, ..ConnectOptions::default() };
-    let ch = b._ctx.create_comp_channel().unwrap();
-    let cq = b._ctx.create_cq(16, Some(&ch)).unwrap();
-    let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
-    let qb = b._pd.qp_builder(QpType::Rc, &cq).caps(caps).build().unwrap();
-    let qa = a._pd.qp_builder(QpType::Rc, &a.cq).caps(caps).build().unwrap();
-    qa.connect(1, &qb.endpoint(2), &o).unwrap();
-    qb.connect(2, &qa.endpoint(1), &o).unwrap();
+    let ChannelPair { ch, cq, qa, qb } = channel_pair(&a, &b, &o);
     assert_eq!(db.armed_cqs(), 0);
     cq.req_notify(false).unwrap();
     cq.req_notify(true).unwrap();
@@ -186,22 +173,10 @@ fn armed_cqs_are_counted_from_arming_to_event_or_destroy() {
 /// before each.
 #[test]
 fn the_poll_after_arming_leaves_the_socket_to_the_progress_thread() {
-    let dev = |name: &str, addr: IpAddr| {
-        app_device(name, addr, 47960, |c| {
-            c.seed = Some(47960);
-            c.handoff_idle = Duration::from_secs(60);
-        })
-    };
-    let (da, db) = (dev("armpoll0", A), dev("armpoll1", B));
+    let (da, db) = app_pair(("armpoll0", "armpoll1"), 47960, |c| c.handoff_idle = Duration::from_secs(60));
     let (mut a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
     let o = ConnectOptions { mtu: Mtu::Mtu1024, timeout: 14, retry_cnt: 1, ..ConnectOptions::default() };
-    let ch = b._ctx.create_comp_channel().unwrap();
-    let cq = b._ctx.create_cq(16, Some(&ch)).unwrap();
-    let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
-    let qb = b._pd.qp_builder(QpType::Rc, &cq).caps(caps).build().unwrap();
-    let qa = a._pd.qp_builder(QpType::Rc, &a.cq).caps(caps).build().unwrap();
-    qa.connect(1, &qb.endpoint(2), &o).unwrap();
-    qb.connect(2, &qa.endpoint(1), &o).unwrap();
+    let ChannelPair { ch, cq, qa, qb } = channel_pair(&a, &b, &o);
     let (cq, ch) = (Arc::new(cq), Arc::new(ch));
     for round in 0..3u64 {
         qb.post_recv(vec![RecvWr { wr_id: 10 + round, sg_list: vec![b.mr.sge(0..64)] }]).unwrap();
@@ -239,13 +214,7 @@ fn the_poll_after_arming_leaves_the_socket_to_the_progress_thread() {
 fn a_progress_thread_keeps_looking_while_its_application_makes_no_call() {
     // A long window (the default is 10 ms), so that a busy machine's scheduler cannot make b's
     // calls look far apart.
-    let dev = |name: &str, addr: IpAddr| {
-        app_device(name, addr, 47966, |c| {
-            c.seed = Some(47966);
-            c.idle_look_after = Duration::from_millis(300);
-        })
-    };
-    let (da, db) = (dev("idle0", A), dev("idle1", B));
+    let (da, db) = app_pair(("idle0", "idle1"), 47966, |c| c.idle_look_after = Duration::from_millis(300));
     let (a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
     connect(&a, &b, Mtu::Mtu1024);
     let looks = || db.counters().1.progress_looks;
@@ -347,13 +316,7 @@ fn a_stream_poster_reads_the_answers_to_its_stream_itself() {
 /// Here the handoff's idle end is 60 s and the SENDs come every millisecond.
 #[test]
 fn a_stream_receiver_keeps_the_socket_across_its_polls() {
-    let dev = |name: &str, addr: IpAddr| {
-        app_device(name, addr, 47975, |c| {
-            c.seed = Some(47975);
-            c.handoff_idle = Duration::from_secs(60);
-        })
-    };
-    let (da, db) = (dev("keep0", A), dev("keep1", B));
+    let (da, db) = app_pair(("keep0", "keep1"), 47975, |c| c.handoff_idle = Duration::from_secs(60));
     let (a, b) = (side(&da, QpType::Rc), side(&db, QpType::Rc));
     connect(&a, &b, Mtu::Mtu1024);
     let n = 16u64;

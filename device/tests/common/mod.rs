@@ -32,6 +32,18 @@ pub fn app_device(name: &str, addr: IpAddr, port: u16, tweak: impl FnOnce(&mut H
     Arc::new(Hca::start(c).unwrap())
 }
 
+/// Two application-driven devices on `port`, the first on A and the second on B, each with the
+/// seed `port` and `tweak` applied to its configuration.
+pub fn app_pair(names: (&str, &str), port: u16, tweak: impl Fn(&mut HcaConfig)) -> (Arc<Hca>, Arc<Hca>) {
+    let dev = |name: &str, addr: IpAddr| {
+        app_device(name, addr, port, |c| {
+            c.seed = Some(u64::from(port));
+            tweak(c)
+        })
+    };
+    (dev(names.0, A), dev(names.1, B))
+}
+
 pub struct Side {
     pub _ctx: Context,
     pub _pd: ProtectionDomain,
@@ -110,10 +122,17 @@ pub fn wait_successes_until(cq: &CompletionQueue, got: &mut Vec<u64>, what: &str
     }
 }
 
-/// A new QP pair between `a` and `b`, b's on a CQ with a completion channel: a thread asleep on
-/// that channel (the CQ armed first; with `poll_first`, polled empty just before) wakes for a's
-/// SEND and finds its receive completed.
-pub fn channel_sleeper_wakes(a: &Side, b: &Side, o: &ConnectOptions, poll_first: bool) {
+/// What [`channel_pair`] makes.
+pub struct ChannelPair {
+    pub ch: CompletionChannel,
+    pub cq: CompletionQueue,
+    pub qa: QueuePair,
+    pub qb: QueuePair,
+}
+
+/// A new RC QP pair between `a` and `b` (4 WRs, 1 SGE each), connected with `o`: a's on a's CQ,
+/// b's on a new CQ of 16 with a new completion channel.
+pub fn channel_pair(a: &Side, b: &Side, o: &ConnectOptions) -> ChannelPair {
     let ch = b._ctx.create_comp_channel().unwrap();
     let cq = b._ctx.create_cq(16, Some(&ch)).unwrap();
     let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
@@ -121,6 +140,14 @@ pub fn channel_sleeper_wakes(a: &Side, b: &Side, o: &ConnectOptions, poll_first:
     let qa = a._pd.qp_builder(QpType::Rc, &a.cq).caps(caps).build().unwrap();
     qa.connect(1, &qb.endpoint(2), o).unwrap();
     qb.connect(2, &qa.endpoint(1), o).unwrap();
+    ChannelPair { ch, cq, qa, qb }
+}
+
+/// A new QP pair between `a` and `b` ([`channel_pair`]): a thread asleep on
+/// that channel (the CQ armed first; with `poll_first`, polled empty just before) wakes for a's
+/// SEND and finds its receive completed.
+pub fn channel_sleeper_wakes(a: &Side, b: &Side, o: &ConnectOptions, poll_first: bool) {
+    let ChannelPair { ch, cq, qa, qb } = channel_pair(a, b, o);
     qb.post_recv(vec![RecvWr { wr_id: 7, sg_list: vec![b.mr.sge(300_000..300_064)] }]).unwrap();
     if poll_first {
         assert!(cq.poll(4).unwrap().is_empty());
