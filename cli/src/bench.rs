@@ -652,8 +652,10 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<ExitCode> {
     let mem = ubr(&["memcpy", "65536", "512"])?;
     let xp = ubr(&["xproc", "64", "65536"])?;
     let floor = crate::bench_floor::measure(if a.quick { 5000 } else { 50000 })?;
+    let bulk = crate::bench_floor::bulk(if a.quick { 0.5 } else { 2.0 })?;
     let g = |m: &BTreeMap<String, f64>, k: &str| m.get(k).copied().unwrap_or(f64::NAN);
     t.v.insert("udp_pair_oneway_us".into(), floor.pair_us);
+    t.v.insert("roce_write_floor_gbps".into(), bulk.message_icrc_gbs * 8.0);
     t.v.insert("udp_gsogro_gbps".into(), g(&gso, "rx_gbps"));
     t.v.insert("udp_busy_oneway_us".into(), g(&lat, "oneway_p50_ns") / 1000.0);
     t.v.insert("udp_block_rtt_us".into(), g(&lat_block, "rtt_p50_ns") / 1000.0);
@@ -685,6 +687,16 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<ExitCode> {
         format!(
             "one-way p50 {:.2} us (the same code with one 20 B datagram: {:.2} us)",
             floor.pair_us, floor.single_us
+        ),
+    );
+    t.row(
+        "limit",
+        "UDP, a 64 KiB WRITE's 16 packets at MTU 4096 (the first alone, 15 in one GSO send)",
+        format!(
+            "{:.2} Gbit/s of payload, {:.2} with each packet's ICRC computed (15 packets a GSO send: {:.2})",
+            bulk.message_gbs * 8.0,
+            bulk.message_icrc_gbs * 8.0,
+            bulk.gso_gbs * 8.0
         ),
     );
     t.row(

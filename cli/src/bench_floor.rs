@@ -146,6 +146,133 @@ fn ping_pong(segments: usize, iters: usize) -> Result<f64> {
     Ok(rtt[rtt.len() / 2] / 2.0 / 1000.0)
 }
 
+/// A 64 KiB RDMA WRITE at path MTU 4096 is 16 packets: the first with its RETH (BTH 12, RETH 16,
+/// payload 4096, ICRC 4: 4128 bytes of UDP payload), then 15 of BTH, payload and ICRC (4112
+/// bytes). One GSO send holds at most 65,507 bytes, 15 such packets, and its segments are all one
+/// size but the last: the longer first packet goes alone. So the message takes two sends however
+/// they are batched (BENCHMARKS.md, "Within one device on this machine").
+const FIRST: usize = 4128;
+const MIDDLE: usize = 4112;
+const PER_MESSAGE: usize = FIRST + 15 * MIDDLE;
+
+/// What one thread gets through this machine's loopback to another (receiving with `UDP_GRO`)
+/// in one run, in GB/s of RDMA payload (4096 bytes a packet), for the floor of `ib_write_bw`'s
+/// 64 KiB rows.
+pub(crate) struct BulkFloor {
+    /// 15 packets of 4112 bytes per GSO send, nothing else: the most the socket takes (what
+    /// udpbench's GSO+GRO row measures, at this size).
+    pub(crate) gso_gbs: f64,
+    /// A 64 KiB WRITE's 16 packets as they must be sent: the first alone, the 15 others in one
+    /// GSO send.
+    pub(crate) message_gbs: f64,
+    /// The same, with each packet's ICRC computed as the engine computes it (IBTA A17.4.3.1:
+    /// every RoCEv2 packet on the wire carries one).
+    pub(crate) message_icrc_gbs: f64,
+}
+
+/// Measures the three senders, `secs` seconds each.
+pub(crate) fn bulk(secs: f64) -> Result<BulkFloor> {
+    Ok(BulkFloor {
+        gso_gbs: stream(Sender::Gso, secs)?,
+        message_gbs: stream(Sender::Message, secs)?,
+        message_icrc_gbs: stream(Sender::MessageIcrc, secs)?,
+    })
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Sender {
+    Gso,
+    Message,
+    MessageIcrc,
+}
+
+/// One sending thread (CPU 0) to one blocking receiver (CPU 1) for `secs`; the RDMA payload the
+/// receiver got, in GB/s (datagrams the receiving socket had no room for are not counted).
+fn stream(how: Sender, secs: f64) -> Result<f64> {
+    let (tx, rx) = (socket()?, socket()?);
+    // The buffers a device's sockets ask for (and udpbench's): with the default ones the queue
+    // holds three GSO sends and the floor measured drops.
+    nsock::setsockopt(&rx, sockopt::RcvBuf, &(4 << 20)).context("setting SO_RCVBUF")?;
+    nsock::setsockopt(&tx, sockopt::SndBuf, &(4 << 20)).context("setting SO_SNDBUF")?;
+    rx.set_nonblocking(false)?;
+    rx.set_read_timeout(Some(STALL))?;
+    let to = addr_of(&rx)?;
+    let before = cpus();
+    let receiver = std::thread::spawn(move || -> Result<u64> {
+        pin(1);
+        let mut buf = vec![0u8; 65536];
+        let mut got = 0u64;
+        loop {
+            match rx.recv(&mut buf) {
+                Ok(1) => return Ok(got),
+                Ok(n) => got += n as u64,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e).context("receiving the bulk floor's datagrams"),
+            }
+        }
+    });
+    pin(0);
+    let mut msg = vec![0x5au8; PER_MESSAGE];
+    // IPv4 and UDP headers as a device's would be (the ICRC covers them, masked).
+    let mut ip_udp = [0u8; 28];
+    ip_udp[0] = 0x45;
+    ip_udp[9] = 17;
+    ip_udp[22] = (4791u16 >> 8) as u8;
+    ip_udp[23] = (4791u16 & 0xff) as u8;
+    let fd = tx.as_raw_fd();
+    let size = MIDDLE as u16;
+    let gso = [ControlMessage::UdpGsoSegments(&size)];
+    let mut sent = || -> Result<()> {
+        let t0 = Instant::now();
+        while t0.elapsed().as_secs_f64() < secs {
+            for _ in 0..16 {
+                if how == Sender::Gso {
+                    let iov = [std::io::IoSlice::new(&msg[FIRST..])];
+                    let _ = nsock::sendmsg(fd, &iov, &gso, MsgFlags::empty(), Some(&to));
+                    continue;
+                }
+                if how == Sender::MessageIcrc {
+                    for (at, len) in std::iter::once((0, FIRST)).chain((0..15).map(|i| (FIRST + i * MIDDLE, MIDDLE))) {
+                        let p = &mut msg[at..at + len];
+                        let crc = softrdma_engine::wire::icrc::roce_v2_parts(&ip_udp, &p[..len - 4])?;
+                        p[len - 4..].copy_from_slice(&crc.to_le_bytes());
+                    }
+                }
+                let first = [std::io::IoSlice::new(&msg[..FIRST])];
+                let _ = nsock::sendmsg(fd, &first, &[], MsgFlags::empty(), Some(&to));
+                let rest = [std::io::IoSlice::new(&msg[FIRST..])];
+                let _ = nsock::sendmsg(fd, &rest, &gso, MsgFlags::empty(), Some(&to));
+            }
+        }
+        Ok(())
+    };
+    let t0 = Instant::now();
+    let r = sent();
+    let elapsed = t0.elapsed().as_secs_f64();
+    // The end: one byte (a full socket drops it: a few tries).
+    for _ in 0..100 {
+        if tx.send_to(&[0], SocketAddr::V4(to.into())).is_ok() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        if receiver.is_finished() {
+            break;
+        }
+    }
+    let joined = receiver.join();
+    if let Some(set) = before {
+        let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
+    }
+    let got = joined.map_err(|_| anyhow::anyhow!("the bulk floor's receiver panicked"))??;
+    r?;
+    // UDP payload bytes to RDMA payload: 4096 of every 4112 (the GSO sender) or 65,536 of every
+    // 65,808 (a message).
+    let payload = match how {
+        Sender::Gso => got as f64 * 4096.0 / MIDDLE as f64,
+        _ => got as f64 * 65536.0 / PER_MESSAGE as f64,
+    };
+    Ok(payload / elapsed / 1e9)
+}
+
 #[cfg(test)]
 mod test {
     use super::*;
@@ -157,6 +284,19 @@ mod test {
         // Loopback round trips take microseconds, never nothing and never seconds.
         for v in [f.single_us, f.pair_us] {
             assert!(v > 0.05 && v < 50_000.0, "{v} us");
+        }
+    }
+
+    #[test]
+    fn the_bulk_senders_get_datagrams_through() {
+        let f = bulk(std::env::var("BULK_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(0.2)).expect("bulk");
+        eprintln!(
+            "GB/s: GSO {:.2}, a WRITE's packets {:.2}, with their ICRCs {:.2}",
+            f.gso_gbs, f.message_gbs, f.message_icrc_gbs
+        );
+        // Each sender got something through, and no more than memory could move.
+        for v in [f.gso_gbs, f.message_gbs, f.message_icrc_gbs] {
+            assert!(v > 0.01 && v < 1000.0, "{v} GB/s");
         }
     }
 }
