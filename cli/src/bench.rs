@@ -656,6 +656,7 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<ExitCode> {
     let g = |m: &BTreeMap<String, f64>, k: &str| m.get(k).copied().unwrap_or(f64::NAN);
     t.v.insert("udp_pair_oneway_us".into(), floor.pair_us);
     t.v.insert("roce_write_floor_gbps".into(), bulk.message_icrc_gbs * 8.0);
+    t.v.insert("roce_write_floor_no_icrc_gbps".into(), bulk.message_gbs * 8.0);
     t.v.insert("udp_gsogro_gbps".into(), g(&gso, "rx_gbps"));
     t.v.insert("udp_busy_oneway_us".into(), g(&lat, "oneway_p50_ns") / 1000.0);
     t.v.insert("udp_block_rtt_us".into(), g(&lat_block, "rtt_p50_ns") / 1000.0);
