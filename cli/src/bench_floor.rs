@@ -195,18 +195,34 @@ fn stream(how: Sender, secs: f64) -> Result<f64> {
     nsock::setsockopt(&rx, sockopt::RcvBuf, &(4 << 20)).context("setting SO_RCVBUF")?;
     nsock::setsockopt(&tx, sockopt::SndBuf, &(4 << 20)).context("setting SO_SNDBUF")?;
     rx.set_nonblocking(false)?;
-    rx.set_read_timeout(Some(STALL))?;
+    rx.set_read_timeout(Some(std::time::Duration::from_millis(20)))?;
     let to = addr_of(&rx)?;
     let before = cpus();
+    // Set once the sender stopped: the receiver then ends at its first empty wait (the end
+    // datagram below may find the socket full; a starved receiver must still end).
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sender_done = done.clone();
     let receiver = std::thread::spawn(move || -> Result<u64> {
         pin(1);
         let mut buf = vec![0u8; 65536];
         let mut got = 0u64;
+        let mut idle_since: Option<Instant> = None;
         loop {
             match rx.recv(&mut buf) {
                 Ok(1) => return Ok(got),
-                Ok(n) => got += n as u64,
+                Ok(n) => {
+                    got += n as u64;
+                    idle_since = None;
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                    if done.load(std::sync::atomic::Ordering::SeqCst) {
+                        return Ok(got);
+                    }
+                    if idle_since.get_or_insert_with(Instant::now).elapsed() > STALL {
+                        bail!("no datagram from the bulk floor's sender for {STALL:?}");
+                    }
+                }
                 Err(e) => return Err(e).context("receiving the bulk floor's datagrams"),
             }
         }
@@ -249,15 +265,9 @@ fn stream(how: Sender, secs: f64) -> Result<f64> {
     let t0 = Instant::now();
     let r = sent();
     let elapsed = t0.elapsed().as_secs_f64();
-    // The end: one byte (a full socket drops it: a few tries).
-    for _ in 0..100 {
-        if tx.send_to(&[0], SocketAddr::V4(to.into())).is_ok() {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        if receiver.is_finished() {
-            break;
-        }
-    }
+    // The end: the flag, and one byte for a receiver blocked in its wait.
+    sender_done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let _ = tx.send_to(&[0], SocketAddr::V4(to.into()));
     let joined = receiver.join();
     if let Some(set) = before {
         let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
