@@ -4,12 +4,12 @@
 //! unpacked on first use into a per-user cache directory (src/shim.rs).
 //!
 //! The shim is the `softrdma-verbs-shim` static library relinked with rdma-core's symbol
-//! versions (verbs-shim/maps/*.map: a Rust cdylib cannot carry versioned symbols). It is built
-//! here by a nested `cargo build --release -p softrdma-verbs-shim` into a target directory of its
-//! own beside this build's (a build script cannot wait on the outer build's own artifacts), then
-//! linked with the system `cc`. Missing tools or headers fail the build with the package to
-//! install. Also sets `SOFTRDMA_COMMIT` (the git commit, for `--version`) when built from a
-//! clone.
+//! versions (verbs-shim/maps/*.map: a Rust cdylib cannot carry versioned symbols). It is this
+//! package's build dependency, so the same cargo run compiles it, sharing the compiled engine,
+//! transport and device crates with the binary (see the build dependencies in Cargo.toml), and
+//! this script links it with the system `cc`. It needs no rdma-core headers and no libclang (the
+//! C bindings are committed). A missing C compiler fails the build with the package to install.
+//! Also sets `SOFTRDMA_COMMIT` (the git commit, for `--version`) when built from a clone.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -27,24 +27,10 @@ fn main() {
     let root = manifest.parent().expect("cli/ is inside the workspace").to_path_buf();
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     commit(&root);
-    // The shim's sources: its own and those of the workspace crates it links.
-    for krate in ["engine", "transport", "pcap", "protocol", "device", "verbs-shim"] {
-        for part in ["src", "Cargo.toml", "build.rs", "c", "maps"] {
-            let p = root.join(krate).join(part);
-            if p.exists() {
-                println!("cargo:rerun-if-changed={}", p.display());
-            }
-        }
-    }
-    for f in ["Cargo.lock", "Cargo.toml"] {
-        println!("cargo:rerun-if-changed={}", root.join(f).display());
-    }
-    if !root.join("verbs-shim/Cargo.toml").is_file() {
-        fail(
-            "the verbs-shim sources are not beside cli/ (build softrdma from the repository: cargo install --path cli)",
-        );
-    }
-    let archive = build_archive(&root, &out);
+    // A change to the shim's code rebuilds the build dependency, and so reruns this script; the
+    // version maps are read here only.
+    println!("cargo:rerun-if-changed={}", root.join("verbs-shim/maps").display());
+    let archive = find_archive(&out);
     let shim = out.join("shim");
     std::fs::create_dir_all(&shim).expect("creating OUT_DIR/shim");
     // The cache key of the unpacked copy: FNV-1a over the libraries and the header.
@@ -82,52 +68,41 @@ fn commit(root: &Path) {
     println!("cargo:rustc-env=SOFTRDMA_COMMIT={}", described.as_deref().unwrap_or("unknown"));
 }
 
-/// The static library, from a nested cargo build (always release: the shim is the data path).
-fn build_archive(root: &Path, out: &Path) -> PathBuf {
-    // OUT_DIR is TARGET/PROFILE/build/softrdma-HASH/out: the nested build goes to TARGET/embedded-shim.
-    let target = out.ancestors().nth(4).map(Path::to_path_buf).unwrap_or_else(|| out.join("t"));
-    let nested = target.join("embedded-shim");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.current_dir(root)
-        .args(["build", "--release", "-p", "softrdma-verbs-shim", "--lib", "--target-dir"])
-        .arg(&nested);
-    if root.join("Cargo.lock").is_file() {
-        cmd.arg("--locked");
+/// The static library: this package's build dependency `softrdma-verbs-shim`, which cargo has
+/// compiled (crate types staticlib and rlib) into the deps directory before running this script.
+/// Several variants of it can sit there (the workspace's own test builds, other profiles); ours
+/// is the one that carries our build dependency's `UNIT` bytes.
+fn find_archive(out: &Path) -> PathBuf {
+    // OUT_DIR is TARGET[/TRIPLE]/PROFILE/build/softrdma-HASH/out; a build dependency is compiled
+    // for the host, into TARGET/PROFILE/deps (the same directory unless --target is given).
+    let profile_dir = out.ancestors().nth(3).unwrap_or(out);
+    let mut dirs = vec![profile_dir.join("deps")];
+    if let (Some(name), Some(up)) = (profile_dir.file_name(), profile_dir.ancestors().nth(2)) {
+        dirs.push(up.join(name).join("deps"));
     }
-    // The outer build's settings for this package and its profile are not the nested build's.
-    for (k, _) in std::env::vars_os() {
-        let k = k.to_string_lossy().into_owned();
-        if k.starts_with("CARGO_FEATURE_")
-            || k.starts_with("CARGO_CFG_")
-            || k.starts_with("CARGO_PKG_")
-            || k.starts_with("CARGO_MANIFEST_")
-            || matches!(
-                k.as_str(),
-                "OUT_DIR"
-                    | "TARGET"
-                    | "HOST"
-                    | "PROFILE"
-                    | "OPT_LEVEL"
-                    | "DEBUG"
-                    | "NUM_JOBS"
-                    | "RUSTC_WRAPPER"
-                    | "CARGO_TARGET_DIR"
-                    | "CARGO_BUILD_TARGET_DIR"
-            )
-        {
-            cmd.env_remove(&k);
+    let unit = softrdma_verbs_shim::UNIT.as_bytes();
+    let mut seen = Vec::new();
+    for dir in &dirs {
+        let Ok(entries) = std::fs::read_dir(dir) else { continue };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !(name.starts_with("libsoftrdma_verbs_shim-") && name.ends_with(".a")) {
+                continue;
+            }
+            let path = e.path();
+            let bytes = std::fs::read(&path).unwrap_or_else(|e| fail(&format!("reading {}: {e}", path.display())));
+            if bytes.windows(unit.len()).any(|w| w == unit) {
+                println!("cargo:rerun-if-changed={}", path.display());
+                return path;
+            }
+            seen.push(name);
         }
     }
-    let status = cmd.status().unwrap_or_else(|e| fail(&format!("running cargo for the verbs shim: {e}")));
-    if !status.success() {
-        fail("building the verbs shim (cargo build -p softrdma-verbs-shim) failed: see its errors above");
-    }
-    let a = nested.join("release/libsoftrdma_verbs_shim.a");
-    if !a.is_file() {
-        fail(&format!("the verbs shim's static library is not where cargo puts it: {}", a.display()));
-    }
-    a
+    fail(&format!(
+        "the verbs shim's static library of this build is not in {} (saw: {:?})",
+        dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(" or "),
+        seen
+    ))
 }
 
 /// One library: exactly the symbols of its version map (and what they need) from the archive.

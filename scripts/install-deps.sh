@@ -3,9 +3,9 @@
 # - tshark: the independent decoder the wire tests cross-check against (Debian package);
 # - python3: runs the shared ICRC oracle (present on the CI image; installed if missing);
 # - cargo-fuzz: builds and runs the fuzz targets (a cargo tool, built from crates.io);
-# - libibverbs-dev: rdma-core's headers, the ABI the verbs shim implements (bindgen reads them,
-#   with libclang-dev), and cc links the shim;
-# - librdmacm-dev: rdma-core's rdma/rdma_cma.h, the librdmacm ABI of the shim (bindgen reads it too);
+# - libibverbs-dev, librdmacm-dev, libclang-dev: rdma-core's headers, the ABI the verbs shim
+#   implements; the shim builds from bindings committed in verbs-shim/bindings/, and the suite
+#   regenerates them from these headers with bindgen (libclang) to check they are current;
 # - ibverbs-utils, python3-pyverbs, perftest, rdmacm-utils: the unchanged programs and test suite
 #   that run on it (or, for rdma_cm programs, load on it and fail cleanly);
 # - ucx-utils, libfabric-bin: the peers `softrdma bench` compares against (UCX and libfabric
