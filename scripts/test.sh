@@ -55,6 +55,9 @@ SOFTRDMA_DATAPATH=device SOFTRDMA_MEMORY_HELPER=1 bash scripts/test-verbs-progra
 step "an installed softrdma (cargo install --path cli; exec from outside the repository, shim unpacked from the binary)"
 bash scripts/test-install.sh
 
+step "the README's first command on a fresh machine (rdma-core headers and libclang hidden in a mount namespace; cold build; needs root)"
+bash scripts/test-fresh-build.sh
+
 step "the GitHub Actions action (action.yml's steps run as the runner would, no network)"
 bash scripts/test-action.sh
 

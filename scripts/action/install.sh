@@ -9,7 +9,8 @@
 set -euo pipefail
 : "${SRC:?}" "${PREFIX:?}" "${GITHUB_PATH:?}" "${GITHUB_ENV:?}" "${GITHUB_OUTPUT:?}"
 if [ "${INSTALL_DEPS:-true}" = true ]; then
-  pkgs=(gcc libc6-dev libibverbs-dev librdmacm-dev libclang-dev ibverbs-utils rdmacm-utils perftest)
+  # The build needs gcc only; the headers are for the workflow's own verbs programs.
+  pkgs=(gcc libc6-dev libibverbs-dev librdmacm-dev ibverbs-utils rdmacm-utils perftest)
   need=()
   for p in "${pkgs[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p"); done
   if [ ${#need[@]} -gt 0 ]; then
