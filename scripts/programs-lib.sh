@@ -27,7 +27,7 @@ single() { # name expect-regex cmd...
   local name="$1" want="$2"
   shift 2
   local log="$logs/$(echo "$name" | tr ' /' '__').log"
-  if timeout 60 "$@" >"$log" 2>&1 && grep -qE "$want" "$log"; then
+  if timeout "${single_timeout:-60}" "$@" >"$log" 2>&1 && grep -qE "$want" "$log"; then
     result "$name" ok
   else
     result "$name" fail "$(tail -n 3 "$log" | tr '\n' ' ')"

@@ -5,31 +5,42 @@
  * which allocates; if the alarm lands while libibverbs is inside malloc or free (a post or a
  * poll that allocates), the handler's malloc waits forever on the lock the interrupted call
  * holds. A NIC's provider does not allocate on that path, so programs get away with it there.
- * This program makes the rare case frequent: an interval timer fires every --interval
- * microseconds (default 20) and its handler allocates and frees, while the main thread sends
- * 64-byte messages between two RC QPs of one device and polls for their completions for
- * --seconds (default 2). It ends, or it hangs (run it under timeout).
+ * This program makes the rare case frequent: a thread of its own sends SIGALRM to the main
+ * thread over and over, and the handler allocates and frees, while the main thread sends 64-byte
+ * messages between two RC QPs of one device and polls for their completions, until it has sent
+ * --messages (default 1000) and handled --signals (default 20000). It ends, or it hangs (run it
+ * under timeout).
  *
- *   signal_post [--device D] [--seconds S] [--interval US]
+ * The signals are paced by progress, not by the clock: the next one is sent only once the
+ * handler has run for the last one, and the main thread has run on for 0 to --max-gap
+ * microseconds (default 20, random). An interval timer at a fixed rate (the first version of this program, every 10 us)
+ * starves the main thread on a slow or loaded machine, where delivering a signal costs about as
+ * long as the interval: the program then never gets past its first call, deadlock or not.
  *
- * Build: cc signal_post.c -libverbs (scripts/build-examples.sh). Output: "signal_post: OK
- * iterations N signals M" and exit 0, or "signal_post: FAILED <why>" and exit 1.
+ *   signal_post [--device D] [--messages N] [--signals N] [--max-gap US]
+ *
+ * Build: cc signal_post.c -libverbs -lpthread (scripts/build-examples.sh). Output: "signal_post:
+ * OK iterations N signals M" and exit 0, or "signal_post: FAILED <why>" and exit 1.
  */
 #define _GNU_SOURCE
 #include <infiniband/verbs.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
+#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 
 #define MSG 64
 
 static volatile sig_atomic_t signals;
+static volatile int done;
+static pthread_t main_thread;
+static long max_gap_us = 20;
 
 static void fail(const char *fmt, ...)
 {
@@ -62,6 +73,27 @@ static double now(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &t);
 	return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* The signal source: one SIGALRM to the main thread, wait until its handler has run, let the
+ * main thread run for a random 0..max_gap_us (yielding the CPU, so the device's daemon runs too
+ * on a machine with few cores), again, until the main thread is done. */
+static void *storm(void *arg)
+{
+	unsigned int seed = 12345;
+
+	(void)arg;
+	while (!done) {
+		sig_atomic_t before = signals;
+
+		pthread_kill(main_thread, SIGALRM);
+		while (signals == before && !done)
+			sched_yield();
+		double until = now() + (max_gap_us > 0 ? (double)(rand_r(&seed) % (unsigned int)(max_gap_us + 1)) : 0) / 1e6;
+		while (now() < until && !done)
+			sched_yield();
+	}
+	return NULL;
 }
 
 static void to_rts(struct ibv_qp *qp, uint32_t dqpn, union ibv_gid *gid)
@@ -106,12 +138,14 @@ static void to_rts(struct ibv_qp *qp, uint32_t dqpn, union ibv_gid *gid)
 static void one(struct ibv_cq *cq, const char *what)
 {
 	struct ibv_wc wc;
-	double until = now() + 10;
+	/* A hang detector, not a speed bound: a completion between two QPs of one device that takes
+	 * a minute is lost. */
+	double until = now() + 60;
 	int n;
 
 	while ((n = ibv_poll_cq(cq, 1, &wc)) == 0)
 		if (now() > until)
-			fail("no %s completion within 10 s", what);
+			fail("no %s completion within 60 s", what);
 	if (n < 0)
 		fail("ibv_poll_cq: %d", n);
 	if (wc.status != IBV_WC_SUCCESS)
@@ -121,8 +155,7 @@ static void one(struct ibv_cq *cq, const char *what)
 int main(int argc, char **argv)
 {
 	const char *want = NULL;
-	double seconds = 2;
-	long interval = 20;
+	long messages = 1000, min_signals = 20000;
 	struct ibv_device **list;
 	struct ibv_context *ctx = NULL;
 	int i, n;
@@ -130,12 +163,14 @@ int main(int argc, char **argv)
 	for (i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--device") && i + 1 < argc)
 			want = argv[++i];
-		else if (!strcmp(argv[i], "--seconds") && i + 1 < argc)
-			seconds = atof(argv[++i]);
-		else if (!strcmp(argv[i], "--interval") && i + 1 < argc)
-			interval = atol(argv[++i]);
+		else if (!strcmp(argv[i], "--messages") && i + 1 < argc)
+			messages = atol(argv[++i]);
+		else if (!strcmp(argv[i], "--signals") && i + 1 < argc)
+			min_signals = atol(argv[++i]);
+		else if (!strcmp(argv[i], "--max-gap") && i + 1 < argc)
+			max_gap_us = atol(argv[++i]);
 		else
-			fail("usage: signal_post [--device D] [--seconds S] [--interval US]");
+			fail("usage: signal_post [--device D] [--messages N] [--signals N] [--max-gap US]");
 	}
 	list = ibv_get_device_list(&n);
 	if (!list)
@@ -178,14 +213,20 @@ int main(int argc, char **argv)
 	sa.sa_handler = on_alarm;
 	sa.sa_flags = SA_RESTART;
 	sigaction(SIGALRM, &sa, NULL);
-	struct itimerval it = { { 0, interval }, { 0, interval } };
-	if (setitimer(ITIMER_REAL, &it, NULL))
-		fail("setitimer");
+	/* The storm thread itself never takes the signal. */
+	sigset_t alrm, old;
+	sigemptyset(&alrm);
+	sigaddset(&alrm, SIGALRM);
+	pthread_sigmask(SIG_BLOCK, &alrm, &old);
+	main_thread = pthread_self();
+	pthread_t storm_thread;
+	if (pthread_create(&storm_thread, NULL, storm, NULL))
+		fail("pthread_create");
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
 
 	struct ibv_sge ss = { (uintptr_t)buf, MSG, mr->lkey }, rs = { (uintptr_t)buf + MSG, MSG, mr->lkey };
 	long iters = 0;
-	double end = now() + seconds;
-	while (now() < end) {
+	while (iters < messages || signals < min_signals) {
 		struct ibv_recv_wr rwr = { .wr_id = 2, .sg_list = &rs, .num_sge = 1 }, *rbad;
 		struct ibv_send_wr swr = { .wr_id = 1, .sg_list = &ss, .num_sge = 1, .opcode = IBV_WR_SEND,
 					   .send_flags = IBV_SEND_SIGNALED },
@@ -202,10 +243,10 @@ int main(int argc, char **argv)
 			fail("message %ld arrived as %d", iters, buf[MSG]);
 		iters++;
 	}
-	struct itimerval off = { { 0, 0 }, { 0, 0 } };
-	setitimer(ITIMER_REAL, &off, NULL);
-	if (iters == 0)
-		fail("no message in %.1f s", seconds);
+	done = 1;
+	pthread_join(storm_thread, NULL);
+	if (signals == 0)
+		fail("no signal was handled in %ld messages", iters);
 	printf("signal_post: OK iterations %ld signals %ld\n", iters, (long)signals);
 	ibv_destroy_qp(a);
 	ibv_destroy_qp(b);
