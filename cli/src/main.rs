@@ -35,6 +35,7 @@ mod demo;
 mod device_cmd;
 mod doctor;
 mod exec_cmd;
+mod help;
 mod pcap_cm;
 mod pcap_cmd;
 mod present;
@@ -47,7 +48,7 @@ mod soak;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -286,7 +287,10 @@ fn main() -> ExitCode {
     use std::io::IsTerminal;
     let ansi = std::io::stderr().is_terminal();
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
-    let cli = Cli::parse();
+    let cli = match Cli::from_arg_matches(&help::grouped(Cli::command()).get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let result = match cli.command {
         Command::Demo(a) => demo::run(&a),
         Command::DemoWorker(a) => demo::worker(&a),
