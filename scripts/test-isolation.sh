@@ -14,7 +14,17 @@ work=$(mktemp -d)
 chmod 755 "$work"
 uid=$((60000 + RANDOM % 4000))
 rt="$work/root-rt" urt="$work/user-rt"
-addr=127.0.0.$((20 + RANDOM % 30)) uaddr=127.0.0.$((60 + RANDOM % 30))
+# Addresses whose RoCE port no other device of this machine holds (a random pick could land on one).
+free_addr() { # FIRST COUNT: a 127.0.0.X from FIRST..FIRST+COUNT-1, random start, whose UDP 4791 is free
+  local i a
+  for i in $(seq 0 $(($2 - 1))); do
+    a=127.0.0.$(($1 + (RANDOM + i) % $2))
+    python3 -c 'import socket,sys; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).bind((sys.argv[1], 4791))' "$a" 2>/dev/null &&
+      { echo "$a"; return; }
+  done
+  echo 127.0.0.$1
+}
+addr=$(free_addr 20 30) uaddr=$(free_addr 60 30)
 # The binary where the other user can run it (the build tree may be under root's 0700 home).
 install -m 755 "$bin" "$work/softrdma"
 # The user's own directories (its runtime dir and shim cache), as its login would have them.
@@ -31,7 +41,8 @@ check() { if [ "$2" = 0 ]; then passed=$((passed + 1)); echo "ok    $1"; else fa
 as_user() { env -i PATH=/usr/bin:/bin HOME="$work" setpriv --reuid $uid --regid $uid --clear-groups "$@"; }
 
 SOFTRDMA_RUNTIME_DIR="$rt" "$work/softrdma" up iso0 --addr "$addr" >"$work/up.log" 2>&1
-check "root's device iso0 up on $addr (runtime dir $(stat -c '%a %U' "$rt"))" $? "$(cat "$work/up.log")"
+rc=$? # (before the check's arguments: a command substitution among them would set $? to its own status)
+check "root's device iso0 up on $addr (runtime dir $(stat -c '%a %U' "$rt"))" $rc "$(cat "$work/up.log")"
 
 out=$(as_user ls "$rt" 2>&1)
 [ $? != 0 ] && echo "$out" | grep -qi "permission denied"
