@@ -844,17 +844,13 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<ExitCode> {
     scale_ratio_row(&mut t, &s);
 
     let mut md = String::new();
-    let commit = Command::new("git")
-        .args(["describe", "--always", "--dirty"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| format!(" at commit {}", String::from_utf8_lossy(&o.stdout).trim()))
-        .unwrap_or_default();
+    // The version, not the commit: the table is read by users (BENCHMARKS.md); the commit that
+    // made it is in the file's git history.
     let _ = writeln!(
         md,
-        "Run: `softrdma bench{}`{commit} on {}, {}.",
+        "Run: `softrdma bench{}` (softrdma {}) on {}, {}.",
         if a.quick { " --quick" } else { "" },
+        env!("CARGO_PKG_VERSION"),
         now_utc(),
         machine()
     );
