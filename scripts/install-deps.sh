@@ -6,7 +6,7 @@
 # - libibverbs-dev, librdmacm-dev, libclang-dev: rdma-core's headers, the ABI the verbs shim
 #   implements; the shim builds from bindings committed in verbs-shim/bindings/, and the suite
 #   regenerates them from these headers with bindgen (libclang) to check they are current;
-# - ibverbs-utils, python3-pyverbs, perftest, rdmacm-utils: the unchanged programs and test suite
+# - ibverbs-utils, python3-pyverbs, perftest, qperf, rdmacm-utils: the unchanged programs and test suite
 #   that run on it (or, for rdma_cm programs, load on it and fail cleanly);
 # - ucx-utils, libfabric-bin: the peers `softrdma bench` compares against (UCX and libfabric
 #   over tcp), run by the suite's short bench, and the middleware of scripts/test-cluster.sh
@@ -21,7 +21,7 @@ need=()
 command -v tshark >/dev/null 2>&1 || need+=(tshark)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
-for pkg in libibverbs-dev librdmacm-dev libclang-dev python3-yaml ibverbs-utils python3-pyverbs perftest rdmacm-utils ucx-utils libfabric-bin openmpi-bin libopenmpi-dev \
+for pkg in libibverbs-dev librdmacm-dev libclang-dev python3-yaml ibverbs-utils python3-pyverbs perftest qperf rdmacm-utils ucx-utils libfabric-bin openmpi-bin libopenmpi-dev \
   qemu-system-x86 busybox-static tcpdump kmod cpio iproute2 debootstrap; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done

@@ -527,14 +527,24 @@ pub(crate) fn worker(a: &WorkerArgs) -> Result<ExitCode> {
 }
 
 fn check_capture(path: &Path) -> Result<(u64, bool)> {
+    let (report, misordered) = read_capture(path)?;
+    Ok((report.frames, report.is_clean() && misordered == 0))
+}
+
+/// Reads a device's capture: what `softrdma pcap check` says of its frames, and how many frames
+/// are stamped before the frame ahead of them (a device's capture is in time order).
+pub(crate) fn read_capture(path: &Path) -> Result<(softrdma_pcap::analyze::CheckReport, u64)> {
     let mut report = softrdma_pcap::analyze::CheckReport::default();
-    let mut n = 0;
+    let (mut last, mut misordered) = (0, 0);
     for r in softrdma_pcap::Reader::open(path)? {
         let r = r?;
         report.add(&softrdma_pcap::analyze::summarize(r.index, r.linktype, &r.data, r.is_truncated()));
-        n += 1;
+        if r.timestamp_ns < last {
+            misordered += 1;
+        }
+        last = r.timestamp_ns;
     }
-    Ok((n, report.is_clean()))
+    Ok((report, misordered))
 }
 
 /// A work directory (`dir`, or a new one under the system temp dir named for `what`) and in it a
@@ -603,7 +613,9 @@ pub(crate) fn run(a: &DemoArgs) -> Result<ExitCode> {
     for p in &pcaps {
         caps.push(check_capture(p)?);
     }
-    let all_ok = rows.iter().all(|r| r.ok) && caps.iter().all(|c| c.1);
+    // The capture keeps up with the demo: it loses no frame (`capture_dropped`).
+    let lost: Vec<u64> = stats.iter().map(|(_, io)| io.capture_dropped).collect();
+    let all_ok = rows.iter().all(|r| r.ok) && caps.iter().all(|c| c.1) && lost.iter().all(|&l| l == 0);
     if a.json {
         let v = serde_json::json!({
             "ok": all_ok,
@@ -615,8 +627,8 @@ pub(crate) fn run(a: &DemoArgs) -> Result<ExitCode> {
                 "dropped_by_fault": io.dropped_by_fault, "icrc_err": c.icrc_err, "udp_sent": io.udp_sent,
                 "icrc_id_solved": c.icrc_id_solved,
             })).collect::<Vec<_>>(),
-            "captures": pcaps.iter().zip(&caps).map(|(p, (n, ok))| serde_json::json!({
-                "path": p.display().to_string(), "frames": n, "all_icrc_valid": ok,
+            "captures": pcaps.iter().zip(&caps).zip(&lost).map(|((p, (n, ok)), l)| serde_json::json!({
+                "path": p.display().to_string(), "frames": n, "all_icrc_valid": ok, "frames_lost": l,
             })).collect::<Vec<_>>(),
         });
         println!("{v}");
@@ -667,9 +679,9 @@ pub(crate) fn run(a: &DemoArgs) -> Result<ExitCode> {
             );
         }
         println!("\ntotal {:.2} s", total.as_secs_f64());
-        for (p, (n, ok)) in pcaps.iter().zip(&caps) {
+        for ((p, (n, ok)), l) in pcaps.iter().zip(&caps).zip(&lost) {
             println!(
-                "capture: {} ({n} frames, {})",
+                "capture: {} ({n} frames, {}, {l} lost)",
                 p.display(),
                 if *ok { "every ICRC valid" } else { "BAD FRAMES: run softrdma pcap check" }
             );

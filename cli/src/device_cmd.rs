@@ -227,8 +227,17 @@ pub(crate) fn up(name: &str, args: &DeviceArgs) -> Result<ExitCode> {
 }
 
 pub(crate) fn down(name: &str) -> Result<ExitCode> {
+    // What the capture lost (frames lost are counted as they are lost, so the count before the
+    // daemon stops is its last).
+    let capture = Connection::connect(name).ok().and_then(|c| match c.call(&Request::Stats, &[]) {
+        Ok((Response::Stats(_, io), _)) if io.capture_frames + io.capture_dropped > 0 => Some(io.capture_dropped),
+        _ => None,
+    });
     if daemon::down(name)? {
-        println!("{name} down");
+        match capture {
+            Some(lost) => println!("{name} down (capture: {lost} frames lost)"),
+            None => println!("{name} down"),
+        }
     } else {
         println!("{name} was not running");
     }
@@ -304,6 +313,10 @@ pub(crate) fn stat(name: &str, json: bool) -> Result<ExitCode> {
         // Datagrams the kernel gave to another process's socket of the port, passed on.
         ("relayed", io.relayed),
         ("relay_lost", io.relay_lost),
+        // The capture (`--pcap`): frames written to its file, and frames it lost because it could
+        // not keep up (lost from the file only, never from the wire; libpcap's ps_drop).
+        ("capture_frames", io.capture_frames),
+        ("capture_dropped", io.capture_dropped),
         // The connection manager (rdma_cm): MADs on QP1, and its IDs in the device.
         ("cm_mads_sent", cm.mads_sent),
         ("cm_mads_rcvd", cm.mads_rcvd),

@@ -112,7 +112,8 @@ pub fn up(exe: &Path, name: &str, args: &[String]) -> Result<DeviceInfo, DaemonE
     }
 }
 
-/// Stops device `name` (SIGTERM) and waits until it is gone. `Ok(false)`: it was not running.
+/// Stops device `name` (SIGTERM) and waits until it is gone (its capture written out, its lock
+/// free). `Ok(false)`: it was not running.
 pub fn down(name: &str) -> Result<bool, DaemonError> {
     runtime::check_name(name)?;
     let dir = runtime::runtime_dir()?;
@@ -123,13 +124,17 @@ pub fn down(name: &str) -> Result<bool, DaemonError> {
     };
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGTERM);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while runtime::is_live(&dir, name) || runtime::socket_path(&dir, name).exists() {
+    // Gone means its lock is free: the daemon removes its socket first, then stops the device
+    // (the capture file is written out) and lets the lock go as it exits. A `down` that
+    // returned at the socket raced the next `up` of the name, which found the lock still held.
+    let lock_free = || runtime::lock_device(&dir, name, false).map(|l| l.is_some()).unwrap_or(true);
+    while runtime::is_live(&dir, name) || runtime::socket_path(&dir, name).exists() || !lock_free() {
         if Instant::now() > deadline {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
             let _ = fs::remove_file(runtime::socket_path(&dir, name));
             break;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(5));
     }
     Ok(true)
 }

@@ -34,7 +34,7 @@ pub mod samples;
 mod write;
 
 pub use read::{Reader, MAX_BLOCK_LEN};
-pub use write::{PcapWriter, PcapngOptions, PcapngWriter, Resolution, DEFAULT_SNAPLEN};
+pub use write::{record_header, PcapWriter, PcapngOptions, PcapngWriter, Resolution, DEFAULT_SNAPLEN};
 
 use std::fmt;
 use std::io;

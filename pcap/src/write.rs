@@ -71,15 +71,8 @@ impl<W: Write> PcapWriter<W> {
     /// and is raised to `data.len()` if smaller. Timestamps after 2106 do not fit the format and
     /// are refused; a microsecond file drops the sub-microsecond digits.
     pub fn write_packet(&mut self, timestamp_ns: u64, data: &[u8], orig_len: u32) -> io::Result<()> {
-        let secs = u32::try_from(timestamp_ns / NANOS_PER_SEC)
-            .map_err(|_| invalid("timestamp beyond 2106 does not fit classic pcap"))?;
-        let fraction = match self.resolution {
-            Resolution::Micro => (timestamp_ns % NANOS_PER_SEC) / 1_000,
-            Resolution::Nano => timestamp_ns % NANOS_PER_SEC,
-        } as u32;
         let (captured, orig_len) = cut(data, self.snaplen, orig_len);
-        let mut header = [0u8; 16];
-        put_u32s(&mut header, [secs, fraction, captured.len() as u32, orig_len]);
+        let header = record_header(self.resolution, timestamp_ns, captured.len() as u32, orig_len)?;
         self.inner.write_all(&header)?;
         self.inner.write_all(captured)
     }
@@ -310,6 +303,22 @@ fn write_block<W: Write>(
 /// `len` rounded up to a multiple of 4.
 fn padded(len: usize) -> usize {
     len.div_ceil(4) * 4
+}
+
+/// The 16-byte header of one classic pcap record (little-endian, as [`PcapWriter`] writes them):
+/// for writers that lay records out themselves (a capture ring) and append them to a file that
+/// began with [`PcapWriter`]'s header. `caplen` bytes follow it; `orig_len` is raised to `caplen`
+/// if smaller. Timestamps after 2106 are refused.
+pub fn record_header(resolution: Resolution, timestamp_ns: u64, caplen: u32, orig_len: u32) -> io::Result<[u8; 16]> {
+    let secs = u32::try_from(timestamp_ns / NANOS_PER_SEC)
+        .map_err(|_| invalid("timestamp beyond 2106 does not fit classic pcap"))?;
+    let fraction = match resolution {
+        Resolution::Micro => (timestamp_ns % NANOS_PER_SEC) / 1_000,
+        Resolution::Nano => timestamp_ns % NANOS_PER_SEC,
+    } as u32;
+    let mut header = [0u8; 16];
+    put_u32s(&mut header, [secs, fraction, caplen, orig_len.max(caplen)]);
+    Ok(header)
 }
 
 fn put_u32s<const N: usize>(out: &mut [u8], words: [u32; N]) {

@@ -60,7 +60,7 @@ pub struct PathStats {
 }
 
 /// The protocol version; `Hello` with another one is refused.
-pub const VERSION: u32 = 11;
+pub const VERSION: u32 = 12;
 
 /// A request of the device to a client's memory helper (the fallback of design D3 where the
 /// kernel refuses cross-process access: the client serves its own memory on a socket pair).
@@ -428,10 +428,13 @@ pub enum Request {
     /// asks for one more (`Response::KeyBlock`).
     KeyBlock,
     /// A provider (a client that joined the steered port) reports what its own QPs did, so that
-    /// the device's counters (`softrdma stat`) and capture cover them as a NIC's cover every QP
-    /// (the data-path issue's item 5): its totals so far, and the packets it captured since its
-    /// last report while the device captures.
+    /// the device's counters (`softrdma stat`) cover them as a NIC's cover every QP (the
+    /// data-path issue's item 5): its totals so far.
     Publish(Box<Published>),
+    /// A provider of a device that captures hands the daemon its capture ring (a memfd, the
+    /// message's descriptor): the daemon drains it into the device's file for as long as the
+    /// provider stays attached (device/src/capture).
+    CaptureRing,
     /// A provider's CQ has a second half on the device's own data path, where the completions of
     /// the XRC SRQs it serves land (XRC domains, their SRQs and target QPs are the daemon's):
     /// that half's channel fired, so the CQ's channel fires if the CQ is armed (as for one of
@@ -466,27 +469,8 @@ pub struct Published {
     pub counters: Counters,
     /// Its device layer's counters since it joined (totals; `clients` and `providers` unused).
     pub io: IoStats,
-    /// Packets it sent and received since its last report, in order.
-    pub captured: Vec<Captured>,
     /// The QPN its allocator looks at next (the block's next holder starts after it).
     pub next_qpn: u32,
-}
-
-/// One packet a provider captured for the device's capture file.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Captured {
-    /// When (CLOCK_MONOTONIC, ns: the same clock in every process of the machine).
-    pub mono_ns: u64,
-    /// Source address.
-    pub src: IpAddr,
-    /// Destination address.
-    pub dst: IpAddr,
-    /// UDP source port.
-    pub sport: u16,
-    /// The IPv4 ID it left with (`None`: received, recovered from the ICRC).
-    pub ip_id: Option<u16>,
-    /// The UDP payload (BTH .. ICRC).
-    pub payload: Vec<u8>,
 }
 
 /// The device's settings a provider applies to its own QPs, as the daemon applies them to its
@@ -751,10 +735,16 @@ pub struct IoStats {
     pub relayed: u64,
     /// Datagrams for another member that could not be passed on (a full relay link, no owner).
     pub relay_lost: u64,
+    /// Frames written to the device's capture file (the daemon's alone: it writes the file).
+    pub capture_frames: u64,
+    /// Frames the capture lost: its rings were full (the writer fell behind) or the file could
+    /// not be written. They are lost from the file only, never from the wire (libpcap's
+    /// `ps_drop`).
+    pub capture_dropped: u64,
 }
 
-/// Sums of several device layers (the daemon's and its providers'); `clients`, `providers` and
-/// `daemon_udp_rcvd` are the daemon's alone and stay as they are.
+/// Sums of several device layers (the daemon's and its providers'); `clients`, `providers`,
+/// `daemon_udp_rcvd` and the capture's counts are the daemon's alone and stay as they are.
 impl std::ops::AddAssign for IoStats {
     fn add_assign(&mut self, o: IoStats) {
         let IoStats {
@@ -775,6 +765,8 @@ impl std::ops::AddAssign for IoStats {
             daemon_udp_rcvd: _,
             relayed,
             relay_lost,
+            capture_frames: _,
+            capture_dropped: _,
         } = o;
         self.udp_sent += udp_sent;
         self.udp_rcvd += udp_rcvd;

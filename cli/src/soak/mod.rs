@@ -101,6 +101,11 @@ pub(crate) struct SoakArgs {
     /// Directory for the runtime files and logs (default: a new one under the system temp dir).
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Capture both devices into DIR/<device>.pcap, and check the captures at the end: none
+    /// lost a frame, every frame well formed and in time order, and no bad ICRC but those of
+    /// the packets the fault injector corrupted (each captured by its sender and its receiver).
+    #[arg(long, value_name = "DIR")]
+    pcap: Option<PathBuf>,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -385,6 +390,9 @@ struct Report {
     duplicated_by_fault: u64,
     reordered_by_fault: u64,
     corrupted_by_fault: u64,
+    /// With `--pcap`: each capture's path, frames and bad ICRCs (the corrupted packets').
+    captures: Vec<(String, u64, u64)>,
+    capture_frames_lost: u64,
     failures: Vec<String>,
     ok: bool,
 }
@@ -400,6 +408,11 @@ pub(crate) fn run(a: &SoakArgs) -> Result<ExitCode> {
         if a.faults != "none" {
             args.push("--faults".into());
             args.push(format!("{},seed={}", a.faults, a.seed.wrapping_add(i as u64)));
+        }
+        if let Some(d) = &a.pcap {
+            std::fs::create_dir_all(d)?;
+            args.push("--pcap".into());
+            args.push(d.join(format!("{name}.pcap")).display().to_string());
         }
         match daemon::up(&exe, name, &args) {
             Ok(info) => {
@@ -478,11 +491,57 @@ pub(crate) fn run(a: &SoakArgs) -> Result<ExitCode> {
                 io.duplicated_by_fault += st.duplicated_by_fault;
                 io.reordered_by_fault += st.reordered_by_fault;
                 io.corrupted_by_fault += st.corrupted_by_fault;
+                io.capture_dropped += st.capture_dropped;
             }
         }
     }
+    let capture_frames_lost = io.capture_dropped;
+    // The captures, once the daemons have written them out.
+    let names = s.devices.names.clone();
+    if a.pcap.is_some() {
+        for n in &names {
+            let _ = daemon::down(n);
+        }
+    }
+    let mut captures = Vec::new();
+    if let Some(d) = &a.pcap {
+        for n in &names {
+            let path = d.join(format!("{n}.pcap"));
+            match crate::demo::read_capture(&path) {
+                Ok((r, misordered)) => {
+                    let ok = r.malformed == 0
+                        && r.truncated == 0
+                        && misordered == 0
+                        && r.bad_icrc <= 2 * io.corrupted_by_fault
+                        && r.frames > 0;
+                    if !ok {
+                        s.failures.push(format!(
+                            "capture {}: {} frames, {} bad ICRCs ({} packets corrupted on purpose), {} malformed, \
+                             {} cut short, {} out of time order; first problems {:?}",
+                            path.display(),
+                            r.frames,
+                            r.bad_icrc,
+                            io.corrupted_by_fault,
+                            r.malformed,
+                            r.truncated,
+                            misordered,
+                            r.first_problems
+                        ));
+                    }
+                    captures.push((path.display().to_string(), r.frames, r.bad_icrc));
+                }
+                Err(e) => s.failures.push(format!("capture {}: {e}", path.display())),
+            }
+        }
+        if capture_frames_lost > 0 {
+            s.failures.push(format!("the captures lost {capture_frames_lost} frames"));
+        }
+    }
     let t = &s.tally;
-    let bound = a.rss_bound_mib * 1024;
+    // With the capture on, each daemon also maps capture rings (its own, and one per client
+    // process of the device running its own QPs), whose pages count as they are first written.
+    let rings = if a.pcap.is_some() { (1 + 2 * u64::from(a.pairs)) * ((softrdma_device::capture::ring_bytes() >> 10) as u64) } else { 0 };
+    let bound = a.rss_bound_mib * 1024 + rings;
     let ok = t.violations() == 0 && s.leaked_fds == 0 && growth <= bound as i64 && s.failures.is_empty();
     let r = Report {
         seconds: elapsed,
@@ -505,6 +564,8 @@ pub(crate) fn run(a: &SoakArgs) -> Result<ExitCode> {
         duplicated_by_fault: io.duplicated_by_fault,
         reordered_by_fault: io.reordered_by_fault,
         corrupted_by_fault: io.corrupted_by_fault,
+        captures,
+        capture_frames_lost,
         failures: s.failures.clone(),
         ok,
     };
@@ -549,6 +610,12 @@ fn print_report(r: &Report) {
         "  injected                  loss {}, duplicate {}, reorder {}, corrupt {}; retransmitted {}",
         r.dropped_by_fault, r.duplicated_by_fault, r.reordered_by_fault, r.corrupted_by_fault, r.retransmitted_pkts
     );
+    for (p, n, bad) in &r.captures {
+        println!("  capture                   {n:>12}   frames in {p} ({bad} bad ICRCs: corrupted on purpose)");
+    }
+    if !r.captures.is_empty() {
+        println!("  capture frames lost       {:>12}", r.capture_frames_lost);
+    }
     for f in &r.failures {
         println!("  FAILURE: {f}");
     }

@@ -125,7 +125,6 @@ fn unstage(staging: &mut Allocator, staged: &mut HashMap<u64, Staged>, token: u6
 pub(super) fn deliver(
     dev: &mut Device<ProcessMemory>,
     tap: &mut Option<Capture>,
-    epoch: &std::time::Instant,
     now: Instant,
     addr: IpAddr,
     src: std::net::SocketAddr,
@@ -136,12 +135,6 @@ pub(super) fn deliver(
 ) {
     let (sport, src) = (src.port(), src.ip());
     let dst = dst.filter(|a| *a != addr);
-    // A datagram from this device's own address came from a provider sharing the port (or from
-    // the daemon, to a provider), which captured it as it sent it: once per packet, as internal
-    // loopback.
-    if let Some(t) = tap.as_mut().filter(|_| src != addr) {
-        let _ = t.write(epoch.elapsed().as_nanos() as u64, src, dst.unwrap_or(addr), sport, payload, None);
-    }
     // The place in a GRO buffer is the IPv4 ID a GSO sender gave it (a hint).
     let ip_id = (segment > 0).then_some(segment);
     trace_packet("rx", payload);
@@ -152,6 +145,15 @@ pub(super) fn deliver(
         dev.handle_internal_packet(now, meta, payload);
     } else {
         dev.handle_packet(now, meta, payload);
+    }
+    // Captured once the engine has checked it: the IPv4 ID its ICRC holds for is then known (the
+    // capture writer solves it only for a packet the check did not take). Whatever the engine
+    // answers leaves later, through the transmit path, so the capture keeps the order. A
+    // datagram from this device's own address came from a provider sharing the port (or from
+    // the daemon, to a provider), which captured it as it sent it: once per packet, as internal
+    // loopback.
+    if let Some(t) = tap.as_mut().filter(|_| src != addr) {
+        t.write(src, dst.unwrap_or(addr), sport, payload, dev.last_rx_ipv4_id());
     }
 }
 
@@ -243,7 +245,7 @@ impl State {
         let now = self.now();
         let addr = self.addr();
         let own_icrc = self.loopback_icrc();
-        let State { udp, dev, tap, io, epoch, relay, .. } = self;
+        let State { udp, dev, tap, io, relay, .. } = self;
         let mut each = |d: softrdma_transport::udp::Datagram<'_>| {
             io.udp_rcvd += 1;
             // Another member's (a GRO run the kernel gave to the owner of its first segment):
@@ -251,7 +253,7 @@ impl State {
             if relay.takes(&d) {
                 return;
             }
-            deliver(dev, tap, epoch, now, addr, d.src, d.dst, d.segment, d.payload, own_icrc);
+            deliver(dev, tap, now, addr, d.src, d.dst, d.segment, d.payload, own_icrc);
         };
         let r = if lone { udp.recv_lone(&mut each) } else { udp.recv(&mut each) };
         self.send_relayed();
@@ -359,13 +361,12 @@ impl State {
         self.release_clock(held);
     }
 
-    /// A provider's report to its daemon (`Request::Publish`): the packets captured since the
-    /// last one, at once; its counters when they changed and [`PUBLISH_INTERVAL_MS`] passed
-    /// (the progress thread pumps at least that often), or with `force`.
+    /// A provider's report to its daemon (`Request::Publish`): its counters when they changed
+    /// and [`PUBLISH_INTERVAL_MS`] passed (the progress thread pumps at least that often), or
+    /// with `force`. (Its captured packets go to the daemon through its capture ring.)
     ///
     /// Only a forced report (the device stops, the process exits) is sent from here. Any other
-    /// waits in `unsent` (a later one joins it: its packets after the first's, its totals
-    /// instead) for the device thread, which sends it with the state unlocked
+    /// waits in `unsent` (a later one replaces it) for the device thread, which sends it with the state unlocked
     /// ([`State::take_unsent`]). The report is a call that waits for the daemon's answer, and
     /// the daemon's thread has to be scheduled for it: on a machine whose cores the programs
     /// keep busy that took up to a scheduler tick (~4 ms here), while every thread of the
@@ -378,17 +379,12 @@ impl State {
         // Every pump comes here: nothing but a clock comparison unless something is due.
         let now = self.now();
         let due = now.saturating_since(self.last_publish).as_nanos() >= PUBLISH_INTERVAL_MS * 1_000_000;
-        let captured_waiting = matches!(&self.tap, Some(Capture::Remote { out, .. }) if !out.is_empty());
-        if !force && !captured_waiting && !due {
+        if !force && !due {
             return;
         }
         let Some(p) = self.publisher.clone() else { return };
-        let captured = match &mut self.tap {
-            Some(Capture::Remote { out, .. }) => std::mem::take(out),
-            _ => Vec::new(),
-        };
         let totals = (*self.dev.counters(), self.io_stats(), self.dev.next_qpn());
-        if captured.is_empty() && self.published == Some(totals) {
+        if self.published == Some(totals) {
             // Nothing new; a forced report still sends what waits.
             if let Some(report) = self.unsent.take().filter(|_| force) {
                 (p.0)(report);
@@ -397,11 +393,9 @@ impl State {
         }
         self.last_publish = now;
         self.published = Some(totals);
-        let mut report = Published { counters: totals.0, io: totals.1, captured, next_qpn: totals.2 };
-        if let Some(mut earlier) = self.unsent.take() {
-            earlier.captured.append(&mut report.captured);
-            report.captured = earlier.captured;
-        }
+        // A later report replaces one still waiting: its totals include the earlier's.
+        let report = Published { counters: totals.0, io: totals.1, next_qpn: totals.2 };
+        self.unsent = None;
         if force {
             (p.0)(report);
         } else {
@@ -498,7 +492,7 @@ impl State {
     pub(super) fn capture(&mut self, dst: IpAddr, sport: u16, data: &[u8], ip_id: u16) {
         let addr = self.addr();
         if let Some(tap) = self.tap.as_mut() {
-            let _ = tap.write(self.epoch.elapsed().as_nanos() as u64, addr, dst, sport, data, Some(ip_id));
+            tap.write(addr, dst, sport, data, Some(ip_id));
         }
     }
 
@@ -674,7 +668,7 @@ impl State {
             buf.resize(65536, 0);
         }
         let own_ports = self.dev.config().flow_ports;
-        let State { groups, dev, tap, io, epoch, relay, .. } = self;
+        let State { groups, dev, tap, io, relay, .. } = self;
         let n = groups.receive(&mut buf, 64, &mut |from, g, data| {
             // Providers with QPs in the group get it through their links (but for its own
             // sends, a provider skips what it gets back).
@@ -690,12 +684,13 @@ impl State {
             }
             io.udp_rcvd += 1;
             let dst = IpAddr::V4(g);
-            if let Some(t) = tap.as_mut().filter(|_| !from_here) {
-                let _ = t.write(epoch.elapsed().as_nanos() as u64, from.ip(), dst, from.port(), data, None);
-            }
             let meta = RecvMeta { src: from.ip(), src_port: from.port(), ip_id: None, dst: Some(dst) };
             trace_packet("rx", data);
             dev.handle_packet(now, meta, data);
+            // Captured after the check, with the IPv4 ID it found (as `deliver` does).
+            if let Some(t) = tap.as_mut().filter(|_| !from_here) {
+                t.write(from.ip(), dst, from.port(), data, dev.last_rx_ipv4_id());
+            }
         });
         self.buf = buf;
         n

@@ -3,8 +3,6 @@
 
 use super::*;
 
-/// The largest UDP payload over IPv4 (65,535 - 20 - 8 bytes).
-const MAX_UDP_PAYLOAD: usize = 65_507;
 
 /// The most key blocks a provider gets: 16 x 2^14 regions and windows, the max_mr the device
 /// reports (2^18).
@@ -547,16 +545,20 @@ impl State {
                 }
                 c.published = Some((p.counters, p.io));
                 c.next_qpn = Some(p.next_qpn);
-                // Its packets go into the device's capture in the order it saw them (a capture
-                // that has stopped meanwhile takes none).
-                let epoch_mono_ns = self.epoch_mono_ns;
-                if let Some(Capture::File(tap)) = self.tap.as_mut() {
-                    // What no UDP datagram can hold is not a packet of this device's port.
-                    for k in p.captured.iter().filter(|k| k.payload.len() <= MAX_UDP_PAYLOAD) {
-                        let t = k.mono_ns.saturating_sub(epoch_mono_ns);
-                        let _ = tap.write(t, k.src, k.dst, k.sport, &k.payload, k.ip_id);
-                    }
-                }
+                ok(R::Ok)
+            }
+            Request::CaptureRing => {
+                let c = self.clients.get(&o).expect("checked");
+                // Only a provider of a device that captures produces frames of its own.
+                let writer = self.tap.as_ref().and_then(Capture::writer);
+                let (Some(w), Some(_), Some(fd)) = (writer, c.steer, fds.into_iter().next()) else {
+                    return Err(VerbsError::Inval);
+                };
+                let ring = crate::capture::Ring::open(fd).map_err(|e| {
+                    tracing::warn!("client {o}: capture ring refused: {e}");
+                    VerbsError::Inval
+                })?;
+                w.add(std::sync::Arc::new(ring), Some(o));
                 ok(R::Ok)
             }
             Request::RaiseCqEvent(cq) => {
@@ -702,6 +704,8 @@ impl State {
     }
 
     pub(super) fn io_stats(&mut self) -> IoStats {
+        // The file's writer counts for every ring it drains (this process's and its providers').
+        let (capture_frames, capture_dropped) = self.tap.as_ref().and_then(Capture::stats).unwrap_or_default();
         let f = self.faults.counts;
         IoStats {
             udp_sent: self.io.udp_sent,
@@ -723,6 +727,8 @@ impl State {
             daemon_udp_rcvd: 0,
             relayed: self.io.relayed,
             relay_lost: self.io.relay_lost,
+            capture_frames,
+            capture_dropped,
         }
     }
 
@@ -760,6 +766,10 @@ impl State {
 
     pub(super) fn detach(&mut self, owner: u32) {
         let Some(c) = self.clients.remove(&owner) else { return };
+        // Its capture ring is drained to the end and let go.
+        if let Some(w) = self.tap.as_ref().and_then(Capture::writer) {
+            w.close_owner(owner);
+        }
         if let Some((pc, pio)) = c.published {
             self.departed.0 += pc;
             self.departed.1 += pio;

@@ -10,8 +10,28 @@ use std::sync::atomic::Ordering;
 /// parent's datagrams, and its copy of the device fails quietly instead of stealing them.
 static MEMBER_FDS: [std::sync::atomic::AtomicI32; 64] = [const { std::sync::atomic::AtomicI32::new(-1) }; 64];
 
-/// `pthread_atfork` child handler: only async-signal-safe calls (socket, dup2, close).
+/// Set in a forked child: its copies of this process's devices write no capture (the rings
+/// are shared with the parent, which alone produces into them).
+static FORKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether this process is a forked child of the one that made its devices.
+pub(crate) fn in_forked_child() -> bool {
+    FORKED.load(Ordering::Relaxed)
+}
+
+/// Registers the child handler (once per process): before a device's capture or member sockets.
+pub(crate) fn watch_fork() {
+    static ATFORK: std::sync::Once = std::sync::Once::new();
+    ATFORK.call_once(|| {
+        // SAFETY: pthread_atfork(3) with a handler that lives for the whole program.
+        unsafe { libc::pthread_atfork(None, None, Some(forget_members_in_child)) };
+    });
+}
+
+/// `pthread_atfork` child handler: only async-signal-safe calls (socket, dup2, close) and an
+/// atomic store.
 extern "C" fn forget_members_in_child() {
+    FORKED.store(true, Ordering::Relaxed);
     for slot in &MEMBER_FDS {
         let fd = slot.load(Ordering::Relaxed);
         if fd < 0 {
@@ -31,11 +51,7 @@ extern "C" fn forget_members_in_child() {
 
 /// Files the descriptors of a member socket for [`forget_members_in_child`] (registered once).
 pub(super) fn register_member_fds(fds: &[RawFd]) {
-    static ATFORK: std::sync::Once = std::sync::Once::new();
-    ATFORK.call_once(|| {
-        // SAFETY: pthread_atfork(3) with a handler that lives for the whole program.
-        unsafe { libc::pthread_atfork(None, None, Some(forget_members_in_child)) };
-    });
+    watch_fork();
     for &fd in fds {
         if let Some(slot) =
             MEMBER_FDS.iter().find(|s| s.compare_exchange(-1, fd, Ordering::SeqCst, Ordering::SeqCst).is_ok())

@@ -44,7 +44,7 @@ use softrdma_engine::wr::RecvWr;
 use softrdma_transport::udp::{self, RoceUdp, UdpConfig};
 
 use crate::arena::{Allocator, Arena, RingAllocator, RingDesc, CQE_SLOT, STAGING_LEN, STAGING_OFF, WQE_SLOT};
-use crate::capture::{monotonic_ns, Capture, Tap};
+use crate::capture::{monotonic_ns, Capture};
 use crate::faults::{Copy, FaultCounts, FaultInjector, Faults};
 use crate::memory::{range_mapped, ProcessMemory, STAGE_VA};
 use crate::proto::{
@@ -60,6 +60,7 @@ mod relay;
 
 use self::datapath::{Gso, PACKET_ROOM};
 use self::fork::{register_member_fds, unregister_member_fds};
+pub(crate) use self::fork::{in_forked_child, watch_fork};
 use self::progress::*;
 pub use self::progress::{
     Progress, END_AFTER_POST_WAIT, HANDOFF_IDLE, HANDOFF_LOOK_MAX, IDLE_LOOK_AFTER, PROGRESS_SPIN, TX_DEFER,
@@ -100,11 +101,11 @@ pub struct HcaConfig {
     pub mtu: Option<Mtu>,
     /// Capture every packet into this pcap file.
     pub pcap: Option<PathBuf>,
-    /// A provider's link to its daemon: its counters and (with `capture_remote`) its captured
-    /// packets are reported there (`Request::Publish`).
+    /// A provider's link to its daemon: its counters are reported there (`Request::Publish`).
     pub publish: Option<Publisher>,
-    /// Capture every packet for the daemon (`publish`) instead of into `pcap`.
-    pub capture_remote: bool,
+    /// A provider's capture ring, which its daemon drains into the device's file
+    /// (`Request::CaptureRing`), instead of `pcap`.
+    pub(crate) capture_ring: Option<Arc<crate::capture::Ring>>,
     /// A provider's key blocks (`Response::Steering`): its engine gives its memory regions and
     /// windows keys from these only (`softrdma_engine::device::KEY_BLOCK_SHIFT`); empty: from
     /// any block not reserved.
@@ -169,7 +170,7 @@ impl HcaConfig {
             mtu: None,
             pcap: None,
             publish: None,
-            capture_remote: false,
+            capture_ring: None,
             key_blocks: Vec::new(),
             faults: Faults::default(),
             flow_ports: 8,
@@ -410,8 +411,6 @@ struct State {
     /// The time of the pump or application call in progress, read once at its start
     /// ([`State::now`]): a clock read costs ~40 ns here and a pump made five.
     clock: Option<Instant>,
-    /// `epoch` on CLOCK_MONOTONIC (ns): providers' captured packets carry that clock.
-    epoch_mono_ns: u64,
     /// A provider's reports to its daemon, when it last made one, and what it said.
     publisher: Option<Publisher>,
     /// When the last report went (engine time).
@@ -663,11 +662,14 @@ impl Hca {
             cm.timer_scale_permille = cfg.cm_timer_permille.max(1);
         }
         let epoch = std::time::Instant::now();
+        // `epoch` on CLOCK_MONOTONIC: the capture's times (its rings' clock) count from it.
         let epoch_mono_ns = monotonic_ns();
-        let tap = match &cfg.pcap {
-            _ if cfg.capture_remote => Some(Capture::Remote { epoch_mono_ns, out: Vec::new() }),
-            Some(p) => Some(Capture::File(Tap::create(p).map_err(io_err(&format!("capture file {}", p.display())))?)),
-            None => None,
+        let tap = match (&cfg.capture_ring, &cfg.pcap) {
+            (Some(r), _) => Some(Capture::to_ring(r.clone())),
+            (None, Some(p)) => Some(
+                Capture::to_file(p, epoch_mono_ns).map_err(io_err(&format!("capture file {}", p.display())))?,
+            ),
+            (None, None) => None,
         };
         let info = DeviceInfo {
             name: cfg.name.clone(),
@@ -691,7 +693,6 @@ impl Hca {
             tap,
             epoch,
             clock: None,
-            epoch_mono_ns,
             publisher: cfg.publish.clone(),
             last_publish: Instant(0),
             published: None,
@@ -910,7 +911,7 @@ impl Hca {
         st.send_owed();
         st.send_delayed_now();
         if let Some(tap) = st.tap.as_mut() {
-            let _ = tap.flush();
+            tap.finish();
         }
         // A provider's last word: what its QPs did since its last report.
         st.publish(true);

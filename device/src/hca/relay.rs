@@ -230,7 +230,6 @@ impl State {
                         super::datapath::deliver(
                             &mut self.dev,
                             &mut None,
-                            &self.epoch,
                             now,
                             addr,
                             src,
@@ -270,7 +269,7 @@ impl State {
     /// A relayed datagram, handled as if this layer's socket had received it.
     fn handle_relayed(&mut self, f: Frame<'_>) {
         let (now, addr, own_icrc) = (self.now(), self.addr(), self.loopback_icrc());
-        let State { dev, tap, epoch, .. } = self;
-        super::datapath::deliver(dev, tap, epoch, now, addr, f.src, f.dst, f.segment, f.payload, own_icrc);
+        let State { dev, tap, .. } = self;
+        super::datapath::deliver(dev, tap, now, addr, f.src, f.dst, f.segment, f.payload, own_icrc);
     }
 }

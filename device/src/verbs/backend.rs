@@ -100,7 +100,20 @@ impl Inner {
                 // heard IBV_EVENT_DEVICE_FATAL; every call fails from then on, as uverbs' do
                 // after a device removal (its QPs' own data path runs in this process and is
                 // left as it is).
-                if self.hangup.as_ref().is_some_and(|h| h.gone.load(Ordering::SeqCst)) {
+                // Destroying an object still frees it in this process's engine.
+                let destroy = matches!(
+                    req,
+                    Request::DeallocPd(_)
+                        | Request::DeregMr(_)
+                        | Request::DeallocMw(_)
+                        | Request::DestroyCompChannel(_)
+                        | Request::DestroyCq(_)
+                        | Request::DestroyQp(_)
+                        | Request::DestroySrq(_)
+                        | Request::CloseXrcd(_)
+                        | Request::DestroyQpHandle { .. }
+                );
+                if !destroy && self.hangup.as_ref().is_some_and(|h| h.gone.load(Ordering::SeqCst)) {
                     return Err(Error::Device(ClientError::Lost(crate::proto::ProtoError::Closed)));
                 }
                 let fds = match fd {
@@ -234,7 +247,7 @@ impl Context {
     ///
     /// The device's settings hold for these QPs: the daemon's fault injection, profile and ICRC
     /// check apply, their counters and (while the device captures) packets are reported to the
-    /// daemon (`Request::Publish`). XRC domains, XRC SRQs and target QPs are the daemon's: the
+    /// daemon (`Request::Publish`, and a capture ring: `Request::CaptureRing`). XRC domains, XRC SRQs and target QPs are the daemon's: the
     /// context makes them on its XRC side (`verbs/xrc.rs`), a second context of this process on the
     /// device's own data path. Errors: the daemon's port is not
     /// steered (`NotSupp`), no QPN block is free (`NoMem`).
@@ -280,7 +293,20 @@ impl Context {
         cfg.behaviour = settings.behaviour;
         cfg.icrc = settings.icrc;
         cfg.max_cqe = Some(settings.max_cqe);
-        cfg.capture_remote = settings.capture;
+        // While the device captures, this process's frames go into a capture ring of its own,
+        // which the daemon drains into the device's file.
+        if settings.capture {
+            let ring = crate::capture::Ring::create(crate::capture::ring_bytes()).map_err(|e| {
+                tracing::warn!("provider for {name}: capture ring: {e}");
+                Error::Verbs(VerbsError::NoMem)
+            })?;
+            let fd = std::os::fd::AsRawFd::as_raw_fd(ring.fd());
+            match c.call(&Request::CaptureRing, &[fd])?.0 {
+                Response::Ok => cfg.capture_ring = Some(Arc::new(ring)),
+                Response::Err(e) => return Err(Error::Verbs(e)),
+                _ => return unexpected(),
+            }
+        }
         cfg.key_blocks = key_blocks;
         let c = Arc::new(c);
         let link = c.clone();

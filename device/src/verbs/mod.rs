@@ -463,7 +463,8 @@ impl Inner {
 }
 
 /// Runs an object's destroy request now and reports the device's answer (EBUSY for one still in
-/// use, as uverbs does); on an error the object stays as it was. On success its `Drop` does not
+/// use, as uverbs does; success for any object of a device that has gone); on an error the
+/// object stays as it was. On success its `Drop` does not
 /// run (it would ask again); `release` gives back what it holds in this process.
 fn destroy_now<T>(
     obj: T,
@@ -472,7 +473,11 @@ fn destroy_now<T>(
     release: impl FnOnce(&mut T),
 ) -> std::result::Result<(), (T, Error)> {
     match ctx.inner.call(req) {
-        Ok(_) => {
+        // The device is gone (its daemon exited, the connection to it broke): the object went
+        // with it. Destroying it succeeds, as uverbs' destroy calls do for the objects of a
+        // device that was disassociated (the kernel frees them; the program must be able to
+        // clean up after a failure).
+        Ok(_) | Err(Error::Device(_)) => {
             let mut me = std::mem::ManuallyDrop::new(obj);
             release(&mut me);
             Ok(())

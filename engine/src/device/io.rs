@@ -22,7 +22,16 @@ impl<M: Memory> Device<M> {
         self.handle(now, meta, payload, false);
     }
 
+    /// The IPv4 ID the last packet given to [`Device::handle_packet`] left its sender with, as
+    /// its ICRC check found it (the hint it came with, or the ID solved from the ICRC); `None`
+    /// when it was not checked or not IPv4. A capture of received packets rebuilds their IPv4
+    /// header with it instead of solving the CRC a second time.
+    pub fn last_rx_ipv4_id(&self) -> Option<u16> {
+        self.last_rx_ipv4_id
+    }
+
     fn handle(&mut self, now: Instant, meta: RecvMeta, payload: &[u8], verify: bool) {
+        self.last_rx_ipv4_id = None;
         let Ok(pkt) = IbPacket::new_checked(payload) else {
             self.counters.malformed += 1;
             return;
@@ -30,18 +39,26 @@ impl<M: Memory> Device<M> {
         // IBTA A17.4.3.1: verify the ICRC over the headers as the sender wrote them.
         let dst = meta.dst.unwrap_or(self.config.addr);
         let (hdr, n) = ip_udp_header(meta.src, dst, meta.src_port, payload.len(), meta.ip_id.unwrap_or(0));
+        let v4 = matches!((meta.src, dst), (IpAddr::V4(_), IpAddr::V4(_)));
         match verify.then(|| icrc::roce_v2_parts(&hdr[..n], pkt.body())) {
             None => {}
-            Some(Ok(c)) if c == pkt.icrc() => {}
+            Some(Ok(c)) if c == pkt.icrc() => {
+                if v4 {
+                    self.last_rx_ipv4_id = Some(meta.ip_id.unwrap_or(0));
+                }
+            }
             Some(_) => {
                 // The given ID is what the receiver knows or guesses (a raw socket's real ID, a
                 // segment's place in a GRO buffer); under AnyIpv4Id a mismatch is solved anyway.
-                let solved = self.config.icrc == IcrcPolicy::AnyIpv4Id
-                    && matches!(dst, IpAddr::V4(_))
-                    && icrc::solve_ipv4_id(&hdr[..n], payload).is_some();
-                if !solved {
+                let solved = (self.config.icrc == IcrcPolicy::AnyIpv4Id && matches!(dst, IpAddr::V4(_)))
+                    .then(|| icrc::solve_ipv4_id(&hdr[..n], payload))
+                    .flatten();
+                let Some(id) = solved else {
                     self.counters.icrc_err += 1;
                     return;
+                };
+                if v4 {
+                    self.last_rx_ipv4_id = Some(id);
                 }
                 self.counters.icrc_id_solved += 1;
             }

@@ -208,6 +208,9 @@ pub struct Device<M: Memory> {
     events: VecDeque<AsyncEvent>,
     handle_events: VecDeque<HandleEvent>,
     counters: Counters,
+    /// The IPv4 ID for which the last packet handed to [`Device::handle_packet`] had a right
+    /// ICRC (the ID its sender gave it), when the check found one ([`Device::last_rx_ipv4_id`]).
+    last_rx_ipv4_id: Option<u16>,
     /// The connection manager behind QP1 (design D10).
     cm: Cm,
     /// QP1's send PSN: one per MAD, carried across connections (kernel mad.c starts it at 0).
@@ -276,6 +279,7 @@ impl<M: Memory> Device<M> {
             events: VecDeque::new(),
             handle_events: VecDeque::new(),
             counters: Counters::default(),
+            last_rx_ipv4_id: None,
             cm: Cm::new(CmConfig::new(config.addr, 0, config.mtu, config.seed)),
             gsi_psn: Psn::new(0),
             config,

@@ -1,0 +1,245 @@
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use softrdma_engine::device::ip_udp_header;
+use softrdma_engine::wire::{ethernet, icrc, Ipv4Packet};
+
+use super::ring::{Record, Ring, MIN_CAPACITY};
+use super::*;
+
+const A: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 51));
+const B: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 52));
+
+/// A RoCEv2 UDP payload (BTH, `len` payload bytes, ICRC) whose ICRC is right for IPv4 ID `id`
+/// from `src` to `dst`; `seq` goes into the PSN and the payload.
+fn packet(src: IpAddr, dst: IpAddr, sport: u16, id: u16, seq: u32, len: usize) -> Vec<u8> {
+    let mut p = vec![0u8; 12 + len + icrc::LEN];
+    p[0] = 0x04; // RC SEND only
+    p[1] = 0x40;
+    p[2..4].copy_from_slice(&0xffffu16.to_be_bytes());
+    p[5..8].copy_from_slice(&0x11u32.to_be_bytes()[1..]);
+    p[9..12].copy_from_slice(&seq.to_be_bytes()[1..]);
+    for (i, b) in p[12..12 + len].iter_mut().enumerate() {
+        *b = (seq as usize + i) as u8;
+    }
+    let (hdr, n) = ip_udp_header(src, dst, sport, p.len(), id);
+    let body = p.len() - icrc::LEN;
+    let crc = icrc::roce_v2_parts(&hdr[..n], &p[..body]).unwrap();
+    p[body..].copy_from_slice(&crc.to_le_bytes());
+    p
+}
+
+fn read(path: &std::path::Path) -> Vec<softrdma_pcap::Record> {
+    softrdma_pcap::Reader::open(path).unwrap().map(|r| r.unwrap()).collect()
+}
+
+/// The IPv4 ID and PSN of a captured frame, checking its ICRC and IPv4 checksum.
+fn id_psn_checked(frame: &[u8]) -> (u16, u32) {
+    let l3 = &frame[ethernet::HEADER_LEN..];
+    assert!(icrc::verify_roce_v2(l3).unwrap(), "ICRC of a captured frame");
+    let ip = Ipv4Packet::new_unchecked(l3);
+    assert!(ip.verify_checksum(), "IPv4 header checksum");
+    let bth = &l3[28..];
+    (ip.ident(), u32::from_be_bytes([0, bth[9], bth[10], bth[11]]))
+}
+
+#[test]
+fn sent_and_received_frames_reach_the_file_in_order_with_valid_icrcs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.pcap");
+    let mut cap = Capture::to_file(&path, monotonic_ns()).unwrap();
+    for seq in 0..2000u32 {
+        let len = (seq as usize * 37) % 4096;
+        if seq % 2 == 0 {
+            // Sent, with the ID it left with.
+            cap.write(A, B, 49152, &packet(A, B, 49152, seq as u16, seq, len), Some(seq as u16));
+        } else {
+            // Received: the writer recovers the sender's ID from the ICRC.
+            let id = (seq as u16).wrapping_mul(7919);
+            cap.write(B, A, 49153, &packet(B, A, 49153, id, seq, len), None);
+        }
+    }
+    cap.finish();
+    let recs = read(&path);
+    assert_eq!(recs.len(), 2000);
+    assert_eq!(cap.stats(), Some((2000, 0)));
+    let mut last = 0;
+    for (seq, r) in recs.iter().enumerate() {
+        let (id, psn) = id_psn_checked(&r.data);
+        assert_eq!(psn, seq as u32);
+        let want = if seq % 2 == 0 { seq as u16 } else { (seq as u16).wrapping_mul(7919) };
+        assert_eq!(id, want, "frame {seq}");
+        assert!(r.timestamp_ns >= last);
+        last = r.timestamp_ns;
+    }
+}
+
+#[test]
+fn an_ipv6_frame_gets_its_udp_checksum() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c6.pcap");
+    let (a, b) = (IpAddr::V6(Ipv6Addr::LOCALHOST), IpAddr::V6("fd00::2".parse().unwrap()));
+    let mut cap = Capture::to_file(&path, monotonic_ns()).unwrap();
+    cap.write(a, b, 49152, &packet(a, b, 49152, 0, 1, 100), None);
+    cap.finish();
+    let recs = read(&path);
+    assert_eq!(recs.len(), 1);
+    let l3 = &recs[0].data[ethernet::HEADER_LEN..];
+    let ip = softrdma_engine::wire::Ipv6Packet::new_unchecked(l3);
+    let udp = softrdma_engine::wire::UdpPacket::new_unchecked(&l3[40..]);
+    assert_ne!(udp.checksum(), 0);
+    assert!(udp.verify_checksum_v6(ip.src_addr(), ip.dst_addr()));
+    assert!(icrc::verify_roce_v2(l3).unwrap());
+}
+
+#[test]
+fn rings_of_several_producers_merge_in_time_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.pcap");
+    let mut own = Capture::to_file(&path, monotonic_ns()).unwrap();
+    let writer = own.writer.take().unwrap();
+    let mut others: Vec<Capture> = (1..=3u32)
+        .map(|o| {
+            let r = Arc::new(Ring::create(MIN_CAPACITY).unwrap());
+            writer.add(r.clone(), Some(o));
+            Capture::to_ring(r)
+        })
+        .collect();
+    // Four producers on four threads; each frame names its producer and sequence.
+    std::thread::scope(|s| {
+        for (k, c) in std::iter::once(&mut own).chain(others.iter_mut()).enumerate() {
+            s.spawn(move || {
+                for seq in 0..3000u32 {
+                    let p = packet(A, B, 49152 + k as u16, 0, seq, 64 + k * 100);
+                    c.write(A, B, 49152 + k as u16, &p, Some(0));
+                    if seq % 64 == 0 {
+                        std::thread::yield_now();
+                    }
+                }
+            });
+        }
+    });
+    for o in 1..=3 {
+        writer.close_owner(o);
+    }
+    writer.finish();
+    let (frames, dropped) = writer.stats();
+    let recs = read(&path);
+    assert_eq!(recs.len() as u64, frames);
+    assert_eq!(frames + dropped, 4 * 3000, "every frame written or counted");
+    // Time order across rings, and each producer's own order kept.
+    let mut next = [0u32; 4];
+    let mut last = 0;
+    for r in &recs {
+        assert!(r.timestamp_ns >= last, "time order");
+        last = r.timestamp_ns;
+        let l4 = ethernet::HEADER_LEN + 20;
+        let k = (u16::from_be_bytes([r.data[l4], r.data[l4 + 1]]) - 49152) as usize;
+        let (_, psn) = id_psn_checked(&r.data);
+        assert!(psn >= next[k], "producer {k}: {psn} after {}", next[k]);
+        next[k] = psn + 1;
+    }
+}
+
+#[test]
+fn a_full_ring_drops_from_the_capture_and_counts() {
+    let ring = Ring::create(MIN_CAPACITY).unwrap();
+    let mut head = 0;
+    let frame = [7u8; 1000];
+    let mut written = 0;
+    while ring.produce(&mut head, frame.len(), 0, |f| f.copy_from_slice(&frame)) {
+        written += 1;
+    }
+    assert!(written > 0 && written < MIN_CAPACITY / 1000);
+    for _ in 0..9 {
+        assert!(!ring.produce(&mut head, frame.len(), 0, |f| f.copy_from_slice(&frame)));
+    }
+    assert_eq!(ring.dropped(), 10);
+    // The consumer sees every frame that went in, then frees the space.
+    let mut pos = ring.tail();
+    let mut n = 0;
+    while pos != ring.head() {
+        let r: Record = ring.record_at(pos, ring.head()).unwrap();
+        if !r.is_pad() {
+            assert_eq!(ring.pcap_record(&r)[16..], frame[..]);
+            n += 1;
+        }
+        pos = r.end();
+    }
+    assert_eq!(n, written);
+    ring.release(pos);
+    assert!(ring.produce(&mut head, frame.len(), 0, |f| f.copy_from_slice(&frame)));
+}
+
+#[test]
+fn a_ring_that_lies_about_itself_is_refused() {
+    use std::io::Write;
+    let mut f = tempfile::tempfile().unwrap();
+    f.write_all(&vec![0u8; 4096 + MIN_CAPACITY]).unwrap();
+    assert!(Ring::open(f.into()).is_err(), "no magic");
+    let mut f = tempfile::tempfile().unwrap();
+    f.write_all(&vec![0u8; 4096 + 1000]).unwrap();
+    assert!(Ring::open(f.into()).is_err(), "not a power of two");
+    let r = Ring::create(MIN_CAPACITY).unwrap();
+    let fd = r.fd().try_clone().unwrap();
+    assert_eq!(Ring::open(fd).unwrap().capacity(), MIN_CAPACITY);
+}
+
+#[test]
+fn a_broken_ring_is_dropped_and_the_others_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("b.pcap");
+    let mut own = Capture::to_file(&path, monotonic_ns()).unwrap();
+    let writer = own.writer.take().unwrap();
+    let bad = Arc::new(Ring::create(MIN_CAPACITY).unwrap());
+    writer.add(bad.clone(), Some(9));
+    // A producer that writes a record claiming more than the ring holds.
+    let mut head = 0;
+    assert!(bad.produce(&mut head, 100, 0, |f| f.fill(1)));
+    let rec = bad.record_at(0, head).unwrap();
+    let whole = bad.pcap_record(&rec);
+    let p = whole.as_mut_ptr();
+    // SAFETY (test): the record header is the 16 bytes before its pcap record.
+    unsafe { (p.sub(16) as *mut u32).write_unaligned(u32::MAX - 15) };
+    for seq in 0..100 {
+        own.write(A, B, 49152, &packet(A, B, 49152, 0, seq, 10), Some(0));
+    }
+    writer.finish();
+    let (frames, lost) = writer.stats();
+    assert_eq!(frames, 100);
+    assert!(lost >= 1);
+    assert_eq!(read(&path).len(), 100);
+}
+
+proptest! {
+    /// Whatever a producer leaves in its ring, the consumer's checks hold: no panic, no record
+    /// outside the ring.
+    #[test]
+    fn any_ring_contents_parse_or_break(words in proptest::collection::vec(any::<u32>(), 64), head in any::<u64>(), start in 0u64..256) {
+        let ring = Ring::create(MIN_CAPACITY).unwrap();
+        let mut h = 0;
+        // Fill the first bytes with the words, as a record stream.
+        ring.produce(&mut h, words.len() * 4 - 32, 0, |_| {});
+        let r0 = ring.record_at(0, h).unwrap();
+        let p = ring.pcap_record(&r0).as_mut_ptr();
+        for (i, w) in words.iter().enumerate() {
+            // SAFETY (test): inside the first record's bytes (its header included).
+            unsafe { (p.sub(16).add(i * 4) as *mut u32).write_unaligned(*w) };
+        }
+        let mut pos = start * 16;
+        for _ in 0..64 {
+            match ring.record_at(pos, head) {
+                Ok(r) => {
+                    if !r.is_pad() {
+                        let rec = ring.pcap_record(&r);
+                        prop_assert!(16 + rec.len() <= r.len);
+                    }
+                    prop_assert!((r.pos % ring.capacity() as u64) as usize + r.len <= ring.capacity());
+                    pos = r.end();
+                }
+                Err(_) => break,
+            }
+        }
+    }
+}
