@@ -303,6 +303,10 @@ pub enum VerbsError {
     /// EOPNOTSUPP (95).
     #[error("operation not supported (EOPNOTSUPP)")]
     NotSupp,
+    /// EINTR (4): a blocking wait was interrupted by a signal whose handler does not restart
+    /// system calls (no SA_RESTART), as the kernel's read(2) of a completion channel is.
+    #[error("interrupted (EINTR)")]
+    Intr,
 }
 
 impl VerbsError {
@@ -318,6 +322,7 @@ impl VerbsError {
             VerbsError::Busy => 16,
             VerbsError::Inval => 22,
             VerbsError::NotSupp => 95,
+            VerbsError::Intr => 4,
         }
     }
 }

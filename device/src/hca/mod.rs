@@ -154,6 +154,9 @@ pub struct HcaConfig {
     pub steered: bool,
 }
 
+/// How long a REQ for a port nobody listens on waits for a listener ([`HcaConfig`]'s CM).
+pub const LATE_LISTENER_GRACE_MS: u64 = 200;
+
 /// The largest `max_cqe` a device takes: ConnectX's (2^22 - 1); one such CQ's ring is 512 MiB
 /// of the arena's (sparse) ring space.
 pub const MAX_CQE_LIMIT: u32 = (1 << 22) - 1;
@@ -660,6 +663,10 @@ impl Hca {
                 cm.target_ack_delay = 16;
             }
             cm.timer_scale_permille = cfg.cm_timer_permille.max(1);
+            // A REQ that finds no listener waits this long for one before its REJ 8: a listen
+            // here is a few calls to the daemon (the kernel's is one system call), and qperf
+            // 0.4.11 sends its port to the client before it listens (engine/src/cm).
+            cm.late_listener_grace = softrdma_engine::time::Duration::from_millis(LATE_LISTENER_GRACE_MS);
         }
         let epoch = std::time::Instant::now();
         // `epoch` on CLOCK_MONOTONIC: the capture's times (its rings' clock) count from it.

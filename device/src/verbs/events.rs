@@ -76,6 +76,25 @@ pub(super) fn next_event<T>(
         if left == Some(Duration::ZERO) {
             return Ok(None);
         }
+        if left.is_none() {
+            // A blocking wait is a read(2) of the channel's eventfd, as libibverbs' is of the
+            // kernel's channel fd: a signal whose handler was installed with SA_RESTART restarts
+            // it, any other ends it with EINTR, which the program sees (qperf ends a test from
+            // its SIGALRM handler and expects ibv_get_cq_event to return). A device that goes
+            // away wakes it (the hang-up watch writes every channel's fd).
+            let mut b = [0u8; 8];
+            match nix::unistd::read(fd, &mut b) {
+                Err(nix::errno::Errno::EINTR) => return Err(Error::Verbs(VerbsError::Intr)),
+                // An fd that does not block (an async event fd): wait in poll instead.
+                Err(nix::errno::Errno::EAGAIN) => {
+                    if wait_readable(fd, hangup, None) && readable_now(fd) {
+                        drain_eventfd(fd);
+                    }
+                }
+                _ => {}
+            }
+            continue;
+        }
         if wait_readable(fd, hangup, left) && readable_now(fd) {
             drain_eventfd(fd);
         }

@@ -5,6 +5,7 @@
 use std::net::{IpAddr, SocketAddr};
 
 use super::sidr::sidr_status;
+use super::{ParkedReq, MAX_PARKED_REQS};
 use super::{
     backlog_of, mad_buf, reject, roce_path, service_id, Cm, CmError, CmEventKind, ConnParam, Ece, Id, IdHandle,
     IdState, OutMad, Peer,
@@ -478,6 +479,18 @@ impl Cm {
 
     /// Runs every CM timer that is due: resends, UNREACHABLE, timewait exits.
     pub fn handle_timeout(&mut self, now: Instant) {
+        // REQs that waited for a listener: taken by one that came meanwhile, or rejected.
+        if self.parked.iter().any(|p| p.until <= now) {
+            let (due, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut self.parked).into_iter().partition(|p| p.until <= now);
+            self.parked = wait;
+            for p in due {
+                if self.listeners.contains_key(&p.req.service_id) {
+                    self.handle_req(now, p.src, p.tid, p.attr_mod, p.req);
+                } else {
+                    self.rej_to(p.src, p.tid, p.req.local_comm_id, 0, REJ_MSG_REQ, reject::INVALID_SERVICE_ID);
+                }
+            }
+        }
         let due: Vec<IdHandle> = self.timers.iter().take_while(|(t, _)| *t <= now).map(|(_, h)| *h).collect();
         for h in due {
             self.set_timer(h, None);
@@ -589,8 +602,18 @@ impl Cm {
         }
         let sid = req.service_id;
         let Some(list) = self.listeners.get(&sid) else {
-            // No listener for the service ID: REJ 8 at once (cm_issue_rej).
-            self.rej_to(src, tid, req.local_comm_id, 0, REJ_MSG_REQ, reject::INVALID_SERVICE_ID);
+            // A resent REQ that already waits for a listener.
+            if self.parked.iter().any(|p| p.src == src && p.req.local_comm_id == req.local_comm_id) {
+                return;
+            }
+            // No listener for the service ID: REJ 8 (cm_issue_rej), at once or after the grace
+            // a late listener gets (CmConfig::late_listener_grace).
+            let grace = self.cfg.late_listener_grace;
+            if grace == Duration::ZERO || self.parked.len() >= MAX_PARKED_REQS {
+                self.rej_to(src, tid, req.local_comm_id, 0, REJ_MSG_REQ, reject::INVALID_SERVICE_ID);
+            } else {
+                self.parked.push(ParkedReq { until: now + grace, src, tid, attr_mod, req });
+            }
             return;
         };
         let hdr = CmaHdrPacket::new_checked(&req.private_data[..]).and_then(|p| CmaHdrRepr::parse(&p)).ok();

@@ -93,7 +93,17 @@ pub struct CmConfig {
     pub max_pending: usize,
     /// Seed of comm IDs and starting PSNs.
     pub seed: u64,
+    /// How long a REQ for a service ID nobody listens on waits for a listener before its REJ 8
+    /// (zero: rejected at once, as the kernel's cm_match_req does). A software device's listen
+    /// is a few calls to its daemon where the kernel's is one system call; programs that send
+    /// their port to the peer before they call rdma_listen (qperf 0.4.11's cm_open_server)
+    /// count on the listen winning that race. Unscaled by `timer_scale_permille`.
+    pub late_listener_grace: Duration,
 }
+
+/// Most REQs waiting for a late listener at once ([`CmConfig::late_listener_grace`]); more are
+/// rejected at once.
+pub(super) const MAX_PARKED_REQS: usize = 256;
 
 impl CmConfig {
     /// The kernel's values for a device at `addr`.
@@ -110,6 +120,7 @@ impl CmConfig {
             timer_scale_permille: 1000,
             max_pending: 4096,
             seed,
+            late_listener_grace: Duration::ZERO,
         }
     }
 
@@ -535,6 +546,18 @@ pub struct Cm {
     events: VecDeque<CmEvent>,
     pending: usize,
     counters: CmCounters,
+    /// REQs waiting for a listener ([`CmConfig::late_listener_grace`]): until when, from whom.
+    parked: Vec<ParkedReq>,
+}
+
+/// A REQ that found no listener, waiting for one.
+#[derive(Debug)]
+pub(super) struct ParkedReq {
+    pub(super) until: Instant,
+    pub(super) src: IpAddr,
+    pub(super) tid: u64,
+    pub(super) attr_mod: u32,
+    pub(super) req: crate::wire::CmReqRepr,
 }
 
 impl Cm {
@@ -555,6 +578,7 @@ impl Cm {
             events: VecDeque::new(),
             pending: 0,
             counters: CmCounters::default(),
+            parked: Vec::new(),
         }
     }
 
@@ -752,6 +776,11 @@ impl Cm {
         let id = self.ids.get_mut(&h).expect("checked");
         id.state = IdState::Listen;
         id.backlog = backlog_of(backlog);
+        // REQs that came for this service ID before the listen are taken now (at the next
+        // timer run: `poll_timeout` says it is due).
+        for p in self.parked.iter_mut().filter(|p| p.req.service_id == sid) {
+            p.until = Instant(0);
+        }
         Ok(())
     }
 
@@ -862,7 +891,8 @@ impl Cm {
 
     /// The earliest CM timer.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.timers.first().map(|(t, _)| *t)
+        let parked = self.parked.iter().map(|p| p.until).min();
+        [self.timers.first().map(|(t, _)| *t), parked].into_iter().flatten().min()
     }
 
     /// The next MAD to send.
