@@ -553,6 +553,66 @@ if [ -x "$ex/signal_post" ]; then
 else
   result "signal_post" fail "$ex/signal_post missing: run scripts/build-examples.sh"
 fi
+# cm_sequence: qperf -cm1's connection sequence without qperf, 20 tests over one control
+# connection, the server sending its ephemeral port before it listens (qperf 0.4.11's order: the
+# REQ comes before the listen and must wait for it), then listening first; across two devices
+# and within one. And the port-reuse loop: rping listen / connect / destroy on one port.
+if [ -x "$ex/cm_sequence" ]; then
+  for dp in provider device; do
+    single "cm_sequence: qperf's sequence, port sent before the listen, 20 tests ($dp path)" \
+      "^cm_sequence: 20 tests passed" env SOFTRDMA_DATAPATH=$dp "$ex/cm_sequence" "$addr0" 20
+    single "cm_sequence: listen first, 20 tests to the other device ($dp path)" \
+      "^cm_sequence: 20 tests passed" env SOFTRDMA_DATAPATH=$dp "$ex/cm_sequence" "$addr1" 20 --listen-first
+  done
+else
+  result "cm_sequence" fail "$ex/cm_sequence missing: run scripts/build-examples.sh"
+fi
+port=$((port + 1))
+reuse_ok=0
+for i in $(seq 20); do
+  timeout 20 rping -s -a "$addr0" -p "$port" -C 2 -S 64 >"$logs/reuse.server.log" 2>&1 &
+  rspid=$!
+  wait_listen "$port" || break
+  timeout 20 rping -c -a "$addr0" -p "$port" -C 2 -S 64 >"$logs/reuse.client.log" 2>&1 || break
+  wait "$rspid" || rping_lost_teardown_race "$logs/reuse.server.log" || break
+  reuse_ok=$i
+done
+if [ "$reuse_ok" = 20 ]; then
+  result "rdma_cm port reuse: rping listen, connect, destroy on one port, 20 times" ok
+else
+  result "rdma_cm port reuse" fail "round $((reuse_ok + 1)) failed: $(tail -q -n 2 "$logs/reuse.server.log" "$logs/reuse.client.log" | tr '\n' ' ')"
+fi
+# event_intr: a signal without SA_RESTART ends a blocking ibv_get_cq_event with EINTR (qperf ends
+# its tests that way), one with SA_RESTART does not. cleanup_after: every destroy returns 0 after a
+# QP error, a retry-exceeded completion, a killed peer and a device that went away.
+if [ -x "$ex/event_intr" ] && [ -x "$ex/cleanup_after" ]; then
+  for dp in provider device; do
+    for m in intr restart; do
+      single "event_intr $m ($dp path)" "^event_intr: $m: OK" env SOFTRDMA_DATAPATH=$dp "$ex/event_intr" srdma0 $m
+    done
+    for c in qp-error retry-exceeded peer-vanished; do
+      single "cleanup_after $c ($dp path)" "^cleanup_after: $c: OK" env SOFTRDMA_DATAPATH=$dp "$ex/cleanup_after" srdma1 $c
+    done
+    if "$bin" up srdma3 --addr "${SOFTRDMA_TEST_ADDR3:-127.0.0.4}" >/dev/null; then
+      coproc CLEANUP { SOFTRDMA_DATAPATH=$dp timeout 60 "$ex/cleanup_after" srdma3 device-gone 2>&1; }
+      read -r -t 30 ready <&"${CLEANUP[0]}"
+      timeout 15 "$bin" down srdma3 >/dev/null 2>&1
+      echo go >&"${CLEANUP[1]}"
+      out=$(cat <&"${CLEANUP[0]}")
+      wait "$CLEANUP_PID"
+      rc=$?
+      if [ "${ready:-}" = ready ] && [ $rc = 0 ] && [[ "$out" == *"device-gone: OK"* ]]; then
+        result "cleanup_after device-gone ($dp path)" ok
+      else
+        result "cleanup_after device-gone ($dp path)" fail "rc=$rc ${ready:-not ready}: $out"
+      fi
+    else
+      result "cleanup_after device-gone ($dp path)" fail "srdma3 did not start"
+    fi
+  done
+else
+  result "event_intr, cleanup_after" fail "missing: run scripts/build-examples.sh"
+fi
 single "ibv_devices" "srdma0.*[0-9a-f]{16}" ibv_devices
 # `softrdma exec` puts the shim on the library path itself (none set here).
 single "softrdma exec -- ibv_devinfo -l" "srdma0.*srdma1|srdma1.*srdma0" env -u LD_LIBRARY_PATH bash -c \

@@ -2,14 +2,17 @@
  * cm_sequence.c: the rdma_cm connection sequence of a test driver that runs many tests over one
  * control connection (qperf -cm1 does this), without qperf.
  *
- *   cm_sequence ADDR TESTS
+ *   cm_sequence ADDR TESTS [--listen-first]
  *
  * Forks a server and a client, joined by a socket pair (the control connection). For each test:
  *  - both sides create an event channel and an ID they never use again (qperf's cm_init runs
  *    twice on the client; the server's listening ID is replaced by the connection's);
- *  - the server binds the wildcard address on port 0 (an ephemeral port), listens, and sends
- *    the port over the control connection; the client resolves ADDR:port, creates its QP and
- *    connects; the server accepts on the ID of the CONNECT_REQUEST;
+ *  - the server binds the wildcard address on port 0 (an ephemeral port), sends the port over
+ *    the control connection, and only then listens (qperf 0.4.11's order; with --listen-first,
+ *    the other way round), a few milliseconds later: the client resolves ADDR:port, creates its
+ *    QP and connects at once, so its REQ finds no listener yet. The kernel's listen is one
+ *    system call and wins that race in practice; a device must give the late listener the REQ
+ *    rather than reject it. The server accepts on the ID of the CONNECT_REQUEST;
  *  - one SEND each way checks the connection;
  *  - the client disconnects, both wait for DISCONNECTED, destroy the QP and the connection's ID,
  *    and destroy the event channel with the other IDs still on it (the kernel's ucma destroys
@@ -40,6 +43,7 @@ static int test_no;
 	} while (0)
 
 static const char *side = "?";
+static int listen_first;
 
 static struct rdma_cm_event *expect(struct rdma_event_channel *ch, enum rdma_cm_event_type want)
 {
@@ -147,10 +151,15 @@ static void server(int ctl, int tests)
 		if (rdma_bind_addr(listen_id, (struct sockaddr *)&sin))
 			FAIL("rdma_bind_addr: %s", strerror(errno));
 		port = rdma_get_src_port(listen_id);
-		if (rdma_listen(listen_id, 0))
+		if (listen_first && rdma_listen(listen_id, 0))
 			FAIL("rdma_listen: %s", strerror(errno));
 		if (write(ctl, &port, sizeof(port)) != sizeof(port))
 			FAIL("control connection lost");
+		if (!listen_first) {
+			usleep(20000);
+			if (rdma_listen(listen_id, 0))
+				FAIL("rdma_listen: %s", strerror(errno));
+		}
 		ev = expect(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
 		id = ev->id;
 		memset(&c, 0, sizeof(c));
@@ -218,10 +227,12 @@ int main(int argc, char **argv)
 	int sv[2], st, tests;
 	pid_t pid;
 
-	if (argc != 3 || (tests = atoi(argv[2])) <= 0) {
-		fprintf(stderr, "usage: cm_sequence ADDR TESTS\n");
+	if (argc < 3 || argc > 4 || (tests = atoi(argv[2])) <= 0 ||
+	    (argc == 4 && strcmp(argv[3], "--listen-first"))) {
+		fprintf(stderr, "usage: cm_sequence ADDR TESTS [--listen-first]\n");
 		return 2;
 	}
+	listen_first = argc == 4;
 	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
 		return perror("socketpair"), 1;
 	/* Fork before either side touches a device: each process has its own verbs state. */
