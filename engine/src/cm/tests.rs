@@ -445,6 +445,54 @@ fn no_listener_is_rejected_with_invalid_service_id() {
     assert_eq!(p.b.id_count(), 0);
 }
 
+/// With a late-listener grace (softrdma's devices: a listen is a few calls to the daemon), a REQ
+/// that finds no listener waits for one: a listen within the grace takes it, as if the listen
+/// had come first; a resent REQ meanwhile is the same request.
+#[test]
+fn a_late_listener_takes_the_req_that_waited_for_it() {
+    let mut p = Pair::new();
+    let mut cfg = CmConfig::new(B_IP, B_GUID, Mtu::Mtu1024, 2);
+    cfg.late_listener_grace = Duration::from_millis(50);
+    p.b = Cm::new(cfg);
+    let a = p.dial(PS_TCP, QpType::Rc, SPORT, req_param(0x100, b"late"));
+    p.drive_with(&mut |_| Fate::Duplicate);
+    assert!(p.sent(CmAttr::Rej).is_empty(), "no REJ while the REQ waits");
+    assert!(p.events(Side::B).is_empty());
+    p.advance(Duration::from_millis(10));
+    let l = p.listen(PS_TCP, QpType::Rc, 0);
+    p.advance(Duration::from_millis(1));
+    let req = p.event(Side::B);
+    assert_eq!((req.kind, req.listen_id), (CmEventKind::ConnectRequest, Some(l)));
+    assert!(req.param.private_data.starts_with(b"late"));
+    p.b.accept(p.now, req.id, rep_param(0x200)).unwrap();
+    p.drive();
+    assert_eq!(p.event(Side::A).kind, CmEventKind::ConnectResponse);
+    assert_eq!(p.a.state(a), Some(IdState::RepRcvd));
+    assert!(p.sent(CmAttr::Rej).is_empty());
+}
+
+/// Without a listener by the end of the grace, the REQ gets its REJ 8 then.
+#[test]
+fn a_req_that_no_listener_takes_is_rejected_when_the_grace_ends() {
+    let mut p = Pair::new();
+    let mut cfg = CmConfig::new(B_IP, B_GUID, Mtu::Mtu1024, 2);
+    cfg.late_listener_grace = Duration::from_millis(50);
+    p.b = Cm::new(cfg);
+    let a = p.dial(PS_TCP, QpType::Rc, SPORT, req_param(0x100, b"x"));
+    p.drive();
+    p.advance(Duration::from_millis(49));
+    assert!(p.sent(CmAttr::Rej).is_empty());
+    p.advance(Duration::from_millis(2));
+    let rej = p.sent(CmAttr::Rej);
+    assert_eq!(rej.len(), 1);
+    assert_eq!(rej[0].at, Instant::ZERO + Duration::from_millis(50));
+    let CmMessage::Rej(r) = &rej[0].repr.msg else { unreachable!() };
+    assert_eq!(r.reason, 8);
+    assert_eq!(p.event(Side::A).kind, CmEventKind::Rejected);
+    assert_eq!(p.a.state(a), Some(IdState::Closed));
+    assert_eq!(p.b.poll_timeout(), None, "nothing waits any more");
+}
+
 /// rdma_reject: REJ reason 28 (consumer defined) with the consumer's private data.
 #[test]
 fn consumer_reject_reaches_the_active_side() {
