@@ -77,11 +77,16 @@ fn align16(n: usize) -> usize {
     n.div_ceil(16) * 16
 }
 
+/// How long a producer waits for room in a full ring before it drops the frame from the capture.
+const FULL_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// A mapped capture ring (either side).
 pub(crate) struct Ring {
     base: NonNull<u8>,
     cap: usize,
     fd: OwnedFd,
+    /// The producer's: its last wait for room ran out (see `produce`).
+    stalled: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: the mapping is shared memory reached only through atomics (the header) and through
@@ -127,7 +132,7 @@ impl Ring {
         // SAFETY: a new shared mapping of the whole memfd; nothing else is at that address.
         let p = unsafe { mmap(None, len, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_SHARED, fd.as_fd(), 0) }
             .map_err(errno)?;
-        Ok(Ring { base: p.cast(), cap, fd })
+        Ok(Ring { base: p.cast(), cap, fd, stalled: std::sync::atomic::AtomicBool::new(false) })
     }
 
     /// The memfd (to hand to the daemon).
@@ -174,8 +179,9 @@ impl Ring {
     }
 
     /// Producer: one frame of `caplen` bytes, which `fill` writes, of kind [`KIND_FRAME`] with
-    /// repairs `flags`; `head` is the producer's own position (it alone writes it). False when
-    /// the ring had no room: the frame is counted in `dropped`.
+    /// repairs `flags`; `head` is the producer's own position (it alone writes it). A full ring
+    /// is waited on for up to [`FULL_WAIT`]. False when the ring had no room: the frame is
+    /// counted in `dropped`.
     pub(crate) fn produce(&self, head: &mut u64, caplen: usize, flags: u32, fill: impl FnOnce(&mut [u8])) -> bool {
         let busy = self.word(OFF_BUSY);
         busy.store(BUSY, Ordering::SeqCst);
@@ -186,9 +192,29 @@ impl Ring {
         let need = align16(REC_HDR + PCAP_HDR + caplen);
         let mut off = (*head % cap as u64) as usize;
         let pad = if cap - off < need { cap - off } else { 0 };
-        let used = head.wrapping_sub(self.tail());
-        let fits = need <= cap / 2 && used <= cap as u64 && used + (pad + need) as u64 <= cap as u64;
-        if !fits || caplen > u32::MAX as usize {
+        let room = |tail: u64| {
+            let used = head.wrapping_sub(tail);
+            used <= cap as u64 && used + (pad + need) as u64 <= cap as u64
+        };
+        let mut fits = need <= cap / 2 && caplen <= u32::MAX as usize && room(self.tail());
+        if !fits && need <= cap / 2 && !self.stalled.load(Ordering::Relaxed) {
+            // Full: the writer is behind. Wait for it a little (the protocol slows down, as a
+            // link does when its capture's buffer is full), yielding the CPU it needs, then drop
+            // from the capture. A writer that did not free anything within the wait is stalled:
+            // frames drop at once until it frees space again (no wait per frame piles up into a
+            // transport timeout).
+            let start = std::time::Instant::now();
+            while !fits && start.elapsed() < FULL_WAIT {
+                std::thread::yield_now();
+                fits = room(self.tail());
+            }
+            if !fits {
+                self.stalled.store(true, Ordering::Relaxed);
+            }
+        } else if fits {
+            self.stalled.store(false, Ordering::Relaxed);
+        }
+        if !fits {
             self.word(OFF_DROPPED).fetch_add(1, Ordering::Relaxed);
             busy.store(IDLE, Ordering::SeqCst);
             return false;

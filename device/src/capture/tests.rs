@@ -173,6 +173,29 @@ fn a_full_ring_drops_from_the_capture_and_counts() {
 }
 
 #[test]
+fn a_full_ring_waits_for_the_writer_before_it_drops() {
+    let ring = Arc::new(Ring::create(MIN_CAPACITY).unwrap());
+    let mut head = 0;
+    let frame = [3u8; 1000];
+    // 63 records of 1,040 bytes fill all but 16 bytes of the 64 KiB ring.
+    for _ in 0..63 {
+        assert!(ring.produce(&mut head, frame.len(), 0, |f| f.copy_from_slice(&frame)));
+    }
+    let consumer = {
+        let ring = ring.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(3));
+            ring.release(ring.head());
+        })
+    };
+    let t = std::time::Instant::now();
+    assert!(ring.produce(&mut head, frame.len(), 0, |f| f.copy_from_slice(&frame)), "the writer freed room in time");
+    assert!(t.elapsed() >= std::time::Duration::from_millis(2), "it waited for the writer");
+    assert_eq!(ring.dropped(), 0);
+    consumer.join().unwrap();
+}
+
+#[test]
 fn a_ring_that_lies_about_itself_is_refused() {
     use std::io::Write;
     let mut f = tempfile::tempfile().unwrap();
