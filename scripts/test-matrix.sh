@@ -47,12 +47,20 @@ export LD_LIBRARY_PATH="$shim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 logs="${SOFTRDMA_MATRIX_LOGS:-$rt/logs}"
 mkdir -p "$logs"
 results="$rt/results.tsv"
+# The captures go to memory where there is room (/dev/shm): a setup writes a few GB at the
+# programs' full speed, more than a disk takes in that time, and the capture then slows the
+# programs or drops frames (it says how many), which is the disk's limit, not the capture's.
+capdir="$rt"
+if [ -d /dev/shm ] && [ "$(df -k --output=avail /dev/shm 2>/dev/null | tail -1)" -gt 8000000 ] 2>/dev/null; then
+  capdir="$(mktemp -d /dev/shm/softrdma-matrix.XXXXXX)"
+fi
 : >"$results"
 cleanup() {
   jobs -p | xargs -r kill 2>/dev/null
   timeout 15 "$bin" down srdma0 >/dev/null 2>&1
   timeout 15 "$bin" down srdma1 >/dev/null 2>&1
   rm -rf "$rt"
+  [ "$capdir" = "$rt" ] || rm -rf "$capdir"
 }
 trap cleanup EXIT
 addr0="${SOFTRDMA_TEST_ADDR0:-127.0.0.1}"
@@ -339,7 +347,7 @@ run_setup() { # index path capture faults
   local k="$1"
   path="$2" capture="$3" faults="$4"
   local -a flags0=(--addr "$addr0") flags1=(--addr "$addr1")
-  local pcap0="$rt/r${round}-$path-$faults-srdma0.pcap" pcap1="$rt/r${round}-$path-$faults-srdma1.pcap"
+  local pcap0="$capdir/r${round}-$path-$faults-srdma0.pcap" pcap1="$capdir/r${round}-$path-$faults-srdma1.pcap"
   if [ "$capture" = on ]; then
     flags0+=(--pcap "$pcap0")
     flags1+=(--pcap "$pcap1")

@@ -77,8 +77,10 @@ fn align16(n: usize) -> usize {
     n.div_ceil(16) * 16
 }
 
-/// How long a producer waits for room in a full ring before it drops the frame from the capture.
-const FULL_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
+/// How long a producer waits for room in a full ring before it drops the frame from the capture:
+/// well under the shortest RC timeout programs set (14: 67 ms), and long enough for a writer the
+/// kernel's writeback held up (a file on a disk taking more than it writes back).
+const FULL_WAIT: std::time::Duration = std::time::Duration::from_millis(25);
 
 /// A mapped capture ring (either side).
 pub(crate) struct Ring {
