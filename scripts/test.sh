@@ -49,6 +49,9 @@ SOFTRDMA_DATAPATH=device bash scripts/test-verbs-programs.sh --quick
 step "the provider data path (SOFTRDMA_DATAPATH=provider): the programs run their own QPs on the daemons' steered ports"
 bash scripts/test-provider.sh --quick
 
+step "the program matrix, CI's sample (every program on both data paths with the capture off and on, a few under faults; --full runs it all)"
+bash scripts/test-matrix.sh
+
 step "the unchanged programs again (quick sizes) on the device path with every client's memory reached through its memory helper (SOFTRDMA_MEMORY_HELPER=1: the fallback where the kernel refuses process_vm_readv to the daemon)"
 SOFTRDMA_DATAPATH=device SOFTRDMA_MEMORY_HELPER=1 bash scripts/test-verbs-programs.sh --quick
 
@@ -90,8 +93,10 @@ fi
 step "softrdma bench --quick (runs end to end; the table is printed, not written, not judged)"
 target/release/softrdma bench --quick --no-write --no-install --qps 2000 --addr0 127.0.0.31 --addr1 127.0.0.32
 
-step "softrdma soak (60 s: two devices with faults, client processes killed and replaced; exit 1 on any violation)"
-target/release/softrdma soak --seconds "${SOAK_SECONDS:-60}"
+step "softrdma soak (60 s: two devices with faults and the capture on, client processes killed and replaced; exit 1 on any violation or any frame the capture lost)"
+soak_pcap=$(mktemp -d)
+target/release/softrdma soak --seconds "${SOAK_SECONDS:-60}" --pcap "$soak_pcap"
+rm -rf "$soak_pcap"
 
 step "fuzz targets"
 fuzz_seconds=${FUZZ_SECONDS:-30}

@@ -201,13 +201,15 @@ impl Ring {
         let mut fits = need <= cap / 2 && caplen <= u32::MAX as usize && room(self.tail());
         if !fits && need <= cap / 2 && !self.stalled.load(Ordering::Relaxed) {
             // Full: the writer is behind. Wait for it a little (the protocol slows down, as a
-            // link does when its capture's buffer is full), yielding the CPU it needs, then drop
+            // link does when its capture's buffer is full), leaving it the CPU it needs, then drop
             // from the capture. A writer that did not free anything within the wait is stalled:
             // frames drop at once until it frees space again (no wait per frame piles up into a
             // transport timeout).
             let start = std::time::Instant::now();
             while !fits && start.elapsed() < FULL_WAIT {
-                std::thread::yield_now();
+                // Sleep, not spin: on a machine whose cores the programs keep busy, the writer
+                // needs the very CPU a spinning producer would hold.
+                std::thread::sleep(std::time::Duration::from_micros(50));
                 fits = room(self.tail());
             }
             if !fits {
