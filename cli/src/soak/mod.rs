@@ -541,7 +541,11 @@ pub(crate) fn run(a: &SoakArgs) -> Result<ExitCode> {
     let t = &s.tally;
     // With the capture on, each daemon also maps capture rings (its own, and one per client
     // process of the device running its own QPs), whose pages count as they are first written.
-    let rings = if a.pcap.is_some() { (1 + 2 * u64::from(a.pairs)) * ((softrdma_device::capture::ring_bytes() >> 10) as u64) } else { 0 };
+    let rings = if a.pcap.is_some() {
+        (1 + 2 * u64::from(a.pairs)) * ((softrdma_device::capture::ring_bytes() >> 10) as u64)
+    } else {
+        0
+    };
     let bound = a.rss_bound_mib * 1024 + rings;
     let ok = t.violations() == 0 && s.leaked_fds == 0 && growth <= bound as i64 && s.failures.is_empty();
     let r = Report {

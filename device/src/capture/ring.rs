@@ -132,8 +132,10 @@ impl Ring {
     fn map(fd: OwnedFd, cap: usize) -> io::Result<Ring> {
         let len = std::num::NonZeroUsize::new(HEADER + cap).expect("not zero");
         // SAFETY: a new shared mapping of the whole memfd; nothing else is at that address.
-        let p = unsafe { mmap(None, len, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_SHARED, fd.as_fd(), 0) }
-            .map_err(errno)?;
+        let p = unsafe {
+            mmap(None, len, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_SHARED, fd.as_fd(), 0)
+        }
+        .map_err(errno)?;
         Ok(Ring { base: p.cast(), cap, fd, stalled: std::sync::atomic::AtomicBool::new(false) })
     }
 

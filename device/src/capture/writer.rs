@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use softrdma_engine::wire::{icrc, ipv4, ipv6, udp, ethernet, Ipv4Packet, Ipv6Packet, UdpPacket};
+use softrdma_engine::wire::{ethernet, icrc, ipv4, ipv6, udp, Ipv4Packet, Ipv6Packet, UdpPacket};
 use softrdma_pcap::{PcapWriter, Resolution};
 
 use super::ring::{self, Record, Ring, BUSY, IDLE, PCAP_HDR};

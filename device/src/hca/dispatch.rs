@@ -3,7 +3,6 @@
 
 use super::*;
 
-
 /// The most key blocks a provider gets: 16 x 2^14 regions and windows, the max_mr the device
 /// reports (2^18).
 const MAX_KEY_BLOCKS_PER_PROVIDER: usize = 16;

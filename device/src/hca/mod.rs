@@ -59,8 +59,8 @@ mod progress;
 mod relay;
 
 use self::datapath::{Gso, PACKET_ROOM};
-use self::fork::{register_member_fds, unregister_member_fds};
 pub(crate) use self::fork::{in_forked_child, watch_fork};
+use self::fork::{register_member_fds, unregister_member_fds};
 use self::progress::*;
 pub use self::progress::{
     Progress, END_AFTER_POST_WAIT, HANDOFF_IDLE, HANDOFF_LOOK_MAX, IDLE_LOOK_AFTER, PROGRESS_SPIN, TX_DEFER,
@@ -673,9 +673,9 @@ impl Hca {
         let epoch_mono_ns = monotonic_ns();
         let tap = match (&cfg.capture_ring, &cfg.pcap) {
             (Some(r), _) => Some(Capture::to_ring(r.clone())),
-            (None, Some(p)) => Some(
-                Capture::to_file(p, epoch_mono_ns).map_err(io_err(&format!("capture file {}", p.display())))?,
-            ),
+            (None, Some(p)) => {
+                Some(Capture::to_file(p, epoch_mono_ns).map_err(io_err(&format!("capture file {}", p.display())))?)
+            }
             (None, None) => None,
         };
         let info = DeviceInfo {

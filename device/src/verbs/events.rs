@@ -86,10 +86,8 @@ pub(super) fn next_event<T>(
             match nix::unistd::read(fd, &mut b) {
                 Err(nix::errno::Errno::EINTR) => return Err(Error::Verbs(VerbsError::Intr)),
                 // An fd that does not block (an async event fd): wait in poll instead.
-                Err(nix::errno::Errno::EAGAIN) => {
-                    if wait_readable(fd, hangup, None) && readable_now(fd) {
-                        drain_eventfd(fd);
-                    }
+                Err(nix::errno::Errno::EAGAIN) if wait_readable(fd, hangup, None) && readable_now(fd) => {
+                    drain_eventfd(fd);
                 }
                 _ => {}
             }

@@ -5,11 +5,11 @@
 use std::net::{IpAddr, SocketAddr};
 
 use super::sidr::sidr_status;
-use super::{ParkedReq, MAX_PARKED_REQS};
 use super::{
     backlog_of, mad_buf, reject, roce_path, service_id, Cm, CmError, CmEventKind, ConnParam, Ece, Id, IdHandle,
     IdState, OutMad, Peer,
 };
+use super::{ParkedReq, MAX_PARKED_REQS};
 use crate::time::{Duration, Instant};
 use crate::verbs::{Mtu, QpType};
 use crate::wire::{
@@ -481,7 +481,8 @@ impl Cm {
     pub fn handle_timeout(&mut self, now: Instant) {
         // REQs that waited for a listener: taken by one that came meanwhile, or rejected.
         if self.parked.iter().any(|p| p.until <= now) {
-            let (due, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut self.parked).into_iter().partition(|p| p.until <= now);
+            let (due, wait): (Vec<_>, Vec<_>) =
+                std::mem::take(&mut self.parked).into_iter().partition(|p| p.until <= now);
             self.parked = wait;
             for p in due {
                 if self.listeners.contains_key(&p.req.service_id) {

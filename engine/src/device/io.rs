@@ -42,11 +42,8 @@ impl<M: Memory> Device<M> {
         let v4 = matches!((meta.src, dst), (IpAddr::V4(_), IpAddr::V4(_)));
         match verify.then(|| icrc::roce_v2_parts(&hdr[..n], pkt.body())) {
             None => {}
-            Some(Ok(c)) if c == pkt.icrc() => {
-                if v4 {
-                    self.last_rx_ipv4_id = Some(meta.ip_id.unwrap_or(0));
-                }
-            }
+            Some(Ok(c)) if c == pkt.icrc() && v4 => self.last_rx_ipv4_id = Some(meta.ip_id.unwrap_or(0)),
+            Some(Ok(c)) if c == pkt.icrc() => {}
             Some(_) => {
                 // The given ID is what the receiver knows or guesses (a raw socket's real ID, a
                 // segment's place in a GRO buffer); under AnyIpv4Id a mismatch is solved anyway.
