@@ -279,6 +279,8 @@ fn a_providers_xrc_srq_serves_its_own_cq_memory_and_events() {
     let pd = r.alloc_pd().unwrap();
     let ch = r.create_comp_channel().unwrap();
     let cq = r.create_cq(64, Some(&ch)).unwrap();
+    // Armed before any XRC SRQ names the CQ, as rdma-core's ibv_xsrq_pingpong -e arms it.
+    cq.req_notify(false).unwrap();
     let mr = pd.alloc_mr(1 << 16, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
     let x = r.open_xrcd(None, true, false).unwrap();
     let attr = SrqAttr { max_wr: 16, max_sge: 1, srq_limit: 0 };
@@ -316,8 +318,7 @@ fn a_providers_xrc_srq_serves_its_own_cq_memory_and_events() {
     // SAFETY: smr is this test's buffer, not posted anywhere yet.
     unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), smr.addr() as *mut u8, data.len()) };
 
-    // SEND: the program's buffer, the program's CQ, the program's channel.
-    cq.req_notify(false).unwrap();
+    // SEND: the program's buffer, the program's CQ, the program's channel (armed above).
     srq.post_recv(vec![RecvWr { wr_id: 11, sg_list: vec![mr.sge(0..4096)] }]).unwrap();
     assert_eq!(send(1, SendOp::Send, 0..3000, srq.srq_num()), WcStatus::Success);
     assert_eq!(ch.get_cq_event(Some(t)).unwrap(), Some(cq.id()), "the channel did not fire");

@@ -142,6 +142,13 @@ impl XrcSide {
         };
         let t = self.ctx.create_cq(cq.cqe.load(Ordering::Relaxed), channel.as_deref())?;
         lock(&self.cq_of).insert(t.id, cq.id);
+        if channel.is_some() {
+            // The program may have armed its CQ before an XRC SRQ named it (ibv_xsrq_pingpong
+            // -e arms it right after ibv_create_cq): the twin starts armed, and its bridge's
+            // `RaiseCqEvent` fires the CQ's channel only if the CQ itself is armed, so an
+            // event reaches the program exactly when it asked for one.
+            t.req_notify(false)?;
+        }
         let id = t.id;
         let _ = cq.xrc.set(Box::new(t));
         *made = true;
