@@ -17,6 +17,7 @@
 //! counts it (`capture_dropped` in `softrdma stat`).
 
 mod ring;
+mod sink;
 mod writer;
 
 use std::io;

@@ -4,8 +4,7 @@
 //! packet's IPv4 ID, an IPv6 UDP checksum). The data path never waits for it.
 
 use std::collections::VecDeque;
-use std::fs::File;
-use std::io::{self, IoSlice, Write};
+use std::io;
 use std::path::Path;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,6 +15,7 @@ use softrdma_engine::wire::{ethernet, icrc, ipv4, ipv6, udp, Ipv4Packet, Ipv6Pac
 use softrdma_pcap::{PcapWriter, Resolution};
 
 use super::ring::{self, Record, Ring, BUSY, IDLE, PCAP_HDR};
+use super::sink::Sink;
 
 /// A producer that read its clock this long ago and still has not published the record (a
 /// process stopped or descheduled in the middle of it) no longer holds the others back: a frame
@@ -24,8 +24,6 @@ const STALL_NS: u64 = 200_000_000;
 /// How long the thread sleeps after a round that found nothing, and after one that did.
 const IDLE_SLEEP: Duration = Duration::from_millis(2);
 const BUSY_SLEEP: Duration = Duration::from_micros(300);
-/// Records per `writev`.
-const IOV_BATCH: usize = 512;
 
 /// One ring the writer drains.
 struct Source {
@@ -70,7 +68,8 @@ impl Writer {
     /// Creates (truncates) the file, writes the pcap header (Ethernet frames, nanosecond
     /// times since `epoch_mono_ns`) and starts the thread.
     pub(crate) fn create(path: &Path, epoch_mono_ns: u64) -> io::Result<Writer> {
-        let file = PcapWriter::new(File::create(path)?, Resolution::Nano)?.finish()?;
+        let header = PcapWriter::new(Vec::new(), Resolution::Nano)?.finish()?;
+        let file = Sink::create(path, &header)?;
         let shared = Arc::new(Shared {
             sources: Mutex::new(Sources::default()),
             stop: AtomicBool::new(false),
@@ -88,7 +87,7 @@ impl Writer {
                 }
                 std::thread::sleep(if wrote { BUSY_SLEEP } else { IDLE_SLEEP });
             }
-            let _ = out.file.flush();
+            out.flush(&s);
         })?;
         Ok(Writer { shared, thread: Mutex::new(Some(thread)) })
     }
@@ -140,9 +139,27 @@ impl Drop for Writer {
 }
 
 struct Output {
-    file: File,
+    file: Sink,
     epoch_mono_ns: u64,
     warned: bool,
+}
+
+impl Output {
+    /// Writes what is staged; counts its frames written or lost.
+    fn flush(&mut self, shared: &Shared) {
+        match self.file.flush() {
+            Ok(n) => {
+                shared.frames.fetch_add(n, Ordering::Relaxed);
+            }
+            Err((e, n)) => {
+                shared.lost.fetch_add(n, Ordering::Relaxed);
+                if !self.warned {
+                    self.warned = true;
+                    tracing::warn!("capture file: {e}: frames are dropped from the capture");
+                }
+            }
+        }
+    }
 }
 
 impl Shared {
@@ -198,59 +215,35 @@ impl Shared {
     }
 
     /// Writes, in time order across rings, every pending frame stamped at or before
-    /// `watermark`, and releases the ring space behind them.
+    /// `watermark`, and releases the ring space behind them: each frame is copied into the
+    /// file's staging buffer (and repaired there), which is written when full and at the end.
     fn write_merged(&self, s: &mut Sources, out: &mut Output, watermark: u64) -> bool {
         let mut wrote = false;
         loop {
-            // One batch: the next IOV_BATCH frames in merged order.
-            let mut batch: Vec<(usize, Record)> = Vec::new();
-            let mut taken = vec![0usize; s.list.len()];
-            while batch.len() < IOV_BATCH {
-                let next = (0..s.list.len())
-                    .filter_map(|i| s.list[i].pending.get(taken[i]).map(|r| (r.ts, i)))
-                    .filter(|&(ts, _)| ts <= watermark)
-                    .min();
-                let Some((_, i)) = next else { break };
-                batch.push((i, s.list[i].pending[taken[i]]));
-                taken[i] += 1;
+            let next = (0..s.list.len())
+                .filter_map(|i| s.list[i].pending.front().map(|r| (r.ts, i)))
+                .filter(|&(ts, _)| ts <= watermark)
+                .min();
+            let Some((_, i)) = next else { break };
+            let src = &mut s.list[i];
+            let r = src.pending.pop_front().expect("found above");
+            let rec = src.ring.pcap_record(&r);
+            if out.file.room() < rec.len() {
+                out.flush(self);
             }
-            if batch.is_empty() {
-                // Nothing pending before the watermark: release what parsing passed over (pads).
-                for src in s.list.iter().filter(|s| s.pending.is_empty() && !s.broken) {
-                    src.ring.release(src.scan);
-                }
-                return wrote;
-            }
-            let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(batch.len());
-            for &(i, r) in &batch {
-                let rec = s.list[i].ring.pcap_record(&r);
-                repair(rec, r.kind, r.ts.saturating_sub(out.epoch_mono_ns));
-                slices.push(IoSlice::new(rec));
-            }
-            let n = batch.len() as u64;
-            match write_all_vectored(&mut out.file, &mut slices) {
-                Ok(()) => {
-                    self.frames.fetch_add(n, Ordering::Relaxed);
-                }
-                Err(e) => {
-                    self.lost.fetch_add(n, Ordering::Relaxed);
-                    if !out.warned {
-                        out.warned = true;
-                        tracing::warn!("capture file: {e}: frames are dropped from the capture");
-                    }
-                }
-            }
+            let staged = out.file.stage(rec.len());
+            softrdma_engine::copy::copy_bytes(staged, rec);
+            repair(staged, r.kind, r.ts.saturating_sub(out.epoch_mono_ns));
+            out.file.staged_frame();
+            src.ring.release(if src.pending.is_empty() { src.scan } else { r.end() });
             wrote = true;
-            for (i, src) in s.list.iter_mut().enumerate() {
-                let mut end = None;
-                for _ in 0..taken[i] {
-                    end = src.pending.pop_front().map(|r| r.end());
-                }
-                if let Some(e) = end {
-                    src.ring.release(if src.pending.is_empty() { src.scan } else { e });
-                }
-            }
         }
+        // Nothing pending before the watermark: release what parsing passed over (pads).
+        for src in s.list.iter().filter(|s| s.pending.is_empty() && !s.broken) {
+            src.ring.release(src.scan);
+        }
+        out.flush(self);
+        wrote
     }
 }
 
@@ -299,16 +292,4 @@ fn repair(rec: &mut [u8], kind: u32, t_ns: u64) {
             UdpPacket::new_unchecked(rest).fill_checksum_v6(s6, d6);
         }
     }
-}
-
-fn write_all_vectored(f: &mut File, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
-    while !bufs.is_empty() {
-        match f.write_vectored(bufs) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
