@@ -1,13 +1,15 @@
-//! The capture file as the writer appends to it: records are gathered in a staging buffer and
-//! leave in large writes. A regular file is opened with `O_DIRECT` where its file system takes
-//! it, and written in whole blocks from the (block-aligned) buffer: the kernel moves the bytes to
-//! the device without copying them into the page cache, which on a 2-core machine cost the
-//! writer ~0.36 s of CPU per GB (BENCHMARKS.md, "The capture"), and a disk's writeback does not
-//! throttle the writer (buffered writes to this machine's disk settle at ~350 MB/s, direct ones
-//! at ~2.7 GB/s). The last, partial block is written padded with zeros and the file cut back to
-//! its length, so the file always ends with the last whole record written; the next write
-//! rewrites that block with what followed. Anything else (a FIFO, a character device, a file
-//! system that refuses `O_DIRECT` or its alignment) is written plainly, in order.
+//! The capture file as the writer appends to it: records gather in a block-aligned staging
+//! buffer and leave in large writes. A regular file is opened with `O_DIRECT` where its file
+//! system takes it, and the whole blocks of the buffer go to it without a copy into the page
+//! cache: on this 2-core machine a buffered write costs ~0.36 s of CPU per GB (tmpfs or disk),
+//! a direct one to the disk ~0.06 s, and buffered writes to the disk settle at the rate its
+//! writeback keeps (~350 MB/s here) where direct ones reach ~2.7 GB/s (BENCHMARKS.md, "The
+//! capture"). What is left of the last block when the writer goes idle or the capture ends goes
+//! through the page cache (`O_DIRECT` lifted for that one write), so the file ends with the last
+//! whole record without ever being cut back; the next direct write of that block, once it is
+//! whole, supersedes it (the kernel writes back and drops the cached block first). Anything
+//! else (a FIFO, a character device, a file system that refuses `O_DIRECT` or its alignment) is
+//! written plainly, in order.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
@@ -15,11 +17,13 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::ptr::NonNull;
 
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
+
 /// The alignment and size unit of direct writes: the largest logical block size in common use
 /// (a file system with a larger one refuses the write, and the sink falls back to plain writes).
 const BLOCK: usize = 4096;
 /// The staging buffer: records gather here until a round ends or it is full.
-pub(crate) const STAGING: usize = 4 << 20;
+const STAGING: usize = 4 << 20;
 
 /// A block-aligned, zeroed heap buffer.
 struct Aligned {
@@ -61,18 +65,17 @@ pub(crate) struct Sink {
     buf: Aligned,
     /// Bytes in `buf`.
     len: usize,
-    /// Of those, the first `carried` are on the file already (the last partial block, which the
-    /// next direct write writes again).
-    carried: usize,
+    /// Of those, the first `written` are on the file already (the last partial block, written
+    /// through the page cache; written again, directly, once whole).
+    written: usize,
     /// The file offset of `buf[0]` (block-aligned while direct).
     base: u64,
-    /// Frames in `buf` not written yet.
+    /// Frames appended and not counted yet.
     frames: u64,
 }
 
 impl Sink {
-    /// Creates (truncates) the file at `path` with `header` as its first bytes (not written until
-    /// the first [`Sink::flush`]).
+    /// Creates (truncates) the file at `path` with `header` as its first bytes.
     pub(crate) fn create(path: &Path, header: &[u8]) -> io::Result<Sink> {
         let regular = std::fs::metadata(path).map_or(true, |m| m.file_type().is_file());
         let direct_file = if regular && !direct_off() {
@@ -85,104 +88,120 @@ impl Sink {
             Some(f) => f,
             None => File::create(path)?,
         };
-        let mut sink = Sink { file, direct, buf: Aligned::new(STAGING), len: 0, carried: 0, base: 0, frames: 0 };
-        sink.stage(header.len()).copy_from_slice(header);
+        let mut sink = Sink { file, direct, buf: Aligned::new(STAGING), len: 0, written: 0, base: 0, frames: 0 };
+        sink.append(header, 0).map_err(|(e, _)| e)?;
         Ok(sink)
     }
 
     /// Whether the file is written with `O_DIRECT`.
+    #[cfg(test)]
     pub(crate) fn is_direct(&self) -> bool {
         self.direct
     }
 
-    /// Room left in the staging buffer.
-    pub(crate) fn room(&self) -> usize {
-        // Direct writes round the end up to a block: keep that padding inside the buffer.
-        STAGING - self.len.next_multiple_of(BLOCK).min(STAGING)
-    }
-
-    /// `n` bytes at the end of the staging buffer for the caller to fill (`n <= room()`).
-    pub(crate) fn stage(&mut self, n: usize) -> &mut [u8] {
-        let at = self.len;
-        self.len += n;
-        &mut self.buf.bytes()[at..at + n]
-    }
-
-    /// Counts one frame staged.
-    pub(crate) fn staged_frame(&mut self) {
-        self.frames += 1;
-    }
-
-    /// Writes what is staged. Returns the frames it wrote, or the error and the frames lost.
-    pub(crate) fn flush(&mut self) -> Result<u64, (io::Error, u64)> {
-        if self.len == self.carried {
-            return Ok(0);
+    /// Appends `bytes` (holding `frames` frames), writing the staged blocks whenever the
+    /// buffer fills. Returns the frames now counted written, or the error and the frames lost.
+    pub(crate) fn append(&mut self, mut bytes: &[u8], frames: u64) -> Result<u64, (io::Error, u64)> {
+        let mut counted = 0;
+        while !bytes.is_empty() {
+            let n = (STAGING - self.len).min(bytes.len());
+            if n == 0 {
+                // (Counts the frames staged before these bytes.)
+                let r = self.write_blocks();
+                counted += self.settle(r).map_err(|(e, lost)| (e, lost + frames))?;
+                continue;
+            }
+            let at = self.len;
+            softrdma_engine::copy::copy_bytes(&mut self.buf.bytes()[at..at + n], &bytes[..n]);
+            self.len += n;
+            bytes = &bytes[n..];
         }
-        let r = if self.direct { self.write_direct() } else { self.write_plain() };
+        self.frames += frames;
+        Ok(counted)
+    }
+
+    /// Writes what is staged: the whole blocks (direct) or everything (plain); with `all` (the
+    /// writer is idle, or the capture ends) the last partial block too. Returns the frames
+    /// counted written, or the error and the frames lost.
+    pub(crate) fn flush(&mut self, all: bool) -> Result<u64, (io::Error, u64)> {
+        let mut r = self.write_blocks();
+        if r.is_ok() && all && self.direct && self.len > self.written {
+            r = self.write_tail();
+        }
+        self.settle(r)
+    }
+
+    fn settle(&mut self, r: io::Result<()>) -> Result<u64, (io::Error, u64)> {
         let n = std::mem::take(&mut self.frames);
         match r {
             Ok(()) => Ok(n),
             Err(e) => {
                 // What was staged is lost; the file keeps every whole record before it.
-                self.len = self.carried;
+                self.len = self.written;
                 Err((e, n))
             }
         }
     }
 
-    fn write_direct(&mut self) -> io::Result<()> {
-        let (len, base) = (self.len, self.base);
-        let padded = len.next_multiple_of(BLOCK);
-        let buf = self.buf.bytes();
-        buf[len..padded].fill(0);
-        match write_all_at(&self.file, &buf[..padded], base) {
+    /// Writes the staged bytes up to the last whole block (direct; the partial block stays
+    /// staged), or all of them (plain).
+    fn write_blocks(&mut self) -> io::Result<()> {
+        if !self.direct {
+            let (from, len) = (self.written, self.len);
+            (&self.file).write_all(&self.buf.bytes()[from..len])?;
+            self.base += len as u64;
+            (self.len, self.written) = (0, 0);
+            return Ok(());
+        }
+        let whole = self.len - self.len % BLOCK;
+        if whole == 0 {
+            return Ok(());
+        }
+        match write_all_at(&self.file, &self.buf.bytes()[..whole], self.base) {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                // The file system wants another alignment: plain writes from here on.
                 self.fall_back()?;
-                return self.write_plain();
+                return self.write_blocks();
             }
             Err(e) => return Err(e),
         }
-        if padded != len {
-            self.file.set_len(base + len as u64)?;
-        }
-        // The last partial block stays staged, to be written again with what follows it.
-        let whole = len - len % BLOCK;
-        let buf = self.buf.bytes();
-        buf.copy_within(whole..len, 0);
-        self.base += whole as u64;
-        self.len = len - whole;
-        self.carried = self.len;
-        Ok(())
-    }
-
-    fn write_plain(&mut self) -> io::Result<()> {
         let len = self.len;
-        let from = self.carried;
-        let buf = &self.buf.bytes()[from..len];
-        let mut f = &self.file;
-        f.write_all(buf)?;
-        self.base += len as u64;
-        self.len = 0;
-        self.carried = 0;
+        self.buf.bytes().copy_within(whole..len, 0);
+        self.base += whole as u64;
+        self.len -= whole;
+        self.written = 0;
         Ok(())
     }
 
-    /// Leaves `O_DIRECT`: the file is rewound to the end of what is on it and written plainly.
+    /// Direct: writes the staged partial block through the page cache (`O_DIRECT` lifted for
+    /// that write); it stays staged, to be written directly once whole.
+    fn write_tail(&mut self) -> io::Result<()> {
+        let (from, len) = (self.written, self.len);
+        set_direct(&self.file, false)?;
+        let r = write_all_at(&self.file, &self.buf.bytes()[from..len], self.base + from as u64);
+        set_direct(&self.file, true)?;
+        r?;
+        self.written = len;
+        Ok(())
+    }
+
+    /// Leaves `O_DIRECT` for good: the file is written plainly, in order, from the end of what
+    /// is on it.
     fn fall_back(&mut self) -> io::Result<()> {
         use std::io::Seek;
-        let flags = nix::fcntl::fcntl(&self.file, nix::fcntl::FcntlArg::F_GETFL).map_err(io::Error::from)?;
-        let flags = nix::fcntl::OFlag::from_bits_truncate(flags) & !nix::fcntl::OFlag::O_DIRECT;
-        nix::fcntl::fcntl(&self.file, nix::fcntl::FcntlArg::F_SETFL(flags)).map_err(io::Error::from)?;
+        set_direct(&self.file, false)?;
         self.direct = false;
-        // The carried bytes are on the file: continue after them.
-        let end = self.base + self.carried as u64;
-        self.file.set_len(end)?;
-        (&self.file).seek(io::SeekFrom::Start(end))?;
+        (&self.file).seek(io::SeekFrom::Start(self.base + self.written as u64))?;
         tracing::debug!("capture file: O_DIRECT writes refused; writing through the page cache");
         Ok(())
     }
+}
+
+fn set_direct(f: &File, on: bool) -> io::Result<()> {
+    let flags = OFlag::from_bits_truncate(fcntl(f, FcntlArg::F_GETFL).map_err(io::Error::from)?);
+    let flags = if on { flags | OFlag::O_DIRECT } else { flags & !OFlag::O_DIRECT };
+    fcntl(f, FcntlArg::F_SETFL(flags)).map_err(io::Error::from)?;
+    Ok(())
 }
 
 /// `$SOFTRDMA_CAPTURE_DIRECT=0` writes the capture through the page cache (a tuning knob, to
@@ -210,55 +229,40 @@ fn write_all_at(f: &File, mut buf: &[u8], mut at: u64) -> io::Result<()> {
 mod tests {
     use super::*;
 
-    fn fill(s: &mut Sink, n: usize, byte: u8) {
-        s.stage(n).fill(byte);
-        s.staged_frame();
-    }
-
-    /// Whatever the mode, the file holds exactly the bytes staged, after every flush; a FIFO-like
-    /// target (plain) and a regular file (direct where the file system takes it) alike.
+    /// Whatever the mode, after each flush of everything the file holds exactly the bytes
+    /// appended, and after a flush of whole blocks a prefix of them; the frames are counted.
     #[test]
-    fn the_file_holds_exactly_what_was_staged_after_each_flush() {
+    fn the_file_holds_exactly_what_was_appended() {
         for direct in [true, false] {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("c.pcap");
-            let mut s = Sink::create(&path, b"HEADER-24-BYTES-LONG....").unwrap();
+            let header = b"HEADER-24-BYTES-LONG....";
+            let mut s = Sink::create(&path, header).unwrap();
             if !direct && s.is_direct() {
                 s.fall_back().unwrap();
             }
-            let mut want = b"HEADER-24-BYTES-LONG....".to_vec();
-            let mut k = 0u8;
-            for n in [10usize, 4096, 5000, 1, 70_000, 4072, 3, 1 << 20] {
-                while s.room() < n {
-                    s.flush().unwrap();
-                }
-                k = k.wrapping_add(1);
-                fill(&mut s, n, k);
-                want.extend(std::iter::repeat_n(k, n));
-                assert_eq!(s.flush().unwrap(), 1);
+            let mut want = header.to_vec();
+            let mut counted = 0;
+            for (k, n) in [10usize, 4096, 5000, 1, 70_000, 4072, 3, 1 << 20, 5 << 20, 8192].into_iter().enumerate() {
+                let data: Vec<u8> = (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(k as u8)).collect();
+                counted += s.append(&data, 1).unwrap();
+                want.extend_from_slice(&data);
+                counted += s.flush(false).unwrap();
+                let on_file = std::fs::read(&path).unwrap();
+                assert!(want.starts_with(&on_file), "a prefix after a flush of whole blocks");
+                assert!(want.len() - on_file.len() < BLOCK);
+                counted += s.flush(true).unwrap();
                 assert_eq!(std::fs::read(&path).unwrap(), want, "direct {} after {n}", s.is_direct());
             }
-            // Many frames staged, then one flush.
-            for _ in 0..100 {
-                fill(&mut s, 777, 9);
-                want.extend(std::iter::repeat_n(9u8, 777));
+            for i in 0..100u32 {
+                let data = vec![i as u8; 777 + i as usize];
+                counted += s.append(&data, 1).unwrap();
+                want.extend_from_slice(&data);
             }
-            assert_eq!(s.flush().unwrap(), 100);
-            assert_eq!(s.flush().unwrap(), 0, "nothing new");
+            counted += s.flush(true).unwrap();
+            assert_eq!(s.flush(true).unwrap(), 0, "nothing new");
             assert_eq!(std::fs::read(&path).unwrap(), want);
+            assert_eq!(counted, 110);
         }
-    }
-
-    #[test]
-    fn room_keeps_the_padding_of_a_direct_write_inside_the_buffer() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut s = Sink::create(&dir.path().join("c.pcap"), &[0; 24]).unwrap();
-        while s.room() > 0 {
-            let n = s.room().min(10_000);
-            s.stage(n);
-        }
-        assert!(s.len <= STAGING);
-        s.flush().unwrap();
-        assert!(s.room() >= STAGING - BLOCK);
     }
 }

@@ -87,7 +87,7 @@ impl Writer {
                 }
                 std::thread::sleep(if wrote { BUSY_SLEEP } else { IDLE_SLEEP });
             }
-            out.flush(&s);
+            out.flush(&s, true);
         })?;
         Ok(Writer { shared, thread: Mutex::new(Some(thread)) })
     }
@@ -145,9 +145,9 @@ struct Output {
 }
 
 impl Output {
-    /// Writes what is staged; counts its frames written or lost.
-    fn flush(&mut self, shared: &Shared) {
-        match self.file.flush() {
+    /// Counts what a write of the file did: frames written, or lost with its error.
+    fn count(&mut self, shared: &Shared, r: Result<u64, (io::Error, u64)>) {
+        match r {
             Ok(n) => {
                 shared.frames.fetch_add(n, Ordering::Relaxed);
             }
@@ -159,6 +159,12 @@ impl Output {
                 }
             }
         }
+    }
+
+    /// Writes what is staged (`all`: the last partial block too; see [`Sink::flush`]).
+    fn flush(&mut self, shared: &Shared, all: bool) {
+        let r = self.file.flush(all);
+        self.count(shared, r);
     }
 }
 
@@ -215,8 +221,8 @@ impl Shared {
     }
 
     /// Writes, in time order across rings, every pending frame stamped at or before
-    /// `watermark`, and releases the ring space behind them: each frame is copied into the
-    /// file's staging buffer (and repaired there), which is written when full and at the end.
+    /// `watermark`, and releases the ring space behind them: each frame is repaired in its ring
+    /// and copied into the file's staging buffer (`sink`).
     fn write_merged(&self, s: &mut Sources, out: &mut Output, watermark: u64) -> bool {
         let mut wrote = false;
         loop {
@@ -228,13 +234,9 @@ impl Shared {
             let src = &mut s.list[i];
             let r = src.pending.pop_front().expect("found above");
             let rec = src.ring.pcap_record(&r);
-            if out.file.room() < rec.len() {
-                out.flush(self);
-            }
-            let staged = out.file.stage(rec.len());
-            softrdma_engine::copy::copy_bytes(staged, rec);
-            repair(staged, r.kind, r.ts.saturating_sub(out.epoch_mono_ns));
-            out.file.staged_frame();
+            repair(rec, r.kind, r.ts.saturating_sub(out.epoch_mono_ns));
+            let w = out.file.append(rec, 1);
+            out.count(self, w);
             src.ring.release(if src.pending.is_empty() { src.scan } else { r.end() });
             wrote = true;
         }
@@ -242,7 +244,8 @@ impl Shared {
         for src in s.list.iter().filter(|s| s.pending.is_empty() && !s.broken) {
             src.ring.release(src.scan);
         }
-        out.flush(self);
+        // The staged whole blocks go now; the last partial block too once the writer is idle.
+        out.flush(self, !wrote);
         wrote
     }
 }
