@@ -64,6 +64,10 @@ pub(crate) struct BenchArgs {
     /// them; nothing is written and no peer is measured.
     #[arg(long)]
     only_scale: bool,
+    /// Run the capture rows only (ib_write_bw 64 KiB across with the capture off and on, in
+    /// alternating runs) and print them; nothing is written and no peer is measured.
+    #[arg(long)]
+    only_capture: bool,
     /// Skip the middleware rows (UCX and MPI between two `softrdma cluster` hosts; they run only
     /// as root, with no cluster already up).
     #[arg(long)]
@@ -152,7 +156,7 @@ pub(crate) fn run(cmd: &mut Command, limit: Duration) -> Result<(Option<i32>, St
 }
 
 /// The two devices of the run, in a private runtime directory; stopped and removed on drop.
-struct Devices {
+pub(crate) struct Devices {
     exe: PathBuf,
     dir: PathBuf,
     pids: Vec<i32>,
@@ -160,6 +164,11 @@ struct Devices {
 
 impl Devices {
     fn start(exe: &Path, addrs: [IpAddr; 2]) -> Result<Devices> {
+        Devices::start_with(exe, addrs, [Vec::new(), Vec::new()])
+    }
+
+    /// As [`Devices::start`], each device with `extra` arguments of `softrdma up`.
+    pub(crate) fn start_with(exe: &Path, addrs: [IpAddr; 2], extra: [Vec<String>; 2]) -> Result<Devices> {
         let dir = std::env::temp_dir().join(format!("softrdma-bench-{}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         use std::os::unix::fs::PermissionsExt;
@@ -170,7 +179,9 @@ impl Devices {
         std::env::set_var("SOFTRDMA_NO_AUTOSTART", "1");
         let mut d = Devices { exe: exe.to_owned(), dir, pids: Vec::new() };
         for (i, a) in addrs.iter().enumerate() {
-            let info = softrdma_device::daemon::up(exe, &format!("srdma{i}"), &["--addr".into(), a.to_string()])
+            let mut args = vec!["--addr".to_owned(), a.to_string()];
+            args.extend(extra[i].iter().cloned());
+            let info = softrdma_device::daemon::up(exe, &format!("srdma{i}"), &args)
                 .with_context(|| format!("starting srdma{i} on {a} (another address: --addr{i})"))?;
             d.pids.push(info.pid);
         }
@@ -294,11 +305,11 @@ impl Table {
     }
 }
 
-fn gbit(mib_s: f64) -> f64 {
+pub(crate) fn gbit(mib_s: f64) -> f64 {
     mib_s * 1048576.0 * 8.0 / 1e9
 }
 
-struct Runner<'a> {
+pub(crate) struct Runner<'a> {
     shim: &'a Path,
     addr0: IpAddr,
     addr1: IpAddr,
@@ -314,7 +325,7 @@ impl Runner<'_> {
 
     /// An unchanged perftest program as server (srdma0) and client (`cdev`), through the shim,
     /// both on the data path `path` (`SOFTRDMA_DATAPATH`: "device" or "provider").
-    fn perftest(&mut self, path: &str, prog: &str, cdev: &str, size: u32, iters: u32) -> Result<Perf> {
+    pub(crate) fn perftest(&mut self, path: &str, prog: &str, cdev: &str, size: u32, iters: u32) -> Result<Perf> {
         let port = self.next_port().to_string();
         let args = ["-s", &size.to_string(), "-n", &iters.to_string(), "-p", &port];
         let cmd = |dev: &str| {
@@ -455,7 +466,7 @@ impl Runner<'_> {
         }
     }
 
-    fn iters(&self, full: u32) -> u32 {
+    pub(crate) fn iters(&self, full: u32) -> u32 {
         if self.quick {
             (full / 10).max(100)
         } else {
@@ -633,6 +644,15 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<ExitCode> {
         port: 20000 + (std::process::id() % 20000) as u16,
         quick: a.quick,
     };
+    if a.only_capture {
+        let (rounds, iters) = if a.quick { (1, r.iters(5000)) } else { (3, 5000) };
+        crate::bench_capture::rows(&mut t, &mut r, &exe, [a.addr0, a.addr1], rounds, iters)?;
+        println!("| group | what | result |\n|---|---|---|");
+        for (g, w, v) in &t.rows {
+            println!("| {g} | {w} | {v} |");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
 
     // The physical limits.
     eprintln!("softrdma bench: physical limits (udpbench)");
@@ -834,6 +854,10 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<ExitCode> {
         );
     }
     drop(devs);
+
+    // The capture's cost (issue 53): alternating runs with it off and on.
+    let (rounds, iters) = if a.quick { (1, r.iters(5000)) } else { (3, 5000) };
+    crate::bench_capture::rows(&mut t, &mut r, &exe, [a.addr0, a.addr1], rounds, iters)?;
 
     // Middleware between two cluster hosts (root only).
     if !a.no_cluster {

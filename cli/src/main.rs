@@ -24,6 +24,7 @@
 //! subcommands.
 
 mod bench;
+mod bench_capture;
 mod bench_cluster;
 mod bench_floor;
 mod bench_parse;
