@@ -4,7 +4,7 @@
 //! packet's IPv4 ID, an IPv6 UDP checksum). The data path never waits for it.
 
 use std::collections::VecDeque;
-use std::io;
+use std::io::{self, IoSlice};
 use std::path::Path;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -24,6 +24,8 @@ const STALL_NS: u64 = 200_000_000;
 /// How long the thread sleeps after a round that found nothing, and after one that did.
 const IDLE_SLEEP: Duration = Duration::from_millis(2);
 const BUSY_SLEEP: Duration = Duration::from_micros(300);
+/// Records per batch (one `writev` on a plain file).
+const IOV_BATCH: usize = 512;
 
 /// One ring the writer drains.
 struct Source {
@@ -221,32 +223,52 @@ impl Shared {
     }
 
     /// Writes, in time order across rings, every pending frame stamped at or before
-    /// `watermark`, and releases the ring space behind them: each frame is repaired in its ring
-    /// and copied into the file's staging buffer (`sink`).
+    /// `watermark`, in batches repaired in their rings and handed to the file together
+    /// (`sink`), and releases the ring space behind them.
     fn write_merged(&self, s: &mut Sources, out: &mut Output, watermark: u64) -> bool {
         let mut wrote = false;
         loop {
-            let next = (0..s.list.len())
-                .filter_map(|i| s.list[i].pending.front().map(|r| (r.ts, i)))
-                .filter(|&(ts, _)| ts <= watermark)
-                .min();
-            let Some((_, i)) = next else { break };
-            let src = &mut s.list[i];
-            let r = src.pending.pop_front().expect("found above");
-            let rec = src.ring.pcap_record(&r);
-            repair(rec, r.kind, r.ts.saturating_sub(out.epoch_mono_ns));
-            let w = out.file.append(rec, 1);
+            // One batch: the next IOV_BATCH frames in merged order.
+            let mut batch: Vec<(usize, Record)> = Vec::new();
+            let mut taken = vec![0usize; s.list.len()];
+            while batch.len() < IOV_BATCH {
+                let next = (0..s.list.len())
+                    .filter_map(|i| s.list[i].pending.get(taken[i]).map(|r| (r.ts, i)))
+                    .filter(|&(ts, _)| ts <= watermark)
+                    .min();
+                let Some((_, i)) = next else { break };
+                batch.push((i, s.list[i].pending[taken[i]]));
+                taken[i] += 1;
+            }
+            if batch.is_empty() {
+                // Nothing pending before the watermark: release what parsing passed over (pads);
+                // the staged whole blocks go now, the last partial block too once the writer is
+                // idle.
+                for src in s.list.iter().filter(|s| s.pending.is_empty() && !s.broken) {
+                    src.ring.release(src.scan);
+                }
+                out.flush(self, !wrote);
+                return wrote;
+            }
+            let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(batch.len());
+            for &(i, r) in &batch {
+                let rec = s.list[i].ring.pcap_record(&r);
+                repair(rec, r.kind, r.ts.saturating_sub(out.epoch_mono_ns));
+                slices.push(IoSlice::new(rec));
+            }
+            let w = out.file.write_batch(&mut slices, batch.len() as u64);
             out.count(self, w);
-            src.ring.release(if src.pending.is_empty() { src.scan } else { r.end() });
             wrote = true;
+            for (i, src) in s.list.iter_mut().enumerate() {
+                let mut end = None;
+                for _ in 0..taken[i] {
+                    end = src.pending.pop_front().map(|r| r.end());
+                }
+                if let Some(e) = end {
+                    src.ring.release(if src.pending.is_empty() { src.scan } else { e });
+                }
+            }
         }
-        // Nothing pending before the watermark: release what parsing passed over (pads).
-        for src in s.list.iter().filter(|s| s.pending.is_empty() && !s.broken) {
-            src.ring.release(src.scan);
-        }
-        // The staged whole blocks go now; the last partial block too once the writer is idle.
-        out.flush(self, !wrote);
-        wrote
     }
 }
 
