@@ -146,7 +146,9 @@ impl XrcSide {
             // The program may have armed its CQ before an XRC SRQ named it (ibv_xsrq_pingpong
             // -e arms it right after ibv_create_cq): the twin starts armed, and its bridge's
             // `RaiseCqEvent` fires the CQ's channel only if the CQ itself is armed, so an
-            // event reaches the program exactly when it asked for one.
+            // event reaches the program when it asked for one. (A CQ armed for solicited
+            // completions only before then wakes at the twin's first completion, solicited or
+            // not: an early wake, which a program that re-polls after each event tolerates.)
             t.req_notify(false)?;
         }
         let id = t.id;
