@@ -47,27 +47,30 @@ export LD_LIBRARY_PATH="$shim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 logs="${SOFTRDMA_MATRIX_LOGS:-$rt/logs}"
 mkdir -p "$logs"
 results="$rt/results.tsv"
-# The captures go to memory where there is room (/dev/shm): a setup writes a few GB at the
-# programs' full speed, more than a disk takes in that time, and the capture then slows the
-# programs or drops frames (it says how many), which is the disk's limit, not the capture's.
+# The captures go to memory where there is room (/dev/shm; SOFTRDMA_MATRIX_CAPDIR puts them
+# elsewhere): a disk's latency now and then holds the capture's writer up longer than its rings
+# last at these rates. A setup's cells are cut into segments (`segment_to`), each with files of
+# its own, checked and removed when it ends: a whole setup's captures once filled a 24 GiB
+# machine's memory until the kernel killed a daemon; a segment's stay under ~8 GB a device.
 capdir="$rt"
-if [ -d /dev/shm ] && [ "$(df -k --output=avail /dev/shm 2>/dev/null | tail -1)" -gt 8000000 ] 2>/dev/null; then
-  capdir="$(mktemp -d /dev/shm/softrdma-matrix.XXXXXX)"
+if [ -d /dev/shm ] && [ "$(df -k --output=avail /dev/shm 2>/dev/null | tail -1)" -gt 16000000 ] 2>/dev/null; then
+  capdir=/dev/shm
 fi
+capdir="${SOFTRDMA_MATRIX_CAPDIR:-$capdir}"
 : >"$results"
 cleanup() {
   jobs -p | xargs -r kill 2>/dev/null
   timeout 15 "$bin" down srdma0 >/dev/null 2>&1
   timeout 15 "$bin" down srdma1 >/dev/null 2>&1
   rm -rf "$rt"
-  [ "$capdir" = "$rt" ] || rm -rf "$capdir"
+  rm -f "$capdir"/softrdma-matrix-$$-*.pcap
 }
 trap cleanup EXIT
 addr0="${SOFTRDMA_TEST_ADDR0:-127.0.0.1}"
 addr1="${SOFTRDMA_TEST_ADDR1:-127.0.0.2}"
 # TCP ports below the kernel's ephemeral range (scripts/programs-lib.sh says why).
 port=$((20000 + RANDOM % 11000))
-round=1 setup="" path="" capture="" faults=""
+round=1 setup="" path="" capture="" faults="" segment="" pcap0="" pcap1=""
 
 # Waits until an rdma_cm ID listens on PORT in port space PS on one of the devices.
 wait_listen() { # port [ps]
@@ -235,6 +238,7 @@ cells() {
   local pl="${places[$((k % 2))]}" ev="${evs[$((k / 2 % 2))]}" cn="${conns[$(((k + 1) % 2))]}"
   local prog sz q e c p t n
   for prog in ib_write_bw ib_read_bw ib_send_bw; do
+    segment_to "$prog" || return
     for c in tcp cm; do for p in across within; do for e in "" -e; do for q in 1 4; do
       # ib_write_bw and ib_write_lat poll the memory the peer writes: perftest has no events
       # mode for them.
@@ -248,6 +252,7 @@ cells() {
       done
     done; done; done; done
   done
+  segment_to latency-and-atomics || return
   for c in tcp cm; do for p in across within; do for e in "" -e; do for q in 1 4; do
     t=f
     [ "$c$p$e" = "$cn$pl$ev" ] && [ "$q" = 4 ] && t=s
@@ -271,17 +276,26 @@ cells() {
   # qperf: every RC test in one client run against one server (UC/UD need LIDs: not on RoCE).
   local rc_tests="rc_bw rc_bi_bw rc_lat rc_rdma_read_bw rc_rdma_read_lat rc_rdma_write_bw rc_rdma_write_lat"
   rc_tests+=" rc_rdma_write_poll_lat rc_compare_swap_mr rc_fetch_add_mr"
-  # qperf's listen port: below the range the cells' ports take.
-  qport=$((19000 + RANDOM % 900))
-  timeout 1800 qperf -lp "$qport" >"$(logname qperf-server).log" 2>&1 &
-  local qpid=$!
-  sleep 0.3
-  qperf_cell f 1 $rc_tests
-  qperf_cell f 4096 $rc_tests ver_rc_compare_swap ver_rc_fetch_add
-  qperf_cell s 65536 $rc_tests ver_rc_compare_swap ver_rc_fetch_add
-  qperf_cell f 1048576 $rc_tests ver_rc_compare_swap ver_rc_fetch_add
-  kill "$qpid" 2>/dev/null
-  wait "$qpid" 2>/dev/null
+  # qperf's listen port: below the range the cells' ports take. With the capture on, each size
+  # on devices of its own (its captures checked and removed after it: several GB at 1 MiB).
+  local qs qsizes=(1 4096 65536 1048576) qtier=(f f s f) qi
+  for qi in 0 1 2 3; do
+    qs=${qsizes[$qi]}
+    want "${qtier[$qi]}" "qperf -cm1 -m $qs " || continue
+    segment_to "qperf-$qs" || return
+    qport=$((19000 + RANDOM % 900))
+    timeout 600 qperf -lp "$qport" >"$(logname "qperf-server-$qs").log" 2>&1 &
+    local qpid=$!
+    sleep 0.3
+    if [ "$qs" = 1 ]; then
+      qperf_cell "${qtier[$qi]}" "$qs" $rc_tests
+    else
+      qperf_cell "${qtier[$qi]}" "$qs" $rc_tests ver_rc_compare_swap ver_rc_fetch_add
+    fi
+    kill "$qpid" 2>/dev/null
+    wait "$qpid" 2>/dev/null
+  done
+  segment_to rdma_cm-and-pingpongs || return
   # rdma_cm programs.
   for sz in 64 4096 60000; do
     t=f
@@ -342,12 +356,11 @@ fault_cells() {
     ibv_rc_pingpong -d srdma0 -g 0 -p @P -n 200 -e -- ibv_rc_pingpong -d srdma1 -g 0 -p @P -n 200 -e "$addr0"
 }
 
-# Runs one setup: devices up with its capture and faults, its cells, the capture's checks.
-run_setup() { # index path capture faults
-  local k="$1"
-  path="$2" capture="$3" faults="$4"
+# The setup's devices up, with its capture (files of segment SEG) and faults. Sets pcap0/pcap1.
+devices_up() { # seg
   local -a flags0=(--addr "$addr0") flags1=(--addr "$addr1")
-  local pcap0="$capdir/r${round}-$path-$faults-srdma0.pcap" pcap1="$capdir/r${round}-$path-$faults-srdma1.pcap"
+  pcap0="$capdir/softrdma-matrix-$$-r${round}-$path-$faults-$1-srdma0.pcap"
+  pcap1="$capdir/softrdma-matrix-$$-r${round}-$path-$faults-$1-srdma1.pcap"
   if [ "$capture" = on ]; then
     flags0+=(--pcap "$pcap0")
     flags1+=(--pcap "$pcap1")
@@ -359,16 +372,19 @@ run_setup() { # index path capture faults
   if ! "$bin" up srdma0 "${flags0[@]}" >/dev/null || ! "$bin" up srdma1 "${flags1[@]}" >/dev/null; then
     note FAIL "devices up" "-" "$(tail -n 2 "$rt"/srdma*.log | tr '\n' ' ')"
     "$bin" down srdma0 >/dev/null 2>&1
-    return
+    return 1
   fi
-  export SOFTRDMA_DATAPATH="$path"
-  if [ "$faults" = none ]; then cells "$k"; else fault_cells; fi
+}
+
+# The devices down; with the capture on, its cell for segment SEG: neither device lost a frame,
+# every frame of both files checks. The files go.
+devices_down() { # seg
   local lost0 lost1
   lost0=$("$bin" stat srdma0 | awk '$1 == "capture_dropped" {print $2}')
   lost1=$("$bin" stat srdma1 | awk '$1 == "capture_dropped" {print $2}')
   "$bin" down srdma0 >/dev/null
   "$bin" down srdma1 >/dev/null
-  if [ "$capture" = on ] && want s "capture"; then
+  if [ "$capture" = on ] && want s "capture $1"; then
     local why="" frames=0 f
     [ "${lost0:-x}" = 0 ] && [ "${lost1:-x}" = 0 ] || why="frames lost: srdma0 ${lost0:-?}, srdma1 ${lost1:-?}; "
     for f in "$pcap0" "$pcap1"; do
@@ -376,9 +392,37 @@ run_setup() { # index path capture faults
       out=$("$bin" pcap check "$f" 2>&1) || why+="$(basename "$f"): $(echo "$out" | grep -iE "bad|malformed|damaged" | head -2 | tr '\n' ' '); "
       frames=$((frames + $(echo "$out" | awk '$1 == "frames" {print $2}')))
     done
-    if [ -z "$why" ]; then note ok "capture: none lost, every frame checked" "$frames frames"; else note FAIL "capture" "-" "$why"; fi
-    rm -f "$pcap0" "$pcap1"
+    if [ -z "$why" ]; then note ok "capture $1: 0 lost, frames checked" "$frames frames"; else note FAIL "capture $1" "-" "$why"; fi
   fi
+  rm -f "$pcap0" "$pcap1"
+}
+
+# Between two segments of a setup: the captures so far checked and removed, the devices up
+# again with new files (qperf at 1 MiB alone captures several GB a device).
+next_segment() { # done next
+  devices_down "$1"
+  devices_up "$2"
+}
+
+# With the capture on, the cells from here on go into segment NAME's files (the previous
+# segment's checked and removed first), so that no file grows past a few GB.
+segment_to() { # name
+  [ "$capture" = on ] && [ "$segment" != "$1" ] || return 0
+  # The setup's first segment is in the files it started with.
+  [ -n "$segment" ] || { segment="$1"; return 0; }
+  next_segment "$segment" "$1" || return 1
+  segment="$1"
+}
+
+# Runs one setup: devices up with its capture and faults, its cells, the capture's checks.
+run_setup() { # index path capture faults
+  local k="$1"
+  path="$2" capture="$3" faults="$4"
+  devices_up cells || return
+  export SOFTRDMA_DATAPATH="$path"
+  if [ "$faults" = none ]; then cells "$k"; else fault_cells; fi
+  devices_down "${segment:-cells}"
+  segment=""
 }
 
 fault_spec="loss=0.01,duplicate=0.01,reorder=0.01"
