@@ -392,7 +392,7 @@ devices_down() { # seg
       out=$("$bin" pcap check "$f" 2>&1) || why+="$(basename "$f"): $(echo "$out" | grep -iE "bad|malformed|damaged" | head -2 | tr '\n' ' '); "
       frames=$((frames + $(echo "$out" | awk '$1 == "frames" {print $2}')))
     done
-    if [ -z "$why" ]; then note ok "capture $1: 0 lost, frames checked" "$frames frames"; else note FAIL "capture $1" "-" "$why"; fi
+    if [ -z "$why" ]; then note ok "capture $1" "$frames frames, 0 lost, all checked"; else note FAIL "capture $1" "-" "$why"; fi
   fi
   rm -f "$pcap0" "$pcap1"
 }
