@@ -85,8 +85,8 @@ pub(crate) fn rows(
     rounds: u32,
     iters: u32,
 ) -> Result<()> {
-    // The captures go where the devices' runtime directory is (the temporary directory, a disk
-    // here); the capture writes a disk with O_DIRECT (device/src/capture/sink.rs).
+    // The captures go to the temporary directory ($TMPDIR; a disk here, written with O_DIRECT:
+    // device/src/capture/sink.rs; TMPDIR=/dev/shm measures a capture to memory).
     let dir = std::env::temp_dir().join(format!("softrdma-bench-capture-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let (mut off, mut on) = (Vec::new(), Vec::new());
