@@ -244,19 +244,8 @@ pub unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut c::rdma_event_
                 }
             }
         }
-        // The write end stays open: a thread still blocked in rdma_get_cm_event on this channel
-        // (rping's CM thread while its main thread tears down) stays blocked, as it does on the
-        // kernel's ucma fd, instead of reading end-of-file and failing. So does the read end
-        // while a thread is inside rdma_get_cm_event: one that has just read an event for an ID
-        // destroyed meanwhile (the kernel drops those with the ID; here they are in the pipe
-        // already, and skipped) goes back to read() and would find the descriptor closed (EBADF:
-        // rping exits 255). A thread that calls rdma_get_cm_event after this gets EBADF, as on
-        // the kernel's closed fd.
-        if ch.inside.load(std::sync::atomic::Ordering::SeqCst) == 0 {
-            // SAFETY: the read end is ours.
-            unsafe { libc::close(ch.c.fd) };
-        }
-        std::mem::forget(ch);
+        // Closed later, not now (see `bury`).
+        super::bury(ch);
         Ok(())
     });
 }

@@ -323,6 +323,42 @@ pub(crate) struct Channel {
     pub(crate) inside: std::sync::atomic::AtomicUsize,
 }
 
+impl Drop for Channel {
+    fn drop(&mut self) {
+        // SAFETY: the read end is ours (the write end is an OwnedFd).
+        unsafe { libc::close(self.c.fd) };
+    }
+}
+
+/// Channels the program destroyed, with when: each is closed once [`GRACE`] has passed and no
+/// thread is inside `rdma_get_cm_event` on it.
+static GRAVEYARD: Mutex<Vec<(std::time::Instant, Box<Channel>)>> = Mutex::new(Vec::new());
+/// How long a destroyed channel's descriptors stay open.
+const GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+/// Beyond this many destroyed channels waiting, any older than [`GRACE_MIN`] is closed.
+const GRAVEYARD_MAX: usize = 256;
+const GRACE_MIN: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// `rdma_destroy_event_channel`: the channel's descriptors stay open a while, and as long as a
+/// thread is blocked reading it. On the kernel, closing the ucma fd leaves a thread blocked in
+/// read() on it blocked (the read holds the file), and rdma-core 44's rping destroys its channel
+/// without joining its CM thread, which may be between two calls of rdma_get_cm_event: it has
+/// just acknowledged the event that let the main thread go on. If the fd were closed at once,
+/// that thread's next call would fail with EBADF (rping exits 255); kept open, it blocks as on
+/// the kernel until the process exits. The wait is bounded (a program that makes and destroys
+/// channels by the thousand keeps at most a second's worth open).
+pub(crate) fn bury(ch: Box<Channel>) {
+    let now = std::time::Instant::now();
+    let mut g = lock(&GRAVEYARD);
+    let inside = |c: &Channel| c.inside.load(std::sync::atomic::Ordering::SeqCst) > 0;
+    let crowded = g.len() >= GRAVEYARD_MAX;
+    g.retain(|(t, c)| {
+        let age = now.duration_since(*t);
+        inside(c) || age < if crowded { GRACE_MIN } else { GRACE }
+    });
+    g.push((now, ch));
+}
+
 impl Channel {
     pub(crate) fn new() -> Result<Box<Channel>, Errno> {
         let mut fds = [0 as c_int; 2];

@@ -26,6 +26,38 @@
 
 static struct rdma_event_channel *ch;
 
+/* A CM thread that calls rdma_get_cm_event once more after its channel was destroyed. */
+static volatile int late_returned;
+static void *late_reader(void *arg)
+{
+	struct rdma_cm_event *ev;
+
+	rdma_get_cm_event(arg, &ev);
+	late_returned = 1;
+	return NULL;
+}
+
+/* rdma-core 44's rping destroys its event channel without joining its CM thread, which may be
+ * between two calls of rdma_get_cm_event (it has just acknowledged the event that let the main
+ * thread go on). On the kernel a read() of the closed ucma fd already under way stays blocked;
+ * here the channel's next read must block too, not fail with EBADF (rping then exits 255). */
+static void destroyed_channel_blocks_a_late_reader(void)
+{
+	struct rdma_event_channel *c = rdma_create_event_channel();
+	pthread_t t;
+
+	if (!c) {
+		check(0, "a late reader of a destroyed channel blocks", "rdma_create_event_channel: %s",
+		      strerror(errno));
+		return;
+	}
+	rdma_destroy_event_channel(c);
+	pthread_create(&t, NULL, late_reader, c);
+	usleep(300 * 1000);
+	check(!late_returned, "a late reader of a destroyed channel blocks", "rdma_get_cm_event returned");
+	pthread_detach(t);
+}
+
 /* The next event, which must be `want`; NULL (and a failed check) otherwise. */
 static struct rdma_cm_event *expect(enum rdma_cm_event_type want, const char *name)
 {
@@ -484,6 +516,7 @@ int main(int argc, char **argv)
 	rdma_destroy_id(l);
 	mcast_bad_input(&a);
 	rdma_destroy_event_channel(ch);
+	destroyed_channel_blocks_a_late_reader();
 	printf("# %d checks, %d failed\n", n_checks, n_failures);
 	return n_failures;
 }
