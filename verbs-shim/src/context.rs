@@ -117,8 +117,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut ffi::ibv_device) -> *mut f
         crate::cq::fill_ops(&mut vctx);
         crate::qp::fill_ops(&mut vctx);
         crate::mem::fill_ops(&mut vctx);
-        vctx.query_port = Some(query_port_ex);
-        vctx.query_device_ex = Some(query_device_ex);
+        fill_ops(&mut vctx);
         let c = &mut vctx.context;
         c.device = device;
         // A real descriptor, as the uverbs file is (programs dup or poll it); it carries no
@@ -229,38 +228,41 @@ pub unsafe extern "C" fn ibv_query_device(context: *mut ffi::ibv_context, attr: 
     })
 }
 
-/// `ibv_query_device_ex`: the caller's structure may be older (smaller) than ours; fill what it
-/// has (the `attr_size` contract).
-unsafe extern "C" fn query_device_ex(
-    context: *mut ffi::ibv_context,
-    input: *const ffi::ibv_query_device_ex_input,
-    attr: *mut ffi::ibv_device_attr_ex,
-    attr_size: usize,
-) -> c_int {
-    errno_call(|| {
-        let ctx = ctx_of(context)?;
-        // SAFETY: ibv_query_device_ex(3): `input` is NULL or a readable
-        // ibv_query_device_ex_input.
-        if let Some(i) = unsafe { input.as_ref() } {
-            if i.comp_mask != 0 {
+ffi_callback! {
+    /// `ibv_query_device_ex`: the caller's structure may be older (smaller) than ours; fill what it
+    /// has (the `attr_size` contract).
+    #[on_panic = crate::callback::eio()]
+    fn query_device_ex(
+        context: *mut ffi::ibv_context,
+        input: *const ffi::ibv_query_device_ex_input,
+        attr: *mut ffi::ibv_device_attr_ex,
+        attr_size: usize,
+    ) -> c_int {
+        errno_call(|| {
+            let ctx = ctx_of(context)?;
+            // SAFETY: ibv_query_device_ex(3): `input` is NULL or a readable
+            // ibv_query_device_ex_input.
+            if let Some(i) = unsafe { input.as_ref() } {
+                if i.comp_mask != 0 {
+                    return Err(EINVAL);
+                }
+            }
+            if attr.is_null() || attr_size < std::mem::size_of::<ffi::ibv_device_attr>() {
                 return Err(EINVAL);
             }
-        }
-        if attr.is_null() || attr_size < std::mem::size_of::<ffi::ibv_device_attr>() {
-            return Err(EINVAL);
-        }
-        let mut ex = ffi::ibv_device_attr_ex { orig_attr: device_attr(&ctx.info), ..Default::default() };
-        ex.phys_port_cnt_ex = 1;
-        ex.device_cap_flags_ex = u64::from(ex.orig_attr.device_cap_flags);
-        let n = attr_size.min(std::mem::size_of::<ffi::ibv_device_attr_ex>());
-        // SAFETY: `attr` is non-NULL (checked) and, by the attr_size contract, has attr_size
-        // writable bytes; n <= attr_size and `ex` is a local, so the copy stays inside both.
-        unsafe {
-            std::ptr::write_bytes(attr as *mut u8, 0, attr_size);
-            std::ptr::copy_nonoverlapping(&ex as *const _ as *const u8, attr as *mut u8, n);
-        }
-        Ok(())
-    })
+            let mut ex = ffi::ibv_device_attr_ex { orig_attr: device_attr(&ctx.info), ..Default::default() };
+            ex.phys_port_cnt_ex = 1;
+            ex.device_cap_flags_ex = u64::from(ex.orig_attr.device_cap_flags);
+            let n = attr_size.min(std::mem::size_of::<ffi::ibv_device_attr_ex>());
+            // SAFETY: `attr` is non-NULL (checked) and, by the attr_size contract, has attr_size
+            // writable bytes; n <= attr_size and `ex` is a local, so the copy stays inside both.
+            unsafe {
+                std::ptr::write_bytes(attr as *mut u8, 0, attr_size);
+                std::ptr::copy_nonoverlapping(&ex as *const _ as *const u8, attr as *mut u8, n);
+            }
+            Ok(())
+        })
+    }
 }
 
 /// The port (there is one: port 1). Link layer Ethernet, state ACTIVE, RoCEv2 GID at index 0.
@@ -291,28 +293,38 @@ pub(crate) fn port_attr(info: &DeviceInfo) -> ffi::ibv_port_attr {
     }
 }
 
-unsafe extern "C" fn query_port_ex(
-    context: *mut ffi::ibv_context,
-    port: u8,
-    attr: *mut ffi::ibv_port_attr,
-    len: usize,
-) -> c_int {
-    errno_call(|| {
-        let ctx = ctx_of(context)?;
-        if port != 1 || attr.is_null() {
-            return Err(EINVAL);
-        }
-        // The port_attr_len contract: fill what the caller's structure has, never more.
-        let a = port_attr(&ctx.info);
-        let n = len.min(std::mem::size_of::<ffi::ibv_port_attr>());
-        // SAFETY: `attr` is non-NULL (checked) with `len` writable bytes (the port_attr_len
-        // contract); n <= len and `a` is a local.
-        unsafe {
-            std::ptr::write_bytes(attr as *mut u8, 0, len);
-            std::ptr::copy_nonoverlapping(&a as *const _ as *const u8, attr as *mut u8, n);
-        }
-        Ok(())
-    })
+ffi_callback! {
+    /// `ibv_query_port` of programs built against current headers (the `port_attr_len` contract).
+    #[on_panic = crate::callback::eio()]
+    fn query_port_ex(
+        context: *mut ffi::ibv_context,
+        port: u8,
+        attr: *mut ffi::ibv_port_attr,
+        len: usize,
+    ) -> c_int {
+        errno_call(|| {
+            let ctx = ctx_of(context)?;
+            if port != 1 || attr.is_null() {
+                return Err(EINVAL);
+            }
+            // The port_attr_len contract: fill what the caller's structure has, never more.
+            let a = port_attr(&ctx.info);
+            let n = len.min(std::mem::size_of::<ffi::ibv_port_attr>());
+            // SAFETY: `attr` is non-NULL (checked) with `len` writable bytes (the port_attr_len
+            // contract); n <= len and `a` is a local.
+            unsafe {
+                std::ptr::write_bytes(attr as *mut u8, 0, len);
+                std::ptr::copy_nonoverlapping(&a as *const _ as *const u8, attr as *mut u8, n);
+            }
+            Ok(())
+        })
+    }
+}
+
+/// The context's own ops (the queries with a size contract).
+pub(crate) fn fill_ops(v: &mut ffi::verbs_context) {
+    v.query_port = Some(query_port_ex);
+    v.query_device_ex = Some(query_device_ex);
 }
 
 /// The exported `ibv_query_port` (programs built against old headers, and the fallback of the

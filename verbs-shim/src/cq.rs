@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use softrdma_device::verbs::{CompletionChannel, CompletionQueue, WorkCompletion};
 
+use crate::callback::Ours;
 use crate::context::{ctx_of, lock, nonblocking, Ctx};
 use crate::ffi;
 use crate::{errno_call, into_c, minus1_call, nonnull, ptr_call, Errno, EINVAL};
@@ -144,32 +145,36 @@ const WC_FLAGS_SUPPORTED: u64 = (ffi::IBV_WC_EX_WITH_BYTE_LEN
     | ffi::IBV_WC_EX_WITH_SL
     | ffi::IBV_WC_EX_WITH_DLID_PATH_BITS) as u64;
 
-unsafe extern "C" fn create_cq_ex(
-    context: *mut ffi::ibv_context,
-    attr: *mut ffi::ibv_cq_init_attr_ex,
-) -> *mut ffi::ibv_cq_ex {
-    ptr_call(|| {
-        let a = nonnull(attr)?;
-        if a.comp_mask & !(ffi::IBV_CQ_INIT_ATTR_MASK_FLAGS | ffi::IBV_CQ_INIT_ATTR_MASK_PD) != 0 {
-            return Err(EINVAL);
-        }
-        if a.comp_mask & ffi::IBV_CQ_INIT_ATTR_MASK_PD != 0 && !a.parent_domain.is_null() {
-            // Parent domains are not modelled.
-            return Err(Errno(libc::EOPNOTSUPP));
-        }
-        if a.wc_flags & !WC_FLAGS_SUPPORTED != 0 {
-            // Timestamps, CVLAN, flow tags, tag matching: no such hardware here.
-            return Err(Errno(libc::EOPNOTSUPP));
-        }
-        if a.comp_mask & ffi::IBV_CQ_INIT_ATTR_MASK_FLAGS != 0
-            && a.flags & !(ffi::IBV_CREATE_CQ_ATTR_SINGLE_THREADED | ffi::IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN) != 0
-        {
-            return Err(Errno(libc::EOPNOTSUPP));
-        }
-        // SAFETY: ibv_create_cq_ex(3): `attr->channel` is NULL or one of the program's channels.
-        let cq = unsafe { create(context, a.cqe as c_int, a.cq_context, a.channel, a.comp_vector as c_int) }?;
-        Ok(cq as *mut ffi::ibv_cq_ex)
-    })
+ffi_callback! {
+    #[on_panic = crate::callback::null_eio()]
+    fn create_cq_ex(
+        context: *mut ffi::ibv_context,
+        attr: *mut ffi::ibv_cq_init_attr_ex,
+    ) -> *mut ffi::ibv_cq_ex {
+        ptr_call(|| {
+            let a = nonnull(attr)?;
+            if a.comp_mask & !(ffi::IBV_CQ_INIT_ATTR_MASK_FLAGS | ffi::IBV_CQ_INIT_ATTR_MASK_PD) != 0 {
+                return Err(EINVAL);
+            }
+            if a.comp_mask & ffi::IBV_CQ_INIT_ATTR_MASK_PD != 0 && !a.parent_domain.is_null() {
+                // Parent domains are not modelled.
+                return Err(Errno(libc::EOPNOTSUPP));
+            }
+            if a.wc_flags & !WC_FLAGS_SUPPORTED != 0 {
+                // Timestamps, CVLAN, flow tags, tag matching: no such hardware here.
+                return Err(Errno(libc::EOPNOTSUPP));
+            }
+            if a.comp_mask & ffi::IBV_CQ_INIT_ATTR_MASK_FLAGS != 0
+                && a.flags & !(ffi::IBV_CREATE_CQ_ATTR_SINGLE_THREADED | ffi::IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN) != 0
+            {
+                return Err(Errno(libc::EOPNOTSUPP));
+            }
+            // SAFETY: ibv_create_cq_ex(3): `attr->channel` is NULL or one of the program's
+            // channels.
+            let cq = unsafe { create(context, a.cqe as c_int, a.cq_context, a.channel, a.comp_vector as c_int) }?;
+            Ok(cq as *mut ffi::ibv_cq_ex)
+        })
+    }
 }
 
 #[no_mangle]
@@ -253,50 +258,56 @@ fn roce_packet_type(w: &WorkCompletion) -> u8 {
     }
 }
 
-unsafe extern "C" fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::ibv_wc) -> c_int {
-    minus1_call(|| {
-        let c = cq_of(cq)?;
-        if n < 0 || (n > 0 && wc.is_null()) {
-            return Err(EINVAL);
-        }
-        let mut st = c.extended.load(std::sync::atomic::Ordering::Acquire).then(|| lock(&c.poll));
-        let mut k = 0usize;
-        // Completions an extended poll read but did not hand out come first.
-        while let Some(st) = st.as_mut().filter(|_| k < n as usize) {
-            let Some(w) = st.pending.pop_front() else { break };
-            // SAFETY: ibv_poll_cq(3): `wc` (non-NULL, checked) points to `n` writable ibv_wc,
-            // and k < n.
-            unsafe { *wc.add(k) = to_wc(&w) };
-            k += 1;
-        }
-        if k < n as usize {
-            for w in c.inner().poll((n as usize - k) as u32)? {
-                // SAFETY: as above: the device returns at most n - k completions, so k < n.
+ffi_callback! {
+    #[on_panic = crate::callback::minus1_eio()]
+    fn poll_cq(cq: *mut ffi::ibv_cq, n: c_int, wc: *mut ffi::ibv_wc) -> c_int {
+        minus1_call(|| {
+            let c = cq_of(cq)?;
+            if n < 0 || (n > 0 && wc.is_null()) {
+                return Err(EINVAL);
+            }
+            let mut st = c.extended.load(std::sync::atomic::Ordering::Acquire).then(|| lock(&c.poll));
+            let mut k = 0usize;
+            // Completions an extended poll read but did not hand out come first.
+            while let Some(st) = st.as_mut().filter(|_| k < n as usize) {
+                let Some(w) = st.pending.pop_front() else { break };
+                // SAFETY: ibv_poll_cq(3): `wc` (non-NULL, checked) points to `n` writable ibv_wc,
+                // and k < n.
                 unsafe { *wc.add(k) = to_wc(&w) };
                 k += 1;
             }
-        }
-        if k == 0 && !c.inner().application_driven() {
-            // Programs spin on an empty CQ (a NIC needs no CPU to make progress; this device
-            // does): give the CPU away so the device thread runs when cores are few. On the
-            // provider path this poll did the device's work itself (BENCHMARKS.md "Without the
-            // signal mask": the yield only cost a system call per empty poll there).
-            std::thread::yield_now();
-        }
-        Ok(k as c_int)
-    })
+            if k < n as usize {
+                for w in c.inner().poll((n as usize - k) as u32)? {
+                    // SAFETY: as above: the device returns at most n - k completions, so k < n.
+                    unsafe { *wc.add(k) = to_wc(&w) };
+                    k += 1;
+                }
+            }
+            if k == 0 && !c.inner().application_driven() {
+                // Programs spin on an empty CQ (a NIC needs no CPU to make progress; this device
+                // does): give the CPU away so the device thread runs when cores are few. On the
+                // provider path this poll did the device's work itself (BENCHMARKS.md "Without the
+                // signal mask": the yield only cost a system call per empty poll there).
+                std::thread::yield_now();
+            }
+            Ok(k as c_int)
+        })
+    }
 }
 
-unsafe extern "C" fn req_notify_cq(cq: *mut ffi::ibv_cq, solicited_only: c_int) -> c_int {
-    errno_call(|| {
-        let c = cq_of(cq)?;
-        // Without a channel the request is accepted and nothing is ever signalled (as rxe).
-        if c.ex.channel.is_null() {
-            return Ok(());
-        }
-        c.inner().req_notify(solicited_only != 0)?;
-        Ok(())
-    })
+ffi_callback! {
+    #[on_panic = crate::callback::eio()]
+    fn req_notify_cq(cq: *mut ffi::ibv_cq, solicited_only: c_int) -> c_int {
+        errno_call(|| {
+            let c = cq_of(cq)?;
+            // Without a channel the request is accepted and nothing is ever signalled (as rxe).
+            if c.ex.channel.is_null() {
+                return Ok(());
+            }
+            c.inner().req_notify(solicited_only != 0)?;
+            Ok(())
+        })
+    }
 }
 
 #[no_mangle]
@@ -350,34 +361,18 @@ pub(crate) fn fill_ops(v: &mut ffi::verbs_context) {
 // The extended CQ: start_poll reads the first completion (ENOENT when none), next_poll the next,
 // end_poll ends the batch; the accessors read the current one.
 
-/// The Cq behind an extended CQ.
-///
-/// # Safety
-/// `p` is a CQ this library made (every ibv_cq_ex it hands out is a Cq's first field) and is not
-/// destroyed while the reference lives.
-unsafe fn ex_cq<'a>(p: *mut ffi::ibv_cq_ex) -> &'a Cq {
-    // SAFETY: per the contract.
-    unsafe { &*(p as *const Cq) }
-}
-
-/// The next completion of an extended poll (0), or ENOENT.
-///
-/// # Safety
-/// `cq` is an extended CQ of this library, not destroyed during the call.
-unsafe fn advance(cq: *mut ffi::ibv_cq_ex) -> c_int {
-    // SAFETY: this function's contract.
-    match crate::guarded(|| Ok(unsafe { advance_inner(cq) })) {
-        Ok(r) => r,
-        Err(Errno(e)) => e,
+impl Ours<ffi::ibv_cq_ex> {
+    /// The Cq behind an extended CQ.
+    fn cq(&self) -> &Cq {
+        // SAFETY: an Ours is a live object of this library (Ours::new), and every ibv_cq_ex this
+        // library hands out is the first field of a Cq (`create`).
+        unsafe { &*(self.as_ptr() as *const Cq) }
     }
 }
 
-/// [`advance`], inside its panic guard.
-///
-/// # Safety
-/// As for [`advance`].
-unsafe fn advance_inner(cq: *mut ffi::ibv_cq_ex) -> c_int {
-    let Ok(c) = cq_of(cq as *mut ffi::ibv_cq) else { return libc::EINVAL };
+/// The next completion of an extended poll (0), or ENOENT.
+fn advance(cq: Ours<ffi::ibv_cq_ex>) -> c_int {
+    let Ok(c) = cq_of(cq.as_ptr() as *mut ffi::ibv_cq) else { return libc::EINVAL };
     c.extended.store(true, std::sync::atomic::Ordering::Release);
     let mut st = lock(&c.poll);
     if st.pending.is_empty() {
@@ -391,8 +386,8 @@ unsafe fn advance_inner(cq: *mut ffi::ibv_cq_ex) -> c_int {
             // SAFETY: cq_of accepted `cq`, a live CQ; its status and wr_id are the fields the
             // program reads after start_poll/next_poll.
             unsafe {
-                (*cq).status = w.status as u32;
-                (*cq).wr_id = w.wr_id;
+                (*cq.as_ptr()).status = w.status as u32;
+                (*cq.as_ptr()).wr_id = w.wr_id;
             }
             st.cur = Some(w);
             0
@@ -404,81 +399,69 @@ unsafe fn advance_inner(cq: *mut ffi::ibv_cq_ex) -> c_int {
     }
 }
 
-unsafe extern "C" fn start_poll(cq: *mut ffi::ibv_cq_ex, attr: *mut ffi::ibv_poll_cq_attr) -> c_int {
-    // SAFETY: ibv_start_poll(3): `attr` is NULL or a readable ibv_poll_cq_attr.
-    if let Some(a) = unsafe { attr.as_ref() } {
-        if a.comp_mask != 0 {
-            return libc::EINVAL;
+ffi_callback! {
+    /// `ibv_start_poll`.
+    #[on_panic = crate::callback::eio()]
+    fn start_poll(cq: Ours<ffi::ibv_cq_ex>, attr: *mut ffi::ibv_poll_cq_attr) -> c_int {
+        // SAFETY: ibv_start_poll(3): `attr` is NULL or a readable ibv_poll_cq_attr.
+        if let Some(a) = unsafe { attr.as_ref() } {
+            if a.comp_mask != 0 {
+                return libc::EINVAL;
+            }
         }
+        advance(cq)
     }
-    // SAFETY: rdma-core calls start_poll through the ops of an ibv_cq_ex this library made.
-    unsafe { advance(cq) }
 }
 
-unsafe extern "C" fn next_poll(cq: *mut ffi::ibv_cq_ex) -> c_int {
-    // SAFETY: next_poll is called through the ops of an ibv_cq_ex this library made.
-    unsafe { advance(cq) }
+ffi_callback! {
+    /// `ibv_next_poll`.
+    #[on_panic = crate::callback::eio()]
+    fn next_poll(cq: Ours<ffi::ibv_cq_ex>) -> c_int {
+        advance(cq)
+    }
 }
 
-unsafe extern "C" fn end_poll(cq: *mut ffi::ibv_cq_ex) {
-    // SAFETY: end_poll is called through the ops of an ibv_cq_ex this library made.
-    lock(&unsafe { ex_cq(cq) }.poll).cur = None;
+ffi_callback! {
+    /// `ibv_end_poll`.
+    #[on_panic = ()]
+    fn end_poll(cq: Ours<ffi::ibv_cq_ex>) {
+        lock(&cq.cq().poll).cur = None;
+    }
 }
 
 /// The current completion of an extended poll (all-zero outside a batch).
-///
-/// # Safety
-/// `cq` is an extended CQ of this library, not destroyed during the call.
-unsafe fn cur(cq: *mut ffi::ibv_cq_ex) -> ffi::ibv_wc {
-    // SAFETY: this function's contract.
-    match &lock(&unsafe { ex_cq(cq) }.poll).cur {
+fn cur(cq: Ours<ffi::ibv_cq_ex>) -> ffi::ibv_wc {
+    match &lock(&cq.cq().poll).cur {
         Some(w) => to_wc(w),
         None => ffi::ibv_wc::default(),
     }
 }
 
-unsafe extern "C" fn read_opcode(cq: *mut ffi::ibv_cq_ex) -> ffi::ibv_wc_opcode {
-    // SAFETY: called through the ops of an ibv_cq_ex this library made (fill_ex), not destroyed.
-    unsafe { cur(cq) }.opcode
+/// The `ibv_wc_read_*` accessors: each reads its field of the current completion (0 on a panic).
+macro_rules! read_ops {
+    ($($name:ident -> $ty:ty: |$w:ident| $read:expr;)*) => {$(
+        ffi_callback! {
+            #[on_panic = 0]
+            fn $name(cq: Ours<ffi::ibv_cq_ex>) -> $ty {
+                let $w = cur(cq);
+                $read
+            }
+        }
+    )*};
 }
-unsafe extern "C" fn read_vendor_err(cq: *mut ffi::ibv_cq_ex) -> u32 {
-    // SAFETY: called through the ops of an ibv_cq_ex this library made (fill_ex), not destroyed.
-    unsafe { cur(cq) }.vendor_err
-}
-unsafe extern "C" fn read_byte_len(cq: *mut ffi::ibv_cq_ex) -> u32 {
-    // SAFETY: called through the ops of an ibv_cq_ex this library made (fill_ex), not destroyed.
-    unsafe { cur(cq) }.byte_len
-}
-unsafe extern "C" fn read_imm_data(cq: *mut ffi::ibv_cq_ex) -> u32 {
-    // SAFETY: as for every ibv_wc_read_* accessor: called through the ops of an ibv_cq_ex this
-    // library made (fill_ex), which the program has not destroyed.
-    let w = unsafe { cur(cq) };
+
+read_ops! {
+    read_opcode -> ffi::ibv_wc_opcode: |w| w.opcode;
+    read_vendor_err -> u32: |w| w.vendor_err;
+    read_byte_len -> u32: |w| w.byte_len;
     // SAFETY: both members of the union are u32, and to_wc always initializes one of them.
-    unsafe { w.__bindgen_anon_1.imm_data }
-}
-unsafe extern "C" fn read_qp_num(cq: *mut ffi::ibv_cq_ex) -> u32 {
-    // SAFETY: called through the ops of an ibv_cq_ex this library made (fill_ex), not destroyed.
-    unsafe { cur(cq) }.qp_num
-}
-unsafe extern "C" fn read_src_qp(cq: *mut ffi::ibv_cq_ex) -> u32 {
-    // SAFETY: called through the ops of an ibv_cq_ex this library made (fill_ex), not destroyed.
-    unsafe { cur(cq) }.src_qp
-}
-unsafe extern "C" fn read_wc_flags(cq: *mut ffi::ibv_cq_ex) -> u32 {
-    // SAFETY: called through the ops of an ibv_cq_ex this library made (fill_ex), not destroyed.
-    unsafe { cur(cq) }.wc_flags
-}
-unsafe extern "C" fn read_slid(cq: *mut ffi::ibv_cq_ex) -> u32 {
-    // SAFETY: called through the ops of an ibv_cq_ex this library made (fill_ex), not destroyed.
-    u32::from(unsafe { cur(cq) }.slid)
-}
-unsafe extern "C" fn read_sl(cq: *mut ffi::ibv_cq_ex) -> u8 {
-    // SAFETY: called through the ops of an ibv_cq_ex this library made (fill_ex), not destroyed.
-    unsafe { cur(cq) }.sl
-}
-unsafe extern "C" fn read_dlid_path_bits(cq: *mut ffi::ibv_cq_ex) -> u8 {
-    // SAFETY: called through the ops of an ibv_cq_ex this library made (fill_ex), not destroyed.
-    unsafe { cur(cq) }.dlid_path_bits
+    read_imm_data -> u32: |w| unsafe { w.__bindgen_anon_1.imm_data };
+    read_qp_num -> u32: |w| w.qp_num;
+    read_src_qp -> u32: |w| w.src_qp;
+    read_wc_flags -> u32: |w| w.wc_flags;
+    read_slid -> u32: |w| u32::from(w.slid);
+    read_sl -> u8: |w| w.sl;
+    read_dlid_path_bits -> u8: |w| w.dlid_path_bits;
 }
 
 fn fill_ex(ex: &mut ffi::ibv_cq_ex) {
@@ -495,6 +478,15 @@ fn fill_ex(ex: &mut ffi::ibv_cq_ex) {
     ex.read_slid = Some(read_slid);
     ex.read_sl = Some(read_sl);
     ex.read_dlid_path_bits = Some(read_dlid_path_bits);
+}
+
+/// A CQ with its callbacks and no device CQ behind it (as a destroyed one), for their tests.
+#[cfg(test)]
+pub(crate) fn unbacked() -> Box<Cq> {
+    let mut ex = ffi::ibv_cq_ex::default();
+    fill_ex(&mut ex);
+    let ctx = std::ptr::null();
+    Box::new(Cq { ex, ctx, inner: None, poll: Default::default(), extended: Default::default() })
 }
 
 #[cfg(test)]

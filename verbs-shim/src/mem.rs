@@ -253,24 +253,30 @@ pub(crate) struct Mw {
     pub(crate) inner: Option<MemoryWindow>,
 }
 
-unsafe extern "C" fn alloc_mw(pd: *mut ffi::ibv_pd, ty: ffi::ibv_mw_type) -> *mut ffi::ibv_mw {
-    ptr_call(|| {
-        let p = pd_of(pd)?;
-        let t = match ty {
-            ffi::IBV_MW_TYPE_1 => 1,
-            ffi::IBV_MW_TYPE_2 => 2,
-            _ => return Err(EINVAL),
-        };
-        let inner = p.inner().alloc_mw(t)?;
-        let mw = ffi::ibv_mw { context: p.pd.context, pd, rkey: inner.rkey(), handle: 0, type_: ty };
-        Ok(into_c(Mw { mw, inner: Some(inner) }) as *mut ffi::ibv_mw)
-    })
+ffi_callback! {
+    #[on_panic = crate::callback::null_eio()]
+    fn alloc_mw(pd: *mut ffi::ibv_pd, ty: ffi::ibv_mw_type) -> *mut ffi::ibv_mw {
+        ptr_call(|| {
+            let p = pd_of(pd)?;
+            let t = match ty {
+                ffi::IBV_MW_TYPE_1 => 1,
+                ffi::IBV_MW_TYPE_2 => 2,
+                _ => return Err(EINVAL),
+            };
+            let inner = p.inner().alloc_mw(t)?;
+            let mw = ffi::ibv_mw { context: p.pd.context, pd, rkey: inner.rkey(), handle: 0, type_: ty };
+            Ok(into_c(Mw { mw, inner: Some(inner) }) as *mut ffi::ibv_mw)
+        })
+    }
 }
 
-unsafe extern "C" fn dealloc_mw(mw: *mut ffi::ibv_mw) -> c_int {
-    // SAFETY: ibv_dealloc_mw(3): `mw` is NULL or a Mw this library made (its C structure is the
-    // first field), destroyed once and not used after success.
-    errno_call(|| unsafe { destroy_obj(mw as *mut Mw, |m| &mut m.inner, |i| i.destroy()) })
+ffi_callback! {
+    #[on_panic = crate::callback::eio()]
+    fn dealloc_mw(mw: *mut ffi::ibv_mw) -> c_int {
+        // SAFETY: ibv_dealloc_mw(3): `mw` is NULL or a Mw this library made (its C structure is the
+        // first field), destroyed once and not used after success.
+        errno_call(|| unsafe { destroy_obj(mw as *mut Mw, |m| &mut m.inner, |i| i.destroy()) })
+    }
 }
 
 /// The bind operation of a `ibv_mw_bind_info` for window `mw` (its next R_Key).
@@ -292,22 +298,26 @@ pub(crate) unsafe fn bind_op(mw: *mut ffi::ibv_mw, rkey: u32, info: &ffi::ibv_mw
     })
 }
 
-/// `ibv_bind_mw` (type 1): a bind work request on the QP; the window's R_Key becomes the next one.
-unsafe extern "C" fn bind_mw(qp: *mut ffi::ibv_qp, mw: *mut ffi::ibv_mw, bind: *mut ffi::ibv_mw_bind) -> c_int {
-    errno_call(|| {
-        let b = nonnull(bind)?;
-        let w = nonnull(mw)?;
-        let new_rkey = MemoryWindow::inc_rkey(w.rkey);
-        // SAFETY: ibv_bind_mw(3): `mw` is a live window (non-NULL, checked) and
-        // `bind_info.mr` NULL or a live region of the program.
-        let op = unsafe { bind_op(mw, new_rkey, &b.bind_info) }?;
-        let mut wr = SendWr::new(b.wr_id, op, Vec::new());
-        wr.signaled = b.send_flags & ffi::IBV_SEND_SIGNALED != 0;
-        wr.fence = b.send_flags & ffi::IBV_SEND_FENCE != 0;
-        crate::qp::post_one(qp, wr)?;
-        w.rkey = new_rkey;
-        Ok(())
-    })
+ffi_callback! {
+    /// `ibv_bind_mw` (type 1): a bind work request on the QP; the window's R_Key becomes the next
+    /// one.
+    #[on_panic = crate::callback::eio()]
+    fn bind_mw(qp: *mut ffi::ibv_qp, mw: *mut ffi::ibv_mw, bind: *mut ffi::ibv_mw_bind) -> c_int {
+        errno_call(|| {
+            let b = nonnull(bind)?;
+            let w = nonnull(mw)?;
+            let new_rkey = MemoryWindow::inc_rkey(w.rkey);
+            // SAFETY: ibv_bind_mw(3): `mw` is a live window (non-NULL, checked) and
+            // `bind_info.mr` NULL or a live region of the program.
+            let op = unsafe { bind_op(mw, new_rkey, &b.bind_info) }?;
+            let mut wr = SendWr::new(b.wr_id, op, Vec::new());
+            wr.signaled = b.send_flags & ffi::IBV_SEND_SIGNALED != 0;
+            wr.fence = b.send_flags & ffi::IBV_SEND_FENCE != 0;
+            crate::qp::post_one(qp, wr)?;
+            w.rkey = new_rkey;
+            Ok(())
+        })
+    }
 }
 
 pub(crate) fn fill_ops(v: &mut ffi::verbs_context) {
@@ -453,24 +463,27 @@ pub(crate) fn xrcd_of<'a>(p: *mut ffi::ibv_xrcd) -> Result<&'a Xrcd, Errno> {
     Ok(x)
 }
 
-/// `ibv_open_xrcd`: the domain of the file `fd` names (shared with every process that opens the
-/// same file) or, with fd -1, a private one. The device keeps its own reference to the file.
-unsafe extern "C" fn open_xrcd(
-    context: *mut ffi::ibv_context,
-    attr: *mut ffi::ibv_xrcd_init_attr,
-) -> *mut ffi::ibv_xrcd {
-    ptr_call(|| {
-        let ctx: &Ctx = ctx_of(context)?;
-        let a = nonnull(attr)?;
-        let need = ffi::IBV_XRCD_INIT_ATTR_FD | ffi::IBV_XRCD_INIT_ATTR_OFLAGS;
-        if a.comp_mask & need != need || a.comp_mask & !(ffi::IBV_XRCD_INIT_ATTR_RESERVED - 1) != 0 {
-            return Err(EINVAL);
-        }
-        // SAFETY: ibv_open_xrcd(3): `fd` is -1 or the program's open descriptor, which
-        // open_domain only borrows for the call.
-        let inner = unsafe { open_domain(ctx, a.fd, a.oflags) }?;
-        Ok(into_c(Xrcd { xrcd: ffi::ibv_xrcd { context }, inner: Some(inner) }) as *mut ffi::ibv_xrcd)
-    })
+ffi_callback! {
+    /// `ibv_open_xrcd`: the domain of the file `fd` names (shared with every process that opens the
+    /// same file) or, with fd -1, a private one. The device keeps its own reference to the file.
+    #[on_panic = crate::callback::null_eio()]
+    fn open_xrcd(
+        context: *mut ffi::ibv_context,
+        attr: *mut ffi::ibv_xrcd_init_attr,
+    ) -> *mut ffi::ibv_xrcd {
+        ptr_call(|| {
+            let ctx: &Ctx = ctx_of(context)?;
+            let a = nonnull(attr)?;
+            let need = ffi::IBV_XRCD_INIT_ATTR_FD | ffi::IBV_XRCD_INIT_ATTR_OFLAGS;
+            if a.comp_mask & need != need || a.comp_mask & !(ffi::IBV_XRCD_INIT_ATTR_RESERVED - 1) != 0 {
+                return Err(EINVAL);
+            }
+            // SAFETY: ibv_open_xrcd(3): `fd` is -1 or the program's open descriptor, which
+            // open_domain only borrows for the call.
+            let inner = unsafe { open_domain(ctx, a.fd, a.oflags) }?;
+            Ok(into_c(Xrcd { xrcd: ffi::ibv_xrcd { context }, inner: Some(inner) }) as *mut ffi::ibv_xrcd)
+        })
+    }
 }
 
 /// The device's XRC domain for `ibv_open_xrcd` / OFED's `ibv_open_xrc_domain`: the one of the
@@ -498,10 +511,13 @@ pub(crate) unsafe fn open_domain(ctx: &Ctx, fd: c_int, oflags: c_int) -> Result<
     Ok(ctx.dev.open_xrcd(Some(&f), create, exclusive)?)
 }
 
-unsafe extern "C" fn close_xrcd(xrcd: *mut ffi::ibv_xrcd) -> c_int {
-    // SAFETY: ibv_close_xrcd(3): `xrcd` is NULL or a Xrcd this library made (its C structure is the
-    // first field), destroyed once and not used after success.
-    errno_call(|| unsafe { destroy_obj(xrcd as *mut Xrcd, |x| &mut x.inner, |i| i.destroy()) })
+ffi_callback! {
+    #[on_panic = crate::callback::eio()]
+    fn close_xrcd(xrcd: *mut ffi::ibv_xrcd) -> c_int {
+        // SAFETY: ibv_close_xrcd(3): `xrcd` is NULL or a Xrcd this library made (its C structure
+        // is the first field), destroyed once and not used after success.
+        errno_call(|| unsafe { destroy_obj(xrcd as *mut Xrcd, |x| &mut x.inner, |i| i.destroy()) })
+    }
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use softrdma_device::verbs::{
     SrqAttr, UdDest,
 };
 
+use crate::callback::Ours;
 use crate::context::{ctx_of, lock, Ctx};
 use crate::cq::cq_of;
 use crate::ffi;
@@ -242,116 +243,122 @@ const SEND_OPS_SUPPORTED: u64 = (ffi::IBV_QP_EX_WITH_RDMA_WRITE
     | ffi::IBV_QP_EX_WITH_BIND_MW
     | ffi::IBV_QP_EX_WITH_SEND_WITH_INV) as u64;
 
-unsafe extern "C" fn create_qp_ex(
-    context: *mut ffi::ibv_context,
-    attr: *mut ffi::ibv_qp_init_attr_ex,
-) -> *mut ffi::ibv_qp {
-    ptr_call(|| {
-        let a = nonnull(attr)?;
-        let m = a.comp_mask;
-        let known = ffi::IBV_QP_INIT_ATTR_PD
-            | ffi::IBV_QP_INIT_ATTR_XRCD
-            | ffi::IBV_QP_INIT_ATTR_CREATE_FLAGS
-            | ffi::IBV_QP_INIT_ATTR_MAX_TSO_HEADER
-            | ffi::IBV_QP_INIT_ATTR_IND_TABLE
-            | ffi::IBV_QP_INIT_ATTR_RX_HASH
-            | ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-        if m & !known != 0 {
-            return Err(EINVAL);
-        }
-        let unsupported =
-            ffi::IBV_QP_INIT_ATTR_MAX_TSO_HEADER | ffi::IBV_QP_INIT_ATTR_IND_TABLE | ffi::IBV_QP_INIT_ATTR_RX_HASH;
-        let create_flags = if m & ffi::IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 { a.create_flags } else { 0 };
-        let block_self = ffi::IBV_QP_CREATE_BLOCK_SELF_MCAST_LB;
-        // The one creation flag this device has: a UD QP that does not hear its own multicast
-        // sends (what `mckey -l` asks for).
-        if m & unsupported != 0
-            || create_flags & !block_self != 0
-            || (create_flags != 0 && a.qp_type != ffi::IBV_QPT_UD)
-        {
-            return Err(Errno(libc::EOPNOTSUPP));
-        }
-        let extended = m & ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
-        if extended && a.send_ops_flags & !SEND_OPS_SUPPORTED != 0 {
-            return Err(Errno(libc::EOPNOTSUPP));
-        }
-        let xrcd = if m & ffi::IBV_QP_INIT_ATTR_XRCD != 0 { a.xrcd } else { std::ptr::null_mut() };
-        let pd = if m & ffi::IBV_QP_INIT_ATTR_PD != 0 { a.pd } else { std::ptr::null_mut() };
-        if a.qp_type == ffi::IBV_QPT_XRC_RECV && xrcd.is_null() {
-            return Err(EINVAL);
-        }
-        if a.qp_type != ffi::IBV_QPT_XRC_RECV && pd.is_null() {
-            return Err(EINVAL);
-        }
-        // SAFETY: ibv_create_qp_ex(3): the PD, CQs, SRQ and XRC domain in `attr` are NULL or the
-        // program's live objects.
-        let qp = unsafe {
-            create(Create {
-                context,
-                qp_context: a.qp_context,
-                pd,
-                send_cq: a.send_cq,
-                recv_cq: a.recv_cq,
-                srq: a.srq,
-                cap: &mut a.cap,
-                qp_type: a.qp_type,
-                sq_sig_all: a.sq_sig_all,
-                xrcd,
-                extended,
-            })
-        }?;
-        // SAFETY: `create` has just made `qp`; nothing else references it yet.
-        let q = unsafe { &*qp };
-        if create_flags & block_self != 0 {
-            if let Err(e) = q.inner().block_self_mcast_lb() {
-                // SAFETY: `qp` is the live QP made above, destroyed once here and not returned.
-                unsafe { ibv_destroy_qp(qp as *mut ffi::ibv_qp) };
-                return Err(e.into());
+ffi_callback! {
+    #[on_panic = crate::callback::null_eio()]
+    fn create_qp_ex(
+        context: *mut ffi::ibv_context,
+        attr: *mut ffi::ibv_qp_init_attr_ex,
+    ) -> *mut ffi::ibv_qp {
+        ptr_call(|| {
+            let a = nonnull(attr)?;
+            let m = a.comp_mask;
+            let known = ffi::IBV_QP_INIT_ATTR_PD
+                | ffi::IBV_QP_INIT_ATTR_XRCD
+                | ffi::IBV_QP_INIT_ATTR_CREATE_FLAGS
+                | ffi::IBV_QP_INIT_ATTR_MAX_TSO_HEADER
+                | ffi::IBV_QP_INIT_ATTR_IND_TABLE
+                | ffi::IBV_QP_INIT_ATTR_RX_HASH
+                | ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+            if m & !known != 0 {
+                return Err(EINVAL);
             }
-        }
-        Ok(qp as *mut ffi::ibv_qp)
-    })
+            let unsupported =
+                ffi::IBV_QP_INIT_ATTR_MAX_TSO_HEADER | ffi::IBV_QP_INIT_ATTR_IND_TABLE | ffi::IBV_QP_INIT_ATTR_RX_HASH;
+            let create_flags = if m & ffi::IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 { a.create_flags } else { 0 };
+            let block_self = ffi::IBV_QP_CREATE_BLOCK_SELF_MCAST_LB;
+            // The one creation flag this device has: a UD QP that does not hear its own multicast
+            // sends (what `mckey -l` asks for).
+            if m & unsupported != 0
+                || create_flags & !block_self != 0
+                || (create_flags != 0 && a.qp_type != ffi::IBV_QPT_UD)
+            {
+                return Err(Errno(libc::EOPNOTSUPP));
+            }
+            let extended = m & ffi::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
+            if extended && a.send_ops_flags & !SEND_OPS_SUPPORTED != 0 {
+                return Err(Errno(libc::EOPNOTSUPP));
+            }
+            let xrcd = if m & ffi::IBV_QP_INIT_ATTR_XRCD != 0 { a.xrcd } else { std::ptr::null_mut() };
+            let pd = if m & ffi::IBV_QP_INIT_ATTR_PD != 0 { a.pd } else { std::ptr::null_mut() };
+            if a.qp_type == ffi::IBV_QPT_XRC_RECV && xrcd.is_null() {
+                return Err(EINVAL);
+            }
+            if a.qp_type != ffi::IBV_QPT_XRC_RECV && pd.is_null() {
+                return Err(EINVAL);
+            }
+            // SAFETY: ibv_create_qp_ex(3): the PD, CQs, SRQ and XRC domain in `attr` are NULL or
+            // the program's live objects.
+            let qp = unsafe {
+                create(Create {
+                    context,
+                    qp_context: a.qp_context,
+                    pd,
+                    send_cq: a.send_cq,
+                    recv_cq: a.recv_cq,
+                    srq: a.srq,
+                    cap: &mut a.cap,
+                    qp_type: a.qp_type,
+                    sq_sig_all: a.sq_sig_all,
+                    xrcd,
+                    extended,
+                })
+            }?;
+            // SAFETY: `create` has just made `qp`; nothing else references it yet.
+            let q = unsafe { &*qp };
+            if create_flags & block_self != 0 {
+                if let Err(e) = q.inner().block_self_mcast_lb() {
+                    // SAFETY: `qp` is the live QP made above, destroyed once here and not returned.
+                    unsafe { ibv_destroy_qp(qp as *mut ffi::ibv_qp) };
+                    return Err(e.into());
+                }
+            }
+            Ok(qp as *mut ffi::ibv_qp)
+        })
+    }
 }
 
-unsafe extern "C" fn open_qp(context: *mut ffi::ibv_context, attr: *mut ffi::ibv_qp_open_attr) -> *mut ffi::ibv_qp {
-    ptr_call(|| {
-        let ctx = ctx_of(context)?;
-        let a = nonnull(attr)?;
-        let need = ffi::IBV_QP_OPEN_ATTR_NUM | ffi::IBV_QP_OPEN_ATTR_XRCD | ffi::IBV_QP_OPEN_ATTR_TYPE;
-        if a.comp_mask & need != need || a.comp_mask & !(ffi::IBV_QP_OPEN_ATTR_RESERVED - 1) != 0 {
-            return Err(EINVAL);
-        }
-        if a.qp_type != ffi::IBV_QPT_XRC_RECV {
-            return Err(EINVAL);
-        }
-        let inner = xrcd_of(a.xrcd)?.inner.as_ref().ok_or(EINVAL)?.open_qp(a.qp_num)?;
-        let qp_context =
-            if a.comp_mask & ffi::IBV_QP_OPEN_ATTR_CONTEXT != 0 { a.qp_context } else { std::ptr::null_mut() };
-        let (st, _) = inner.query().unwrap_or((QpState::Reset, QpAttr::default()));
-        let base = ffi::ibv_qp {
-            context,
-            qp_context,
-            handle: inner.handle().unwrap_or(0),
-            qp_num: inner.qpn(),
-            state: st.to_ibv(),
-            qp_type: ffi::IBV_QPT_XRC_RECV,
-            ..Default::default()
-        };
-        let mut ex = ffi::ibv_qp_ex { qp_base: base, ..Default::default() };
-        fill_ex(&mut ex);
-        let h = inner.handle().unwrap_or(0);
-        let qp = into_c(Qp {
-            ex,
-            ctx,
-            inner: Some(inner),
-            init: InitInfo { cap: Default::default(), sq_sig_all: 0 },
-            extended: false,
-            build: Default::default(),
-            ofed_xrcd: std::ptr::null_mut(),
-        });
-        lock(&ctx.tgt_handles).insert(h, qp as usize);
-        Ok(qp as *mut ffi::ibv_qp)
-    })
+ffi_callback! {
+    #[on_panic = crate::callback::null_eio()]
+    fn open_qp(context: *mut ffi::ibv_context, attr: *mut ffi::ibv_qp_open_attr) -> *mut ffi::ibv_qp {
+        ptr_call(|| {
+            let ctx = ctx_of(context)?;
+            let a = nonnull(attr)?;
+            let need = ffi::IBV_QP_OPEN_ATTR_NUM | ffi::IBV_QP_OPEN_ATTR_XRCD | ffi::IBV_QP_OPEN_ATTR_TYPE;
+            if a.comp_mask & need != need || a.comp_mask & !(ffi::IBV_QP_OPEN_ATTR_RESERVED - 1) != 0 {
+                return Err(EINVAL);
+            }
+            if a.qp_type != ffi::IBV_QPT_XRC_RECV {
+                return Err(EINVAL);
+            }
+            let inner = xrcd_of(a.xrcd)?.inner.as_ref().ok_or(EINVAL)?.open_qp(a.qp_num)?;
+            let qp_context =
+                if a.comp_mask & ffi::IBV_QP_OPEN_ATTR_CONTEXT != 0 { a.qp_context } else { std::ptr::null_mut() };
+            let (st, _) = inner.query().unwrap_or((QpState::Reset, QpAttr::default()));
+            let base = ffi::ibv_qp {
+                context,
+                qp_context,
+                handle: inner.handle().unwrap_or(0),
+                qp_num: inner.qpn(),
+                state: st.to_ibv(),
+                qp_type: ffi::IBV_QPT_XRC_RECV,
+                ..Default::default()
+            };
+            let mut ex = ffi::ibv_qp_ex { qp_base: base, ..Default::default() };
+            fill_ex(&mut ex);
+            let h = inner.handle().unwrap_or(0);
+            let qp = into_c(Qp {
+                ex,
+                ctx,
+                inner: Some(inner),
+                init: InitInfo { cap: Default::default(), sq_sig_all: 0 },
+                extended: false,
+                build: Default::default(),
+                ofed_xrcd: std::ptr::null_mut(),
+            });
+            lock(&ctx.tgt_handles).insert(h, qp as usize);
+            Ok(qp as *mut ffi::ibv_qp)
+        })
+    }
 }
 
 #[no_mangle]
@@ -652,40 +659,43 @@ fn post<W, T>(
     err
 }
 
-unsafe extern "C" fn post_send(
-    qp: *mut ffi::ibv_qp,
-    wr: *mut ffi::ibv_send_wr,
-    bad: *mut *mut ffi::ibv_send_wr,
-) -> c_int {
-    let r = crate::guarded(|| {
-        let q = qp_of(qp)?;
-        let mut items = Vec::new();
-        let mut conv_err = None;
-        let mut p = wr;
-        // SAFETY: qp_of accepted `qp` as a live QP of this library.
-        let ty = crate::ofed_xrc::upstream_type(unsafe { (*qp).qp_type });
-        // SAFETY: ibv_post_send(3): `wr` is a NULL-terminated list of readable work requests,
-        // each as send_wr requires, which the program leaves alone during the call.
-        while let Some(w) = unsafe { p.as_ref() } {
-            // SAFETY: as above.
-            match unsafe { send_wr(w, ty) } {
-                Ok(s) => items.push((s, p)),
-                Err(Errno(e)) => {
-                    conv_err = Some((e, p));
-                    break;
+ffi_callback! {
+    #[on_panic = crate::callback::post_failed(bad, wr)]
+    fn post_send(
+        qp: *mut ffi::ibv_qp,
+        wr: *mut ffi::ibv_send_wr,
+        bad: *mut *mut ffi::ibv_send_wr,
+    ) -> c_int {
+        let r = crate::guarded(|| {
+            let q = qp_of(qp)?;
+            let mut items = Vec::new();
+            let mut conv_err = None;
+            let mut p = wr;
+            // SAFETY: qp_of accepted `qp` as a live QP of this library.
+            let ty = crate::ofed_xrc::upstream_type(unsafe { (*qp).qp_type });
+            // SAFETY: ibv_post_send(3): `wr` is a NULL-terminated list of readable work requests,
+            // each as send_wr requires, which the program leaves alone during the call.
+            while let Some(w) = unsafe { p.as_ref() } {
+                // SAFETY: as above.
+                match unsafe { send_wr(w, ty) } {
+                    Ok(s) => items.push((s, p)),
+                    Err(Errno(e)) => {
+                        conv_err = Some((e, p));
+                        break;
+                    }
                 }
+                p = w.next;
             }
-            p = w.next;
-        }
-        Ok(post(items, conv_err, bad, |wrs| q.inner().post_send(wrs)))
-    });
-    r.unwrap_or_else(|Errno(e)| {
-        // SAFETY: ibv_post_send(3): `bad` is NULL or a writable slot for the failed request.
-        if let Some(b) = unsafe { bad.as_mut() } {
-            *b = wr;
-        }
-        e
-    })
+            Ok(post(items, conv_err, bad, |wrs| q.inner().post_send(wrs)))
+        });
+        r.unwrap_or_else(|Errno(e)| {
+            // SAFETY: ibv_post_send(3): `bad` is NULL or a writable slot for the failed request.
+            if let Some(b) = unsafe { bad.as_mut() } {
+                *b = wr;
+            }
+            e
+        })
+    }
 }
 
 /// Receive requests with the C request each came from, and the first one that could not be read
@@ -712,41 +722,47 @@ unsafe fn recv_list(wr: *mut ffi::ibv_recv_wr) -> RecvList {
     (items, None)
 }
 
-unsafe extern "C" fn post_recv(
-    qp: *mut ffi::ibv_qp,
-    wr: *mut ffi::ibv_recv_wr,
-    bad: *mut *mut ffi::ibv_recv_wr,
-) -> c_int {
-    let r = crate::guarded(|| {
-        let q = qp_of(qp)?;
-        // SAFETY: qp_of accepted `qp` as a live QP of this library.
-        if !unsafe { (*qp).srq }.is_null() {
-            // A QP attached to an SRQ has no receive queue of its own.
-            // SAFETY: ibv_post_recv(3): `bad` is NULL or a writable slot.
-            if let Some(b) = unsafe { bad.as_mut() } {
-                *b = wr;
+ffi_callback! {
+    #[on_panic = crate::callback::eio()]
+    fn post_recv(
+        qp: *mut ffi::ibv_qp,
+        wr: *mut ffi::ibv_recv_wr,
+        bad: *mut *mut ffi::ibv_recv_wr,
+    ) -> c_int {
+        let r = crate::guarded(|| {
+            let q = qp_of(qp)?;
+            // SAFETY: qp_of accepted `qp` as a live QP of this library.
+            if !unsafe { (*qp).srq }.is_null() {
+                // A QP attached to an SRQ has no receive queue of its own.
+                // SAFETY: ibv_post_recv(3): `bad` is NULL or a writable slot.
+                if let Some(b) = unsafe { bad.as_mut() } {
+                    *b = wr;
+                }
+                return Ok(libc::EINVAL);
             }
-            return Ok(libc::EINVAL);
-        }
-        // SAFETY: ibv_post_recv(3): `wr` is the program's NULL-terminated list of requests.
-        let (items, conv_err) = unsafe { recv_list(wr) };
-        Ok(post(items, conv_err, bad, |wrs| q.inner().post_recv(wrs)))
-    });
-    r.unwrap_or_else(|Errno(e)| e)
+            // SAFETY: ibv_post_recv(3): `wr` is the program's NULL-terminated list of requests.
+            let (items, conv_err) = unsafe { recv_list(wr) };
+            Ok(post(items, conv_err, bad, |wrs| q.inner().post_recv(wrs)))
+        });
+        r.unwrap_or_else(|Errno(e)| e)
+    }
 }
 
-unsafe extern "C" fn post_srq_recv(
-    srq: *mut ffi::ibv_srq,
-    wr: *mut ffi::ibv_recv_wr,
-    bad: *mut *mut ffi::ibv_recv_wr,
-) -> c_int {
-    let r = crate::guarded(|| {
-        let s = srq_of(srq)?;
-        // SAFETY: ibv_post_srq_recv(3): `wr` is the program's NULL-terminated list of requests.
-        let (items, conv_err) = unsafe { recv_list(wr) };
-        Ok(post(items, conv_err, bad, |wrs| s.inner().post_recv(wrs)))
-    });
-    r.unwrap_or_else(|Errno(e)| e)
+ffi_callback! {
+    #[on_panic = crate::callback::eio()]
+    fn post_srq_recv(
+        srq: *mut ffi::ibv_srq,
+        wr: *mut ffi::ibv_recv_wr,
+        bad: *mut *mut ffi::ibv_recv_wr,
+    ) -> c_int {
+        let r = crate::guarded(|| {
+            let s = srq_of(srq)?;
+            // SAFETY: ibv_post_srq_recv(3): `wr` is the program's NULL-terminated list of requests.
+            let (items, conv_err) = unsafe { recv_list(wr) };
+            Ok(post(items, conv_err, bad, |wrs| s.inner().post_recv(wrs)))
+        });
+        r.unwrap_or_else(|Errno(e)| e)
+    }
 }
 
 /// Posts one send work request (ibv_bind_mw).
@@ -820,41 +836,44 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ffi::ibv_pd, attr: *mut ffi::ib
     })
 }
 
-unsafe extern "C" fn create_srq_ex(
-    context: *mut ffi::ibv_context,
-    attr: *mut ffi::ibv_srq_init_attr_ex,
-) -> *mut ffi::ibv_srq {
-    ptr_call(|| {
-        let ctx = ctx_of(context)?;
-        let a = nonnull(attr)?;
-        let m = a.comp_mask;
-        if m & !(ffi::IBV_SRQ_INIT_ATTR_RESERVED - 1) != 0 {
-            return Err(EINVAL);
-        }
-        let ty = if m & ffi::IBV_SRQ_INIT_ATTR_TYPE != 0 { a.srq_type } else { ffi::IBV_SRQT_BASIC };
-        if m & ffi::IBV_SRQ_INIT_ATTR_PD == 0 {
-            return Err(EINVAL);
-        }
-        let p = pd_of(a.pd)?;
-        let sa = srq_attr(&a.attr, ctx)?;
-        let inner = match ty {
-            ffi::IBV_SRQT_BASIC => p.inner().create_srq(sa)?,
-            ffi::IBV_SRQT_XRC => {
-                let need = ffi::IBV_SRQ_INIT_ATTR_XRCD | ffi::IBV_SRQ_INIT_ATTR_CQ;
-                if m & need != need {
-                    return Err(EINVAL);
-                }
-                let x = xrcd_of(a.xrcd)?;
-                let cq = cq_of(a.cq)?;
-                x.inner.as_ref().ok_or(EINVAL)?.create_srq(p.inner(), cq.inner(), sa)?
+ffi_callback! {
+    #[on_panic = crate::callback::null_eio()]
+    fn create_srq_ex(
+        context: *mut ffi::ibv_context,
+        attr: *mut ffi::ibv_srq_init_attr_ex,
+    ) -> *mut ffi::ibv_srq {
+        ptr_call(|| {
+            let ctx = ctx_of(context)?;
+            let a = nonnull(attr)?;
+            let m = a.comp_mask;
+            if m & !(ffi::IBV_SRQ_INIT_ATTR_RESERVED - 1) != 0 {
+                return Err(EINVAL);
             }
-            // Tag matching is hardware offload this device does not have.
-            ffi::IBV_SRQT_TM => return Err(Errno(libc::EOPNOTSUPP)),
-            _ => return Err(EINVAL),
-        };
-        // SAFETY: `context` was accepted by ctx_of above, and `a.pd` by pd_of.
-        Ok(unsafe { new_srq(context, a.pd, a.srq_context, inner) } as *mut ffi::ibv_srq)
-    })
+            let ty = if m & ffi::IBV_SRQ_INIT_ATTR_TYPE != 0 { a.srq_type } else { ffi::IBV_SRQT_BASIC };
+            if m & ffi::IBV_SRQ_INIT_ATTR_PD == 0 {
+                return Err(EINVAL);
+            }
+            let p = pd_of(a.pd)?;
+            let sa = srq_attr(&a.attr, ctx)?;
+            let inner = match ty {
+                ffi::IBV_SRQT_BASIC => p.inner().create_srq(sa)?,
+                ffi::IBV_SRQT_XRC => {
+                    let need = ffi::IBV_SRQ_INIT_ATTR_XRCD | ffi::IBV_SRQ_INIT_ATTR_CQ;
+                    if m & need != need {
+                        return Err(EINVAL);
+                    }
+                    let x = xrcd_of(a.xrcd)?;
+                    let cq = cq_of(a.cq)?;
+                    x.inner.as_ref().ok_or(EINVAL)?.create_srq(p.inner(), cq.inner(), sa)?
+                }
+                // Tag matching is hardware offload this device does not have.
+                ffi::IBV_SRQT_TM => return Err(Errno(libc::EOPNOTSUPP)),
+                _ => return Err(EINVAL),
+            };
+            // SAFETY: `context` was accepted by ctx_of above, and `a.pd` by pd_of.
+            Ok(unsafe { new_srq(context, a.pd, a.srq_context, inner) } as *mut ffi::ibv_srq)
+        })
+    }
 }
 
 #[no_mangle]
@@ -906,12 +925,15 @@ pub unsafe extern "C" fn ibv_query_srq(srq: *mut ffi::ibv_srq, attr: *mut ffi::i
     })
 }
 
-unsafe extern "C" fn get_srq_num(srq: *mut ffi::ibv_srq, num: *mut u32) -> c_int {
-    errno_call(|| {
-        let s = srq_of(srq)?;
-        *nonnull(num)? = s.inner().srq_num();
-        Ok(())
-    })
+ffi_callback! {
+    #[on_panic = crate::callback::eio()]
+    fn get_srq_num(srq: *mut ffi::ibv_srq, num: *mut u32) -> c_int {
+        errno_call(|| {
+            let s = srq_of(srq)?;
+            *nonnull(num)? = s.inner().srq_num();
+            Ok(())
+        })
+    }
 }
 
 pub(crate) fn fill_ops(v: &mut ffi::verbs_context) {
@@ -926,182 +948,210 @@ pub(crate) fn fill_ops(v: &mut ffi::verbs_context) {
 
 // The extended QP's work-request builder (ibv_wr_start ... ibv_wr_complete).
 
+impl Ours<ffi::ibv_qp_ex> {
+    /// The Qp behind an extended QP.
+    fn qp(&self) -> &Qp {
+        // SAFETY: an Ours is a live object of this library (Ours::new), and every ibv_qp_ex this
+        // library hands out is the first field of a Qp (`create`, `open_qp`).
+        unsafe { &*(self.as_ptr() as *const Qp) }
+    }
+}
+
 /// Runs `f` on the QP's batch under its lock (threads may call these at once; each call is then
 /// whole, though interleaving two threads' batches on one QP is the program's error).
-///
-/// # Safety
-/// `qp` is an extended QP of this library (its ibv_qp_ex is a Qp's first field), not destroyed
-/// during the call.
-unsafe fn with<R>(qp: *mut ffi::ibv_qp_ex, f: impl FnOnce(&mut Build) -> R) -> R {
-    // SAFETY: per the contract.
-    let q = unsafe { &*(qp as *const Qp) };
-    f(&mut lock(&q.build))
+fn with<R>(qp: Ours<ffi::ibv_qp_ex>, f: impl FnOnce(&mut Build) -> R) -> R {
+    f(&mut lock(&qp.qp().build))
 }
 
 /// Applies `f` to the batch's last work request; with none, the batch fails with EINVAL.
-///
-/// # Safety
-/// As for [`with`].
-unsafe fn on_last(qp: *mut ffi::ibv_qp_ex, f: impl FnOnce(&mut SendWr)) {
-    // SAFETY: this function's contract is with's.
-    unsafe {
-        with(qp, |b| match b.wrs.last_mut() {
-            Some(w) => f(w),
-            None => fail(b),
-        })
-    }
+fn on_last(qp: Ours<ffi::ibv_qp_ex>, f: impl FnOnce(&mut SendWr)) {
+    with(qp, |b| match b.wrs.last_mut() {
+        Some(w) => f(w),
+        None => fail(b),
+    })
 }
 
 fn fail(b: &mut Build) {
     b.err.get_or_insert(libc::EINVAL);
 }
 
+/// The failure of an `ibv_wr_*` builder that panicked (see `ffi_callback!`): EIO for the batch,
+/// unless it has failed already, so that its `ibv_wr_complete` posts nothing and returns the
+/// error. The lock tolerates the poison of a panic that held it.
+fn wr_failed(qp: Ours<ffi::ibv_qp_ex>) {
+    with(qp, |b| {
+        b.err.get_or_insert(libc::EIO);
+    });
+}
+
 /// Adds a work request of `op` to the batch, with the wr_id and flags the program set in `qp`.
-///
-/// # Safety
-/// As for [`with`].
-unsafe fn push(qp: *mut ffi::ibv_qp_ex, op: SendOp) {
-    // SAFETY: per the contract `qp` is a live ibv_qp_ex; the program sets wr_id and wr_flags
-    // before each ibv_wr_* call.
-    let (f, wr_id) = unsafe { ((*qp).wr_flags, (*qp).wr_id) };
+fn push(qp: Ours<ffi::ibv_qp_ex>, op: SendOp) {
+    // The program sets wr_id and wr_flags before each ibv_wr_* call.
+    let (f, wr_id) = (qp.qp().ex.wr_flags, qp.qp().ex.wr_id);
     let mut wr = SendWr::new(wr_id, op, Vec::new());
     wr.signaled = f & ffi::IBV_SEND_SIGNALED != 0;
     wr.fence = f & ffi::IBV_SEND_FENCE != 0;
     wr.solicited = f & ffi::IBV_SEND_SOLICITED != 0;
-    // SAFETY: this function's contract is with's.
-    unsafe { with(qp, |b| b.wrs.push(wr)) };
+    with(qp, |b| b.wrs.push(wr));
 }
 
-unsafe extern "C" fn wr_start(qp: *mut ffi::ibv_qp_ex) {
-    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
-    // the program has not destroyed.
-    unsafe { with(qp, |b| *b = Build::default()) };
-}
-unsafe extern "C" fn wr_abort(qp: *mut ffi::ibv_qp_ex) {
-    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
-    // the program has not destroyed.
-    unsafe { with(qp, |b| *b = Build::default()) };
-}
-unsafe extern "C" fn wr_complete(qp: *mut ffi::ibv_qp_ex) -> c_int {
-    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
-    // the program has not destroyed.
-    let b = unsafe { with(qp, std::mem::take) };
-    if let Some(e) = b.err {
-        return e;
-    }
-    let r = crate::guarded(|| {
-        let q = qp_of(qp as *mut ffi::ibv_qp)?;
-        q.inner().post_send(b.wrs)?;
-        Ok(())
-    });
-    // The inline data was copied at post; its buffers may go now.
-    drop(b.inline);
-    match r {
-        Ok(()) => 0,
-        Err(Errno(e)) => e,
+ffi_callback! {
+    /// `ibv_wr_start`: a new batch.
+    #[on_panic = wr_failed(qp)]
+    fn wr_start(qp: Ours<ffi::ibv_qp_ex>) {
+        with(qp, |b| *b = Build::default())
     }
 }
-unsafe extern "C" fn wr_send(qp: *mut ffi::ibv_qp_ex) {
-    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
-    // the program has not destroyed.
-    unsafe { push(qp, SendOp::Send) };
+
+ffi_callback! {
+    /// `ibv_wr_abort`: the batch is dropped.
+    #[on_panic = wr_failed(qp)]
+    fn wr_abort(qp: Ours<ffi::ibv_qp_ex>) {
+        with(qp, |b| *b = Build::default())
+    }
 }
-unsafe extern "C" fn wr_send_imm(qp: *mut ffi::ibv_qp_ex, imm: u32) {
-    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
-    // the program has not destroyed.
-    unsafe { push(qp, SendOp::SendWithImm { imm: u32::from_be(imm) }) };
+
+ffi_callback! {
+    /// `ibv_wr_complete`: the batch is posted, or its first error returned.
+    #[on_panic = crate::callback::eio()]
+    fn wr_complete(qp: Ours<ffi::ibv_qp_ex>) -> c_int {
+        let b = with(qp, std::mem::take);
+        if let Some(e) = b.err {
+            return e;
+        }
+        let r = crate::guarded(|| {
+            let q = qp_of(qp.as_ptr() as *mut ffi::ibv_qp)?;
+            q.inner().post_send(b.wrs)?;
+            Ok(())
+        });
+        // The inline data was copied at post; its buffers may go now.
+        drop(b.inline);
+        match r {
+            Ok(()) => 0,
+            Err(Errno(e)) => e,
+        }
+    }
 }
-unsafe extern "C" fn wr_send_inv(qp: *mut ffi::ibv_qp_ex, rkey: u32) {
-    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
-    // the program has not destroyed.
-    unsafe { push(qp, SendOp::SendWithInv { rkey }) };
+
+ffi_callback! {
+    #[on_panic = wr_failed(qp)]
+    fn wr_send(qp: Ours<ffi::ibv_qp_ex>) {
+        push(qp, SendOp::Send)
+    }
 }
-unsafe extern "C" fn wr_rdma_write(qp: *mut ffi::ibv_qp_ex, rkey: u32, remote_addr: u64) {
-    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
-    // the program has not destroyed.
-    unsafe { push(qp, SendOp::Write { remote_addr, rkey }) };
+
+ffi_callback! {
+    #[on_panic = wr_failed(qp)]
+    fn wr_send_imm(qp: Ours<ffi::ibv_qp_ex>, imm: u32) {
+        push(qp, SendOp::SendWithImm { imm: u32::from_be(imm) })
+    }
 }
-unsafe extern "C" fn wr_rdma_write_imm(qp: *mut ffi::ibv_qp_ex, rkey: u32, remote_addr: u64, imm: u32) {
-    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
-    // the program has not destroyed.
-    unsafe { push(qp, SendOp::WriteWithImm { remote_addr, rkey, imm: u32::from_be(imm) }) };
+
+ffi_callback! {
+    #[on_panic = wr_failed(qp)]
+    fn wr_send_inv(qp: Ours<ffi::ibv_qp_ex>, rkey: u32) {
+        push(qp, SendOp::SendWithInv { rkey })
+    }
 }
-unsafe extern "C" fn wr_rdma_read(qp: *mut ffi::ibv_qp_ex, rkey: u32, remote_addr: u64) {
-    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
-    // the program has not destroyed.
-    unsafe { push(qp, SendOp::Read { remote_addr, rkey }) };
+
+ffi_callback! {
+    #[on_panic = wr_failed(qp)]
+    fn wr_rdma_write(qp: Ours<ffi::ibv_qp_ex>, rkey: u32, remote_addr: u64) {
+        push(qp, SendOp::Write { remote_addr, rkey })
+    }
 }
-unsafe extern "C" fn wr_atomic_cmp_swp(qp: *mut ffi::ibv_qp_ex, rkey: u32, remote_addr: u64, compare: u64, swap: u64) {
-    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
-    // the program has not destroyed.
-    unsafe { push(qp, SendOp::CompareSwap { remote_addr, rkey, compare, swap }) };
+
+ffi_callback! {
+    #[on_panic = wr_failed(qp)]
+    fn wr_rdma_write_imm(qp: Ours<ffi::ibv_qp_ex>, rkey: u32, remote_addr: u64, imm: u32) {
+        push(qp, SendOp::WriteWithImm { remote_addr, rkey, imm: u32::from_be(imm) })
+    }
 }
-unsafe extern "C" fn wr_atomic_fetch_add(qp: *mut ffi::ibv_qp_ex, rkey: u32, remote_addr: u64, add: u64) {
-    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
-    // the program has not destroyed.
-    unsafe { push(qp, SendOp::FetchAdd { remote_addr, rkey, add }) };
+
+ffi_callback! {
+    #[on_panic = wr_failed(qp)]
+    fn wr_rdma_read(qp: Ours<ffi::ibv_qp_ex>, rkey: u32, remote_addr: u64) {
+        push(qp, SendOp::Read { remote_addr, rkey })
+    }
 }
-/// `ibv_wr_atomic_write`: the 8 bytes at `atomic_wr` are copied now, as the WR's inline data.
-unsafe extern "C" fn wr_atomic_write(qp: *mut ffi::ibv_qp_ex, rkey: u32, remote_addr: u64, atomic_wr: *const c_void) {
-    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
-    // the program has not destroyed. ibv_wr_atomic_write(3): `atomic_wr` points to 8
-    // readable bytes.
-    unsafe {
+
+ffi_callback! {
+    #[on_panic = wr_failed(qp)]
+    fn wr_atomic_cmp_swp(qp: Ours<ffi::ibv_qp_ex>, rkey: u32, remote_addr: u64, compare: u64, swap: u64) {
+        push(qp, SendOp::CompareSwap { remote_addr, rkey, compare, swap })
+    }
+}
+
+ffi_callback! {
+    #[on_panic = wr_failed(qp)]
+    fn wr_atomic_fetch_add(qp: Ours<ffi::ibv_qp_ex>, rkey: u32, remote_addr: u64, add: u64) {
+        push(qp, SendOp::FetchAdd { remote_addr, rkey, add })
+    }
+}
+
+ffi_callback! {
+    /// `ibv_wr_atomic_write`: the 8 bytes at `atomic_wr` are copied now, as the WR's inline data.
+    #[on_panic = wr_failed(qp)]
+    fn wr_atomic_write(qp: Ours<ffi::ibv_qp_ex>, rkey: u32, remote_addr: u64, atomic_wr: *const c_void) {
         push(qp, SendOp::AtomicWrite { remote_addr, rkey });
-        set_inline(qp, &[(atomic_wr as *const u8, 8)]);
+        // SAFETY: ibv_wr_atomic_write(3): `atomic_wr` points to 8 readable bytes.
+        unsafe { set_inline(qp, &[(atomic_wr as *const u8, 8)]) }
     }
 }
-unsafe extern "C" fn wr_local_inv(qp: *mut ffi::ibv_qp_ex, rkey: u32) {
-    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
-    // the program has not destroyed.
-    unsafe { push(qp, SendOp::LocalInv { rkey }) };
+
+ffi_callback! {
+    #[on_panic = wr_failed(qp)]
+    fn wr_local_inv(qp: Ours<ffi::ibv_qp_ex>, rkey: u32) {
+        push(qp, SendOp::LocalInv { rkey })
+    }
 }
-unsafe extern "C" fn wr_bind_mw(
-    qp: *mut ffi::ibv_qp_ex,
-    mw: *mut ffi::ibv_mw,
-    rkey: u32,
-    info: *const ffi::ibv_mw_bind_info,
-) {
-    // SAFETY: ibv_wr_bind_mw(3): `info` is NULL or a readable ibv_mw_bind_info whose region is
-    // NULL or live, and `mw` is the program's window.
-    let op = unsafe { info.as_ref().map(|i| crate::mem::bind_op(mw, rkey, i)) };
-    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
-    // the program has not destroyed.
-    unsafe {
+
+ffi_callback! {
+    #[on_panic = wr_failed(qp)]
+    fn wr_bind_mw(
+        qp: Ours<ffi::ibv_qp_ex>,
+        mw: *mut ffi::ibv_mw,
+        rkey: u32,
+        info: *const ffi::ibv_mw_bind_info,
+    ) {
+        // SAFETY: ibv_wr_bind_mw(3): `info` is NULL or a readable ibv_mw_bind_info whose region is
+        // NULL or live, and `mw` is the program's window.
+        let op = unsafe { info.as_ref().map(|i| crate::mem::bind_op(mw, rkey, i)) };
         match op {
             Some(Ok(op)) => push(qp, op),
             _ => with(qp, fail),
         }
     }
 }
-unsafe extern "C" fn wr_set_sge(qp: *mut ffi::ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
-    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
-    // the program has not destroyed.
-    unsafe { on_last(qp, |w| w.sg_list = vec![Sge { addr, length, lkey }]) };
+
+ffi_callback! {
+    #[on_panic = wr_failed(qp)]
+    fn wr_set_sge(qp: Ours<ffi::ibv_qp_ex>, lkey: u32, addr: u64, length: u32) {
+        on_last(qp, |w| w.sg_list = vec![Sge { addr, length, lkey }])
+    }
 }
-unsafe extern "C" fn wr_set_sge_list(qp: *mut ffi::ibv_qp_ex, n: usize, list: *const ffi::ibv_sge) {
-    // SAFETY: ibv_wr_set_sge_list(3): `list` holds `n` readable ibv_sge.
-    let sg = unsafe { sges(list as *mut ffi::ibv_sge, n as c_int) };
-    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
-    // the program has not destroyed.
-    unsafe {
-        match sg {
+
+ffi_callback! {
+    #[on_panic = wr_failed(qp)]
+    fn wr_set_sge_list(qp: Ours<ffi::ibv_qp_ex>, n: usize, list: *const ffi::ibv_sge) {
+        // SAFETY: ibv_wr_set_sge_list(3): `list` holds `n` readable ibv_sge.
+        match unsafe { sges(list as *mut ffi::ibv_sge, n as c_int) } {
             Ok(s) => on_last(qp, |w| w.sg_list = s),
             Err(_) => with(qp, fail),
         }
     }
 }
+
 /// Inline data is copied now: the program may reuse its buffers as soon as the call returns.
 ///
 /// # Safety
-/// As for [`with`]; and each `(p, n)` of `bufs` with n > 0 is NULL or `n` readable bytes.
-unsafe fn set_inline(qp: *mut ffi::ibv_qp_ex, bufs: &[(*const u8, usize)]) {
+/// Each `(p, n)` of `bufs` with n > 0 is NULL or `n` readable bytes.
+unsafe fn set_inline(qp: Ours<ffi::ibv_qp_ex>, bufs: &[(*const u8, usize)]) {
     let mut data = Vec::new();
     for &(p, n) in bufs {
         if n > 0 {
             if p.is_null() {
-                // SAFETY: this function's contract is with's.
-                return unsafe { with(qp, fail) };
+                return with(qp, fail);
             }
             // SAFETY: per the contract, a non-NULL `p` has `n` readable bytes.
             data.extend_from_slice(unsafe { std::slice::from_raw_parts(p, n) });
@@ -1109,59 +1159,60 @@ unsafe fn set_inline(qp: *mut ffi::ibv_qp_ex, bufs: &[(*const u8, usize)]) {
     }
     let data = data.into_boxed_slice();
     let sge = Sge { addr: data.as_ptr() as u64, length: data.len() as u32, lkey: 0 };
-    // SAFETY: this function's contract is with's.
-    unsafe {
-        with(qp, |b| match b.wrs.last_mut() {
-            Some(w) => {
-                w.inline = true;
-                w.sg_list = vec![sge];
-                b.inline.push(data);
-            }
-            None => fail(b),
-        })
-    };
+    with(qp, |b| match b.wrs.last_mut() {
+        Some(w) => {
+            w.inline = true;
+            w.sg_list = vec![sge];
+            b.inline.push(data);
+        }
+        None => fail(b),
+    })
 }
-unsafe extern "C" fn wr_set_inline_data(qp: *mut ffi::ibv_qp_ex, addr: *mut c_void, length: usize) {
-    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
-    // the program has not destroyed. ibv_wr_set_inline_data(3): `addr` has `length`
-    // readable bytes.
-    unsafe { set_inline(qp, &[(addr as *const u8, length)]) };
-}
-unsafe extern "C" fn wr_set_inline_data_list(qp: *mut ffi::ibv_qp_ex, n: usize, list: *const ffi::ibv_data_buf) {
-    if n > 0 && list.is_null() {
-        // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
-        // the program has not destroyed.
-        return unsafe { with(qp, fail) };
+
+ffi_callback! {
+    #[on_panic = wr_failed(qp)]
+    fn wr_set_inline_data(qp: Ours<ffi::ibv_qp_ex>, addr: *mut c_void, length: usize) {
+        // SAFETY: ibv_wr_set_inline_data(3): `addr` has `length` readable bytes.
+        unsafe { set_inline(qp, &[(addr as *const u8, length)]) }
     }
-    // SAFETY: ibv_wr_set_inline_data_list(3): `list` (non-NULL when n > 0) holds `n` readable
-    // ibv_data_buf, and i < n.
-    let bufs: Vec<(*const u8, usize)> = (0..n)
-        .map(|i| unsafe {
-            let b = &*list.add(i);
-            (b.addr as *const u8, b.length)
-        })
-        .collect();
-    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
-    // the program has not destroyed. Each buffer has its `length` readable bytes.
-    unsafe { set_inline(qp, &bufs) };
 }
-unsafe extern "C" fn wr_set_ud_addr(qp: *mut ffi::ibv_qp_ex, ah: *mut ffi::ibv_ah, remote_qpn: u32, remote_qkey: u32) {
-    // SAFETY: ibv_wr_set_ud_addr(3): `ah` is NULL or an address handle of this library (an Ah)
-    // the program has not destroyed.
-    let dest = unsafe { (ah as *const Ah).as_ref() }.map(|a| a.dest);
-    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
-    // the program has not destroyed.
-    unsafe {
-        match dest {
+
+ffi_callback! {
+    #[on_panic = wr_failed(qp)]
+    fn wr_set_inline_data_list(qp: Ours<ffi::ibv_qp_ex>, n: usize, list: *const ffi::ibv_data_buf) {
+        if n > 0 && list.is_null() {
+            return with(qp, fail);
+        }
+        // SAFETY: ibv_wr_set_inline_data_list(3): `list` (non-NULL when n > 0) holds `n` readable
+        // ibv_data_buf, and i < n.
+        let bufs: Vec<(*const u8, usize)> = (0..n)
+            .map(|i| unsafe {
+                let b = &*list.add(i);
+                (b.addr as *const u8, b.length)
+            })
+            .collect();
+        // SAFETY: the same contract: each buffer has its `length` readable bytes.
+        unsafe { set_inline(qp, &bufs) }
+    }
+}
+
+ffi_callback! {
+    #[on_panic = wr_failed(qp)]
+    fn wr_set_ud_addr(qp: Ours<ffi::ibv_qp_ex>, ah: *mut ffi::ibv_ah, remote_qpn: u32, remote_qkey: u32) {
+        // SAFETY: ibv_wr_set_ud_addr(3): `ah` is NULL or an address handle of this library (an Ah)
+        // the program has not destroyed.
+        match unsafe { (ah as *const Ah).as_ref() }.map(|a| a.dest) {
             Some(dest) => on_last(qp, |w| w.ud = Some(UdDest { dest, remote_qpn, remote_qkey })),
             None => with(qp, fail),
         }
     }
 }
-unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ffi::ibv_qp_ex, srqn: u32) {
-    // SAFETY: ibv_wr_*(3) run through the ops of an ibv_qp_ex this library made (fill_ex), on a QP
-    // the program has not destroyed.
-    unsafe { on_last(qp, |w| w.remote_srqn = srqn) };
+
+ffi_callback! {
+    #[on_panic = wr_failed(qp)]
+    fn wr_set_xrc_srqn(qp: Ours<ffi::ibv_qp_ex>, srqn: u32) {
+        on_last(qp, |w| w.remote_srqn = srqn)
+    }
 }
 
 fn fill_ex(ex: &mut ffi::ibv_qp_ex) {
@@ -1185,6 +1236,74 @@ fn fill_ex(ex: &mut ffi::ibv_qp_ex) {
     ex.wr_set_inline_data_list = Some(wr_set_inline_data_list);
     ex.wr_set_ud_addr = Some(wr_set_ud_addr);
     ex.wr_set_xrc_srqn = Some(wr_set_xrc_srqn);
+}
+
+/// A QP with its callbacks and no device QP behind it (as a destroyed one), for their tests.
+#[cfg(test)]
+pub(crate) fn unbacked() -> Box<Qp> {
+    let mut ex = ffi::ibv_qp_ex::default();
+    fill_ex(&mut ex);
+    Box::new(Qp {
+        ex,
+        ctx: std::ptr::null(),
+        inner: None,
+        init: InitInfo { cap: Default::default(), sq_sig_all: 0 },
+        extended: true,
+        build: Default::default(),
+        ofed_xrcd: std::ptr::null_mut(),
+    })
+}
+
+#[cfg(test)]
+mod builder_test {
+    use super::*;
+
+    /// The builder's batch, as `ibv_wr_*` calls leave it (on a QP with no device QP, whose
+    /// ibv_wr_complete fails with EINVAL once the batch is good).
+    #[test]
+    fn the_builder_collects_a_batch() {
+        let mut q = unbacked();
+        let ex = q.ex;
+        let qp = &mut *q as *mut Qp as *mut ffi::ibv_qp_ex;
+        let data = [1u8, 2, 3];
+        // SAFETY: `qp` is a Qp of this test's, and `data` has the 3 bytes given.
+        unsafe {
+            ex.wr_start.unwrap()(qp);
+            (*qp).wr_id = 7;
+            (*qp).wr_flags = ffi::IBV_SEND_SIGNALED;
+            ex.wr_rdma_write.unwrap()(qp, 5, 0x1000);
+            ex.wr_set_sge.unwrap()(qp, 9, 0x2000, 64);
+            (*qp).wr_id = 8;
+            (*qp).wr_flags = 0;
+            ex.wr_send_imm.unwrap()(qp, 0x0102_0304u32.to_be());
+            ex.wr_set_inline_data.unwrap()(qp, data.as_ptr() as *mut c_void, data.len());
+        }
+        {
+            let b = lock(&q.build);
+            assert_eq!(b.err, None);
+            let w = &b.wrs;
+            assert_eq!((w.len(), w[0].wr_id, w[0].signaled), (2, 7, true));
+            assert_eq!(w[0].op, SendOp::Write { remote_addr: 0x1000, rkey: 5 });
+            assert_eq!(w[0].sg_list, vec![Sge { addr: 0x2000, length: 64, lkey: 9 }]);
+            assert_eq!((w[1].wr_id, w[1].signaled, w[1].inline), (8, false, true));
+            assert_eq!(w[1].op, SendOp::SendWithImm { imm: 0x0102_0304 });
+            assert_eq!(&*b.inline[0], &data);
+            assert_eq!(w[1].sg_list[0].addr, b.inline[0].as_ptr() as u64);
+        }
+        // SAFETY: as above.
+        unsafe {
+            assert_eq!(ex.wr_complete.unwrap()(qp), libc::EINVAL, "no device QP");
+            assert!(lock(&q.build).wrs.is_empty(), "the batch is gone");
+            ex.wr_start.unwrap()(qp);
+            ex.wr_set_sge.unwrap()(qp, 1, 2, 3);
+            assert!(lock(&q.build).err.is_some());
+            assert_eq!(ex.wr_complete.unwrap()(qp), libc::EINVAL, "an SGE without a request");
+            ex.wr_start.unwrap()(qp);
+            ex.wr_send.unwrap()(qp);
+            ex.wr_abort.unwrap()(qp);
+            assert!(lock(&q.build).wrs.is_empty(), "aborted");
+        }
+    }
 }
 
 #[cfg(test)]
