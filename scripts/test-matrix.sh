@@ -386,6 +386,13 @@ devices_down() { # seg
   lost1=$("$bin" stat srdma1 | awk '$1 == "capture_dropped" {print $2}')
   "$bin" down srdma0 >/dev/null
   "$bin" down srdma1 >/dev/null
+  # The daemons' logs (each `up` starts its own) are kept with the cells' when asked for.
+  if [ -n "${SOFTRDMA_MATRIX_LOGS:-}" ]; then
+    local d
+    for d in srdma0 srdma1; do
+      [ -s "$rt/$d.log" ] && sed "s/^/r$round $path $capture $faults ${1} $d: /" "$rt/$d.log" >>"$logs/daemons.log"
+    done
+  fi
   # With --only, a segment's capture is checked when one of its cells ran.
   if [ "$capture" = on ] && { want s "capture $1" || { [ -n "$only" ] && [ "$seg_ran" = 1 ]; }; }; then
     local why="" frames=0 f

@@ -24,6 +24,9 @@ const STALL_NS: u64 = 200_000_000;
 /// How long the thread sleeps after a round that found nothing, and after one that did.
 const IDLE_SLEEP: Duration = Duration::from_millis(2);
 const BUSY_SLEEP: Duration = Duration::from_micros(300);
+/// A write that took this long, or a wake-up this late, is logged (at 2 GB/s a 64 MiB ring
+/// lasts ~30 ms).
+const SLOW: Duration = Duration::from_millis(10);
 /// Records per batch (one `writev` on a plain file).
 const IOV_BATCH: usize = 512;
 
@@ -58,6 +61,10 @@ struct Shared {
     frames: AtomicU64,
     /// Frames lost on the way: unwritable (the file's errors) or in a broken ring.
     lost: AtomicU64,
+    /// The last round wrote something.
+    wrote: AtomicBool,
+    /// The rings' `dropped`, summed, when last looked at.
+    dropped_seen: AtomicU64,
 }
 
 /// A device's capture file and the thread that writes it.
@@ -77,17 +84,26 @@ impl Writer {
             stop: AtomicBool::new(false),
             frames: AtomicU64::new(0),
             lost: AtomicU64::new(0),
+            wrote: AtomicBool::new(false),
+            dropped_seen: AtomicU64::new(0),
         });
         let s = shared.clone();
         let mut out = Output { file, epoch_mono_ns, warned: false };
         let thread = std::thread::Builder::new().name("softrdma-capture".into()).spawn(move || {
             loop {
                 let stopping = s.stop.load(Ordering::Acquire);
-                let wrote = s.round(&mut out, stopping);
+                s.round(&mut out, stopping);
                 if stopping {
                     break;
                 }
-                std::thread::sleep(if wrote { BUSY_SLEEP } else { IDLE_SLEEP });
+                let nap = if s.wrote.swap(false, Ordering::Relaxed) { BUSY_SLEEP } else { IDLE_SLEEP };
+                let t = std::time::Instant::now();
+                std::thread::sleep(nap);
+                // A writer kept off the CPU long enough for a ring to fill says so.
+                let slept = t.elapsed();
+                if slept > nap + SLOW {
+                    tracing::info!(late_ms = (slept - nap).as_secs_f64() * 1e3, "capture: the writer woke late");
+                }
             }
             out.flush(&s, true);
         })?;
@@ -201,6 +217,17 @@ impl Shared {
             watermark = watermark.min(src.bound);
         }
         let wrote = self.write_merged(s, out, watermark);
+        self.wrote.fetch_or(wrote, Ordering::Relaxed);
+        let dropped: u64 = s.list.iter().map(|r| r.ring.dropped()).sum::<u64>() + s.dropped_gone;
+        let before = self.dropped_seen.swap(dropped, Ordering::Relaxed);
+        if dropped > before {
+            let fill: Vec<u64> = s.list.iter().map(|r| r.ring.head().wrapping_sub(r.ring.tail()) >> 20).collect();
+            tracing::info!(
+                dropped = dropped - before,
+                ?fill,
+                "capture: rings were full: frames dropped from the capture"
+            );
+        }
         // Rings of providers that have gone, once written out.
         let mut gone = 0;
         s.list.retain(|src| {
@@ -256,7 +283,15 @@ impl Shared {
                 repair(rec, r.kind, r.ts.saturating_sub(out.epoch_mono_ns));
                 slices.push(IoSlice::new(rec));
             }
+            let t = std::time::Instant::now();
             let w = out.file.write_batch(&mut slices, batch.len() as u64);
+            if t.elapsed() > SLOW {
+                tracing::info!(
+                    ms = t.elapsed().as_secs_f64() * 1e3,
+                    frames = batch.len(),
+                    "capture: a write of the file was slow"
+                );
+            }
             out.count(self, w);
             wrote = true;
             for (i, src) in s.list.iter_mut().enumerate() {
