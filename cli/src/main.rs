@@ -5,7 +5,7 @@
 //! - `softrdma demo`: two devices (daemons) on 127.0.0.1 and 127.0.0.2, RC/UD/XRC traffic between
 //!   them over RoCEv2/UDP with light loss, every byte checked, a table and the captures;
 //! - `softrdma daemon --name NAME --addr A`, `up NAME --addr A`, `down NAME`, `list`, `stat NAME`,
-//!   `cm-ids NAME`: devices as processes (design D2);
+//!   `cm-ids NAME`: devices as processes (docs/architecture.md D2);
 //! - `softrdma pcap sample`: a RoCE conversation built with the project's own encoder, written,
 //!   decoded back and checked, with no device;
 //! - `softrdma pcap decode FILE [--json]`: one line (or one JSON object) per frame;

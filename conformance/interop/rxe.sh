@@ -19,7 +19,7 @@
 #     one decoded;
 #  5. the RC programs again with loss, duplication and reordering injected on the softrdma side;
 #  6. the device's counters: rxe's packets verified, none with a bad ICRC although rxe's IPv4 ID
-#     changes per packet (the device solves for the ID: design.md, "ICRC and the IPv4 ID");
+#     changes per packet (the device solves for the ID: docs/architecture.md D5);
 #  7. bad input from the guest: garbage datagrams are counted and dropped while a transfer goes on,
 #     and a guest that vanishes mid-transfer leaves its softrdma QP in error with RETRY_EXC_ERR while
 #     another QP on the same device completes.

@@ -1,7 +1,7 @@
-//! Property tests of the RC engine over the simulated wire (design D7): random workloads under
-//! random fault schedules. Within the retry budget every work request completes exactly once, in
-//! order, with the right data; beyond it, the first failing request gets RETRY_EXC_ERR (or
-//! RNR_RETRY_EXC_ERR) and every later one WR_FLUSH_ERR. The runner in
+//! Property tests of the RC engine over the simulated wire (docs/architecture.md D7): random
+//! workloads under random fault schedules. Within the retry budget every work request completes
+//! exactly once, in order, with the right data; beyond it, the first failing request gets
+//! RETRY_EXC_ERR (or RNR_RETRY_EXC_ERR) and every later one WR_FLUSH_ERR. The runner in
 //! `softrdma_workloads::workload` checks all of this against what was posted; a failing seed is
 //! kept by proptest in `rc_props.proptest-regressions`.
 

@@ -1,10 +1,10 @@
 //! # softrdma-daemon
 //!
-//! A device as a process (design D2): [`run`] starts an [`Hca`] with its device thread, takes the
-//! device's lock in the runtime directory, binds the unix socket there and serves the clients
-//! that attach to it ([`server`]) until it is told to stop. What clients use to find, start and
-//! stop such a process (`softrdma_device::daemon::up`/`down`, `softrdma_device::client`, the
-//! runtime directory's rules in `softrdma-protocol`) stays on their side of the line, so the
+//! A device as a process (docs/architecture.md D2): [`run`] starts an [`Hca`] with its device
+//! thread, takes the device's lock in the runtime directory, binds the unix socket there and serves
+//! the clients that attach to it ([`server`]) until it is told to stop. What clients use to find,
+//! start and stop such a process (`softrdma_device::daemon::up`/`down`, `softrdma_device::client`,
+//! the runtime directory's rules in `softrdma-protocol`) stays on their side of the line, so the
 //! verbs shim does not link this crate.
 #![warn(missing_docs, unreachable_pub)]
 

@@ -1,4 +1,5 @@
-//! Serving client processes on a device's unix socket (design D2, D4): one thread per client.
+//! Serving client processes on a device's unix socket (docs/architecture.md D2, D4): one thread per
+//! client.
 //!
 //! The peer's uid must be ours (SO_PEERCRED; other users are refused). The client is watched
 //! through a pidfd of its SO_PEERCRED pid, not through the socket: a forked child inherits the
@@ -127,7 +128,7 @@ pub fn serve_client(hca: &Hca, sock: UnixStream) {
     // The device reaches one-sided RDMA targets and receive buffers in the client's memory with
     // process_vm_readv/writev; where the kernel refuses (Yama ptrace_scope 2/3, a non-dumpable
     // process, seccomp), the client serves its memory itself from a helper thread on a socket
-    // pair (design D3's fallback; slower: a round trip per access).
+    // pair (docs/architecture.md D3's fallback; slower: a round trip per access).
     let helper = !softrdma_device::memory::can_reach(pid, probe);
     let Ok(pidfd) = pidfd_open(pid) else { return };
     let Ok(a) = hca.attach(pid) else { return };

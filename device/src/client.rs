@@ -98,8 +98,8 @@ impl Connection {
         let _ = sock.set_read_timeout(Some(CALL_TIMEOUT));
         let _ = sock.set_write_timeout(Some(CALL_TIMEOUT));
         // Yama ptrace_scope 1 lets only a declared tracer use process_vm_readv/writev on us
-        // (design D3): declare the device, whose pid is the socket peer's. Without Yama this
-        // fails harmlessly.
+        // (docs/architecture.md D3): declare the device, whose pid is the socket peer's. Without
+        // Yama this fails harmlessly.
         if let Ok(cred) = nix::sys::socket::getsockopt(&sock, nix::sys::socket::sockopt::PeerCredentials) {
             // SAFETY: prctl with integer arguments.
             unsafe { libc::prctl(libc::PR_SET_PTRACER, cred.pid() as libc::c_ulong, 0, 0, 0) };

@@ -1,8 +1,8 @@
-//! The device's side of rdma_cm (design D10): the engine's connection manager behind QP1 owns
-//! the protocol; this module keeps who owns each communication ID, the clients' event channels
-//! (the write end of a pipe each: the device writes one [`CmRecord`] frame per event, so the
-//! channel's fd is a real fd that polls readable while events wait, as the kernel's ucma fd does),
-//! and destroys a departed client's IDs as the kernel's ucma close does (an established
+//! The device's side of rdma_cm (docs/architecture.md D10): the engine's connection manager behind
+//! QP1 owns the protocol; this module keeps who owns each communication ID, the clients' event
+//! channels (the write end of a pipe each: the device writes one [`CmRecord`] frame per event, so
+//! the channel's fd is a real fd that polls readable while events wait, as the kernel's ucma fd
+//! does), and destroys a departed client's IDs as the kernel's ucma close does (an established
 //! connection gets its DREQ, a listener disappears).
 
 use std::collections::{HashMap, VecDeque};

@@ -1,6 +1,6 @@
-//! A device as a process (design D2), from its clients' side: `up` starts one in the background
-//! (`softrdma daemon`, which the `softrdma-daemon` crate runs) and waits until it answers, `down`
-//! stops one.
+//! A device as a process (docs/architecture.md D2), from its clients' side: `up` starts one in the
+//! background (`softrdma daemon`, which the `softrdma-daemon` crate runs) and waits until it
+//! answers, `down` stops one.
 
 use std::fs;
 use std::io;

@@ -1,11 +1,11 @@
 //! Copies to and from this process's own memory that fail instead of crashing it.
 //!
-//! A provider runs the transport in the program's process (design D2), so the memory a peer's
-//! RDMA WRITE lands in, a READ is served from and a send gathers from is the program's own. The
-//! program may unmap a registered buffer (its mistake), and the copy must then fail, never take the
-//! process down. What the device then does is `crate::memory`'s: a peer's WRITE is lost and
-//! counted (as a NIC's DMA into pinned pages their owner gave up), a READ ends in a remote access
-//! error NAK (IBTA 9.7.5.2.8), a receive in a local protection error completion. A NIC pins
+//! A provider runs the transport in the program's process (docs/architecture.md D2), so the memory
+//! a peer's RDMA WRITE lands in, a READ is served from and a send gathers from is the program's
+//! own. The program may unmap a registered buffer (its mistake), and the copy must then fail, never
+//! take the process down. What the device then does is `crate::memory`'s: a peer's WRITE is lost
+//! and counted (as a NIC's DMA into pinned pages their owner gave up), a READ ends in a remote
+//! access error NAK (IBTA 9.7.5.2.8), a receive in a local protection error completion. A NIC pins
 //! registered pages and so never meets an unmapped one; a user-space device does.
 //!
 //! `process_vm_readv`/`process_vm_writev` on the own pid fail cleanly but cost a system call and

@@ -1,6 +1,6 @@
 //! # softrdma-device
 //!
-//! The emulated HCA as a running thing (design D2-D5, D8, D9):
+//! The emulated HCA as a running thing (docs/architecture.md D2-D5, D8, D9):
 //! - [`hca`]: one engine device driven over RoCEv2/UDP by a device thread, with internal
 //!   loopback, fault injection and the capture tap, serving the verbs calls of its clients;
 //! - [`proto`], [`client`]: client processes attach over a unix socket with a versioned protocol

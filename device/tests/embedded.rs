@@ -523,7 +523,7 @@ fn sends_are_gathered_at_post_and_scattered_at_poll_without_reaching_into_the_cl
     let (_, io, _) = da.counters();
     assert_eq!(io.memory_reads, 0, "the sender's device never read the client: {io:?}");
     // ...and the receiver's device never wrote it: the data waited in the staging area and the
-    // client scattered it into its buffers when it polled (design D3).
+    // client scattered it into its buffers when it polled (docs/architecture.md D3).
     let (_, io, _) = db.counters();
     assert_eq!(io.memory_writes, 0, "the receiver's device never wrote the client: {io:?}");
     // A larger message, or one whose lkey this process does not know, is read by the device.
@@ -618,7 +618,7 @@ fn staged_receives_keep_the_error_semantics() {
 #[test]
 fn a_client_the_kernel_guards_is_served_through_its_memory_helper() {
     // Where the kernel refuses process_vm_readv/writev on a client, the device reaches the
-    // client's memory through a helper thread of the client (design D3's fallback).
+    // client's memory through a helper thread of the client (docs/architecture.md D3's fallback).
     let (da, db) = (device("ha", A, 47926, ""), device("hb", B, 47926, ""));
     let side_h = |hca: &Arc<Hca>, t: QpType| {
         let ctx = Context::embedded_with_memory_helper(hca).unwrap();

@@ -1,7 +1,7 @@
 //! # softrdma-pcap
 //!
 //! Capture files for softrdma: reading the traces that real hardware and Linux rxe recorded, and
-//! writing the ones the emulated device records (design.md, D8).
+//! writing the ones the emulated device records (docs/architecture.md D8).
 //!
 //! It holds:
 //! - [`Reader`], an iterator of [`Record`]s over a classic pcap file (either byte order, microsecond

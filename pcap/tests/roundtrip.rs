@@ -103,7 +103,8 @@ fn writers_cut_at_the_snaplen() {
     }
 }
 
-/// The comments and names design.md (D8) wants in the file, as pcap-parser itself sees them.
+/// The comments and names a pcapng file of softrdma carries (docs/architecture.md D8), as
+/// pcap-parser itself sees them.
 #[test]
 fn pcapng_comments_are_where_wireshark_looks() {
     let options = PcapngOptions {

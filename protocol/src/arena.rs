@@ -1,8 +1,8 @@
-//! The shared-memory arena of one client (design D4): the rings of its send, receive and shared
-//! receive queues and of its completion queues live in one memfd that the device creates, sizes
-//! and seals (`F_SEAL_SHRINK | F_SEAL_GROW`, so the client cannot truncate it under the device),
-//! and that both map. One arena per client, not one memfd per queue: 10k QPs would exhaust the fd
-//! limit long before memory.
+//! The shared-memory arena of one client (docs/architecture.md D4): the rings of its send, receive
+//! and shared receive queues and of its completion queues live in one memfd that the device
+//! creates, sizes and seals (`F_SEAL_SHRINK | F_SEAL_GROW`, so the client cannot truncate it under
+//! the device), and that both map. One arena per client, not one memfd per queue: 10k QPs would
+//! exhaust the fd limit long before memory.
 //!
 //! A ring is a header (producer index and consumer index, each on its own cache line; a send
 //! queue's ring also has the device's retired count beside the consumer index) and

@@ -62,8 +62,9 @@ pub struct PathStats {
 /// The protocol version; `Hello` with another one is refused.
 pub const VERSION: u32 = 12;
 
-/// A request of the device to a client's memory helper (the fallback of design D3 where the
-/// kernel refuses cross-process access: the client serves its own memory on a socket pair).
+/// A request of the device to a client's memory helper (the fallback of docs/architecture.md D3
+/// where the kernel refuses cross-process access: the client serves its own memory on a socket
+/// pair).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum MemOp {
     /// Read `len` bytes at `addr`.
@@ -500,9 +501,10 @@ pub struct SendEntry {
 }
 
 /// A receive queue ring entry: the work request and whether the client asks the device to
-/// stage the received data (design D3: the device puts it in the arena's staging area and the
-/// client scatters it into the posted buffers when it polls the completion). The client asks
-/// only when every SGE lies in one of its registered regions; `wr_id` is then the client's token.
+/// stage the received data (docs/architecture.md D3: the device puts it in the arena's staging area
+/// and the client scatters it into the posted buffers when it polls the completion). The client
+/// asks only when every SGE lies in one of its registered regions; `wr_id` is then the client's
+/// token.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RecvEntry {
     /// The work request.

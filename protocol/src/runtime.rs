@@ -1,5 +1,5 @@
 //! Where devices live on a node: the runtime directory, one unix socket and one lock file per
-//! device (design D2).
+//! device (docs/architecture.md D2).
 //!
 //! The directory is `$SOFTRDMA_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/softrdma`, else
 //! `/tmp/softrdma-$UID`. Another user could create the `/tmp` one first and watch or replace our

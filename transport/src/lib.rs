@@ -10,7 +10,7 @@
 //!   exchange UDP datagrams (RoCEv2 payloads) under virtual time, with latency, jitter,
 //!   per-sender bandwidth and seeded faults (loss, duplication, reordering, single-bit corruption,
 //!   partitions), and a driver that runs them to quiescence and catches livelock. Conformance and
-//!   property tests run the real engine over it (design decision D7).
+//!   property tests run the real engine over it (docs/architecture.md D7).
 //! - [`udp`], the real wire: RoCEv2 datagrams over UDP sockets (port 4791, a pool of source
 //!   ports for flow entropy, batched with GSO/GRO), and the interface MTU to active MTU rule.
 //! - [`steer`], steering on a device's port: a `SO_REUSEPORT` group whose classic BPF program

@@ -1,5 +1,5 @@
 //! Steering: the kernel hands each RoCE datagram to the socket of the process that owns its
-//! destination QP (design decision D2 revised; the data-path issue, item 2).
+//! destination QP (docs/architecture.md D2 revised; the data-path issue, item 2).
 //!
 //! A device's UDP port is a `SO_REUSEPORT` group of sockets that the device (the daemon) creates
 //! itself: member 0 is its own receive socket, every further member is made for one client process

@@ -1,5 +1,5 @@
-//! The capture (design D8): every packet a device sends or receives, internal loopback
-//! included, written as an Ethernet frame (LINKTYPE_ETHERNET) with real IP/UDP headers so
+//! The capture (docs/architecture.md D8): every packet a device sends or receives, internal
+//! loopback included, written as an Ethernet frame (LINKTYPE_ETHERNET) with real IP/UDP headers so
 //! Wireshark decodes it.
 //!
 //! Sent packets are written as the kernel sends them (IPv4 ID as sent, DF, TTL 64). A UDP socket

@@ -498,8 +498,8 @@ impl State {
 
     /// One packet for the UDP socket. With GSO, consecutive packets to the same destination and
     /// from the same source port, of one size (the last may be shorter), leave in one send of up
-    /// to 64 segments (design D5). Linux numbers the segments' IPv4 IDs 0, 1, 2, ... and the
-    /// ICRC covers the ID, so segment k's ICRC is recomputed for ID k.
+    /// to 64 segments (docs/architecture.md D5). Linux numbers the segments' IPv4 IDs 0, 1, 2, ...
+    /// and the ICRC covers the ID, so segment k's ICRC is recomputed for ID k.
     pub(super) fn wire(&mut self, dst: IpAddr, sport: u16, data: &[u8], icrc_id: u16, flip: Option<usize>) {
         if !self.gso.enabled {
             let mut fixed;

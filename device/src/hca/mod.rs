@@ -116,7 +116,7 @@ pub struct HcaConfig {
     /// socket.
     pub flow_ports: u16,
     /// ICRC check for IPv4 senders: a UDP socket cannot see the sender's IPv4 ID, so the default
-    /// accepts a packet whose ICRC holds for some ID (design D5).
+    /// accepts a packet whose ICRC holds for some ID (docs/architecture.md D5).
     pub icrc: IcrcPolicy,
     /// XRC target QP lifetime.
     pub xrc_policy: XrcPolicy,
@@ -826,7 +826,8 @@ impl Hca {
 
     /// A client went away: its objects are destroyed as the kernel's uverbs cleanup destroys a
     /// closed context's, except that XRC target QP handles left open do not destroy their QP
-    /// (design.md, XRC; `XrcPolicy::DestroyOnLastClose` gives upstream's behaviour).
+    /// (docs/architecture.md, XRC target QP lifetime; `XrcPolicy::DestroyOnLastClose` gives
+    /// upstream's behaviour).
     pub fn detach(&self, owner: u32) {
         let mut st = self.shared.lock();
         st.send_owed();

@@ -1,13 +1,13 @@
-//! Who moves a device's work (design D2 revised, the data path in the application): the device
-//! thread of a daemon or embedded device, and for [`Progress::Application`] devices the calls of
-//! the application's threads ([`Hca::drive`], [`Hca::drive_post`]) with a progress thread that
-//! serves what no call drives.
+//! Who moves a device's work (docs/architecture.md D2 revised, the data path in the application):
+//! the device thread of a daemon or embedded device, and for [`Progress::Application`] devices the
+//! calls of the application's threads ([`Hca::drive`], [`Hca::drive_post`]) with a progress thread
+//! that serves what no call drives.
 
 use super::*;
 
 use nix::sys::epoll::{EpollEvent, EpollFlags};
 
-/// Who makes a device progress (design D2 revised: the data path in the application).
+/// Who makes a device progress (docs/architecture.md D2 revised: the data path in the application).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Progress {
     /// The device thread does everything: it spins for a while after activity (1 ms,
@@ -99,9 +99,9 @@ fn set_handoff(sh: &Shared, _st: &State, on: bool) {
 /// The device thread: it waits on `poll_set` (the receive socket, unless handed off), the
 /// doorbell, the multicast groups and the next timer, with the state's lock released.
 pub(super) fn run(sh: &Shared) {
-    // Adaptive polling (design D4): after ring or wire activity the device keeps looking at the rings
-    // for a short while with the clients' doorbells suppressed, then clears the flag, fences,
-    // looks once more (a post that saw the flag set is found here) and sleeps.
+    // Adaptive polling (docs/architecture.md D4): after ring or wire activity the device keeps
+    // looking at the rings for a short while with the clients' doorbells suppressed, then clears
+    // the flag, fences, looks once more (a post that saw the flag set is found here) and sleeps.
     let mut spin_until: Option<std::time::Instant> = None;
     // Datagrams arrived in the last round: an answer (or the next request) tends to follow.
     let mut received = false;

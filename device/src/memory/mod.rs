@@ -1,11 +1,11 @@
-//! How the device reaches its clients' memory (design D3): `process_vm_readv`/`process_vm_writev`
-//! on the client's pid, after the engine has checked the key, bounds and access rights against its
-//! memory region table. A device running in its client's own process (a provider) reaches that
-//! process's memory by guarded copies instead ([`crate::guard`]: no system call, and a fault on
-//! memory the program has unmapped fails the access instead of crashing the program): the
-//! buffers the client posted itself (receives, READ and atomic results, [`Memory::write_local`]),
-//! a peer's RDMA WRITE, and what a READ response or a send reads. Atomics keep to the system
-//! calls.
+//! How the device reaches its clients' memory (docs/architecture.md D3):
+//! `process_vm_readv`/`process_vm_writev` on the client's pid, after the engine has checked the
+//! key, bounds and access rights against its memory region table. A device running in its client's
+//! own process (a provider) reaches that process's memory by guarded copies instead
+//! ([`crate::guard`]: no system call, and a fault on memory the program has unmapped fails the
+//! access instead of crashing the program): the buffers the client posted itself (receives, READ
+//! and atomic results, [`Memory::write_local`]), a peer's RDMA WRITE, and what a READ response or a
+//! send reads. Atomics keep to the system calls.
 //!
 //! Atomics are a read and a write under the device lock, so they are atomic with respect to every
 //! other RDMA atomic on the device (IBV_ATOMIC_HCA, what `ibv_query_device` reports), as on an HCA;

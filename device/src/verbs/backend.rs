@@ -318,7 +318,8 @@ impl Context {
                 let _ = link.call(&Request::Publish(Box::new(p)), &[]);
             }
         })));
-        // Batched sends as the daemon makes them (design D5; one destination QP per batch).
+        // Batched sends as the daemon makes them (docs/architecture.md D5; one destination QP per
+        // batch).
         cfg.gso = true;
         let hca = Arc::new(Hca::start_member(cfg, member, relay_link, blocks, first_qpn).map_err(|e| {
             tracing::warn!("provider for {name}: {e}");

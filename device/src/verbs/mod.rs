@@ -128,13 +128,15 @@ struct Inner {
 }
 
 /// Receives up to this size have their data staged by the device in the shared arena and
-/// scattered into the posted buffers by this process when it polls the completion (design D3);
-/// larger ones are written into the buffers by the device (one process_vm_writev per packet).
+/// scattered into the posted buffers by this process when it polls the completion
+/// (docs/architecture.md D3); larger ones are written into the buffers by the device (one
+/// process_vm_writev per packet).
 pub const STAGE_MAX: u64 = 64 << 10;
 
 /// SEND and WRITE payloads up to this size are gathered into the work request at post time
-/// (design D3: the data moves in the client; the device does not reach into it to send them).
-/// Larger ones are read by the device when it sends them (one process_vm_readv per packet).
+/// (docs/architecture.md D3: the data moves in the client; the device does not reach into it to
+/// send them). Larger ones are read by the device when it sends them (one process_vm_readv per
+/// packet).
 pub const GATHER_MAX: usize = 512;
 
 impl Inner {
@@ -384,8 +386,8 @@ impl Inner {
     }
 
     /// After publishing work on a ring: tell the device, unless it is polling the rings now
-    /// (design D4: the fence orders our producer index before our look at its flag; the device
-    /// fences between clearing the flag and its last scan).
+    /// (docs/architecture.md D4: the fence orders our producer index before our look at its flag;
+    /// the device fences between clearing the flag and its last scan).
     ///
     /// On a device the application drives, a send (`urgent`) runs the device now, from this
     /// thread, as a provider's post_send rings the NIC (for QP `send_qp`, see `Hca::drive_post`);
@@ -555,7 +557,8 @@ impl Context {
     pub fn open_xrcd(&self, file: Option<&File>, create: bool, exclusive: bool) -> Result<XrcDomain> {
         if self.is_provider() {
             // An XRC domain and its target QPs are shared by processes and outlive them: the
-            // daemon's (design D2 revised), made on this context's XRC side (verbs::xrc).
+            // daemon's (docs/architecture.md D2 revised), made on this context's XRC side
+            // (verbs::xrc).
             let side = self.xrc_side()?;
             let mut d = side.ctx.open_xrcd(file, create, exclusive)?;
             d.host = Some(xrc::XrcHost { host: self.clone() });

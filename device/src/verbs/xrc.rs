@@ -1,11 +1,11 @@
 //! XRC on the provider data path (`SOFTRDMA_DATAPATH=provider`).
 //!
-//! An XRC domain, its SRQs and its target QPs are the daemon's (design D2 revised; the data-path
-//! issue's item 5): several processes share a domain through a file, and a target QP outlives
-//! the process that made it and serves the SRQs of all of them. So a provider context keeps a
-//! second context of this process on the device's own data path, its *XRC side*, opened at its
-//! first `ibv_open_xrcd`, and makes the domain, its SRQs and its target QPs there. Initiator QPs
-//! stay in the provider: they only send, to target QPs the port steers to the daemon.
+//! An XRC domain, its SRQs and its target QPs are the daemon's (docs/architecture.md D2 revised;
+//! the data-path issue's item 5): several processes share a domain through a file, and a target QP
+//! outlives the process that made it and serves the SRQs of all of them. So a provider context
+//! keeps a second context of this process on the device's own data path, its *XRC side*, opened at
+//! its first `ibv_open_xrcd`, and makes the domain, its SRQs and its target QPs there. Initiator
+//! QPs stay in the provider: they only send, to target QPs the port steers to the daemon.
 //!
 //! An XRC SRQ names a PD and a CQ of the program, and its receive buffers name the program's
 //! memory regions; all of those live in the provider. The XRC side holds a twin of each it needs:

@@ -1,7 +1,8 @@
 //! The connection manager (IBTA Vol 1 chapter 12) as the Linux kernel's ib_cm + rdma_cm run it
-//! over RoCEv2 (design D10): communication IDs, listeners by service ID, the active and passive
-//! connection state machines (REQ -> REP -> RTU; REJ; MRA for duplicates; DREQ/DREP; timewait),
-//! response timeouts and retries, and the QP attributes each side's QP needs (`init_qp_attr`).
+//! over RoCEv2 (docs/architecture.md D10): communication IDs, listeners by service ID, the active
+//! and passive connection state machines (REQ -> REP -> RTU; REJ; MRA for duplicates; DREQ/DREP;
+//! timewait), response timeouts and retries, and the QP attributes each side's QP needs
+//! (`init_qp_attr`).
 //!
 //! Sans-IO like the rest of the engine: MADs come in through [`Cm::handle_mad`] (the device hands
 //! it what QP1 received), go out through [`Cm::poll_mad`] (the device sends them from QP1 as UD

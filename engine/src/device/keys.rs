@@ -1,11 +1,11 @@
 //! Memory keys: which L_Key/R_Key an engine gives a new memory region or window.
 //!
 //! A key is a 24-bit index and an 8-bit variant (the low byte; random, since any local user can
-//! send to UDP 4791, design D5), as an HCA's memory keys are an index into its translation table
-//! plus a variant a consumer sees change when the index is reused. Regions and windows share
-//! the indexes. An index is handed out again only once it is free, cyclically, so an old key's
-//! index comes back as late as possible; before this allocator an engine numbered its keys with
-//! a counter and, after 2^24 of them, a new region replaced a live one of the same index.
+//! send to UDP 4791, docs/architecture.md D5), as an HCA's memory keys are an index into its
+//! translation table plus a variant a consumer sees change when the index is reused. Regions and
+//! windows share the indexes. An index is handed out again only once it is free, cyclically, so an
+//! old key's index comes back as late as possible; before this allocator an engine numbered its
+//! keys with a counter and, after 2^24 of them, a new region replaced a live one of the same index.
 //!
 //! Several engines answer for one device's keys: the daemon's, and one in each client process
 //! that runs its own QPs (a provider). The daemon's engine also serves, under the provider's

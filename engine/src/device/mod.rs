@@ -211,7 +211,7 @@ pub struct Device<M: Memory> {
     /// The IPv4 ID for which the last packet handed to [`Device::handle_packet`] had a right
     /// ICRC (the ID its sender gave it), when the check found one ([`Device::last_rx_ipv4_id`]).
     last_rx_ipv4_id: Option<u16>,
-    /// The connection manager behind QP1 (design D10).
+    /// The connection manager behind QP1 (docs/architecture.md D10).
     cm: Cm,
     /// QP1's send PSN: one per MAD, carried across connections (kernel mad.c starts it at 0).
     gsi_psn: Psn,
@@ -634,7 +634,8 @@ impl<M: Memory> Device<M> {
     /// Posts a send work request whose data the caller already copied (`data`, as many bytes as
     /// the SGEs say): IBV_SEND_INLINE data, which the application may reuse as soon as the post
     /// returns, or the payload of a SEND/WRITE that a client gathered at post time after its own
-    /// lkey checks (design D3), so the device need not reach into the client to send it.
+    /// lkey checks (docs/architecture.md D3), so the device need not reach into the client to send
+    /// it.
     pub fn post_send_inline(&mut self, qpn: Qpn, wr: SendWr, data: Option<Vec<u8>>) -> Result<(), VerbsError> {
         let limits = self.config.limits;
         let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::Inval)?;

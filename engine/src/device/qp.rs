@@ -676,8 +676,9 @@ impl Qp {
             };
             inline = Some(data);
         } else if let Some(d) = given {
-            // Data a client gathered at post time, after its own lkey checks (design D3): only
-            // for operations that send it, and exactly as long as the SGEs say.
+            // Data a client gathered at post time, after its own lkey checks
+            // (docs/architecture.md D3): only for operations that send it, and exactly as long as
+            // the SGEs say.
             if d.len() != len as usize
                 || wr.op.is_read_or_atomic()
                 || matches!(wr.op, crate::wr::SendOp::BindMw { .. } | crate::wr::SendOp::LocalInv { .. })

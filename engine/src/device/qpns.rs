@@ -2,9 +2,9 @@
 //!
 //! A QPN is 24 bits; QP0 and QP1 are the special QPs and 0xFFFFFF is the multicast QPN (IBTA
 //! 10.2.4.1, 10.5.2.1). New QPNs start at a random point above QP1 and go on cyclically, as an
-//! HCA's do. When a device's UDP port is steered (design D2: each client process that runs its
-//! own QPs gets the datagrams for its QPs from the kernel, `softrdma_transport::steer`), the QPN
-//! space is shared among the daemon's engine and the client processes' engines by blocks of
+//! HCA's do. When a device's UDP port is steered (docs/architecture.md D2: each client process that
+//! runs its own QPs gets the datagrams for its QPs from the kernel, `softrdma_transport::steer`),
+//! the QPN space is shared among the daemon's engine and the client processes' engines by blocks of
 //! 2^12: the daemon reserves a block for each such process ([`Device::reserve_qpn_block`]) and
 //! never allocates from it; the process's engine allocates only from its blocks
 //! ([`Device::restrict_qpns_to`]).

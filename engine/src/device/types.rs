@@ -54,9 +54,9 @@ pub enum IcrcPolicy {
     /// unconnected socket uses, and the simulated wire): a 2^-32 check.
     #[default]
     Exact,
-    /// If the ICRC does not hold for that ID, accept it when some ID makes it hold (design D5: rxe
-    /// and hardware change the ID per packet); a corrupted packet then passes with probability
-    /// about 2^-16. IPv6 is always exact.
+    /// If the ICRC does not hold for that ID, accept it when some ID makes it hold
+    /// (docs/architecture.md D5: rxe and hardware change the ID per packet); a corrupted packet
+    /// then passes with probability about 2^-16. IPv6 is always exact.
     AnyIpv4Id,
 }
 
@@ -180,7 +180,8 @@ pub struct RecvMeta {
 pub struct TransmitOptions {
     /// The IPv4 Identification the ICRC is computed for (0 unless set). A transport that sends
     /// several packets in one UDP GSO send, whose segments Linux numbers 0, 1, 2, ..., gives the
-    /// number this packet will get, so that its ICRC need not be computed twice (design D5).
+    /// number this packet will get, so that its ICRC need not be computed twice
+    /// (docs/architecture.md D5).
     pub ip_id: u16,
     /// Whether a packet to the device's own address gets an ICRC (the default): one for a QP of
     /// this engine (internal loopback), and one for a QP of another engine of the same device

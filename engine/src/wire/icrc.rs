@@ -331,9 +331,9 @@ fn zeros_operator(mut n: usize) -> [u32; 32] {
 }
 
 /// Finds an IPv4 identification for which the ICRC of a RoCEv2 packet over IPv4 is right, when the
-/// receiver cannot see the ID (a plain UDP socket; design D5). `ip_udp` holds the IPv4 and UDP
-/// headers as rebuilt by the receiver (its ID field is ignored); `transport` is the UDP payload
-/// with the ICRC.
+/// receiver cannot see the ID (a plain UDP socket; docs/architecture.md D5). `ip_udp` holds the
+/// IPv4 and UDP headers as rebuilt by the receiver (its ID field is ignored); `transport` is the
+/// UDP payload with the ICRC.
 ///
 /// The CRC is linear over GF(2), so the ICRC of the packet with ID `id` is the ICRC with ID 0
 /// XOR a linear function of the 16 ID bits: a 32 x 16 system, solved by elimination. A corrupted

@@ -1,4 +1,4 @@
-//! RoCEv2 over real UDP sockets (design decision D5): moves the UDP payloads the engine builds
+//! RoCEv2 over real UDP sockets (docs/architecture.md D5): moves the UDP payloads the engine builds
 //! (BTH, extension headers, payload, pad, ICRC) between hosts, batched with UDP GSO and GRO.
 //!
 //! # Sockets
@@ -25,8 +25,8 @@
 //! - The receive socket asks for `IP_PKTINFO`/`IPV6_RECVPKTINFO` (the datagram's destination
 //!   address: a multicast group, or which local address was hit), `IP_RECVTTL`/
 //!   `IPV6_RECVHOPLIMIT` and `IP_RECVTOS`/`IPV6_RECVTCLASS` (capture rebuilds the IP header from
-//!   them, design decision D8), and tries 4 MiB receive and send buffers (the kernel caps them at
-//!   `net.core.rmem_max`/`wmem_max`; failure is ignored).
+//!   them, docs/architecture.md D8), and tries 4 MiB receive and send buffers (the kernel caps them
+//!   at `net.core.rmem_max`/`wmem_max`; failure is ignored).
 //! - `SO_REUSEADDR` is never set, and `SO_REUSEPORT` only for a steered device
 //!   ([`UdpConfig::steered`], [`crate::steer`]), after checking with a plain bind that the port is
 //!   free: a second device on the same address and port must fail to bind, not silently share

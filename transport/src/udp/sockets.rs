@@ -62,8 +62,8 @@ pub(crate) fn bind_error(local: SocketAddr, addr: IpAddr, error: io::Error) -> U
 /// the wildcard address (pid and command name, by pid): /proc/net/udp and udp6 give the sockets'
 /// inodes, /proc/PID/fd which processes have them open (another user's cannot be read, and are
 /// left out). For the message of a bind that found the address taken: a program left running
-/// from a device that stopped keeps its member of the device's port (design D3), and "address in
-/// use" alone did not say who.
+/// from a device that stopped keeps its member of the device's port (docs/architecture.md D2), and
+/// "address in use" alone did not say who.
 pub(crate) fn holders(local: SocketAddr) -> Vec<(u32, String)> {
     let mut inodes = std::collections::HashSet::new();
     for table in ["/proc/net/udp", "/proc/net/udp6"] {

@@ -1,6 +1,6 @@
-//! `librdmacm.so.1`: rdma_cm over softrdma (design D10). The connection manager runs in the
-//! device (its QP1 sends and receives the CM MADs); this library is the thin client librdmacm is
-//! over the kernel's ucma:
+//! `librdmacm.so.1`: rdma_cm over softrdma (docs/architecture.md D10). The connection manager runs
+//! in the device (its QP1 sends and receives the CM MADs); this library is the thin client
+//! librdmacm is over the kernel's ucma:
 //! - an event channel is a pipe: the device writes one frame per event into it (and this library
 //!   writes the events it makes itself: address and route resolution), so `channel->fd` is a
 //!   real fd that polls readable while events wait, and O_NONBLOCK is honoured by read(2);
