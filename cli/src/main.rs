@@ -20,8 +20,8 @@
 //! - `softrdma bench [--quick]`: perftest through the shim against the physical limits
 //!   (udpbench) and the peers (UCX tcp, libfabric tcp), one table, written to BENCHMARKS.md.
 //!
-//! Not built yet (later issues): `capture`, `pcap replay`; clap rejects them as unknown
-//! subcommands.
+//! Not built: a `capture` subcommand (a device captures with `softrdma up --pcap`); clap
+//! rejects it as an unknown subcommand.
 
 mod bench;
 mod bench_capture;

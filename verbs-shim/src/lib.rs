@@ -29,7 +29,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 )]
 pub mod ffi {
     //! rdma-core's `infiniband/verbs.h`, as bindgen reads it (committed: bindings/verbs.rs;
-    //! scripts/regen-bindings.sh regenerates it, tests/bindings.rs checks it is current).
+    //! scripts/regen-bindings.sh regenerates it, bindgen/tests/current.rs checks it is current).
     include!("../bindings/verbs.rs");
 }
 

@@ -24,9 +24,10 @@
 //! - IPv6 sockets set `IPV6_V6ONLY`, so a device on `::` does not also take the IPv4 port.
 //! - The receive socket asks for `IP_PKTINFO`/`IPV6_RECVPKTINFO` (the datagram's destination
 //!   address: a multicast group, or which local address was hit), `IP_RECVTTL`/
-//!   `IPV6_RECVHOPLIMIT` and `IP_RECVTOS`/`IPV6_RECVTCLASS` (capture rebuilds the IP header from
-//!   them, docs/architecture.md D8), and tries 4 MiB receive and send buffers (the kernel caps them
-//!   at `net.core.rmem_max`/`wmem_max`; failure is ignored).
+//!   `IPV6_RECVHOPLIMIT` and `IP_RECVTOS`/`IPV6_RECVTCLASS` (reported with each datagram; the
+//!   capture does not use them yet: its rebuilt IP header has TTL 64, docs/architecture.md D8),
+//!   and tries 4 MiB receive and send buffers (the kernel caps them at `net.core.rmem_max`/
+//!   `wmem_max`; failure is ignored).
 //! - `SO_REUSEADDR` is never set, and `SO_REUSEPORT` only for a steered device
 //!   ([`UdpConfig::steered`], [`crate::steer`]), after checking with a plain bind that the port is
 //!   free: a second device on the same address and port must fail to bind, not silently share
