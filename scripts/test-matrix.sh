@@ -19,7 +19,8 @@
 # Prints a line per cell, then the table (program and options, path, capture, faults: passed of
 # runs, last figure) and "matrix: P of C cells passed every time (R rounds)". Exit 1 on any
 # failure. Needs scripts/build-shim.sh and the programs (scripts/install-deps.sh). Logs stay in
-# $SOFTRDMA_MATRIX_LOGS when set.
+# $SOFTRDMA_MATRIX_LOGS when set, with the daemons' logs and the captures of a segment in which a
+# cell failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
@@ -70,7 +71,7 @@ addr0="${SOFTRDMA_TEST_ADDR0:-127.0.0.1}"
 addr1="${SOFTRDMA_TEST_ADDR1:-127.0.0.2}"
 # TCP ports below the kernel's ephemeral range (scripts/programs-lib.sh says why).
 port=$((20000 + RANDOM % 11000))
-round=1 setup="" path="" capture="" faults="" segment="" pcap0="" pcap1="" seg_ran=0
+round=1 setup="" path="" capture="" faults="" segment="" pcap0="" pcap1="" seg_ran=0 seg_failed=0
 
 # Waits until an rdma_cm ID listens on PORT in port space PS on one of the devices.
 wait_listen() { # port [ps]
@@ -86,6 +87,7 @@ wait_listen() { # port [ps]
 # note STATUS CELL FIGURE [DETAIL]: one result.
 note() {
   seg_ran=1
+  [ "$1" = FAIL ] && seg_failed=1
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$path" "$capture" "$faults" "$1" "$2|$3" >>"$results"
   printf '%-4s %-58s %-8s %-3s %-5s %s\n' "$1" "$2" "$path" "$capture" "$faults" "$3${4:+  -- $4}"
 }
@@ -359,7 +361,7 @@ fault_cells() {
 
 # The setup's devices up, with its capture (files of segment SEG) and faults. Sets pcap0/pcap1.
 devices_up() { # seg
-  seg_ran=0
+  seg_ran=0 seg_failed=0
   local -a flags0=(--addr "$addr0") flags1=(--addr "$addr1")
   pcap0="$capdir/softrdma-matrix-$$-r${round}-$path-$faults-$1-srdma0.pcap"
   pcap1="$capdir/softrdma-matrix-$$-r${round}-$path-$faults-$1-srdma1.pcap"
@@ -404,7 +406,17 @@ devices_down() { # seg
     done
     if [ -z "$why" ]; then note ok "capture $1" "$frames frames, 0 lost, all checked"; else note FAIL "capture $1" "-" "$why"; fi
   fi
-  rm -f "$pcap0" "$pcap1"
+  # A segment with a failed cell keeps its captures with the logs when they are kept (files
+  # under 2 GB: a lossy setup's are a few MB).
+  local f
+  for f in "$pcap0" "$pcap1"; do
+    if [ "$seg_failed" = 1 ] && [ -n "${SOFTRDMA_MATRIX_LOGS:-}" ] && [ -f "$f" ] \
+      && [ "$(stat -c %s "$f")" -lt 2000000000 ]; then
+      mv "$f" "$logs/"
+    else
+      rm -f "$f"
+    fi
+  done
 }
 
 # Between two segments of a setup: the captures so far checked and removed, the devices up
