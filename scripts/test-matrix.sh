@@ -114,12 +114,45 @@ perf_cell() { # tier conn place prog args...
   [ "$conn" = cm ] && tag=" -R"
   local name="$prog $*$tag $place"
   want "$tier" "$name" || return 0
-  port=$((port + 1))
-  local base slog clog cdev=srdma0 crc=1 src lat=0 fig
+  local base slog clog lat=0 fig errs try src=1 crc=1
   base=$(logname "$name")
   slog="$base.server.log" clog="$base.client.log"
-  [ "$place" = across ] && cdev=srdma1
   [[ "$prog" == *_lat ]] && lat=1
+  for try in 1 2; do
+    perf_run "$conn" "$place" "$prog" "$@"
+    if [ "$src" = 0 ] && [ "$crc" = 0 ] && fig=$(perf_figure "$clog" "$lat"); then
+      if [ "$try" = 1 ]; then
+        note ok "$name" "$fig"
+      else
+        note ok "$name" "$fig" "on its second run: the first lost its last packet to the faults (perftest -R, docs/testing.md)"
+      fi
+      return 0
+    fi
+    # With -R, perftest's last messages (the latency loop's last WRITE, its exchanges over
+    # rdma_cm before the test, of the results, at the close) are followed at once by the
+    # receiver's rdma_disconnect or destroy, with no handshake over TCP to hold it. When that
+    # last packet or its ACK is lost, the retry reaches a QP already in the error state or gone,
+    # which drops it (IBTA 10.3.1, 9.6.1), and the sender fails with retry exceeded (status 12):
+    # so on a NIC over a lossy link too. The capture of such a run shows the receiver's DREQ
+    # before the unanswered retries. Under injected loss such a -R cell runs once more and says
+    # so; anything else fails at once.
+    [ "$try" = 1 ] && [ "$faults" != none ] && [ "$conn" = cm ] \
+      && grep -qE "status 12" "$slog" "$clog" || break
+    mv "$slog" "$slog.first"
+    mv "$clog" "$clog.first"
+  done
+  errs=$(grep -h -i -m 3 -E "error|fail|couldn|unable|wrong|timed? ?out|refused|status" "$slog" "$clog" | tr '\n' ' ')
+  note FAIL "$name" "-" "server rc=$src client rc=$crc; ${errs:-$(tail -q -n 2 "$slog" "$clog" | tr '\n' ' ')}"
+}
+
+# One run of a perftest cell (perf_cell's variables): sets src and crc, the exit statuses.
+perf_run() { # conn place prog args...
+  local conn="$1" place="$2" prog="$3"
+  shift 3
+  local cdev=srdma0
+  port=$((port + 1))
+  crc=1 src=1
+  [ "$place" = across ] && cdev=srdma1
   if [ "$conn" = tcp ]; then
     timeout 180 "$prog" -d srdma0 -p "$port" "$@" >"$slog" 2>&1 &
     local spid=$!
@@ -141,13 +174,6 @@ perf_cell() { # tier conn place prog args...
   fi
   wait "$spid"
   src=$?
-  if [ "$src" = 0 ] && [ "$crc" = 0 ] && fig=$(perf_figure "$clog" "$lat"); then
-    note ok "$name" "$fig"
-  else
-    local errs
-    errs=$(grep -h -i -m 3 -E "error|fail|couldn|unable|wrong|timed? ?out|refused|status" "$slog" "$clog" | tr '\n' ' ')
-    note FAIL "$name" "-" "server rc=$src client rc=$crc; ${errs:-$(tail -q -n 2 "$slog" "$clog" | tr '\n' ' ')}"
-  fi
 }
 
 # A server and a client whose logs must say WANT; @P in the commands is a fresh port. The client
