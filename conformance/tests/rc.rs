@@ -1541,3 +1541,47 @@ fn answers_to_duplicates_hold_no_responder_resource() {
     origs.sort_unstable();
     assert_eq!(origs, (0..8).collect::<Vec<_>>(), "each saw a distinct original value");
 }
+
+#[test]
+fn a_sequence_nak_behind_an_rnr_nak_that_arrives_after_the_rnr_wait_spends_no_transport_retry() {
+    // The same rule as above (IBTA 9.7.5.2.8, C9-140) when the responder's sequence NAK for the
+    // RNR-NAKed PSN reaches the requester only after the RNR timer ran out and the resend from
+    // that PSN has left: it still asks for the resend already made, not for a new one. A busy
+    // device (the daemon reaching a client's memory through its helper) processes the RNR NAK,
+    // fires the short RNR timer (perftest's min_rnr_timer) and only then reads the sequence NAK
+    // queued behind it; spending retry_cnt on each ended `ib_send_bw --use-srq -q 4` (four QPs
+    // on one SRQ, so one QP can find it empty many times in a row) in RETRY_EXC_ERR, 2 runs in
+    // 100 on the device path with the memory helper.
+    let (mut p, a, b) = setup(RcOptions { retry_cnt: 1, rnr_retry: 7, min_rnr_timer: 1, ..RcOptions::default() });
+    // Every sequence NAK from B is held back well past the RNR timer of code 1 (10 us).
+    p.set_filter(|s| {
+        if s.from == B && s.syndrome == Some(0x60) {
+            Fate::Delay(softrdma_engine::time::Duration::from_micros(200))
+        } else {
+            Fate::Deliver
+        }
+    });
+    for i in 0..8 {
+        send(&mut p, &a, i, SendOp::Send, BASE, 4);
+    }
+    for _ in 0..3000 {
+        p.step();
+    }
+    let from_b =
+        |p: &Pair, f: fn(u8) -> bool| p.log.iter().filter(|s| s.from == B && s.syndrome.is_some_and(f)).count();
+    let rnrs = from_b(&p, |x| x & 0x60 == 0x20);
+    let seq_naks = from_b(&p, |x| x == 0x60);
+    let wa = p.poll(A, a.cq);
+    assert!(
+        wa.is_empty(),
+        "the requester gave up while the responder answered ({rnrs} RNR NAKs, {seq_naks} sequence NAKs): {wa:?}"
+    );
+    assert!(rnrs > 5 && seq_naks > 5, "{rnrs} RNR NAKs, {seq_naks} sequence NAKs: the case did not happen");
+    for i in 0..8 {
+        post_recv(&mut p, B, &b, 100 + i, BASE + 0x1000 + 64 * i, 64);
+    }
+    p.drive(STEPS);
+    let wa = p.poll(A, a.cq);
+    assert_eq!(wa.len(), 8);
+    assert!(wa.iter().all(|w| w.status == WcStatus::Success), "{wa:?}");
+}

@@ -130,9 +130,17 @@ fn handle_nak<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn, syndrome: 
             qp.comp.rnr_until = Some(ctx.now + crate::time::Duration::from_nanos(aeth::rnr_timer_ns(timer)));
             rewind(qp, psn);
             qp.comp.window.on_resend();
-            // A new resend from `psn` after the wait: a sequence NAK for it from now on is news
-            // (the responder accepted `psn` before answering RNR, which ended its NAK state).
-            qp.comp.retry_psn = None;
+            // The resend from `psn` after the wait is the one a sequence NAK for `psn` asks for
+            // (IBTA 9.7.5.2.8): the responder answered RNR for `psn` and then NAKs the requests
+            // pipelined behind it for the same PSN (9.7.5.2.3). That NAK may reach the requester
+            // after the wait ran out and the resend left (a device busy elsewhere reads it only
+            // then): as for a copy of a sequence NAK, it starts no second rewind and spends no
+            // retry_cnt (C9-140 counts a silent responder). `progress` forgets the PSN once it
+            // is acknowledged. A loss of the resend itself is found by the next RNR NAK, a
+            // sequence NAK for a later PSN or the ACK timer. Forgetting it here instead spent
+            // retry_cnt on every such late NAK: `ib_send_bw --use-srq -q 4` ended in
+            // RETRY_EXC_ERR (2 runs in 100 on the device path through the memory helper).
+            qp.comp.retry_psn = Some(psn);
             // The responder answered: the transport timer (which counts silence against
             // retry_cnt, C9-140) stops for the wait it asked for and starts again with the resend
             // (Qp::handle_timeout). Left running, an RNR timer longer than the ACK timeout spent
