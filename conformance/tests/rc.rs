@@ -1585,3 +1585,36 @@ fn a_sequence_nak_behind_an_rnr_nak_that_arrives_after_the_rnr_wait_spends_no_tr
     assert_eq!(wa.len(), 8);
     assert!(wa.iter().all(|w| w.status == WcStatus::Success), "{wa:?}");
 }
+
+#[test]
+fn after_an_rnr_nak_the_resend_starts_small_and_the_window_comes_back() {
+    // IBTA 9.7.5.2.8: after an RNR NAK the requester resends from the NAKed PSN once the RNR
+    // timer ran out; the responder, still without a receive WQE, NAKs again and drops what was
+    // pipelined behind (9.7.5.1.2). How much the requester resends at once is its own choice
+    // (req::Window::on_rnr): a few packets, not its whole window, so that a slow receiver is not
+    // buried in resends it must drop (qperf rc_bw -m 4096 on the device path: 16k RNR NAKs and
+    // 4.2M resent packets in three 1-s runs). Once receives are there, all complete and the
+    // window grows back.
+    let (mut p, a, b) = setup(RcOptions { rnr_retry: 7, min_rnr_timer: 1, ..RcOptions::default() });
+    post_recv(&mut p, B, &b, 1, BASE + 0x1000, 64);
+    for i in 0..128 {
+        send(&mut p, &a, i, SendOp::Send, BASE, 4);
+    }
+    for _ in 0..4000 {
+        p.step();
+    }
+    let rnrs = p.log.iter().filter(|s| s.from == B && s.syndrome.is_some_and(|x| x & 0x60 == 0x20)).count();
+    let first_rnr = p.log.iter().position(|s| s.from == B && s.syndrome.is_some_and(|x| x & 0x60 == 0x20)).unwrap();
+    let resent = p.log[first_rnr..].iter().filter(|s| s.from == A).count();
+    assert!(rnrs > 10, "{rnrs} RNR NAKs: the case did not happen");
+    // At most the smallest window (8) and a window probe per RNR wait.
+    assert!(resent <= rnrs * 9, "{resent} packets resent for {rnrs} RNR NAKs");
+    for i in 0..127 {
+        post_recv(&mut p, B, &b, 100 + i, BASE + 0x2000 + 64 * i, 64);
+    }
+    p.drive(STEPS);
+    let wa = p.poll(A, a.cq);
+    assert_eq!(wa.len(), 128);
+    assert!(wa.iter().all(|w| w.status == WcStatus::Success), "{wa:?}");
+    assert_eq!(p.poll(B, b.cq).len(), 128);
+}

@@ -129,7 +129,8 @@ fn handle_nak<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn, syndrome: 
             }
             qp.comp.rnr_until = Some(ctx.now + crate::time::Duration::from_nanos(aeth::rnr_timer_ns(timer)));
             rewind(qp, psn);
-            qp.comp.window.on_resend();
+            // The resend after the wait starts from a small window (req::Window::on_rnr).
+            qp.comp.window.on_rnr();
             // The resend from `psn` after the wait is the one a sequence NAK for `psn` asks for
             // (IBTA 9.7.5.2.8): the responder answered RNR for `psn` and then NAKs the requests
             // pipelined behind it for the same PSN (9.7.5.2.3). That NAK may reach the requester

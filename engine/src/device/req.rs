@@ -143,6 +143,21 @@ impl Window {
         self.recover = Some(sent_high);
     }
 
+    /// An RNR NAK: the responder has no receive WQE for the NAKed PSN (IBTA 9.7.5.2.8) and drops
+    /// what was pipelined behind it, so after the RNR wait everything from that PSN goes again.
+    /// The resend starts from the smallest window and grows back by slow start to the window
+    /// it had (`ssthresh` keeps it): a responder that is still short of WQEs answers the first
+    /// few packets with the next RNR NAK instead of having the whole window (up to
+    /// [`MAX_UNACKED_PSNS`], 1 MiB at MTU 4096) resent and dropped each time, and one that
+    /// caught up has its window back within a few round trips. The RNR is not a loss: the
+    /// window it returns to is not halved.
+    pub(crate) fn on_rnr(&mut self) {
+        self.on_resend();
+        self.ssthresh = self.ssthresh.max(self.cwnd);
+        self.cwnd = MIN_UNACKED_PSNS;
+        self.acked = 0;
+    }
+
     /// The requester goes back to resend (a NAK, an implicit NAK, the ACK timer, an RNR NAK):
     /// no probe is pending, and the round trip being timed is void (Karn).
     pub(crate) fn on_resend(&mut self) {
