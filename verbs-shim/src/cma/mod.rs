@@ -11,8 +11,14 @@
 //! - QPs move through INIT/RTR/RTS as librdmacm moves them, with the attributes the device's CM
 //!   gives (`rdma_init_qp_attr`).
 
-mod calls;
+mod addr;
+mod conn;
+mod event;
+mod hotplug;
+mod id;
+mod mcast;
 mod ports;
+mod qp;
 mod verbs_api;
 
 use std::collections::{HashMap, HashSet};
@@ -184,7 +190,7 @@ fn watch(cma: &'static Cma) {
         for (k, d) in alive.iter().enumerate() {
             if fds[k].revents != 0 {
                 lock(&cma.devs).retain(|x| !Arc::ptr_eq(x, d));
-                calls::device_removed(cma, d);
+                hotplug::device_removed(cma, d);
             }
         }
         let mut look = notify.is_none();
@@ -297,7 +303,7 @@ impl Cma {
         }
         for d in open_devs(&fresh) {
             lock(&self.devs).push(d.clone());
-            calls::device_added(self, &d);
+            hotplug::device_added(self, &d);
         }
     }
 }
