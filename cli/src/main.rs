@@ -238,7 +238,7 @@ enum PcapCommand {
         file: PathBuf,
         /// The side softrdma plays.
         #[arg(long = "as", value_enum, default_value = "both")]
-        side: pcap_cmd::ReplayAs,
+        side: pcap_cmd::ReplaySide,
         /// softrdma's behaviour profile (`rxe` or `cx`; see INTEROP.md).
         #[arg(long, default_value = "rxe", value_parser = clap::builder::PossibleValuesParser::new(softrdma_engine::device::Behaviour::NAMES))]
         profile: String,

@@ -290,7 +290,7 @@ pub(crate) fn behaviour(files: &[PathBuf], as_json: bool) -> Result<ExitCode> {
 
 /// The side softrdma plays in `pcap replay`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum ReplayAs {
+pub(crate) enum ReplaySide {
     /// softrdma answers the recorded requests.
     Responder,
     /// softrdma sends the recorded messages.
@@ -303,7 +303,7 @@ pub(crate) enum ReplayAs {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn replay(
     file: &Path,
-    side: ReplayAs,
+    side: ReplaySide,
     profile: &str,
     credits: Option<&str>,
     recv_depth: Option<usize>,
@@ -320,18 +320,18 @@ pub(crate) fn replay(
         };
     }
     let side = match side {
-        ReplayAs::Responder => replay::As::Responder,
-        ReplayAs::Requester => replay::As::Requester,
-        ReplayAs::Both => replay::As::Both,
+        ReplaySide::Responder => replay::Side::Responder,
+        ReplaySide::Requester => replay::Side::Requester,
+        ReplaySide::Both => replay::Side::Both,
     };
     let opts = replay::Options { side, behaviour, recv_depth };
     let rep = match live {
         None => replay::replay_file(file, &opts).with_context(|| format!("cannot read {}", file.display()))?,
         Some((dev, local)) => {
-            if side == replay::As::Requester {
+            if side == replay::Side::Requester {
                 anyhow::bail!("live replay (--to) plays the responder only: use --as responder or leave --as out");
             }
-            let opts = replay::Options { side: replay::As::Responder, ..opts };
+            let opts = replay::Options { side: replay::Side::Responder, ..opts };
             let cap =
                 softrdma_pcap::behaviour::load(file).with_context(|| format!("cannot read {}", file.display()))?;
             let mut targets = crate::replay_live::targets(dev, local);

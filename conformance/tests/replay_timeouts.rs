@@ -13,7 +13,7 @@ use softrdma_engine::wire::roce::{default_eth, ipv4_default, EmitOptions, FrameR
 use softrdma_engine::wire::EthernetAddress;
 use softrdma_engine::wire::{ib, IbPacket};
 use softrdma_engine::wr::{SendOp, SendWr, Sge};
-use softrdma_pcap::replay::{replay_file, As, Options};
+use softrdma_pcap::replay::{replay_file, Options, Side};
 use softrdma_pcap::{PcapWriter, Resolution};
 use softrdma_transport::faults::Fate;
 
@@ -85,7 +85,7 @@ fn record(path: &Path, timeout: u8, writes: u64, held_for: Duration) -> usize {
 }
 
 fn replay(path: &Path) -> softrdma_pcap::replay::ConversationReport {
-    let opts = Options { side: As::Requester, behaviour: Default::default(), recv_depth: None };
+    let opts = Options { side: Side::Requester, behaviour: Default::default(), recv_depth: None };
     let r = replay_file(path, &opts).unwrap();
     let c = r.conversations.into_iter().find(|c| c.role == "requester").expect("a requester replay");
     assert!(c.not_replayable.is_none(), "{c:?}");

@@ -227,7 +227,7 @@ fn held_back_answers_leave_at_process_exit_child() {
 /// (ib_write_lat's shape: post, poll the completion, spin on memory the peer writes, post
 /// again): the acknowledgement then leaves behind that post in one GSO send, and the peer's
 /// poll finds both together. Once per post; and a program that does not post again has it sent
-/// within the hold's bound (TX_DEFER), not after the requester's transport timer (4 s here).
+/// within the hold's bound (HELD_ANSWER_WAIT), not after the requester's transport timer (4 s here).
 /// The peer is a device-thread device: it acknowledges at once, alone, so that b's poll returns
 /// at a's acknowledgement and b's progress thread, not its poll, receives a's WRITE.
 #[test]

@@ -6,7 +6,7 @@ use libfuzzer_sys::fuzz_target;
 use softrdma_engine::device::Behaviour;
 use softrdma_pcap::analyze::summarize;
 use softrdma_pcap::behaviour::Capture;
-use softrdma_pcap::replay::{replay, As, Options};
+use softrdma_pcap::replay::{replay, Options, Side};
 use softrdma_pcap::Reader;
 
 fuzz_target!(|data: &[u8]| {
@@ -22,7 +22,7 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     for behaviour in [Behaviour::RXE, Behaviour::CX] {
-        let r = replay("fuzz", &cap, &Options { side: As::Both, behaviour, recv_depth: None });
+        let r = replay("fuzz", &cap, &Options { side: Side::Both, behaviour, recv_depth: None });
         assert!(r.answers_matched <= r.answers_expected);
         let _ = softrdma_pcap::replay::text(&r);
     }

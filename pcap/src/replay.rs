@@ -67,7 +67,7 @@ use self::target::{bring_up, make_engine, VirtualTarget};
 /// Which side softrdma plays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum As {
+pub enum Side {
     /// softrdma answers the recorded requests.
     Responder,
     /// softrdma sends the recorded messages.
@@ -80,7 +80,7 @@ pub enum As {
 #[derive(Debug, Clone, Copy)]
 pub struct Options {
     /// Which side softrdma plays.
-    pub side: As,
+    pub side: Side,
     /// softrdma's wire choices.
     pub behaviour: Behaviour,
     /// Receive WQEs kept posted for SENDs (`None`: inferred from the recorded credits).
@@ -243,9 +243,9 @@ pub fn replay_on(
             continue;
         }
         let sides: &[&'static str] = match opts.side {
-            As::Responder => &["responder"],
-            As::Requester => &["requester"],
-            As::Both => &["responder", "requester"],
+            Side::Responder => &["responder"],
+            Side::Requester => &["requester"],
+            Side::Both => &["responder", "requester"],
         };
         for &side in sides {
             if side == "requester" && !requesters {
@@ -262,9 +262,9 @@ pub fn replay_on(
     if requesters {
         let cx = opts.behaviour.name == softrdma_engine::device::ProfileName::Cx;
         let sides: &[&'static str] = match opts.side {
-            As::Responder => &["responder"],
-            As::Requester => &["requester"],
-            As::Both => &["responder", "requester"],
+            Side::Responder => &["responder"],
+            Side::Requester => &["requester"],
+            Side::Both => &["responder", "requester"],
         };
         for &side in sides {
             out.extend(crate::replay_cm::replay_cm(cap, cx, side));
@@ -361,7 +361,7 @@ const LOCAL_LEN: u64 = 1 << 32;
 const RING: u64 = 64 << 20;
 
 /// A recorded packet of the conversation.
-struct Rec<'a> {
+struct RecordedPacket<'a> {
     p: &'a Packet,
     opcode: Opcode,
     psn: Psn,
@@ -369,11 +369,17 @@ struct Rec<'a> {
     position: Option<Position>,
 }
 
-impl<'a> Rec<'a> {
-    fn new(p: &'a Packet) -> Option<Rec<'a>> {
+impl<'a> RecordedPacket<'a> {
+    fn new(p: &'a Packet) -> Option<RecordedPacket<'a>> {
         let b = p.ib.headers.bth?;
         let info = b.opcode.info();
-        Some(Rec { p, opcode: b.opcode, psn: b.psn, kind: info.map(|i| i.kind), position: info.map(|i| i.position) })
+        Some(RecordedPacket {
+            p,
+            opcode: b.opcode,
+            psn: b.psn,
+            kind: info.map(|i| i.kind),
+            position: info.map(|i| i.position),
+        })
     }
 
     fn frame(&self) -> u64 {
@@ -425,8 +431,8 @@ fn replay_conversation(
         r.not_replayable = Some(why);
         return r;
     }
-    let all: Vec<Rec<'_>> = c.members.iter().filter_map(|&i| Rec::new(&cap.packets[i])).collect();
-    let (reqs, resps): (Vec<Rec<'_>>, Vec<Rec<'_>>) =
+    let all: Vec<RecordedPacket<'_>> = c.members.iter().filter_map(|&i| RecordedPacket::new(&cap.packets[i])).collect();
+    let (reqs, resps): (Vec<RecordedPacket<'_>>, Vec<RecordedPacket<'_>>) =
         all.into_iter().filter(|x| x.kind.is_some()).partition(|x| role_of(x) == Role::Request);
     if let Err(why) = replay_role(&mut r, c, cm, opts, role, reqs, resps, targets) {
         r.not_replayable = Some(why);
@@ -434,7 +440,7 @@ fn replay_conversation(
     r
 }
 
-fn role_of(x: &Rec<'_>) -> Role {
+fn role_of(x: &RecordedPacket<'_>) -> Role {
     role(x.opcode)
 }
 
@@ -541,7 +547,7 @@ pub trait Target {
 
 /// The path MTU: from the CM REQ, else from the FIRST/MIDDLE packets (they are exactly one MTU),
 /// else the smallest MTU the largest packet fits.
-fn infer_mtu(conn: Option<&CmConn>, reqs: &[Rec<'_>], resps: &[Rec<'_>]) -> (Mtu, String) {
+fn infer_mtu(conn: Option<&CmConn>, reqs: &[RecordedPacket<'_>], resps: &[RecordedPacket<'_>]) -> (Mtu, String) {
     if let Some(m) = conn.and_then(|c| Mtu::from_ibv(u32::from(c.mtu)).map(|m| (m, c.req_frame))) {
         return (m.0, format!("path MTU {} from the CM REQ (frame {})", m.0.bytes(), m.1));
     }
@@ -661,7 +667,7 @@ fn compare_fields(
     same
 }
 
-fn recorded_packet<'a>(x: &'a Rec<'_>) -> Option<IbPacket<&'a [u8]>> {
+fn recorded_packet<'a>(x: &'a RecordedPacket<'_>) -> Option<IbPacket<&'a [u8]>> {
     IbPacket::new_checked(&x.p.ib_bytes[..]).ok()
 }
 
@@ -672,8 +678,8 @@ fn replay_role(
     cm: &CmFacts,
     opts: &Options,
     role: &'static str,
-    reqs: Vec<Rec<'_>>,
-    resps: Vec<Rec<'_>>,
+    reqs: Vec<RecordedPacket<'_>>,
+    resps: Vec<RecordedPacket<'_>>,
     targets: &mut TargetFactory<'_>,
 ) -> Result<(), String> {
     let request_qp = c.request_qp.ok_or("no request QP")?;
@@ -690,7 +696,7 @@ fn replay_role(
     if bad > 0 {
         r.setup.push(format!("{bad} request packets with a bad ICRC left out, as a receiver drops them"));
     }
-    let reqs: Vec<Rec<'_>> = reqs.into_iter().filter(|x| !x.p.ib.has_bad_icrc()).collect();
+    let reqs: Vec<RecordedPacket<'_>> = reqs.into_iter().filter(|x| !x.p.ib.has_bad_icrc()).collect();
     // Where the replay starts: the first packet that starts a message.
     let start =
         reqs.iter().position(|x| x.position.is_some_and(|p| p.starts())).ok_or("no message starts in the capture")?;
@@ -766,7 +772,7 @@ fn replay_role(
     if before > 0 {
         r.not_compared.push(format!("{before} responses to requests before the replay's first one"));
     }
-    let resps: Vec<Rec<'_>> = resps.into_iter().filter(|x| !after(first_psn, x.psn)).collect();
+    let resps: Vec<RecordedPacket<'_>> = resps.into_iter().filter(|x| !after(first_psn, x.psn)).collect();
     let resps = &resps[..];
     // Without the CM, the first recorded acknowledgement tells whether the responder counted its
     // messages from the replay's first packet: its MSN equals the messages ending at or before
@@ -806,7 +812,7 @@ fn replay_role(
 
 /// The memory regions the requests name (RETH and AtomicETH keys): per recorded rkey the range
 /// its operations cover.
-fn regions(reqs: &[Rec<'_>]) -> BTreeMap<u32, (u64, u64)> {
+fn regions(reqs: &[RecordedPacket<'_>]) -> BTreeMap<u32, (u64, u64)> {
     let mut m: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
     for x in reqs {
         let h = &x.p.ib.headers;
@@ -820,7 +826,7 @@ fn regions(reqs: &[Rec<'_>]) -> BTreeMap<u32, (u64, u64)> {
     m
 }
 
-fn time_of(x: &Rec<'_>, t0: u64) -> Instant {
+fn time_of(x: &RecordedPacket<'_>, t0: u64) -> Instant {
     Instant::ZERO + Duration::from_nanos(x.p.ts_ns.saturating_sub(t0))
 }
 

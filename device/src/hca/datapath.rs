@@ -834,7 +834,7 @@ impl State {
     /// for the application's next post: an application thread posted a send within
     /// [`super::progress::HOLD_AFTER_POST`] and nothing was held back since (once per post, so
     /// a program that posted once and then only receives delays one acknowledgement at most,
-    /// by at most TX_DEFER).
+    /// by at most HELD_ANSWER_WAIT).
     pub(super) fn hold_for_post(&self) -> bool {
         self.posted_send
             && self.last_post.is_some_and(|t| {

@@ -63,7 +63,7 @@ pub(crate) use self::fork::{in_forked_child, watch_fork};
 use self::fork::{register_member_fds, unregister_member_fds};
 use self::progress::*;
 pub use self::progress::{
-    Progress, END_AFTER_POST_WAIT, HANDOFF_IDLE, HANDOFF_LOOK_MAX, IDLE_LOOK_AFTER, PROGRESS_SPIN, TX_DEFER,
+    Progress, END_AFTER_POST_WAIT, HANDOFF_IDLE, HANDOFF_LOOK_MAX, HELD_ANSWER_WAIT, IDLE_LOOK_AFTER, PROGRESS_SPIN,
 };
 
 /// A descriptor an answer hands to its client (an event fd, a member socket of the steered port).

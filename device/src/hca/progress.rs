@@ -52,12 +52,12 @@ pub const HANDOFF_IDLE: std::time::Duration = std::time::Duration::from_micros(2
 /// The longest a [`Progress::Application`] device's progress thread sleeps between two looks at
 /// a socket handed off to an application thread that keeps reading it (4 ms, or
 /// `$SOFTRDMA_HANDOFF_LOOK_MAX_US`). Each look that finds the thread still at it doubles the
-/// sleep from `min(handoff_idle, TX_DEFER)` up to this; the look that finds it gone starts again
+/// sleep from `min(handoff_idle, HELD_ANSWER_WAIT)` up to this; the look that finds it gone starts again
 /// from there. Every look wakes this thread, which on a machine whose cores the application's
 /// threads keep busy preempts one of them: at a look every 200 us, ib_send_lat's p99 was 6-8x
 /// its median, and the p99 fell with the looks' spacing (BENCHMARKS.md, "The looks at a
 /// handed-off socket"). What a look bounds (the handoff's idle end, answers held back, a
-/// deferred end: see [`HANDOFF_IDLE`], [`TX_DEFER`], [`END_AFTER_POST_WAIT`]) is then bounded by
+/// deferred end: see [`HANDOFF_IDLE`], [`HELD_ANSWER_WAIT`], [`END_AFTER_POST_WAIT`]) is then bounded by
 /// this instead for an application thread that polled without a pause and then stopped without
 /// a completion, or after a message without answering: the socket, and with it every other QP
 /// of the process, waits that long for the progress thread. That is why this is not longer: 16
@@ -116,7 +116,7 @@ pub(super) fn run(sh: &Shared) {
     // next post, until this deadline (see `State::hold_for_post`).
     let mut holding: Option<softrdma_engine::time::Instant> = None;
     // How long this thread sleeps between two looks at a handed-off socket (see HANDOFF_LOOK_MAX).
-    let look_base = (sh.handoff_idle.min(TX_DEFER).as_nanos() as u64).max(1);
+    let look_base = (sh.handoff_idle.min(HELD_ANSWER_WAIT).as_nanos() as u64).max(1);
     let mut look_every = look_base;
     // The application's call count as last seen, and when it last changed.
     let mut calls_seen = (0u64, std::time::Instant::now());
@@ -142,7 +142,7 @@ pub(super) fn run(sh: &Shared) {
                 } else {
                     // The application thread still reads the socket: look again later, each
                     // time twice as late up to HANDOFF_LOOK_MAX (the first looks come within
-                    // handoff_idle, at most TX_DEFER: the bound on answers a poll held back).
+                    // handoff_idle, at most HELD_ANSWER_WAIT: the bound on answers a poll held back).
                     let rest = look_every;
                     if !woken {
                         look_every = (look_every * 2).min(look_max()).max(look_base);
@@ -247,16 +247,16 @@ pub(super) fn run(sh: &Shared) {
                 // Wakes at least every 50 ms: an application thread arming a later timer (a
                 // send's transport timer, 67 ms and more) need not wake it, one arming an earlier
                 // timer does ([`Hca::wake_for_timers`]), and neither happens once per post.
-                // While the application drives the device, at least every ACTIVE_TICK (every
-                // TX_DEFER while answers are owed): its polls may hold answers back
+                // While the application drives the device, at least every DRIVEN_SLEEP_MAX (every
+                // HELD_ANSWER_WAIT while answers are owed): its polls may hold answers back
                 // (`Hca::drive`) that no call of its sends.
                 sh.tx_owed.store(st.tx_owed, Ordering::Relaxed);
                 let since =
                     (sh.epoch.elapsed().as_nanos() as u64).saturating_sub(sh.last_drive_ns.load(Ordering::Relaxed));
                 let tick = if st.tx_owed {
-                    TX_DEFER.as_nanos() as u64
+                    HELD_ANSWER_WAIT.as_nanos() as u64
                 } else if since < ACTIVE_WINDOW.as_nanos() as u64 {
-                    ACTIVE_TICK.as_nanos() as u64
+                    DRIVEN_SLEEP_MAX.as_nanos() as u64
                 } else {
                     APPLICATION_TICK_NS
                 };
@@ -328,7 +328,7 @@ pub(super) fn run(sh: &Shared) {
                     // now (it spins on memory, as ib_write_lat does, or computes). If this run
                     // completed no work (one-sided: memory the application can only watch) and
                     // needs only acknowledgements sent, they wait for that post's successor,
-                    // likely near (at most TX_DEFER), to leave behind it in one GSO send: the
+                    // likely near (at most HELD_ANSWER_WAIT), to leave behind it in one GSO send: the
                     // peer's poll then finds its completion and the new request together and
                     // handles both itself. A lone acknowledgement would end the peer's poll
                     // before the request came, which then only its progress thread, woken
@@ -341,8 +341,9 @@ pub(super) fn run(sh: &Shared) {
                         st.posted_send = false;
                         st.tx_owed = true;
                         sh.tx_owed.store(true, Ordering::Relaxed);
-                        holding =
-                            Some(st.now() + softrdma_engine::time::Duration::from_nanos(TX_DEFER.as_nanos() as u64));
+                        holding = Some(
+                            st.now() + softrdma_engine::time::Duration::from_nanos(HELD_ANSWER_WAIT.as_nanos() as u64),
+                        );
                         received = true;
                         break;
                     }
@@ -490,7 +491,7 @@ impl Hca {
             // answers the engine owes (the ACKs, IBTA 9.7.5.1 ties neither to the other) wait
             // for this application's next call, which sends them after what it posts, in the
             // same GSO send (a ping-pong's answer then pays one send system call instead of
-            // two), or for the progress thread (within ACTIVE_TICK). Only where one is.
+            // two), or for the progress thread (within DRIVEN_SLEEP_MAX). Only where one is.
             // Not for a poll that leaves the socket (its thread is about to sleep: nothing of it
             // would send them).
             let defer = sh.progress == Progress::Application && take_socket;
@@ -754,7 +755,7 @@ impl Hca {
 /// post, the next poll of a stream) sends them itself within microseconds. (A one-shot timer
 /// armed per held-back answer bounded it at 20 us, but arming and disarming it cost more than
 /// the held-back `sendto` saved: BENCHMARKS.md.)
-pub const TX_DEFER: std::time::Duration = std::time::Duration::from_micros(200);
+pub const HELD_ANSWER_WAIT: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// How long after its last read of the socket a thread whose poll deferred the handoff's end
 /// ([`Hca::end_handoff_after_poll`]) may go without a post before the progress thread takes the
@@ -771,10 +772,10 @@ pub(crate) const HOLD_AFTER_POST: std::time::Duration = std::time::Duration::fro
 /// application thread drives the device (it did within [`ACTIVE_WINDOW`]): the bound on held-back
 /// answers when the progress thread went to sleep before they were held back. (200 us here
 /// cost a fifth of the 64-byte message rate and doubled the latency tests' p99: BENCHMARKS.md.)
-pub(crate) const ACTIVE_TICK: std::time::Duration = std::time::Duration::from_millis(1);
+pub(crate) const DRIVEN_SLEEP_MAX: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// How recently an application thread must have driven the device for the progress thread to
-/// keep its sleeps within [`ACTIVE_TICK`].
+/// keep its sleeps within [`DRIVEN_SLEEP_MAX`].
 pub(crate) const ACTIVE_WINDOW: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// The application-driven devices of this process, whose held-back answers

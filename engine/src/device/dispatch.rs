@@ -1,12 +1,12 @@
 //! What happens to a QP: a packet for it arrives (the requester's answers go to the completer,
 //! requests to the responder of its service), it may send (the responder's answers first, then
-//! the requester's requests), a timer expires. The roles (req, comp, resp, unrel) work on the
+//! the requester's requests), a timer expires. The roles (req, comp, resp, unreliable) work on the
 //! QP's state (qp) and on what they share (packet); only this module calls them.
 
 use std::net::IpAddr;
 
 use super::qp::Qp;
-use super::{comp, req, resp, unrel, AsyncEvent, Ctx, Transmit};
+use super::{comp, req, resp, unreliable, AsyncEvent, Ctx, Transmit};
 use crate::memory::Memory;
 use crate::verbs::{QpState, QpType};
 use crate::wire::{IbPacket, Transport};
@@ -45,7 +45,7 @@ impl Qp {
             if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
                 return false;
             }
-            unrel::handle_ud(self, ctx, src, ctx.dst, pkt);
+            unreliable::handle_ud(self, ctx, src, ctx.dst, pkt);
             return true;
         }
         // A connected QP only talks to its peer (the responder's address check, as rxe's
@@ -63,7 +63,7 @@ impl Qp {
                 self.raise(ctx, AsyncEvent::CommEst(self.qpn));
             }
             if self.qp_type == QpType::Uc {
-                unrel::handle_uc(self, ctx, pkt);
+                unreliable::handle_uc(self, ctx, pkt);
             } else {
                 // The answers to this request wait for what it wrote (Memory::write_fence).
                 let _ = ctx.mem.write_fence();

@@ -9,7 +9,7 @@
 //!
 //! The reliable-connected machinery follows Linux rxe's split: the requester (`req`) turns send
 //! WQEs into request packets, the completer (`comp`) matches responses to WQEs and completes
-//! them, the responder (`resp`) executes incoming requests and answers them; `unrel` is the
+//! them, the responder (`resp`) executes incoming requests and answers them; `unreliable` is the
 //! responder of UC and UD. The modules form a tree: `dispatch` hands a QP's packets, timers and
 //! transmit turns to the roles; the roles work on the QP's state (`qp`: the shared part, and one
 //! state per role, as rxe's `qp->req`, `->comp`, `->resp`) and share `packet` (writing packets,
@@ -31,7 +31,7 @@ pub use self::req::MAX_UNACKED_PSNS;
 mod resp;
 mod srq;
 mod types;
-mod unrel;
+mod unreliable;
 
 use std::collections::VecDeque;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -45,7 +45,7 @@ use self::qpns::QpnSpace;
 pub use self::qpns::{qpn_block, QPN_BLOCK_SHIFT};
 pub use self::srq::{SrqAttr, XrcPolicy, XrcdId};
 pub use self::types::*;
-pub use self::unrel::{ah_from_grh, GRH_SLOT};
+pub use self::unreliable::{ah_from_grh, GRH_SLOT};
 
 use crate::cm::{Cm, CmConfig};
 use crate::memory::{Memory, Owner};

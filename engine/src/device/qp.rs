@@ -214,7 +214,7 @@ pub(crate) struct Qp {
     pub(crate) req: ReqState,
     /// The completer's state (`comp`): acknowledgements, timers and retries.
     pub(crate) comp: CompState,
-    /// The responder's state (`resp`, and `unrel` for UC).
+    /// The responder's state (`resp`, and `unreliable` for UC).
     pub(crate) resp: RespState,
 }
 

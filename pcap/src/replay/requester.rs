@@ -9,8 +9,8 @@ pub(super) fn requester(
     c: &Conversation,
     opts: &Options,
     mtu: Mtu,
-    reqs: &[Rec<'_>],
-    resps: &[Rec<'_>],
+    reqs: &[RecordedPacket<'_>],
+    resps: &[RecordedPacket<'_>],
     request_qp: u32,
     response_qp: Option<u32>,
     conn: Option<&CmConn>,
@@ -39,7 +39,7 @@ pub(super) fn requester(
     }
     let t0 = reqs.iter().chain(resps).map(|x| x.p.ts_ns).min().unwrap_or(0);
     let mut msgs: Vec<Msg> = Vec::new();
-    let mut firsts: BTreeMap<u32, &Rec<'_>> = BTreeMap::new();
+    let mut firsts: BTreeMap<u32, &RecordedPacket<'_>> = BTreeMap::new();
     let mut seen = std::collections::HashSet::new();
     let mut retransmitted = 0u64;
     let mut open: Option<Msg> = None;

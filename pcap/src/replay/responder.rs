@@ -8,8 +8,8 @@ pub(super) fn responder(
     c: &Conversation,
     opts: &Options,
     mtu: Mtu,
-    reqs: &[Rec<'_>],
-    resps: &[Rec<'_>],
+    reqs: &[RecordedPacket<'_>],
+    resps: &[RecordedPacket<'_>],
     request_qp: u32,
     response_qp: Option<u32>,
     from_start: bool,
@@ -228,7 +228,8 @@ pub(super) fn responder(
         ));
         return Ok(());
     }
-    let resps: Vec<&Rec<'_>> = resps.iter().filter(|x| !after(x.psn, last_psn) || x.psn == last_psn).collect();
+    let resps: Vec<&RecordedPacket<'_>> =
+        resps.iter().filter(|x| !after(x.psn, last_psn) || x.psn == last_psn).collect();
     let known = |addr: u64, len: usize| t.known(addr, len);
     compare_answers(r, &sent, &known, &resps, from_start, &reads, &known_atomics, mtu);
     Ok(())
@@ -240,7 +241,7 @@ pub(super) fn compare_answers(
     r: &mut ConversationReport,
     sent: &[Sent],
     known: &dyn Fn(u64, usize) -> bool,
-    resps: &[&Rec<'_>],
+    resps: &[&RecordedPacket<'_>],
     from_start: bool,
     reads: &[(Psn, u64, u32)],
     known_atomics: &HashMap<u32, bool>,

@@ -10,7 +10,7 @@ use softrdma_device::proto::Request;
 use softrdma_engine::verbs::QpType;
 
 use super::id::{first, id_mut};
-use super::{api, cm_call, id_of, lock, sockaddr_from, Mc};
+use super::{api, cm_call, id_of, lock, sockaddr_from, McJoin};
 use crate::cma_ffi as c;
 use crate::{ffi, minus1_call, Errno, EINVAL};
 
@@ -67,7 +67,7 @@ pub(super) fn join(
     }
     let p = first(&st)?;
     let handle = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    st.mcs.push(Mc { handle, group, context, send_only, attached: false });
+    st.mcs.push(McJoin { handle, group, context, send_only, attached: false });
     drop(st);
     if let Err(e) = cm_call(&p.dev, &Request::CmJoin { id: p.id, group, send_only, user: handle }, &[]) {
         lock(&i.st).mcs.retain(|m| m.handle != handle);

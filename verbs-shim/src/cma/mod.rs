@@ -439,7 +439,7 @@ pub(crate) struct Placement {
 /// What librdmacm keeps of an ID beside the C structure.
 /// One multicast join of an ID.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Mc {
+pub(crate) struct McJoin {
     /// This process's number for it (it comes back in the join's event).
     pub(crate) handle: u64,
     pub(crate) group: std::net::IpAddr,
@@ -485,7 +485,7 @@ pub(crate) struct IdState {
     pub(crate) local_ece: (u32, u32),
     pub(crate) remote_ece: (u32, u32),
     /// Multicast joins (rdma_join_multicast_ex): what librdmacm keeps per join.
-    pub(crate) mcs: Vec<Mc>,
+    pub(crate) mcs: Vec<McJoin>,
 }
 
 /// `struct rdma_cm_id` and librdmacm's state.
