@@ -12,7 +12,7 @@ use softrdma_device::daemon;
 use softrdma_device::hca::HcaConfig;
 use softrdma_device::proto::{Request, Response};
 use softrdma_device::runtime;
-use softrdma_engine::device::{Behaviour, IcrcPolicy, XrcPolicy};
+use softrdma_engine::device::{IcrcPolicy, WireProfile, XrcPolicy};
 use softrdma_engine::verbs::Mtu;
 
 /// How to run a device (the options of `daemon` and `up`).
@@ -62,7 +62,7 @@ pub(crate) struct DeviceArgs {
     /// The wire choices the IBTA leaves open: `rxe` (Linux soft-RoCE) or `cx` (ConnectX as the
     /// shared hardware captures show it: MigReq set, ACK credits counted, AckReq on a QP's first
     /// packet, CM response timeout 22). INTEROP.md has the table.
-    #[arg(long, default_value = "rxe", value_parser = clap::builder::PossibleValuesParser::new(Behaviour::NAMES))]
+    #[arg(long, default_value = "rxe", value_parser = clap::builder::PossibleValuesParser::new(WireProfile::NAMES))]
     pub(crate) profile: String,
     /// Scale of every CM timer (response timeouts, timewait), e.g. 0.01 to make a REQ to a
     /// silent peer give up in about a second; for tests. 1 is the kernel's timing.
@@ -127,7 +127,7 @@ impl DeviceArgs {
         c.progress = softrdma_device::Progress::DeviceThread;
         c.steered = true;
         c.behaviour =
-            Behaviour::by_name(&self.profile).ok_or_else(|| anyhow::anyhow!("unknown profile {}", self.profile))?;
+            WireProfile::by_name(&self.profile).ok_or_else(|| anyhow::anyhow!("unknown profile {}", self.profile))?;
         c.cm_response_timeout = self.cm_response_timeout.unwrap_or(profile_cm_response_timeout(c.behaviour));
         if !(self.cm_timer_scale > 0.0 && self.cm_timer_scale <= 1000.0) {
             bail!("--cm-timer-scale {}: use a factor above 0 and at most 1000", self.cm_timer_scale);
@@ -177,7 +177,7 @@ impl DeviceArgs {
 
 /// The CM response timeout a profile's REQs carry: 20 as Linux's rdma_cm, 22 as ConnectX
 /// firmware (the REQs of write.pcap, read2.pcap, send.pcap: ../shared/reference/cm).
-pub(crate) fn profile_cm_response_timeout(b: Behaviour) -> u8 {
+pub(crate) fn profile_cm_response_timeout(b: WireProfile) -> u8 {
     if b.name == softrdma_engine::device::ProfileName::Cx {
         22
     } else {

@@ -220,7 +220,7 @@ enum PcapCommand {
     /// Characterise the transport behaviour of the RoCE traffic, per file and transport: opcodes
     /// and message shapes, AckReq placement, ACK coalescing, AETH, UDP ports, IP header fields,
     /// timers and retransmissions, ICRC.
-    Behaviour {
+    WireProfile {
         /// The capture files.
         #[arg(required = true)]
         files: Vec<PathBuf>,
@@ -240,7 +240,7 @@ enum PcapCommand {
         #[arg(long = "as", value_enum, default_value = "both")]
         side: pcap_cmd::ReplaySide,
         /// softrdma's behaviour profile (`rxe` or `cx`; see INTEROP.md).
-        #[arg(long, default_value = "rxe", value_parser = clap::builder::PossibleValuesParser::new(softrdma_engine::device::Behaviour::NAMES))]
+        #[arg(long, default_value = "rxe", value_parser = clap::builder::PossibleValuesParser::new(softrdma_engine::device::WireProfile::NAMES))]
         profile: String,
         /// Receive WQEs the replayed responder keeps posted for SENDs (default: inferred from the
         /// recorded ACK credits, RNR NAKs, else 32).
@@ -322,7 +322,7 @@ fn main() -> ExitCode {
             PcapCommand::Sample { out, json } => sample::run(out, json),
             PcapCommand::Decode { file, json } => pcap_cmd::decode(&file, json),
             PcapCommand::Check { file } => pcap_cmd::check(&file),
-            PcapCommand::Behaviour { files, json } => pcap_cmd::behaviour(&files, json),
+            PcapCommand::WireProfile { files, json } => pcap_cmd::behaviour(&files, json),
             PcapCommand::Generate { file, seed, pcapng } => pcap_cmd::generate(&file, seed, pcapng),
             PcapCommand::Replay { file, side, profile, recv_depth, credits, strict, json, to, from, port } => {
                 let live = to.map(|dev| (dev, replay_live::Local { addr: from, port }));

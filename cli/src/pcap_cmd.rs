@@ -311,7 +311,7 @@ pub(crate) fn replay(
     as_json: bool,
     live: Option<(String, crate::replay_live::Local)>,
 ) -> Result<ExitCode> {
-    let mut behaviour = softrdma_engine::device::Behaviour::by_name(profile)
+    let mut behaviour = softrdma_engine::device::WireProfile::by_name(profile)
         .ok_or_else(|| anyhow::anyhow!("unknown profile {profile}"))?;
     if let Some(c) = credits {
         behaviour.credits = match c {

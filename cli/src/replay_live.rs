@@ -14,7 +14,7 @@ use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::Duration as StdDuration;
 
 use softrdma_device::verbs::{CompletionQueue, Context, MemoryRegion, ProtectionDomain, QueuePair, SharedReceiveQueue};
-use softrdma_engine::device::{ip_udp_header, Behaviour, QpAttr, QpCaps, SrqAttr};
+use softrdma_engine::device::{ip_udp_header, QpAttr, QpCaps, SrqAttr, WireProfile};
 use softrdma_engine::time::{Duration, Instant};
 use softrdma_engine::verbs::{Access, AttrMask, Mtu, QpState, WcOpcode};
 use softrdma_engine::wire::{icrc, IbPacket};
@@ -271,6 +271,6 @@ impl Target for LiveTarget {
 pub(crate) fn targets(
     device: String,
     local: Local,
-) -> impl FnMut(IpAddr, Behaviour, Mtu) -> Result<Box<dyn Target>, String> {
+) -> impl FnMut(IpAddr, WireProfile, Mtu) -> Result<Box<dyn Target>, String> {
     move |_recorded_responder, _behaviour, _mtu| Ok(Box::new(LiveTarget::new(&device, local)?) as Box<dyn Target>)
 }

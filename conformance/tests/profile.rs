@@ -1,4 +1,4 @@
-//! Behaviour profiles (`softrdma_engine::device::Behaviour`): the wire choices the IBTA leaves to
+//! Behaviour profiles (`softrdma_engine::device::WireProfile`): the wire choices the IBTA leaves to
 //! the implementation, under `rxe` (Linux soft-RoCE, the default) and `cx` (ConnectX, as the
 //! shared hardware captures show it). One test per choice; every value is read back from the
 //! bytes of the packets on the wire (`IbPacket`), not from the harness's summary.
@@ -12,7 +12,7 @@
 //! - READ response AETH credits: 0x1F under rxe, 0 under cx.
 
 use softrdma_conformance::pair::{Pair, RcOptions, Seen, Side, ADDR_A, ADDR_B, BASE, MEM, OWNER};
-use softrdma_engine::device::{Behaviour, CqId, Device, DeviceConfig, QpCaps, QpInit, SrqAttr};
+use softrdma_engine::device::{CqId, Device, DeviceConfig, QpCaps, QpInit, SrqAttr, WireProfile};
 use softrdma_engine::memory::VecMemory;
 use softrdma_engine::verbs::{Access, Mtu, QpType, WcOpcode, WcStatus};
 use softrdma_engine::wire::aeth::{credit_code, credit_count, CREDITS_INVALID};
@@ -58,14 +58,14 @@ fn wire_since(p: &Pair, from: usize) -> Vec<Wire> {
     p.log[from..].iter().map(parse).collect()
 }
 
-fn device(addr: std::net::IpAddr, seed: u64, behaviour: Behaviour) -> Device<VecMemory> {
+fn device(addr: std::net::IpAddr, seed: u64, behaviour: WireProfile) -> Device<VecMemory> {
     let mut m = VecMemory::new();
     m.add(OWNER, BASE, MEM);
     Device::new(DeviceConfig { behaviour, ..DeviceConfig::new(addr, seed) }, m)
 }
 
 /// A pair whose devices run the given profiles (built as `Pair::new` builds its devices).
-fn pair(seed: u64, a: Behaviour, b: Behaviour) -> Pair {
+fn pair(seed: u64, a: WireProfile, b: WireProfile) -> Pair {
     let mut p = Pair::new(seed);
     p.a = device(ADDR_A, seed, a);
     p.b = device(ADDR_B, seed + 1, b);
@@ -100,7 +100,7 @@ fn statuses(p: &mut Pair, side: usize, cq: CqId) -> Vec<(u64, WcStatus)> {
 #[test]
 fn rxe_profile_sets_no_mig_req_invalid_credits_and_ack_req_only_on_last() {
     let mut p = Pair::new(11);
-    assert_eq!(p.a.config().behaviour, Behaviour::RXE, "rxe is the default profile");
+    assert_eq!(p.a.config().behaviour, WireProfile::RXE, "rxe is the default profile");
     let (a, b) = p.connect_rc(opts());
     p.fill(A, BASE, &[5u8; 3000]);
     p.fill(B, BASE + 0x8000, &[6u8; 3000]);
@@ -185,7 +185,7 @@ fn rxe_profile_sets_no_mig_req_invalid_credits_and_ack_req_only_on_last() {
 
 #[test]
 fn cx_profile_sets_mig_req_everywhere_and_ack_req_on_a_qps_first_packet() {
-    let mut p = pair(12, Behaviour::CX, Behaviour::CX);
+    let mut p = pair(12, WireProfile::CX, WireProfile::CX);
     let (a, b) = p.connect_rc(opts());
     p.fill(A, BASE, &[5u8; 3000]);
     p.fill(B, BASE + 0x8000, &[6u8; 3000]);
@@ -264,7 +264,7 @@ fn cx_profile_sets_mig_req_everywhere_and_ack_req_on_a_qps_first_packet() {
 #[test]
 fn profiles_are_per_device_and_interoperate() {
     // A runs cx, B rxe: each side's packets follow its own profile, and each accepts the other's.
-    let mut p = pair(13, Behaviour::CX, Behaviour::RXE);
+    let mut p = pair(13, WireProfile::CX, WireProfile::RXE);
     let (a, b) = p.connect_rc(opts());
     p.fill(A, BASE, &[5u8; 3000]);
     post_recvs(&mut p, B, &b, 10);
@@ -291,7 +291,7 @@ fn profiles_are_per_device_and_interoperate() {
 
 #[test]
 fn cx_ack_credits_count_the_receive_queue() {
-    let mut p = pair(14, Behaviour::CX, Behaviour::CX);
+    let mut p = pair(14, WireProfile::CX, WireProfile::CX);
     let (a, b) = p.connect_rc(opts());
     p.fill(A, BASE, &[5u8; 3000]);
     post_recvs(&mut p, B, &b, 10);
@@ -362,7 +362,7 @@ fn cx_ack_credits_count_the_receive_queue() {
 #[test]
 fn cx_rnr_nak_keeps_its_timer_code() {
     // NAKs are not credits: with no receive posted the answer is an RNR NAK with the timer code.
-    let mut p = pair(15, Behaviour::CX, Behaviour::CX);
+    let mut p = pair(15, WireProfile::CX, WireProfile::CX);
     let (a, b) = p.connect_rc(RcOptions { min_rnr_timer: 3, ..opts() });
     post(&mut p, A, &a, 1, SendOp::Send, BASE, 100);
     while !p.log.iter().any(|s| s.from == B) {
@@ -381,7 +381,7 @@ fn cx_rnr_nak_keeps_its_timer_code() {
 
 #[test]
 fn cx_ack_credits_are_invalid_for_a_qp_on_an_srq() {
-    let mut p = pair(16, Behaviour::CX, Behaviour::CX);
+    let mut p = pair(16, WireProfile::CX, WireProfile::CX);
     let (a, b) = p.connect_rc(RcOptions { b_srq: Some(64), ..opts() });
     let srq = b.srq.expect("B is on an SRQ");
     for i in 0..10 {
@@ -405,7 +405,7 @@ fn cx_ack_credits_are_invalid_for_a_qp_on_an_srq() {
 
 #[test]
 fn cx_ack_credits_are_invalid_for_an_xrc_target() {
-    let mut p = pair(17, Behaviour::CX, Behaviour::CX);
+    let mut p = pair(17, WireProfile::CX, WireProfile::CX);
     // Target on B: a domain, an XRC SRQ with 10 receives, a target QP.
     let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     let xrcd = p.b.open_xrcd(OWNER, Some(9), true, false).unwrap();
@@ -470,7 +470,7 @@ fn cx_ack_credits_are_invalid_for_an_xrc_target() {
 }
 
 /// READ response AETH credit codes from a responder under `behaviour` with 10 receives queued.
-fn read_response_aeths(seed: u64, behaviour: Behaviour) -> Vec<(Opcode, Option<u8>)> {
+fn read_response_aeths(seed: u64, behaviour: WireProfile) -> Vec<(Opcode, Option<u8>)> {
     let mut p = pair(seed, behaviour, behaviour);
     let (a, b) = p.connect_rc(opts());
     post_recvs(&mut p, B, &b, 10);
@@ -494,8 +494,8 @@ fn read_response_credits_are_zero_under_cx_and_invalid_under_rxe() {
         ]
     };
     // cx: 0, although the responder has 10 receives queued (not the ACK credit count, 8 = code 6).
-    assert_eq!(read_response_aeths(18, Behaviour::CX), expect(0));
-    assert_eq!(read_response_aeths(18, Behaviour::RXE), expect(CREDITS_INVALID));
+    assert_eq!(read_response_aeths(18, WireProfile::CX), expect(0));
+    assert_eq!(read_response_aeths(18, WireProfile::RXE), expect(CREDITS_INVALID));
 }
 
 // End-to-end credits at the requester (IBTA 9.7.7.2): whatever its own profile, a requester
@@ -525,7 +525,7 @@ fn step_to_rnr_nak(p: &mut Pair, from: usize) {
 fn a_requester_sends_into_no_more_receive_wqes_than_the_responders_credits() {
     // A runs rxe (whose own ACKs carry no credits): honouring the peer's count is not a profile
     // choice. B counts (cx), with 4 receives.
-    let mut p = pair(17, Behaviour::RXE, Behaviour::CX);
+    let mut p = pair(17, WireProfile::RXE, WireProfile::CX);
     let (a, b) = p.connect_rc(RcOptions { min_rnr_timer: 1, ..opts() });
     post_recvs(&mut p, B, &b, 4);
     post(&mut p, A, &a, 1, SendOp::Send, BASE, 8);
@@ -562,7 +562,7 @@ fn a_requester_sends_into_no_more_receive_wqes_than_the_responders_credits() {
 
 #[test]
 fn credits_bound_only_the_messages_that_take_a_receive_wqe() {
-    let mut p = pair(18, Behaviour::CX, Behaviour::CX);
+    let mut p = pair(18, WireProfile::CX, WireProfile::CX);
     let (a, b) = p.connect_rc(opts());
     post_recvs(&mut p, B, &b, 2);
     post(&mut p, A, &a, 1, SendOp::Send, BASE, 8);
@@ -606,7 +606,7 @@ fn credits_bound_only_the_messages_that_take_a_receive_wqe() {
 fn invalid_credits_set_no_limit() {
     // B runs rxe (0x1F in every ACK): A sends all ten at once, as rxe's requester does, and the
     // empty receive queue answers with an RNR NAK.
-    let mut p = pair(19, Behaviour::CX, Behaviour::RXE);
+    let mut p = pair(19, WireProfile::CX, WireProfile::RXE);
     let (a, b) = p.connect_rc(RcOptions { min_rnr_timer: 1, ..opts() });
     post_recvs(&mut p, B, &b, 4);
     post(&mut p, A, &a, 1, SendOp::Send, BASE, 8);

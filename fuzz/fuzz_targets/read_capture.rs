@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use softrdma_engine::device::Behaviour;
+use softrdma_engine::device::WireProfile;
 use softrdma_pcap::analyze::summarize;
 use softrdma_pcap::behaviour::Capture;
 use softrdma_pcap::replay::{replay, Options, Side};
@@ -21,7 +21,7 @@ fuzz_target!(|data: &[u8]| {
             Err(_) => break,
         }
     }
-    for behaviour in [Behaviour::RXE, Behaviour::CX] {
+    for behaviour in [WireProfile::RXE, WireProfile::CX] {
         let r = replay("fuzz", &cap, &Options { side: Side::Both, behaviour, recv_depth: None });
         assert!(r.answers_matched <= r.answers_expected);
         let _ = softrdma_pcap::replay::text(&r);

@@ -44,7 +44,7 @@ use std::path::Path;
 use crate::analyze::L3Kind;
 use serde::Serialize;
 use softrdma_engine::device::{
-    Behaviour, CqId, CreditPolicy, Device, DeviceConfig, PdId, QpCaps, QpInit, RecvMeta, SrqAttr,
+    CqId, CreditPolicy, Device, DeviceConfig, PdId, QpCaps, QpInit, RecvMeta, SrqAttr, WireProfile,
 };
 use softrdma_engine::memory::{Memory, MemoryError, Owner};
 use softrdma_engine::time::{Duration, Instant};
@@ -82,7 +82,7 @@ pub struct Options {
     /// Which side softrdma plays.
     pub side: Side,
     /// softrdma's wire choices.
-    pub behaviour: Behaviour,
+    pub behaviour: WireProfile,
     /// Receive WQEs kept posted for SENDs (`None`: inferred from the recorded credits).
     pub recv_depth: Option<usize>,
 }
@@ -207,11 +207,11 @@ pub fn replay_file(path: &Path, opts: &Options) -> Result<ReplayReport, crate::E
 
 /// Makes the [`Target`] a responder replay runs on: given the recorded responder's address,
 /// softrdma's profile and the path MTU.
-pub type TargetFactory<'a> = dyn FnMut(IpAddr, Behaviour, Mtu) -> Result<Box<dyn Target>, String> + 'a;
+pub type TargetFactory<'a> = dyn FnMut(IpAddr, WireProfile, Mtu) -> Result<Box<dyn Target>, String> + 'a;
 
 /// Replays a loaded capture against engine devices in virtual time.
 pub fn replay(file: &str, cap: &Capture, opts: &Options) -> ReplayReport {
-    let mut virtual_targets = |addr: IpAddr, behaviour: Behaviour, mtu: Mtu| -> Result<Box<dyn Target>, String> {
+    let mut virtual_targets = |addr: IpAddr, behaviour: WireProfile, mtu: Mtu| -> Result<Box<dyn Target>, String> {
         Ok(Box::new(VirtualTarget::new(addr, behaviour, mtu)?))
     };
     replay_on(file, cap, opts, &mut virtual_targets, true)

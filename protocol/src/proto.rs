@@ -14,7 +14,8 @@ use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, Ms
 use serde::{Deserialize, Serialize};
 use softrdma_engine::cm::{CmCounters, ConnParam, IdInfo, InitQpAttr};
 use softrdma_engine::device::{
-    AsyncEvent, Behaviour, Counters, CqId, IcrcPolicy, Limits, MrKeys, PdId, QpAttr, QpInit, SrqAttr, XrcPolicy, XrcdId,
+    AsyncEvent, Counters, CqId, IcrcPolicy, Limits, MrKeys, PdId, QpAttr, QpInit, SrqAttr, WireProfile, XrcPolicy,
+    XrcdId,
 };
 use softrdma_engine::verbs::{Access, AttrMask, Mtu, QpState, QpType, VerbsError};
 use softrdma_engine::wire::Qpn;
@@ -481,7 +482,7 @@ pub struct ProviderSettings {
     /// Fault injection on transmit (`--faults` syntax; `none`), applied by whoever sends.
     pub faults: String,
     /// The behaviour profile (the engine's wire choices).
-    pub behaviour: Behaviour,
+    pub behaviour: WireProfile,
     /// The ICRC check of IPv4 senders.
     pub icrc: IcrcPolicy,
     /// `max_cqe`.

@@ -34,8 +34,8 @@ use std::thread::JoinHandle;
 use nix::poll::{PollFd, PollFlags};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use softrdma_engine::device::{
-    ip_udp_header, AsyncEvent, Behaviour, Counters, CqId, Device, DeviceConfig, FlowPorts, IcrcPolicy, PdId, RecvMeta,
-    Transmit, TransmitOptions, XrcPolicy,
+    ip_udp_header, AsyncEvent, Counters, CqId, Device, DeviceConfig, FlowPorts, IcrcPolicy, PdId, RecvMeta, Transmit,
+    TransmitOptions, WireProfile, XrcPolicy,
 };
 use softrdma_engine::time::Instant;
 use softrdma_engine::verbs::{Access, Mtu, QpType, VerbsError, WcOpcode};
@@ -130,7 +130,7 @@ pub struct HcaConfig {
     /// The CM response timeout put in REQs: 20 as Linux's rdma_cm, 22 as Mellanox OFED's.
     pub cm_response_timeout: u8,
     /// The engine's wire choices (`softrdma_engine::device::profile`).
-    pub behaviour: Behaviour,
+    pub behaviour: WireProfile,
     /// Scale of the CM's timers in 1/1000 (1000: the kernel's; tests shorten them).
     pub cm_timer_permille: u32,
     /// How long a looked-up path stays in the path record cache (zero: not cached).
@@ -182,7 +182,7 @@ impl HcaConfig {
             seed: None,
             gso: false,
             cm_response_timeout: 20,
-            behaviour: Behaviour::RXE,
+            behaviour: WireProfile::RXE,
             cm_timer_permille: 1000,
             path_cache_ttl: crate::paths::DEFAULT_TTL,
             max_cqe: None,

@@ -39,7 +39,7 @@ use std::net::IpAddr;
 
 pub use self::keys::{key_block, KEY_BLOCK_SHIFT};
 pub use self::packet::ip_udp_header;
-pub use self::profile::{Behaviour, CreditPolicy, ProfileName};
+pub use self::profile::{CreditPolicy, ProfileName, WireProfile};
 pub use self::qp::{QpAttr, QpCaps, QpInit};
 use self::qpns::QpnSpace;
 pub use self::qpns::{qpn_block, QPN_BLOCK_SHIFT};
@@ -138,7 +138,7 @@ pub(crate) struct Ctx<'a, M: Memory> {
     /// Whether a packet to the device's own address gets an ICRC.
     pub(crate) loopback_icrc: bool,
     /// The device's wire choices.
-    pub(crate) behaviour: Behaviour,
+    pub(crate) behaviour: WireProfile,
 }
 
 impl<M: Memory> Ctx<'_, M> {

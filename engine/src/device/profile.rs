@@ -33,9 +33,9 @@ pub enum CreditPolicy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub enum ProfileName {
-    /// [`Behaviour::RXE`].
+    /// [`WireProfile::RXE`].
     Rxe,
-    /// [`Behaviour::CX`].
+    /// [`WireProfile::CX`].
     Cx,
     /// A profile whose fields were set one by one.
     Custom,
@@ -61,7 +61,7 @@ impl std::fmt::Display for ProfileName {
 /// A named set of wire choices (see the module table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-pub struct Behaviour {
+pub struct WireProfile {
     /// The profile's name.
     pub name: ProfileName,
     /// BTH MigReq on every packet the device sends.
@@ -74,15 +74,15 @@ pub struct Behaviour {
     pub read_response_credits: Option<u8>,
 }
 
-impl Default for Behaviour {
-    fn default() -> Behaviour {
-        Behaviour::RXE
+impl Default for WireProfile {
+    fn default() -> WireProfile {
+        WireProfile::RXE
     }
 }
 
-impl Behaviour {
+impl WireProfile {
     /// Linux's soft-RoCE (rdma_rxe).
-    pub const RXE: Behaviour = Behaviour {
+    pub const RXE: WireProfile = WireProfile {
         name: ProfileName::Rxe,
         mig_req: false,
         credits: CreditPolicy::Invalid,
@@ -91,7 +91,7 @@ impl Behaviour {
     };
 
     /// NVIDIA/Mellanox ConnectX, as the shared hardware captures show it.
-    pub const CX: Behaviour = Behaviour {
+    pub const CX: WireProfile = WireProfile {
         name: ProfileName::Cx,
         mig_req: true,
         credits: CreditPolicy::Count,
@@ -99,14 +99,14 @@ impl Behaviour {
         read_response_credits: Some(0),
     };
 
-    /// The profile names [`Behaviour::by_name`] knows.
+    /// The profile names [`WireProfile::by_name`] knows.
     pub const NAMES: [&'static str; 2] = ["rxe", "cx"];
 
     /// A profile by name.
-    pub fn by_name(name: &str) -> Option<Behaviour> {
+    pub fn by_name(name: &str) -> Option<WireProfile> {
         match name {
-            "rxe" => Some(Behaviour::RXE),
-            "cx" => Some(Behaviour::CX),
+            "rxe" => Some(WireProfile::RXE),
+            "cx" => Some(WireProfile::CX),
             _ => None,
         }
     }
@@ -136,9 +136,9 @@ mod tests {
 
     #[test]
     fn profiles_by_name() {
-        assert_eq!(Behaviour::by_name("rxe"), Some(Behaviour::RXE));
-        assert_eq!(Behaviour::by_name("cx"), Some(Behaviour::CX));
-        assert_eq!(Behaviour::by_name("mlx"), None);
-        assert_eq!(Behaviour::default(), Behaviour::RXE);
+        assert_eq!(WireProfile::by_name("rxe"), Some(WireProfile::RXE));
+        assert_eq!(WireProfile::by_name("cx"), Some(WireProfile::CX));
+        assert_eq!(WireProfile::by_name("mlx"), None);
+        assert_eq!(WireProfile::default(), WireProfile::RXE);
     }
 }

@@ -3,7 +3,7 @@
 
 use std::net::IpAddr;
 
-use super::Behaviour;
+use super::WireProfile;
 use crate::memory::Owner;
 use crate::verbs::Mtu;
 use crate::wire::Qpn;
@@ -77,7 +77,7 @@ pub struct DeviceConfig {
     /// UDP source ports.
     pub flow_ports: FlowPorts,
     /// The wire choices the IBTA leaves open (`rxe` by default; [`profile`](super::profile)).
-    pub behaviour: Behaviour,
+    pub behaviour: WireProfile,
 }
 
 impl DeviceConfig {
@@ -90,7 +90,7 @@ impl DeviceConfig {
             limits: Limits::default(),
             icrc: IcrcPolicy::Exact,
             flow_ports: FlowPorts::default(),
-            behaviour: Behaviour::RXE,
+            behaviour: WireProfile::RXE,
         }
     }
 }

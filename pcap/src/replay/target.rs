@@ -141,7 +141,7 @@ pub(super) struct VirtualTarget {
 }
 
 impl VirtualTarget {
-    pub(super) fn new(addr: IpAddr, behaviour: Behaviour, mtu: Mtu) -> Result<VirtualTarget, String> {
+    pub(super) fn new(addr: IpAddr, behaviour: WireProfile, mtu: Mtu) -> Result<VirtualTarget, String> {
         let mut e = make_engine(addr, behaviour, mtu);
         let pd = e.dev.alloc_pd(OWNER);
         let recv = e
@@ -286,7 +286,7 @@ impl Target for VirtualTarget {
     }
 }
 
-pub(super) fn make_engine(addr: IpAddr, behaviour: Behaviour, mtu: Mtu) -> Engine {
+pub(super) fn make_engine(addr: IpAddr, behaviour: WireProfile, mtu: Mtu) -> Engine {
     let mut cfg = DeviceConfig::new(addr, 1);
     cfg.mtu = mtu;
     cfg.behaviour = behaviour;

@@ -12,7 +12,7 @@ fn capture(name: &str) -> PathBuf {
 }
 
 fn opts(profile: &str) -> Options {
-    Options { side: Side::Both, behaviour: Behaviour::by_name(profile).unwrap(), recv_depth: None }
+    Options { side: Side::Both, behaviour: WireProfile::by_name(profile).unwrap(), recv_depth: None }
 }
 
 fn run(name: &str, profile: &str) -> ReplayReport {
