@@ -31,14 +31,16 @@ use softrdma_engine::wire::{ethernet, EtherType, EthernetAddress, EthernetFrame,
 pub(crate) use self::ring::Ring;
 pub(crate) use self::writer::Writer;
 
-/// A capture ring's data bytes: 64 MiB, or $SOFTRDMA_CAPTURE_RING_MB (a tuning knob). Its pages
+/// A capture ring's data bytes: 128 MiB, or $SOFTRDMA_CAPTURE_RING_MB (a tuning knob). Its pages
 /// are allocated only as they are first written, so a process that captures little holds
 /// little. The size is the writer's slack: a writer the kernel leaves without a core for a while
 /// (two programs spinning on a 2-core machine) must find room when it comes back. With 16 MiB,
 /// qperf's twelve RC tests at 1 MiB within one device (both directions into one writer, ~2 GB/s
-/// of frames) lost frames in 5 runs of 15; with 64 MiB in none of 5 (and the matrix).
+/// of frames) lost frames in 5 runs of 15; with 64 MiB in none of 5, but the matrix's qperf at
+/// 64 KiB on the provider path still lost 2,852 frames once (a writer held up ~100 ms while the
+/// machine also compiled): 128 MiB covers twice that.
 pub fn ring_bytes() -> usize {
-    const DEFAULT_MB: usize = 64;
+    const DEFAULT_MB: usize = 128;
     std::env::var("SOFTRDMA_CAPTURE_RING_MB")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())

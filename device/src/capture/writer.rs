@@ -24,7 +24,7 @@ const STALL_NS: u64 = 200_000_000;
 /// How long the thread sleeps after a round that found nothing, and after one that did.
 const IDLE_SLEEP: Duration = Duration::from_millis(2);
 const BUSY_SLEEP: Duration = Duration::from_micros(300);
-/// A write that took this long, or a wake-up this late, is logged (at 2 GB/s a 64 MiB ring
+/// A write that took this long, or a wake-up this late, is logged (at 2 GB/s a 128 MiB ring
 /// lasts ~30 ms).
 const SLOW: Duration = Duration::from_millis(10);
 /// Records per batch (one `writev` on a plain file).
