@@ -29,6 +29,14 @@ const BUSY_SLEEP: Duration = Duration::from_micros(300);
 const SLOW: Duration = Duration::from_millis(10);
 /// Records per batch (one `writev` on a plain file).
 const IOV_BATCH: usize = 512;
+/// Bytes per batch: ring space is given back after each batch, so a batch is what a producer
+/// waiting on a full ring waits for. A fresh machine's memory is slow to touch the first time
+/// (a virtual machine's host backs its pages on first use: 3 GB written into tmpfs took 17 s the
+/// first time, 3-4 s again), and a file in memory gets new pages: there a batch of 512 frames
+/// at 64 KiB messages (2 MB) took 10-25 ms to write, as long as a producer's wait for room
+/// (ring.rs `FULL_WAIT`), and frames were dropped from the capture behind it (qperf at 64 KiB in
+/// the matrix, 521 and 2,852 frames). 256 KiB gives room back every ~1-3 ms at that pace.
+const BATCH_BYTES: usize = 256 << 10;
 
 /// One ring the writer drains.
 struct Source {
@@ -258,12 +266,14 @@ impl Shared {
             // One batch: the next IOV_BATCH frames in merged order.
             let mut batch: Vec<(usize, Record)> = Vec::new();
             let mut taken = vec![0usize; s.list.len()];
-            while batch.len() < IOV_BATCH {
+            let mut bytes = 0usize;
+            while batch.len() < IOV_BATCH && bytes < BATCH_BYTES {
                 let next = (0..s.list.len())
                     .filter_map(|i| s.list[i].pending.get(taken[i]).map(|r| (r.ts, i)))
                     .filter(|&(ts, _)| ts <= watermark)
                     .min();
                 let Some((_, i)) = next else { break };
+                bytes += s.list[i].pending[taken[i]].caplen;
                 batch.push((i, s.list[i].pending[taken[i]]));
                 taken[i] += 1;
             }
