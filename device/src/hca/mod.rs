@@ -7,7 +7,8 @@
 //! application's own thread for an embedded device) under the device lock, then moves whatever the
 //! call made sendable, so a post leaves without a thread switch.
 //!
-//! Parts: this module holds the configuration, the state and the device's start and clients;
+//! Parts: `config` holds the configuration ([`HcaConfig`] and the environment's tuning knobs),
+//! this module the state and the device's start and clients;
 //! `datapath` moves packets and ring entries, `dispatch` serves the clients' requests, and
 //! `progress` decides who moves the work (the device thread, or the application's calls with a
 //! progress thread).
@@ -26,7 +27,6 @@ use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -34,30 +34,33 @@ use std::thread::JoinHandle;
 use nix::poll::{PollFd, PollFlags};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use softrdma_engine::device::{
-    ip_udp_header, AsyncEvent, Counters, CqId, Device, DeviceConfig, FlowPorts, IcrcPolicy, PdId, RecvMeta, Transmit,
-    TransmitOptions, WireProfile, XrcPolicy,
+    ip_udp_header, AsyncEvent, Counters, CqId, Device, DeviceConfig, FlowPorts, PdId, RecvMeta, Transmit,
+    TransmitOptions,
 };
 use softrdma_engine::time::Instant;
-use softrdma_engine::verbs::{Access, Mtu, QpType, VerbsError, WcOpcode};
+use softrdma_engine::verbs::{Access, QpType, VerbsError, WcOpcode};
 use softrdma_engine::wire::{icrc, IbPacket, Qpn};
 use softrdma_engine::wr::RecvWr;
 use softrdma_transport::udp::{self, RoceUdp, UdpConfig};
 
 use crate::arena::{Allocator, Arena, RingAllocator, RingDesc, CQE_SLOT, STAGING_LEN, STAGING_OFF, WQE_SLOT};
 use crate::capture::{monotonic_ns, Capture};
-use crate::faults::{Copy, FaultCounts, FaultInjector, Faults};
+use crate::faults::{Copy, FaultCounts, FaultInjector};
 use crate::memory::{range_mapped, ProcessMemory, STAGE_VA};
 use crate::proto::{
     ClientEvent, CqEntry, DeviceInfo, IoStats, ProviderSettings, Published, RecvEntry, Request, Response, SendEntry,
     PUBLISH_INTERVAL_MS,
 };
 
+mod config;
 mod datapath;
 mod dispatch;
 mod fork;
 mod progress;
 mod relay;
 
+pub(crate) use self::config::tuning;
+pub use self::config::{HcaConfig, Publisher};
 use self::datapath::{Gso, PACKET_ROOM};
 pub(crate) use self::fork::{in_forked_child, watch_fork};
 use self::fork::{register_member_fds, unregister_member_fds};
@@ -76,123 +79,12 @@ pub const ROCE_PORT: u16 = 4791;
 /// Mellanox hardware do not.
 pub const VENDOR_ID: u32 = 0xff_ffff;
 
-/// How a provider reports to its daemon ([`HcaConfig::publish`]): a call to the daemon, which
-/// waits for its answer. The device thread makes it with the device's state unlocked (when
-/// the device stops and at exit, with it locked).
-#[derive(Clone)]
-pub struct Publisher(pub Arc<dyn Fn(Published) + Send + Sync>);
-
-impl std::fmt::Debug for Publisher {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Publisher")
-    }
-}
-
-/// How a device is set up.
-#[derive(Debug, Clone)]
-pub struct HcaConfig {
-    /// Device name (srdma0).
-    pub name: String,
-    /// The address it owns UDP 4791 on.
-    pub addr: IpAddr,
-    /// The UDP port (4791; tests may pick another).
-    pub port: u16,
-    /// Active MTU; `None`: derived from the interface MTU as rxe derives it.
-    pub mtu: Option<Mtu>,
-    /// Capture every packet into this pcap file.
-    pub pcap: Option<PathBuf>,
-    /// A provider's link to its daemon: its counters are reported there (`Request::Publish`).
-    pub publish: Option<Publisher>,
-    /// A provider's capture ring, which its daemon drains into the device's file
-    /// (`Request::CaptureRing`), instead of `pcap`.
-    pub(crate) capture_ring: Option<Arc<crate::capture::Ring>>,
-    /// A provider's key blocks (`Response::Steering`): its engine gives its memory regions and
-    /// windows keys from these only (`softrdma_engine::device::KEY_BLOCK_SHIFT`); empty: from
-    /// any block not reserved.
-    pub key_blocks: Vec<u32>,
-    /// Faults injected on transmit.
-    pub faults: Faults,
-    /// Send sockets for flow entropy (UDP source ports 0xC000.. upward); 0: send from the 4791
-    /// socket.
-    pub flow_ports: u16,
-    /// ICRC check for IPv4 senders: a UDP socket cannot see the sender's IPv4 ID, so the default
-    /// accepts a packet whose ICRC holds for some ID (docs/architecture.md D5).
-    pub icrc: IcrcPolicy,
-    /// XRC target QP lifetime.
-    pub xrc_policy: XrcPolicy,
-    /// Seed of the device's random choices (key bits, QPNs); `None`: from the clock.
-    pub seed: Option<u64>,
-    /// Batch packets into UDP GSO sends. Off by default for devices built here (embedded ones in
-    /// tests and programs); the daemon turns it on unless told `--no-gso`: with the requester's
-    /// window of 128 PSNs it measured 1.4x the bandwidth of one send per packet for 64 KiB RDMA
-    /// WRITEs on loopback (BENCHMARKS.md). Received GSO batches are always taken coalesced (GRO).
-    pub gso: bool,
-    /// The CM response timeout put in REQs: 20 as Linux's rdma_cm, 22 as Mellanox OFED's.
-    pub cm_response_timeout: u8,
-    /// The engine's wire choices (`softrdma_engine::device::profile`).
-    pub behaviour: WireProfile,
-    /// Scale of the CM's timers in 1/1000 (1000: the kernel's; tests shorten them).
-    pub cm_timer_permille: u32,
-    /// How long a looked-up path stays in the path record cache (zero: not cached).
-    pub path_cache_ttl: std::time::Duration,
-    /// Most entries of one CQ (`max_cqe`); None: rxe's 32767. A CQ's completion ring in the
-    /// client's arena takes 128 bytes per entry, so the limit is MAX_CQE_LIMIT.
-    pub max_cqe: Option<u32>,
-    /// Who moves the device's work: its own thread, or the threads that post and poll.
-    pub progress: Progress,
-    /// [`Progress::Application`]: how long the socket stays handed off to an application thread
-    /// that polled it and then stopped without a completion ([`HANDOFF_IDLE`], or
-    /// `$SOFTRDMA_HANDOFF_US`; zero: no handoff, the progress thread always waits on the socket).
-    pub handoff_idle: std::time::Duration,
-    /// [`Progress::Application`]: after how long without a call of the application (a poll or
-    /// a post) its progress thread takes it for one that makes none, and goes on looking after
-    /// the work it finds ([`PROGRESS_SPIN`]; [`IDLE_LOOK_AFTER`] by default).
-    pub idle_look_after: std::time::Duration,
-    /// Make the port a steered `SO_REUSEPORT` group (`softrdma_transport::steer`), so that
-    /// clients can run their own QPs on it (`Request::JoinSteering`). The daemon does this;
-    /// where the kernel refuses, the device runs unsteered and says so to a client that asks.
-    pub steered: bool,
-}
-
 /// How long a REQ for a port nobody listens on waits for a listener ([`HcaConfig`]'s CM).
 pub const LATE_LISTENER_GRACE_MS: u64 = 200;
 
 /// The largest `max_cqe` a device takes: ConnectX's (2^22 - 1); one such CQ's ring is 512 MiB
 /// of the arena's (sparse) ring space.
 pub const MAX_CQE_LIMIT: u32 = (1 << 22) - 1;
-
-impl HcaConfig {
-    /// A device `name` on `addr` with the defaults: UDP 4791, MTU from the interface, no capture,
-    /// no faults, 8 flow ports, the "some IPv4 ID" ICRC check, one send per packet (no GSO),
-    /// progress as `$SOFTRDMA_PROGRESS` says ([`Progress::from_env`]).
-    pub fn new(name: &str, addr: IpAddr) -> HcaConfig {
-        HcaConfig {
-            name: name.to_owned(),
-            addr,
-            port: ROCE_PORT,
-            mtu: None,
-            pcap: None,
-            publish: None,
-            capture_ring: None,
-            key_blocks: Vec::new(),
-            faults: Faults::default(),
-            flow_ports: 8,
-            icrc: IcrcPolicy::AnyIpv4Id,
-            xrc_policy: XrcPolicy::default(),
-            seed: None,
-            gso: false,
-            cm_response_timeout: 20,
-            behaviour: WireProfile::RXE,
-            cm_timer_permille: 1000,
-            path_cache_ttl: crate::paths::DEFAULT_TTL,
-            max_cqe: None,
-            progress: Progress::from_env(),
-            handoff_idle: handoff_idle_from_env(),
-            idle_look_after: IDLE_LOOK_AFTER,
-            steered: false,
-        }
-    }
-}
 
 /// Why a device could not start.
 #[derive(Debug, thiserror::Error)]
@@ -643,8 +535,7 @@ impl Hca {
             dc.limits.max_cqe = m.clamp(1, MAX_CQE_LIMIT);
         }
         let mut memory = ProcessMemory::default();
-        // A knob to compare with the system calls (BENCHMARKS.md), never needed otherwise.
-        memory.set_guarded(std::env::var("SOFTRDMA_GUARDED_COPY").map_or(true, |v| v != "0"));
+        memory.set_guarded(tuning().guarded_copy);
         let mut dev = Device::new(dc, memory);
         if let Some((b, first)) = blocks {
             dev.restrict_qpns_to(b, first);

@@ -10,8 +10,8 @@ use nix::sys::epoll::{EpollEvent, EpollFlags};
 /// Who makes a device progress (docs/architecture.md D2 revised: the data path in the application).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Progress {
-    /// The device thread does everything: it spins for a while after activity (1 ms,
-    /// `$SOFTRDMA_SPIN_US`) and sleeps in poll otherwise. A process of its own (the daemon) has to
+    /// The device thread does everything: it spins for a while after activity
+    /// ([`super::config::Tuning::spin`]) and sleeps in poll otherwise. A process of its own (the daemon) has to
     /// work this way; every message then passes through the device's thread besides the
     /// application's.
     #[default]
@@ -29,12 +29,9 @@ pub enum Progress {
 }
 
 impl Progress {
-    /// `$SOFTRDMA_PROGRESS`: `application` or `device` (the default; anything else too).
+    /// What `$SOFTRDMA_PROGRESS` says (read once: [`super::config::Tuning::progress`]).
     pub fn from_env() -> Progress {
-        match std::env::var("SOFTRDMA_PROGRESS").as_deref() {
-            Ok("application") => Progress::Application,
-            _ => Progress::DeviceThread,
-        }
+        super::tuning().progress
     }
 }
 
@@ -50,8 +47,8 @@ impl Progress {
 pub const HANDOFF_IDLE: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// The longest a [`Progress::Application`] device's progress thread sleeps between two looks at
-/// a socket handed off to an application thread that keeps reading it (4 ms, or
-/// `$SOFTRDMA_HANDOFF_LOOK_MAX_US`). Each look that finds the thread still at it doubles the
+/// a socket handed off to an application thread that keeps reading it (4 ms;
+/// [`super::config::Tuning::handoff_look_max`]). Each look that finds the thread still at it doubles the
 /// sleep from `min(handoff_idle, HELD_ANSWER_WAIT)` up to this; the look that finds it gone starts again
 /// from there. Every look wakes this thread, which on a machine whose cores the application's
 /// threads keep busy preempts one of them: at a look every 200 us, ib_send_lat's p99 was 6-8x
@@ -67,15 +64,6 @@ pub const HANDOFF_LOOK_MAX: std::time::Duration = std::time::Duration::from_mill
 
 /// The longest a [`Progress::Application`] device's progress thread sleeps (50 ms).
 const APPLICATION_TICK_NS: u64 = 50_000_000;
-
-/// [`HANDOFF_IDLE`], or `$SOFTRDMA_HANDOFF_US` (0 turns the handoff off, so that
-/// BENCHMARKS.md can compare both in one run).
-pub(super) fn handoff_idle_from_env() -> std::time::Duration {
-    std::env::var("SOFTRDMA_HANDOFF_US")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .map_or(HANDOFF_IDLE, std::time::Duration::from_micros)
-}
 
 /// Puts the device thread's descriptor of the socket back into its wait set (or takes it out):
 /// with the state's lock held (`_st`), so that `handed_off` and the set agree. If datagrams are
@@ -145,7 +133,7 @@ pub(super) fn run(sh: &Shared) {
                     // handoff_idle, at most HELD_ANSWER_WAIT: the bound on answers a poll held back).
                     let rest = look_every;
                     if !woken {
-                        look_every = (look_every * 2).min(look_max()).max(look_base);
+                        look_every = (look_every * 2).min(tuning().handoff_look_max.as_nanos() as u64).max(look_base);
                     }
                     Some(if deferred { rest.min(wait - since) } else { rest })
                 }
@@ -192,8 +180,8 @@ pub(super) fn run(sh: &Shared) {
             } else {
                 st.pump();
             }
-            // Spin after activity: the device thread for spin_time(); a progress thread for
-            // progress_spin_time(), only while no application thread reads the socket and a
+            // Spin after activity: the device thread for `Tuning::spin`; a progress thread for
+            // `Tuning::progress_spin`, only while no application thread reads the socket and a
             // thread of the application waits for a completion event (a CQ is armed): then no
             // call of the application drives the device, and this thread is the one to answer
             // the next packet (an RDMA READ's next request, the next ACK of a chained list).
@@ -209,11 +197,11 @@ pub(super) fn run(sh: &Shared) {
             if st.app_calls != calls_seen.0 {
                 calls_seen = (st.app_calls, t);
             }
-            let idle_application = t.duration_since(calls_seen.1) >= sh.idle_look_after && idle_look_on();
+            let idle_application = t.duration_since(calls_seen.1) >= sh.idle_look_after && tuning().idle_look;
             let spin_for = if !application {
-                spin_time()
+                tuning().spin
             } else if st.armed_cqs > 0 || idle_application {
-                progress_spin_time()
+                tuning().progress_spin
             } else {
                 std::time::Duration::ZERO
             };
@@ -284,7 +272,7 @@ pub(super) fn run(sh: &Shared) {
         };
         let group_readable = readable_in(2..2 + groups.len());
         let link_readable = readable_in(2 + groups.len()..fds.len());
-        if spinning_now && spin_yields() {
+        if spinning_now && tuning().spin_yield {
             // While spinning, let the other runnable threads (the clients' pollers, the peer
             // device) have the CPU between two looks: on a machine with fewer cores than busy
             // threads, a spin that does not yield delays the very work it waits for.
@@ -365,43 +353,6 @@ fn send_unsent(report: Option<(Publisher, softrdma_protocol::proto::Published)>)
     }
 }
 
-/// [`HANDOFF_LOOK_MAX`] in ns, or $SOFTRDMA_HANDOFF_LOOK_MAX_US (a tuning knob, read once, so
-/// that BENCHMARKS.md can compare spacings in one build).
-fn look_max() -> u64 {
-    static S: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *S.get_or_init(|| {
-        std::env::var("SOFTRDMA_HANDOFF_LOOK_MAX_US")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .map_or(HANDOFF_LOOK_MAX.as_nanos() as u64, |us| us.saturating_mul(1000))
-    })
-}
-
-/// How long the device keeps polling the rings and the socket after the last work it found:
-/// 1 ms, or $SOFTRDMA_SPIN_US (a tuning knob, read once; BENCHMARKS.md compares settings).
-fn spin_time() -> std::time::Duration {
-    static S: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
-    *S.get_or_init(|| {
-        std::time::Duration::from_micros(
-            std::env::var("SOFTRDMA_SPIN_US").ok().and_then(|v| v.parse().ok()).unwrap_or(1000),
-        )
-    })
-}
-
-/// How long a progress thread ([`Progress::Application`]) keeps looking at the socket after
-/// work it found itself, while no application thread reads it and one waits for a completion
-/// event: [`PROGRESS_SPIN`], or $SOFTRDMA_PROGRESS_SPIN_US (read once; 0: it blocks in poll at
-/// once, as before this was measured).
-fn progress_spin_time() -> std::time::Duration {
-    static S: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
-    *S.get_or_init(|| {
-        std::env::var("SOFTRDMA_PROGRESS_SPIN_US")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .map_or(PROGRESS_SPIN, std::time::Duration::from_micros)
-    })
-}
-
 /// How long a [`Progress::Application`] device's progress thread keeps looking (yielding the CPU
 /// between two looks) after work it found, while the application sleeps on a completion
 /// channel or makes no call at all (200 us). A wake-up from a blocking poll costs tens of microseconds on a busy
@@ -412,51 +363,12 @@ fn progress_spin_time() -> std::time::Duration {
 /// the application sleeps").
 pub const PROGRESS_SPIN: std::time::Duration = std::time::Duration::from_micros(200);
 
-/// Whether a progress thread keeps looking after work while the application makes no call (see
-/// `run`): yes, unless $SOFTRDMA_IDLE_LOOK=0 (a tuning knob, read once, so that BENCHMARKS.md can
-/// compare).
-fn idle_look_on() -> bool {
-    static S: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *S.get_or_init(|| std::env::var("SOFTRDMA_IDLE_LOOK").map_or(true, |v| v != "0"))
-}
-
 /// After how long without a call (a poll or a post) a [`Progress::Application`] device's
 /// progress thread takes its application for one that makes none (10 ms; `HcaConfig`'s
 /// `idle_look_after`): a program that posts and polls calls far more often (a stream's polls,
 /// a ping-pong's post per round trip), and one that computes between calls for longer has its
 /// progress thread serve its targets in the meantime.
 pub const IDLE_LOOK_AFTER: std::time::Duration = std::time::Duration::from_millis(10);
-
-/// Whether a poll may leave the handoff's end for the next send ([`Hca::end_handoff_after_poll`]):
-/// yes, unless $SOFTRDMA_END_AFTER_POST=0 (a tuning knob, read once, so that BENCHMARKS.md can
-/// compare both in one run).
-fn end_after_post_on() -> bool {
-    static S: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *S.get_or_init(|| std::env::var("SOFTRDMA_END_AFTER_POST").map_or(true, |v| v != "0"))
-}
-
-/// Whether a stream's receiver keeps the socket across its polls (see `Hca::streams_in`): yes,
-/// unless $SOFTRDMA_RECV_KEEP=0 (a tuning knob, read once, so that BENCHMARKS.md can compare
-/// both in one run).
-fn recv_keep_on() -> bool {
-    static S: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *S.get_or_init(|| std::env::var("SOFTRDMA_RECV_KEEP").map_or(true, |v| v != "0"))
-}
-
-/// Whether a post that is part of a stream takes the socket for the posting thread (see
-/// [`Hca::drive_post`]): yes, unless $SOFTRDMA_STREAM_TAKE=0 (a tuning knob, read once, so that
-/// BENCHMARKS.md can compare both in one run).
-fn stream_take_on() -> bool {
-    static S: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *S.get_or_init(|| std::env::var("SOFTRDMA_STREAM_TAKE").map_or(true, |v| v != "0"))
-}
-
-/// Whether the device yields the CPU between two looks while it spins: yes, unless
-/// $SOFTRDMA_SPIN_YIELD=0 (a tuning knob, read once).
-fn spin_yields() -> bool {
-    static S: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *S.get_or_init(|| std::env::var("SOFTRDMA_SPIN_YIELD").map_or(true, |v| v != "0"))
-}
 
 impl Hca {
     /// Drives the device from the calling thread (a [`Progress::Application`] device's clients
@@ -609,7 +521,7 @@ impl Hca {
         // us) between that WRITE and the answer (BENCHMARKS.md, "The handoff's end in
         // ib_write_lat").
         let answer_likely = answer_likely || sh.tx_owed.load(Ordering::Relaxed);
-        if answer_likely && posted && end_after_post_on() && sh.handed_off.load(Ordering::Relaxed) {
+        if answer_likely && posted && tuning().end_after_post && sh.handed_off.load(Ordering::Relaxed) {
             sh.end_after_post.store(true, Ordering::Relaxed);
         } else if received && !posted && self.streams_in(sh) {
             // A stream's receiver: it polls again for the next message (and reads the socket
@@ -632,7 +544,7 @@ impl Hca {
     fn streams_in(&self, sh: &Shared) -> bool {
         let now = sh.epoch.elapsed().as_nanos() as u64;
         let before = sh.last_message_ns.swap(now, Ordering::Relaxed);
-        recv_keep_on() && before <= now && now - before <= sh.handoff_idle.as_nanos() as u64
+        tuning().recv_keep && before <= now && now - before <= sh.handoff_idle.as_nanos() as u64
     }
 
     /// Wakes the device thread if the engine (or the fault injector's delay queue) now has a
@@ -726,7 +638,7 @@ impl Hca {
             // calling has the progress thread back on the socket as after its polls (within
             // HANDOFF_IDLE, at most HANDOFF_LOOK_MAX); one that arms a CQ, at once.
             let sh = &self.shared;
-            if stream_take_on() && sh.progress == Progress::Application && !sh.handoff_idle.is_zero() {
+            if tuning().stream_take && sh.progress == Progress::Application && !sh.handoff_idle.is_zero() {
                 sh.last_drive_ns.store(now.as_nanos(), Ordering::Relaxed);
                 set_handoff(sh, st, true);
             }
