@@ -220,7 +220,7 @@ enum PcapCommand {
     /// Characterise the transport behaviour of the RoCE traffic, per file and transport: opcodes
     /// and message shapes, AckReq placement, ACK coalescing, AETH, UDP ports, IP header fields,
     /// timers and retransmissions, ICRC.
-    WireProfile {
+    Behaviour {
         /// The capture files.
         #[arg(required = true)]
         files: Vec<PathBuf>,
@@ -322,7 +322,7 @@ fn main() -> ExitCode {
             PcapCommand::Sample { out, json } => sample::run(out, json),
             PcapCommand::Decode { file, json } => pcap_cmd::decode(&file, json),
             PcapCommand::Check { file } => pcap_cmd::check(&file),
-            PcapCommand::WireProfile { files, json } => pcap_cmd::behaviour(&files, json),
+            PcapCommand::Behaviour { files, json } => pcap_cmd::behaviour(&files, json),
             PcapCommand::Generate { file, seed, pcapng } => pcap_cmd::generate(&file, seed, pcapng),
             PcapCommand::Replay { file, side, profile, recv_depth, credits, strict, json, to, from, port } => {
                 let live = to.map(|dev| (dev, replay_live::Local { addr: from, port }));

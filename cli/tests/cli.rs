@@ -218,3 +218,19 @@ fn bad_files_fail_clearly() {
     let out = softrdma(&["pcap", "check", &junk]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// The pcap subcommands the README and docs/capture.md tell users to run are the ones the binary
+/// has (a rename of the code's types once renamed `pcap behaviour` to `pcap wire-profile`).
+#[test]
+fn the_documented_pcap_commands_exist() {
+    let out = softrdma(&["pcap", "behaviour", &shared("captures/read2.pcap")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("RC"), "{text}");
+    let readme = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap();
+    for line in readme.lines().filter(|l| l.trim_start().starts_with("softrdma pcap ")) {
+        let sub = line.split_whitespace().nth(2).unwrap();
+        let out = softrdma(&["pcap", sub, "--help"]);
+        assert!(out.status.success(), "README runs `softrdma pcap {sub}`, which the binary lacks: {line}");
+    }
+}

@@ -3,6 +3,7 @@
 
 use super::conversation::{sender, Annotation};
 use super::text::duration;
+use softrdma_engine::wire::{BthRepr, OpcodeInfo};
 
 use super::*;
 
@@ -104,46 +105,111 @@ fn step24(cur: u32, prev: u32) -> i32 {
 /// Which messages an ACK completes, and whether an AckReq asked for it, is read from PSNs (the
 /// message ends and AckReq-marked PSNs between the previous acknowledged PSN and the ACK's), so
 /// it holds where the capture shows a response before its request. Times follow capture order.
+/// The steps: index the requests' PSNs ([`Walk::new`]), then per packet its headers
+/// ([`Walk::headers`]) and by role a request ([`Walk::request`]), an ACK or NAK
+/// ([`Walk::acknowledge`]), an atomic ACK ([`Walk::atomic_ack`]) or a READ response
+/// ([`Walk::read_response`]), and last the messages left open ([`Walk::finish`]).
 pub(super) fn accumulate(cap: &Capture, annotations: &[Annotation], conv: &Conversation, s: &mut Stats) {
-    // PSNs of the requests that end a message, and of the AckReq-marked ones.
-    let mut message_ends = BTreeSet::new();
-    let mut ackreq_psns = BTreeSet::new();
+    let mut walk = Walk::new(cap, conv);
     for &i in &conv.members {
-        let Some(b) = cap.packets[i].ib.headers.bth else { continue };
-        if role(b.opcode) == Role::Request {
-            if b.opcode.info().is_some_and(|info| info.position.ends()) {
-                message_ends.insert(b.psn.value());
-            }
-            if b.ack_req {
-                ackreq_psns.insert(b.psn.value());
+        let p = &cap.packets[i];
+        let Some(b) = p.ib.headers.bth else { continue };
+        walk.headers(p, &b, annotations[i], s);
+        let Some(info) = b.opcode.info() else {
+            s.other += 1;
+            continue;
+        };
+        match role(b.opcode) {
+            Role::Other => s.other += 1,
+            Role::Request => walk.request(&b, info, p.ts_ns, s),
+            Role::Response => {
+                s.responses += 1;
+                match info.kind {
+                    OpKind::Acknowledge => walk.acknowledge(p, b.psn, s),
+                    OpKind::AtomicAcknowledge => walk.atomic_ack(&b, p.ts_ns, s),
+                    _ => walk.read_response(&b, info, p.ts_ns, s),
+                }
             }
         }
     }
-    let mut requests = ShapeBuilder::default();
-    let mut responses = ShapeBuilder::default();
-    let mut response_first_psn: Option<Psn> = None;
-    let mut shapes = Vec::new();
-    // READ and atomic requests waiting for their answer (PSN, time, name), and answers that
-    // came before their request (PSN, shape).
-    let mut pending_answers: Vec<(Psn, u64, String)> = Vec::new();
-    let mut early_answers: Vec<(Psn, String)> = Vec::new();
-    // AckReq-marked requests (other than READs) waiting for an ACK: PSN, time.
-    let mut pending_acks: Vec<(Psn, u64)> = Vec::new();
-    // AckReq-marked requests seen since the last positive ACK: their PSNs.
-    let mut ackreq_since_ack: Vec<Psn> = Vec::new();
-    let mut request_index = 0u64;
-    let mut last_ackreq_at: Option<u64> = None;
-    let mut acked_to: Option<Psn> = conv.psn_range.map(|(lo, _)| lo - 1);
-    let mut prev_msn: Option<u32> = None;
-    let mut first_sent: HashMap<u32, u64> = HashMap::new();
-    let mut prev_was_resend = false;
-    let mut nak_seen: Option<NakSeen> = None;
+    walk.finish(s);
+}
 
-    for &i in &conv.members {
-        let p = &cap.packets[i];
+/// The state of one conversation's walk through its packets ([`accumulate`]).
+struct Walk {
+    /// PSNs of the requests that end a message.
+    message_ends: BTreeSet<u32>,
+    /// PSNs of the AckReq-marked requests.
+    ackreq_psns: BTreeSet<u32>,
+    requests: ShapeBuilder,
+    responses: ShapeBuilder,
+    /// The PSN of the READ response that opened the response message under way.
+    response_first_psn: Option<Psn>,
+    /// Message shapes finished so far.
+    shapes: Vec<String>,
+    /// READ and atomic requests waiting for their answer (PSN, time, name).
+    pending_answers: Vec<(Psn, u64, String)>,
+    /// Answers that came before their request (PSN, shape).
+    early_answers: Vec<(Psn, String)>,
+    /// AckReq-marked requests (other than READs) waiting for an ACK: PSN, time.
+    pending_acks: Vec<(Psn, u64)>,
+    /// AckReq-marked requests seen since the last positive ACK: their PSNs.
+    ackreq_since_ack: Vec<Psn>,
+    /// Requests seen, and the index of the last AckReq-marked one.
+    request_index: u64,
+    last_ackreq_at: Option<u64>,
+    /// The highest PSN a response acknowledged.
+    acked_to: Option<Psn>,
+    prev_msn: Option<u32>,
+    /// When each request PSN was first sent.
+    first_sent: HashMap<u32, u64>,
+    prev_was_resend: bool,
+    /// The NAK that may explain the next resend.
+    nak_seen: Option<NakSeen>,
+}
+
+impl Walk {
+    /// Indexes the conversation's requests: the PSNs that end a message and the AckReq-marked
+    /// ones.
+    fn new(cap: &Capture, conv: &Conversation) -> Walk {
+        let mut message_ends = BTreeSet::new();
+        let mut ackreq_psns = BTreeSet::new();
+        for &i in &conv.members {
+            let Some(b) = cap.packets[i].ib.headers.bth else { continue };
+            if role(b.opcode) == Role::Request {
+                if b.opcode.info().is_some_and(|info| info.position.ends()) {
+                    message_ends.insert(b.psn.value());
+                }
+                if b.ack_req {
+                    ackreq_psns.insert(b.psn.value());
+                }
+            }
+        }
+        Walk {
+            message_ends,
+            ackreq_psns,
+            requests: ShapeBuilder::default(),
+            responses: ShapeBuilder::default(),
+            response_first_psn: None,
+            shapes: Vec::new(),
+            pending_answers: Vec::new(),
+            early_answers: Vec::new(),
+            pending_acks: Vec::new(),
+            ackreq_since_ack: Vec::new(),
+            request_index: 0,
+            last_ackreq_at: None,
+            acked_to: conv.psn_range.map(|(lo, _)| lo - 1),
+            prev_msn: None,
+            first_sent: HashMap::new(),
+            prev_was_resend: false,
+            nak_seen: None,
+        }
+    }
+
+    /// What every packet with a BTH adds: its opcode, the BTH's fields, the ICRC, the UDP and
+    /// network headers, and its AETH.
+    fn headers(&mut self, p: &Packet, b: &BthRepr, a: Annotation, s: &mut Stats) {
         let ib = &p.ib;
-        let Some(b) = ib.headers.bth else { continue };
-        let (psn, ts) = (b.psn, p.ts_ns);
         s.packets += 1;
         s.truncated += u64::from(p.truncated);
         bump(&mut s.opcodes.0, b.opcode.0);
@@ -153,143 +219,162 @@ pub(super) fn accumulate(cap: &Capture, annotations: &[Annotation], conv: &Conve
         s.bth.fecn += u64::from(b.fecn);
         s.bth.becn += u64::from(b.becn);
         s.icrc.add(ib);
-        add_headers(p, b.dest_qp.value(), annotations[i], s);
-        if let Some(a) = ib.headers.aeth {
-            add_aeth(a.syndrome, a.msn.value(), &mut prev_msn, &mut s.aeth);
-        }
-        let Some(info) = b.opcode.info() else {
-            s.other += 1;
-            continue;
-        };
-        match role(b.opcode) {
-            Role::Other => s.other += 1,
-            Role::Request => {
-                s.requests += 1;
-                request_index += 1;
-                if info.position.ends() {
-                    s.ackreq.only_last += 1;
-                    s.ackreq.only_last_marked += u64::from(b.ack_req);
-                } else {
-                    s.ackreq.first_middle += 1;
-                    s.ackreq.first_middle_marked += u64::from(b.ack_req);
-                }
-                if b.ack_req {
-                    if let Some(prev) = last_ackreq_at {
-                        s.ackreq.spacing.push(request_index - prev);
-                    }
-                    last_ackreq_at = Some(request_index);
-                    ackreq_since_ack.push(psn);
-                }
-                // A first sending whose PSN a response already covered: captured after its answer.
-                let mut answered_already = false;
-                if let Some(&first) = first_sent.get(&psn.value()) {
-                    s.timers.retransmitted += 1;
-                    s.timers.resend_gap_ns.push(ts.saturating_sub(first));
-                    if !prev_was_resend {
-                        s.timers.resend_bursts += 1;
-                        match nak_seen.take() {
-                            Some(NakSeen::Nak) => s.timers.bursts_after_nak += 1,
-                            Some(NakSeen::Rnr) => s.timers.bursts_after_rnr += 1,
-                            None => {}
-                        }
-                    }
-                    prev_was_resend = true;
-                } else {
-                    first_sent.insert(psn.value(), ts);
-                    prev_was_resend = false;
-                    answered_already = acked_to.is_some_and(|a| a.distance(psn) >= 0);
-                }
-                let name = short_opcode(b.opcode);
-                if matches!(info.kind, OpKind::ReadRequest | OpKind::CompareSwap | OpKind::FetchAdd) {
-                    if let Some(at) = early_answers.iter().position(|r| r.0 == psn) {
-                        let (_, answer) = early_answers.remove(at);
-                        shapes.push(format!("{name} -> {answer}"));
-                        answered_already = true;
-                    } else if !pending_answers.iter().any(|r| r.0 == psn) {
-                        pending_answers.push((psn, ts, name));
-                    }
-                } else {
-                    requests.push(info.position, &name, &mut shapes);
-                }
-                if answered_already {
-                    s.timers.responses_before_request += 1;
-                } else if b.ack_req && info.kind != OpKind::ReadRequest && !pending_acks.iter().any(|r| r.0 == psn) {
-                    pending_acks.push((psn, ts));
-                }
-            }
-            Role::Response => {
-                s.responses += 1;
-                match info.kind {
-                    OpKind::Acknowledge => {
-                        s.acks.ack_packets += 1;
-                        match ib.headers.aeth.map(|a| a.syndrome) {
-                            Some(Syndrome::Ack { .. }) => {
-                                s.acks.positive += 1;
-                                let mut asked = ackreq_since_ack.iter().any(|&r| psn.distance(r) >= 0);
-                                if let Some(prev) = acked_to {
-                                    let advance = psn.distance(prev).max(0);
-                                    s.acks.psn_advance.push(advance as u64);
-                                    if advance > 0 {
-                                        asked |= count_in(&ackreq_psns, prev, psn) > 0;
-                                    }
-                                    let messages = if advance > 0 { count_in(&message_ends, prev, psn) } else { 0 };
-                                    bump(&mut s.acks.messages_per_ack, messages as u64);
-                                }
-                                if !asked {
-                                    s.acks.without_ackreq += 1;
-                                }
-                                ackreq_since_ack.clear();
-                                answer_acks(psn, ts, s, &mut pending_acks);
-                                acked_to = Some(later(acked_to, psn));
-                            }
-                            Some(Syndrome::RnrNak { .. }) => nak_seen = Some(NakSeen::Rnr),
-                            Some(Syndrome::Nak(_)) => nak_seen = Some(NakSeen::Nak),
-                            _ => {}
-                        }
-                    }
-                    OpKind::AtomicAcknowledge => {
-                        let answer = short_opcode(b.opcode);
-                        match pending_answers.iter().position(|r| r.0 == psn) {
-                            Some(at) => shapes.push(format!("{} -> {answer}", pending_answers.remove(at).2)),
-                            None => early_answers.push((psn, answer)),
-                        }
-                        answer_acks(psn, ts, s, &mut pending_acks);
-                        acked_to = Some(later(acked_to, psn));
-                    }
-                    _ => {
-                        // A READ response.
-                        if info.position.starts() {
-                            response_first_psn = Some(psn);
-                            if let Some(r) = pending_answers.iter().find(|r| r.0 == psn) {
-                                s.timers.read_time_ns.push(ts.saturating_sub(r.1));
-                            }
-                        }
-                        let mut done = Vec::new();
-                        responses.push(info.position, &short_opcode(b.opcode), &mut done);
-                        for answer in done {
-                            let first = response_first_psn.unwrap_or(psn);
-                            match pending_answers.iter().position(|r| r.0 == first) {
-                                Some(at) => shapes.push(format!("{} -> {answer}", pending_answers.remove(at).2)),
-                                None => early_answers.push((first, answer)),
-                            }
-                        }
-                        if info.position.ends() {
-                            answer_acks(psn, ts, s, &mut pending_acks);
-                            acked_to = Some(later(acked_to, psn));
-                        }
-                    }
-                }
-            }
+        add_headers(p, b.dest_qp.value(), a, s);
+        if let Some(aeth) = ib.headers.aeth {
+            add_aeth(aeth.syndrome, aeth.msn.value(), &mut self.prev_msn, &mut s.aeth);
         }
     }
-    requests.finish(&mut shapes);
-    let mut done = Vec::new();
-    responses.finish(&mut done);
-    shapes.extend(done.into_iter().map(|d| format!("? -> {d}")));
-    shapes.extend(early_answers.into_iter().map(|(_, a)| format!("? -> {a}")));
-    shapes.extend(pending_answers.into_iter().map(|(_, _, n)| format!("{n} -> (no response)")));
-    for shape in shapes {
-        bump(&mut s.shapes, shape);
+
+    /// A request: AckReq placement and spacing, a resend (and the NAK it follows), its message
+    /// shape, and what now waits for an ACK or an answer.
+    fn request(&mut self, b: &BthRepr, info: &OpcodeInfo, ts: u64, s: &mut Stats) {
+        let psn = b.psn;
+        s.requests += 1;
+        self.request_index += 1;
+        if info.position.ends() {
+            s.ackreq.only_last += 1;
+            s.ackreq.only_last_marked += u64::from(b.ack_req);
+        } else {
+            s.ackreq.first_middle += 1;
+            s.ackreq.first_middle_marked += u64::from(b.ack_req);
+        }
+        if b.ack_req {
+            if let Some(prev) = self.last_ackreq_at {
+                s.ackreq.spacing.push(self.request_index - prev);
+            }
+            self.last_ackreq_at = Some(self.request_index);
+            self.ackreq_since_ack.push(psn);
+        }
+        let mut answered_already = self.resend(psn, ts, s);
+        let name = short_opcode(b.opcode);
+        if matches!(info.kind, OpKind::ReadRequest | OpKind::CompareSwap | OpKind::FetchAdd) {
+            if let Some(at) = self.early_answers.iter().position(|r| r.0 == psn) {
+                let (_, answer) = self.early_answers.remove(at);
+                self.shapes.push(format!("{name} -> {answer}"));
+                answered_already = true;
+            } else if !self.pending_answers.iter().any(|r| r.0 == psn) {
+                self.pending_answers.push((psn, ts, name));
+            }
+        } else {
+            self.requests.push(info.position, &name, &mut self.shapes);
+        }
+        if answered_already {
+            s.timers.responses_before_request += 1;
+        } else if b.ack_req && info.kind != OpKind::ReadRequest && !self.pending_acks.iter().any(|r| r.0 == psn) {
+            self.pending_acks.push((psn, ts));
+        }
+    }
+
+    /// Whether the request at `psn` is a resend (counted with its gap and burst in `s`); for a
+    /// first sending, whether a response already covered its PSN (it was captured after its
+    /// answer).
+    fn resend(&mut self, psn: Psn, ts: u64, s: &mut Stats) -> bool {
+        if let Some(&first) = self.first_sent.get(&psn.value()) {
+            s.timers.retransmitted += 1;
+            s.timers.resend_gap_ns.push(ts.saturating_sub(first));
+            if !self.prev_was_resend {
+                s.timers.resend_bursts += 1;
+                match self.nak_seen.take() {
+                    Some(NakSeen::Nak) => s.timers.bursts_after_nak += 1,
+                    Some(NakSeen::Rnr) => s.timers.bursts_after_rnr += 1,
+                    None => {}
+                }
+            }
+            self.prev_was_resend = true;
+            false
+        } else {
+            self.first_sent.insert(psn.value(), ts);
+            self.prev_was_resend = false;
+            self.acked_to.is_some_and(|a| a.distance(psn) >= 0)
+        }
+    }
+
+    /// An ACK or NAK: for a positive ACK, how far it moved the acknowledged PSN, how many
+    /// messages it completed, whether an AckReq asked for it, and the ACK times it answers; a
+    /// NAK is kept to explain the next resend.
+    fn acknowledge(&mut self, p: &Packet, psn: Psn, s: &mut Stats) {
+        s.acks.ack_packets += 1;
+        match p.ib.headers.aeth.map(|a| a.syndrome) {
+            Some(Syndrome::Ack { .. }) => {
+                s.acks.positive += 1;
+                let mut asked = self.ackreq_since_ack.iter().any(|&r| psn.distance(r) >= 0);
+                if let Some(prev) = self.acked_to {
+                    let advance = psn.distance(prev).max(0);
+                    s.acks.psn_advance.push(advance as u64);
+                    if advance > 0 {
+                        asked |= count_in(&self.ackreq_psns, prev, psn) > 0;
+                    }
+                    let messages = if advance > 0 { count_in(&self.message_ends, prev, psn) } else { 0 };
+                    bump(&mut s.acks.messages_per_ack, messages as u64);
+                }
+                if !asked {
+                    s.acks.without_ackreq += 1;
+                }
+                self.ackreq_since_ack.clear();
+                self.acknowledged(psn, p.ts_ns, s);
+            }
+            Some(Syndrome::RnrNak { .. }) => self.nak_seen = Some(NakSeen::Rnr),
+            Some(Syndrome::Nak(_)) => self.nak_seen = Some(NakSeen::Nak),
+            _ => {}
+        }
+    }
+
+    /// An atomic ACK: it answers its request (or waits for it) and acknowledges its PSN.
+    fn atomic_ack(&mut self, b: &BthRepr, ts: u64, s: &mut Stats) {
+        let answer = short_opcode(b.opcode);
+        self.answer(b.psn, answer);
+        self.acknowledged(b.psn, ts, s);
+    }
+
+    /// A READ response packet: the READ's time at its first, the response message's shape, and
+    /// at its last the acknowledgement of its PSN.
+    fn read_response(&mut self, b: &BthRepr, info: &OpcodeInfo, ts: u64, s: &mut Stats) {
+        let psn = b.psn;
+        if info.position.starts() {
+            self.response_first_psn = Some(psn);
+            if let Some(r) = self.pending_answers.iter().find(|r| r.0 == psn) {
+                s.timers.read_time_ns.push(ts.saturating_sub(r.1));
+            }
+        }
+        let mut done = Vec::new();
+        self.responses.push(info.position, &short_opcode(b.opcode), &mut done);
+        for answer in done {
+            let first = self.response_first_psn.unwrap_or(psn);
+            self.answer(first, answer);
+        }
+        if info.position.ends() {
+            self.acknowledged(psn, ts, s);
+        }
+    }
+
+    /// An answer to the READ or atomic at `psn`: its shape if the request was seen, else it
+    /// waits for it.
+    fn answer(&mut self, psn: Psn, answer: String) {
+        match self.pending_answers.iter().position(|r| r.0 == psn) {
+            Some(at) => self.shapes.push(format!("{} -> {answer}", self.pending_answers.remove(at).2)),
+            None => self.early_answers.push((psn, answer)),
+        }
+    }
+
+    /// Everything up to `psn` is acknowledged at `ts`.
+    fn acknowledged(&mut self, psn: Psn, ts: u64, s: &mut Stats) {
+        answer_acks(psn, ts, s, &mut self.pending_acks);
+        self.acked_to = Some(later(self.acked_to, psn));
+    }
+
+    /// The messages still open, answers without requests and requests without answers become
+    /// shapes of their own; the shapes go to `s`.
+    fn finish(mut self, s: &mut Stats) {
+        self.requests.finish(&mut self.shapes);
+        let mut done = Vec::new();
+        self.responses.finish(&mut done);
+        let mut shapes = self.shapes;
+        shapes.extend(done.into_iter().map(|d| format!("? -> {d}")));
+        shapes.extend(self.early_answers.into_iter().map(|(_, a)| format!("? -> {a}")));
+        shapes.extend(self.pending_answers.into_iter().map(|(_, _, n)| format!("{n} -> (no response)")));
+        for shape in shapes {
+            bump(&mut s.shapes, shape);
+        }
     }
 }
 
