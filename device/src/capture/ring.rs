@@ -82,6 +82,45 @@ fn align16(n: usize) -> usize {
 /// kernel's writeback held up (a file on a disk taking more than it writes back).
 const FULL_WAIT: std::time::Duration = std::time::Duration::from_millis(25);
 
+/// The most a producer waits for room in all, per [`WAIT_WINDOW`] of time: 10%. A writer that
+/// falls behind for a moment (a slow write, a late wake-up) is waited for and loses nothing; one
+/// that stays behind (a disk throttled by other writers, a writer short of CPU) would otherwise
+/// pace the protocol at its own speed, a wait of up to [`FULL_WAIT`] for each frame, until the
+/// programs' own timeouts fired (qperf's synchronisation after a test, at 1 MiB on a loaded
+/// machine). With the budget spent, frames drop from the capture at once (counted), and the
+/// protocol goes on at no less than 90% of its speed without the capture.
+const WAIT_BUDGET: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The window over which [`WAIT_BUDGET`] counts.
+const WAIT_WINDOW: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A producer's account of its waits for room ([`WAIT_BUDGET`] per [`WAIT_WINDOW`]), in ns of
+/// the monotonic clock.
+#[derive(Debug, Default)]
+pub(crate) struct WaitBudget {
+    window_start: std::sync::atomic::AtomicU64,
+    spent: std::sync::atomic::AtomicU64,
+}
+
+impl WaitBudget {
+    /// How long the producer may wait now (`now` in ns): what is left of the window's budget, at
+    /// most [`FULL_WAIT`]. A window that has ended starts a new one.
+    pub(crate) fn allowed(&self, now: u64) -> std::time::Duration {
+        let start = self.window_start.load(Ordering::Relaxed);
+        if now.saturating_sub(start) >= WAIT_WINDOW.as_nanos() as u64 {
+            self.window_start.store(now, Ordering::Relaxed);
+            self.spent.store(0, Ordering::Relaxed);
+        }
+        let left = (WAIT_BUDGET.as_nanos() as u64).saturating_sub(self.spent.load(Ordering::Relaxed));
+        std::time::Duration::from_nanos(left).min(FULL_WAIT)
+    }
+
+    /// Counts a wait of `waited`.
+    pub(crate) fn spend(&self, waited: std::time::Duration) {
+        self.spent.fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
+    }
+}
+
 /// A mapped capture ring (either side).
 pub(crate) struct Ring {
     base: NonNull<u8>,
@@ -89,6 +128,8 @@ pub(crate) struct Ring {
     fd: OwnedFd,
     /// The producer's: its last wait for room ran out (see `produce`).
     stalled: std::sync::atomic::AtomicBool,
+    /// The producer's: its waits for room in the current window.
+    waits: WaitBudget,
 }
 
 // SAFETY: the mapping is shared memory reached only through atomics (the header) and through
@@ -136,7 +177,13 @@ impl Ring {
             mmap(None, len, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_SHARED, fd.as_fd(), 0)
         }
         .map_err(errno)?;
-        Ok(Ring { base: p.cast(), cap, fd, stalled: std::sync::atomic::AtomicBool::new(false) })
+        Ok(Ring {
+            base: p.cast(),
+            cap,
+            fd,
+            stalled: std::sync::atomic::AtomicBool::new(false),
+            waits: WaitBudget::default(),
+        })
     }
 
     /// The memfd (to hand to the daemon).
@@ -184,7 +231,7 @@ impl Ring {
 
     /// Producer: one frame of `caplen` bytes, which `fill` writes, of kind [`KIND_FRAME`] with
     /// repairs `flags`; `head` is the producer's own position (it alone writes it). A full ring
-    /// is waited on for up to [`FULL_WAIT`]. False when the ring had no room: the frame is
+    /// is waited on for up to [`FULL_WAIT`] (within [`WAIT_BUDGET`]). False when the ring had no room: the frame is
     /// counted in `dropped`.
     pub(crate) fn produce(&self, head: &mut u64, caplen: usize, flags: u32, fill: impl FnOnce(&mut [u8])) -> bool {
         let busy = self.word(OFF_BUSY);
@@ -206,15 +253,17 @@ impl Ring {
             // link does when its capture's buffer is full), leaving it the CPU it needs, then drop
             // from the capture. A writer that did not free anything within the wait is stalled:
             // frames drop at once until it frees space again (no wait per frame piles up into a
-            // transport timeout).
+            // transport timeout), and all waits together take at most WAIT_BUDGET a second.
             let start = std::time::Instant::now();
-            while !fits && start.elapsed() < FULL_WAIT {
+            let allowed = self.waits.allowed(ts);
+            while !fits && start.elapsed() < allowed {
                 // Sleep, not spin: on a machine whose cores the programs keep busy, the writer
                 // needs the very CPU a spinning producer would hold.
                 std::thread::sleep(std::time::Duration::from_micros(50));
                 fits = room(self.tail());
             }
-            if !fits {
+            self.waits.spend(start.elapsed());
+            if !fits && !allowed.is_zero() {
                 self.stalled.store(true, Ordering::Relaxed);
             }
         } else if fits {

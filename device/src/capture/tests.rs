@@ -196,6 +196,56 @@ fn a_full_ring_waits_for_the_writer_before_it_drops() {
 }
 
 #[test]
+fn a_producers_waits_for_room_take_at_most_a_tenth_of_each_second() {
+    use super::ring::WaitBudget;
+    let ms = |n: u64| n * 1_000_000;
+    let b = WaitBudget::default();
+    let t0 = ms(5_000);
+    assert_eq!(b.allowed(t0), std::time::Duration::from_millis(25), "a wait is at most FULL_WAIT");
+    b.spend(std::time::Duration::from_millis(90));
+    assert_eq!(b.allowed(t0 + ms(300)), std::time::Duration::from_millis(10), "what is left of the window's 100 ms");
+    b.spend(std::time::Duration::from_millis(10));
+    assert!(b.allowed(t0 + ms(999)).is_zero(), "the budget is spent until the window ends");
+    assert_eq!(b.allowed(t0 + ms(1_000)), std::time::Duration::from_millis(25), "a new window, a new budget");
+}
+
+#[test]
+fn a_writer_that_stays_behind_loses_frames_rather_than_pacing_the_producer() {
+    // A writer that frees one record every 20 ms: each wait alone is shorter than FULL_WAIT, so
+    // without the budget every frame would wait for it and none would drop.
+    let ring = Arc::new(Ring::create(MIN_CAPACITY).unwrap());
+    let mut head = 0;
+    let frame = [5u8; 1000];
+    for _ in 0..63 {
+        assert!(ring.produce(&mut head, frame.len(), 0, |f| f.copy_from_slice(&frame)));
+    }
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let consumer = {
+        let (ring, done) = (ring.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                let tail = ring.tail();
+                if tail != ring.head() {
+                    let r: Record = ring.record_at(tail, ring.head()).unwrap();
+                    ring.release(r.end());
+                }
+            }
+        })
+    };
+    let mut waited = std::time::Duration::ZERO;
+    for _ in 0..40 {
+        let t = std::time::Instant::now();
+        ring.produce(&mut head, frame.len(), 0, |f| f.copy_from_slice(&frame));
+        waited += t.elapsed();
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    consumer.join().unwrap();
+    assert!(ring.dropped() > 0, "frames dropped once the budget was spent");
+    assert!(waited < std::time::Duration::from_millis(800), "40 waits of ~20 ms would take 800 ms; took {waited:?}");
+}
+
+#[test]
 fn a_ring_that_lies_about_itself_is_refused() {
     use std::io::Write;
     let mut f = tempfile::tempfile().unwrap();
