@@ -404,7 +404,7 @@ fn req_on_the_wire() {
     assert_eq!(path.remote_gid, gid([10, 0, 0, 2]));
     assert_eq!(path.flow_label, (40000 * 31 + 7174) & 0xF_FFFF);
     assert_eq!((path.traffic_class, path.sl, path.packet_rate), (0, 0, 0));
-    assert_eq!(req.alternate_path, CmPath::default());
+    assert_eq!(req.alternate_path, CmPathRepr::default());
     // The private data: cma_hdr (version 0, IPv4, the source port, zero-padded addresses), then
     // the consumer's bytes.
     assert_eq!(req.private_data.len(), 92);

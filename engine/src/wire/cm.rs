@@ -4,6 +4,9 @@
 //! [`CmMadRepr::parse`] takes untrusted bytes (a UD SEND payload received on QP1) and never panics:
 //! it requires a 256-byte MAD of base version 1, class 0x07, class version 2, method Send and a
 //! known attribute. [`CmMadRepr::emit`] writes all 256 bytes, unused ones zero.
+//!
+//! These two are the top-level entry: their `parse` and `emit` take byte slices (the MAD, or
+//! its data area), where every other CM `Repr` takes the view of its own header.
 
 use super::cm_dreq::{CmDrepPacket, CmDrepRepr, CmDreqPacket, CmDreqRepr};
 use super::cm_lap::{CmAprPacket, CmAprRepr, CmLapPacket, CmLapRepr};
@@ -13,7 +16,7 @@ use super::cm_req::{CmReqPacket, CmReqRepr};
 use super::cm_sidr::{CmSidrRepPacket, CmSidrRepRepr, CmSidrReqPacket, CmSidrReqRepr};
 use super::cma_hdr::{CmaHdrPacket, CmaHdrRepr};
 use super::mad::{
-    CmAttr, MadHeader, MadPacket, CM_CLASS_VERSION, MAD_BASE_VERSION, MAD_DATA_LEN, MAD_LEN, MAD_METHOD_SEND,
+    CmAttr, MadPacket, MadRepr, CM_CLASS_VERSION, MAD_BASE_VERSION, MAD_DATA_LEN, MAD_LEN, MAD_METHOD_SEND,
     MGMT_CLASS_CM,
 };
 use super::{Error, Result};
@@ -191,7 +194,7 @@ impl CmMadRepr {
             return Err(Error::Truncated("CM MAD"));
         }
         let packet = MadPacket::new_checked(&mad[..MAD_LEN])?;
-        let header = MadHeader::parse(&packet)?;
+        let header = MadRepr::parse(&packet)?;
         if header.base_version != MAD_BASE_VERSION {
             return Err(Error::Malformed("MAD base version is not 1"));
         }
@@ -223,7 +226,7 @@ impl CmMadRepr {
         }
         let mut data = [0u8; MAD_DATA_LEN];
         self.msg.emit(&mut data)?;
-        let header = MadHeader {
+        let header = MadRepr {
             base_version: MAD_BASE_VERSION,
             mgmt_class: MGMT_CLASS_CM,
             class_version: CM_CLASS_VERSION,
@@ -235,7 +238,7 @@ impl CmMadRepr {
             attr_mod: self.attr_mod,
         };
         let mut packet = MadPacket::new_unchecked(&mut buf[..MAD_LEN]);
-        header.emit(&mut packet);
+        header.emit(&mut packet)?;
         packet.payload_mut().copy_from_slice(&data);
         Ok(())
     }

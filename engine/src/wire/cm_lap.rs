@@ -3,10 +3,10 @@
 //!
 //! The LAP carries the same path values as a REQ path block, in its own order (the traffic class
 //! shares the flow label's word, the hop limit comes before the rate); they are read into a
-//! [`CmPath`]. Offsets count from the end of the MAD header, as in Linux `include/rdma/ibta_vol1_c12.h`.
+//! [`CmPathRepr`]. Offsets count from the end of the MAD header, as in Linux `include/rdma/ibta_vol1_c12.h`.
 
 use super::cm::{check_area, check_width, write_area};
-use super::cm_path::{gid, set_flow_label, CmPath};
+use super::cm_path::{gid, set_flow_label, CmPathRepr};
 use super::mad::MAD_DATA_LEN;
 use super::{be, bits, Result};
 
@@ -200,7 +200,7 @@ pub struct CmLapRepr {
     /// Remote CM response timeout (5 bits).
     pub remote_cm_response_timeout: u8,
     /// The alternate path to load.
-    pub alternate_path: CmPath,
+    pub alternate_path: CmPathRepr,
     /// Private data: the whole 168-byte area on parse; on emit at most 168 bytes, zero-padded.
     pub private_data: Vec<u8>,
 }
@@ -214,7 +214,7 @@ impl CmLapRepr {
             remote_comm_id: p.remote_comm_id(),
             remote_qpn: p.remote_qpn(),
             remote_cm_response_timeout: p.remote_cm_response_timeout(),
-            alternate_path: CmPath {
+            alternate_path: CmPathRepr {
                 local_lid: p.alt_local_lid(),
                 remote_lid: p.alt_remote_lid(),
                 local_gid: p.alt_local_gid(),
@@ -406,7 +406,7 @@ mod test {
             remote_comm_id: 0xc25b_8b76,
             remote_qpn: 0x167,
             remote_cm_response_timeout: 22,
-            alternate_path: CmPath {
+            alternate_path: CmPathRepr {
                 local_lid: 0xffff,
                 remote_lid: 0xffff,
                 local_gid: mapped([192, 0, 2, 1]),

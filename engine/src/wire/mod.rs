@@ -92,35 +92,33 @@ macro_rules! enum_with_unknown {
     }
 }
 
-/// Generates the common part of a fixed-length header view: the struct, `new_unchecked`,
-/// `new_checked`, `check_len`, `into_inner`, and the `HEADER_LEN` constant.
-macro_rules! fixed_header_packet {
-    ($len:expr, $what:expr, $doc:expr) => {
-        /// Length of this header in bytes.
-        pub const HEADER_LEN: usize = $len;
-
+/// Generates a view named `$name` over a buffer that must hold at least `$len` bytes: the struct,
+/// `new_unchecked`, `new_checked`, `check_len` and `into_inner`. `$what` names the header in the
+/// [`Error::Truncated`] of a short buffer; `$holds` says, in the docs, what the buffer must hold.
+macro_rules! header_view {
+    ($name:ident, $len:expr, $what:expr, $holds:literal, $doc:expr) => {
         #[doc = $doc]
         #[derive(Debug, PartialEq, Eq, Clone)]
-        pub struct Packet<T: AsRef<[u8]>> {
+        pub struct $name<T: AsRef<[u8]>> {
             buffer: T,
         }
 
-        impl<T: AsRef<[u8]>> Packet<T> {
+        impl<T: AsRef<[u8]>> $name<T> {
             /// Wraps a buffer without checking its length (for buffers the caller sized).
-            pub const fn new_unchecked(buffer: T) -> Packet<T> {
-                Packet { buffer }
+            pub const fn new_unchecked(buffer: T) -> $name<T> {
+                $name { buffer }
             }
 
-            /// Wraps a buffer after checking that it holds the whole header.
-            pub fn new_checked(buffer: T) -> $crate::wire::Result<Packet<T>> {
+            #[doc = concat!("Wraps a buffer after checking that it holds ", $holds, ".")]
+            pub fn new_checked(buffer: T) -> $crate::wire::Result<$name<T>> {
                 let packet = Self::new_unchecked(buffer);
                 packet.check_len()?;
                 Ok(packet)
             }
 
-            /// Checks that the buffer holds the whole header; after that no accessor panics.
+            #[doc = concat!("Checks that the buffer holds ", $holds, "; after that no accessor panics.")]
             pub fn check_len(&self) -> $crate::wire::Result<()> {
-                if self.buffer.as_ref().len() < HEADER_LEN {
+                if self.buffer.as_ref().len() < $len {
                     Err($crate::wire::Error::Truncated($what))
                 } else {
                     Ok(())
@@ -132,6 +130,18 @@ macro_rules! fixed_header_packet {
                 self.buffer
             }
         }
+    };
+}
+
+/// Generates the common part of a fixed-length header view through [`header_view!`]: the struct
+/// `Packet`, `new_unchecked`, `new_checked`, `check_len`, `into_inner`, and the `HEADER_LEN`
+/// constant.
+macro_rules! fixed_header_packet {
+    ($len:expr, $what:expr, $doc:expr) => {
+        /// Length of this header in bytes.
+        pub const HEADER_LEN: usize = $len;
+
+        header_view!(Packet, HEADER_LEN, $what, "the whole header", $doc);
     };
 }
 
@@ -228,45 +238,14 @@ macro_rules! word_header {
     }};
 }
 
-/// Generates the view of one CM message (IBTA Vol 1 12.6): the struct named `$name`,
-/// `new_unchecked`, `new_checked`, `check_len` and `into_inner`. Every CM message view covers the
-/// whole MAD data area after the 24-byte MAD header ([`mad::MAD_DATA_LEN`] = 232 bytes: the fixed
-/// part and the private data), with offsets counted from its start as in `ibta_vol1_c12.h`.
+/// Generates the view of one CM message (IBTA Vol 1 12.6) through [`header_view!`]: the struct
+/// named `$name`, `new_unchecked`, `new_checked`, `check_len` and `into_inner`. Every CM message
+/// view covers the whole MAD data area after the 24-byte MAD header ([`mad::MAD_DATA_LEN`] = 232
+/// bytes: the fixed part and the private data), with offsets counted from its start as in
+/// `ibta_vol1_c12.h`.
 macro_rules! cm_message_packet {
     ($name:ident, $what:expr, $doc:expr) => {
-        #[doc = $doc]
-        #[derive(Debug, PartialEq, Eq, Clone)]
-        pub struct $name<T: AsRef<[u8]>> {
-            buffer: T,
-        }
-
-        impl<T: AsRef<[u8]>> $name<T> {
-            /// Wraps a buffer without checking its length (for buffers the caller sized).
-            pub const fn new_unchecked(buffer: T) -> $name<T> {
-                $name { buffer }
-            }
-
-            /// Wraps a buffer after checking that it holds the whole MAD data area.
-            pub fn new_checked(buffer: T) -> $crate::wire::Result<$name<T>> {
-                let packet = Self::new_unchecked(buffer);
-                packet.check_len()?;
-                Ok(packet)
-            }
-
-            /// Checks that the buffer holds the whole MAD data area; after that no accessor panics.
-            pub fn check_len(&self) -> $crate::wire::Result<()> {
-                if self.buffer.as_ref().len() < $crate::wire::mad::MAD_DATA_LEN {
-                    Err($crate::wire::Error::Truncated($what))
-                } else {
-                    Ok(())
-                }
-            }
-
-            /// Returns the underlying buffer.
-            pub fn into_inner(self) -> T {
-                self.buffer
-            }
-        }
+        header_view!($name, $crate::wire::mad::MAD_DATA_LEN, $what, "the whole MAD data area", $doc);
     };
 }
 
@@ -402,7 +381,7 @@ pub use self::cm_dreq::{
 pub use self::cm_lap::{
     CmAprPacket, CmAprRepr, CmLapPacket, CmLapRepr, APR_ADD_INFO_LEN, APR_PRIVATE_DATA_LEN, LAP_PRIVATE_DATA_LEN,
 };
-pub use self::cm_path::{CmPath, CmPathPacket, CM_PATH_LEN};
+pub use self::cm_path::{CmPathPacket, CmPathRepr, CM_PATH_LEN};
 pub use self::cm_rej::{
     CmMraPacket, CmMraRepr, CmRejPacket, CmRejRepr, MRA_PRIVATE_DATA_LEN, REJ_ARI_LEN, REJ_PRIVATE_DATA_LEN,
 };
@@ -414,6 +393,6 @@ pub use self::cm_sidr::{
 };
 pub use self::cma_hdr::{CmaHdrPacket, CmaHdrRepr, CMA_HDR_LEN};
 pub use self::mad::{
-    CmAttr, MadHeader, MadPacket, CM_CLASS_VERSION, MAD_BASE_VERSION, MAD_DATA_LEN, MAD_HEADER_LEN, MAD_LEN,
+    CmAttr, MadPacket, MadRepr, CM_CLASS_VERSION, MAD_BASE_VERSION, MAD_DATA_LEN, MAD_HEADER_LEN, MAD_LEN,
     MAD_METHOD_SEND, MGMT_CLASS_CM,
 };
