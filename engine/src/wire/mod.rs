@@ -23,10 +23,12 @@
 //!   each opcode carries; [`ib`] is the whole transport packet (BTH to ICRC); [`icrc`] computes the
 //!   invariant CRC; [`roce`] puts it all together as RoCEv2 (IPv4/IPv6 + UDP 4791) or RoCEv1 frames.
 //! - Communication Management (IBTA Vol 1 ch. 12), carried in 256-byte MADs on QP1: [`mad`] (the
-//!   MAD common header and the CM attribute IDs), one file per message pair: [`cm_req`] (with the
-//!   path block in [`cm_path`]), [`cm_rep`] (REP, RTU), [`cm_rej`] (REJ, MRA), [`cm_dreq`] (DREQ,
-//!   DREP), [`cm_sidr`] (SIDR_REQ, SIDR_REP), [`cm_lap`] (LAP, APR); [`cma_hdr`], the rdma_cm IP
-//!   header in REQ/SIDR_REQ private data; and [`cm`], a whole CM MAD as values.
+//!   MAD common header and the CM attribute IDs), then one file per message, each with its view
+//!   (`Cm...Packet`) and `Cm...Repr`: [`cm_req`] (with the path block in [`cm_path`]), [`cm_mra`],
+//!   [`cm_rej`], [`cm_rep`], [`cm_rtu`], [`cm_dreq`], [`cm_drep`], [`cm_sidr_req`],
+//!   [`cm_sidr_rep`], [`cm_lap`] (its alternate path read into a [`CmPathRepr`]), [`cm_apr`];
+//!   [`cma_hdr`], the rdma_cm IP header in REQ/SIDR_REQ private data; and [`cm`], a whole CM MAD
+//!   as values (the [`CmMessage`] over the eleven messages, [`CmMadRepr`] with the header).
 
 use core::ops::{Range, RangeFrom};
 
@@ -341,13 +343,18 @@ pub mod opcode;
 pub mod roce;
 
 pub mod cm;
+pub mod cm_apr;
+pub mod cm_drep;
 pub mod cm_dreq;
 pub mod cm_lap;
+pub mod cm_mra;
 pub mod cm_path;
 pub mod cm_rej;
 pub mod cm_rep;
 pub mod cm_req;
-pub mod cm_sidr;
+pub mod cm_rtu;
+pub mod cm_sidr_rep;
+pub mod cm_sidr_req;
 pub mod cma_hdr;
 pub mod mad;
 
@@ -375,22 +382,18 @@ pub use self::opcode::{Headers, OpKind, Opcode, OpcodeInfo, Position, Transport}
 pub use self::roce::{FrameRepr as RoceFrameRepr, L3Repr};
 
 pub use self::cm::{CmMadRepr, CmMessage};
-pub use self::cm_dreq::{
-    CmDrepPacket, CmDrepRepr, CmDreqPacket, CmDreqRepr, DREP_PRIVATE_DATA_LEN, DREQ_PRIVATE_DATA_LEN,
-};
-pub use self::cm_lap::{
-    CmAprPacket, CmAprRepr, CmLapPacket, CmLapRepr, APR_ADD_INFO_LEN, APR_PRIVATE_DATA_LEN, LAP_PRIVATE_DATA_LEN,
-};
+pub use self::cm_apr::{CmAprPacket, CmAprRepr, APR_ADD_INFO_LEN, APR_PRIVATE_DATA_LEN};
+pub use self::cm_drep::{CmDrepPacket, CmDrepRepr, DREP_PRIVATE_DATA_LEN};
+pub use self::cm_dreq::{CmDreqPacket, CmDreqRepr, DREQ_PRIVATE_DATA_LEN};
+pub use self::cm_lap::{CmLapPacket, CmLapRepr, LAP_PRIVATE_DATA_LEN};
+pub use self::cm_mra::{CmMraPacket, CmMraRepr, MRA_PRIVATE_DATA_LEN};
 pub use self::cm_path::{CmPathPacket, CmPathRepr, CM_PATH_LEN};
-pub use self::cm_rej::{
-    CmMraPacket, CmMraRepr, CmRejPacket, CmRejRepr, MRA_PRIVATE_DATA_LEN, REJ_ARI_LEN, REJ_PRIVATE_DATA_LEN,
-};
-pub use self::cm_rep::{CmRepPacket, CmRepRepr, CmRtuPacket, CmRtuRepr, REP_PRIVATE_DATA_LEN, RTU_PRIVATE_DATA_LEN};
+pub use self::cm_rej::{CmRejPacket, CmRejRepr, REJ_ARI_LEN, REJ_PRIVATE_DATA_LEN};
+pub use self::cm_rep::{CmRepPacket, CmRepRepr, REP_PRIVATE_DATA_LEN};
 pub use self::cm_req::{CmReqPacket, CmReqRepr, REQ_PRIVATE_DATA_LEN};
-pub use self::cm_sidr::{
-    CmSidrRepPacket, CmSidrRepRepr, CmSidrReqPacket, CmSidrReqRepr, SIDR_REP_ADD_INFO_LEN, SIDR_REP_PRIVATE_DATA_LEN,
-    SIDR_REQ_PRIVATE_DATA_LEN,
-};
+pub use self::cm_rtu::{CmRtuPacket, CmRtuRepr, RTU_PRIVATE_DATA_LEN};
+pub use self::cm_sidr_rep::{CmSidrRepPacket, CmSidrRepRepr, SIDR_REP_ADD_INFO_LEN, SIDR_REP_PRIVATE_DATA_LEN};
+pub use self::cm_sidr_req::{CmSidrReqPacket, CmSidrReqRepr, SIDR_REQ_PRIVATE_DATA_LEN};
 pub use self::cma_hdr::{CmaHdrPacket, CmaHdrRepr, CMA_HDR_LEN};
 pub use self::mad::{
     CmAttr, MadPacket, MadRepr, CM_CLASS_VERSION, MAD_BASE_VERSION, MAD_DATA_LEN, MAD_HEADER_LEN, MAD_LEN,
