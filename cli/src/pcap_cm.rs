@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use std::net::Ipv6Addr;
 
 use serde_json::{json, Map, Value};
-use softrdma_engine::wire::{CmMadRepr, CmMessage, CmPath, Error as WireError};
+use softrdma_engine::wire::{CmMadRepr, CmMessage, CmPathRepr, Error as WireError};
 
 fn hex64(v: u64) -> String {
     format!("{v:#018x}")
@@ -23,7 +23,7 @@ fn gid(g: [u8; 16]) -> String {
     Ipv6Addr::from(g).to_string()
 }
 
-fn path_json(p: &CmPath) -> Value {
+fn path_json(p: &CmPathRepr) -> Value {
     json!({
         "local_lid": p.local_lid, "remote_lid": p.remote_lid,
         "local_gid": gid(p.local_gid), "remote_gid": gid(p.remote_gid),
@@ -80,7 +80,7 @@ pub(crate) fn cm_json(cm: &Result<CmMadRepr, WireError>) -> Value {
             put("srq", json!(r.srq));
             put("extended_transport", json!(r.extended_transport));
             put("primary_path", path_json(&r.primary_path));
-            if r.alternate_path != CmPath::default() {
+            if r.alternate_path != CmPathRepr::default() {
                 put("alternate_path", path_json(&r.alternate_path));
             }
         }

@@ -25,7 +25,7 @@ use std::net::{IpAddr, SocketAddr};
 use softrdma_engine::cm::{Cm, CmConfig, CmEventKind, ConnParam, Ece, IdHandle};
 use softrdma_engine::time::{Duration, Instant};
 use softrdma_engine::verbs::{Mtu, QpType};
-use softrdma_engine::wire::{CmMadRepr, CmMessage, CmPath, CmaHdrPacket, CmaHdrRepr, MAD_LEN};
+use softrdma_engine::wire::{CmMadRepr, CmMessage, CmPathRepr, CmaHdrPacket, CmaHdrRepr, MAD_LEN};
 
 use crate::behaviour::Capture;
 use crate::replay::{ConversationReport, Mismatch};
@@ -114,7 +114,7 @@ fn name(m: &CmMessage) -> &'static str {
     }
 }
 
-fn path_fields(prefix: &str, p: &CmPath, out: &mut Vec<(String, String)>) {
+fn path_fields(prefix: &str, p: &CmPathRepr, out: &mut Vec<(String, String)>) {
     let f = |k: &str, v: String| (format!("{prefix} {k}"), v);
     out.push(f("local LID", format!("{:#06x}", p.local_lid)));
     out.push(f("remote LID", format!("{:#06x}", p.remote_lid)));
@@ -144,7 +144,7 @@ fn cm_fields(mad: &CmMadRepr) -> Vec<(String, String)> {
             v.push(("RDC exists".into(), u8::from(r.rdc_exists).to_string()));
             v.push(("max CM retries".into(), r.max_cm_retries.to_string()));
             path_fields("primary path", &r.primary_path, &mut v);
-            let alt = r.alternate_path == CmPath::default();
+            let alt = r.alternate_path == CmPathRepr::default();
             v.push(("alternate path".into(), if alt { "none".into() } else { "present".into() }));
             let hdr = CmaHdrPacket::new_checked(&r.private_data[..]).ok().and_then(|p| CmaHdrRepr::parse(&p).ok());
             v.push((

@@ -31,7 +31,7 @@ use crate::device::QpAttr;
 use crate::rng::Rng;
 use crate::time::{Duration, Instant};
 use crate::verbs::{Access, AttrMask, Mtu, QpState, QpType};
-use crate::wire::{CmPath, MAD_LEN};
+use crate::wire::{CmPathRepr, MAD_LEN};
 
 /// What a REQ or REP told us about the path and the peer (kept for `init_qp_attr`; the depths
 /// and flags are what the peer offered, kept for inspection in tests and debugging).
@@ -78,7 +78,7 @@ struct Id {
     /// The parameters this side gave (connect/accept).
     mine: ConnParam,
     peer: Peer,
-    path: CmPath,
+    path: CmPathRepr,
     path_mtu: Mtu,
     /// The peer's CM response timeout (REQ: remote/local CM response timeout fields).
     peer_response_timeout: u8,
@@ -127,7 +127,7 @@ impl Id {
             local_psn: 0,
             mine: ConnParam::default(),
             peer: Peer::default(),
-            path: CmPath::default(),
+            path: CmPathRepr::default(),
             path_mtu: mtu,
             peer_response_timeout: 20,
             passive: false,

@@ -355,8 +355,8 @@ pub struct Route {
 
 impl Route {
     /// The REQ's primary path for this route.
-    pub(super) fn path(&self, local_ack_timeout: u8) -> CmPath {
-        CmPath {
+    pub(super) fn path(&self, local_ack_timeout: u8) -> CmPathRepr {
+        CmPathRepr {
             local_lid: 0xffff,
             remote_lid: 0xffff,
             local_gid: self.sgid,
@@ -399,8 +399,8 @@ pub fn flow_label(src_port: u16, dst_port: u16) -> u32 {
 /// limit 64, traffic class = ToS, SL 0 (no VLAN priority map), the flow-label hash, rate 0,
 /// permissive LIDs (`cm_format_req` with hop limit > 1), local ACK timeout = packet lifetime + 1
 /// (or the ID's ACK timeout option).
-pub fn roce_path(local: SocketAddr, remote: SocketAddr, tos: u8, ack_timeout: u8) -> CmPath {
-    CmPath {
+pub fn roce_path(local: SocketAddr, remote: SocketAddr, tos: u8, ack_timeout: u8) -> CmPathRepr {
+    CmPathRepr {
         local_lid: 0xffff,
         remote_lid: 0xffff,
         local_gid: ip_to_gid(local.ip()),

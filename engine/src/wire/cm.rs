@@ -4,19 +4,34 @@
 //! [`CmMadRepr::parse`] takes untrusted bytes (a UD SEND payload received on QP1) and never panics:
 //! it requires a 256-byte MAD of base version 1, class 0x07, class version 2, method Send and a
 //! known attribute. [`CmMadRepr::emit`] writes all 256 bytes, unused ones zero.
+//!
+//! These two are the top-level entry: their `parse` and `emit` take byte slices (the MAD, or
+//! its data area), where every other CM `Repr` takes the view of its own header.
 
-use super::cm_dreq::{CmDrepPacket, CmDrepRepr, CmDreqPacket, CmDreqRepr};
-use super::cm_lap::{CmAprPacket, CmAprRepr, CmLapPacket, CmLapRepr};
-use super::cm_rej::{CmMraPacket, CmMraRepr, CmRejPacket, CmRejRepr};
-use super::cm_rep::{CmRepPacket, CmRepRepr, CmRtuPacket, CmRtuRepr};
+use super::cm_apr::{CmAprPacket, CmAprRepr};
+use super::cm_drep::{CmDrepPacket, CmDrepRepr};
+use super::cm_dreq::{CmDreqPacket, CmDreqRepr};
+use super::cm_lap::{CmLapPacket, CmLapRepr};
+use super::cm_mra::{CmMraPacket, CmMraRepr};
+use super::cm_rej::{CmRejPacket, CmRejRepr};
+use super::cm_rep::{CmRepPacket, CmRepRepr};
 use super::cm_req::{CmReqPacket, CmReqRepr};
-use super::cm_sidr::{CmSidrRepPacket, CmSidrRepRepr, CmSidrReqPacket, CmSidrReqRepr};
+use super::cm_rtu::{CmRtuPacket, CmRtuRepr};
+use super::cm_sidr_rep::{CmSidrRepPacket, CmSidrRepRepr};
+use super::cm_sidr_req::{CmSidrReqPacket, CmSidrReqRepr};
 use super::cma_hdr::{CmaHdrPacket, CmaHdrRepr};
 use super::mad::{
-    CmAttr, MadHeader, MadPacket, CM_CLASS_VERSION, MAD_BASE_VERSION, MAD_DATA_LEN, MAD_LEN, MAD_METHOD_SEND,
+    CmAttr, MadPacket, MadRepr, CM_CLASS_VERSION, MAD_BASE_VERSION, MAD_DATA_LEN, MAD_LEN, MAD_METHOD_SEND,
     MGMT_CLASS_CM,
 };
 use super::{Error, Result};
+
+/// `msg_rejected` / `msg_mraed` value: the REQ (IBTA Vol 1 tables 107 and 108).
+pub const CM_MSG_REQ: u8 = 0;
+/// `msg_rejected` / `msg_mraed` value: the REP.
+pub const CM_MSG_REP: u8 = 1;
+/// `msg_rejected` / `msg_mraed` value: other (a LAP).
+pub const CM_MSG_OTHER: u8 = 2;
 
 /// One CM message, by attribute.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -191,7 +206,7 @@ impl CmMadRepr {
             return Err(Error::Truncated("CM MAD"));
         }
         let packet = MadPacket::new_checked(&mad[..MAD_LEN])?;
-        let header = MadHeader::parse(&packet)?;
+        let header = MadRepr::parse(&packet)?;
         if header.base_version != MAD_BASE_VERSION {
             return Err(Error::Malformed("MAD base version is not 1"));
         }
@@ -223,7 +238,7 @@ impl CmMadRepr {
         }
         let mut data = [0u8; MAD_DATA_LEN];
         self.msg.emit(&mut data)?;
-        let header = MadHeader {
+        let header = MadRepr {
             base_version: MAD_BASE_VERSION,
             mgmt_class: MGMT_CLASS_CM,
             class_version: CM_CLASS_VERSION,
@@ -235,7 +250,7 @@ impl CmMadRepr {
             attr_mod: self.attr_mod,
         };
         let mut packet = MadPacket::new_unchecked(&mut buf[..MAD_LEN]);
-        header.emit(&mut packet);
+        header.emit(&mut packet)?;
         packet.payload_mut().copy_from_slice(&data);
         Ok(())
     }
@@ -265,7 +280,8 @@ pub(super) fn write_area(area: &mut [u8], data: &[u8]) {
     area[data.len()..].fill(0);
 }
 
-/// Test support: the CM MADs of the hardware captures in `../shared/reference/cm/*.cm.hex`.
+/// Test support: the CM MADs of the hardware captures in `../shared/reference/cm/*.cm.hex`, and a
+/// whole-MAD round trip for the messages no capture holds.
 #[cfg(test)]
 pub(crate) mod captured {
     /// Offset of the MAD in a captured frame: Ethernet 14 + IPv4 20 + UDP 8 + BTH 12 + DETH 8.
@@ -304,6 +320,16 @@ pub(crate) mod captured {
         let mut v = prefix.to_vec();
         v.resize(super::MAD_DATA_LEN, 0);
         v
+    }
+
+    /// Emits `msg` in a whole MAD with TID `tid`, checks that the attribute ID names it, and that
+    /// the MAD parses back equal.
+    pub(crate) fn mad_round_trip(tid: u64, msg: super::CmMessage) {
+        let mad = super::CmMadRepr { tid, attr_mod: 0, msg };
+        let mut b = [0u8; 256];
+        mad.emit(&mut b).unwrap();
+        assert_eq!(u16::from_be_bytes([b[16], b[17]]), u16::from(mad.msg.attr()));
+        assert_eq!(super::CmMadRepr::parse(&b), Ok(mad));
     }
 }
 

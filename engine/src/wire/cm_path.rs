@@ -3,7 +3,7 @@
 //! side. On RoCE the LIDs are 0xFFFF (permissive) and the GIDs are the IPv4-mapped addresses.
 //!
 //! The LAP message carries the same values in a different order (IBTA Vol 1 12.8.1, table 115);
-//! [`super::cm_lap`] reads it into a [`CmPath`] too.
+//! [`super::cm_lap`] reads it into a [`CmPathRepr`] too.
 
 use super::cm::check_width;
 use super::{be, bits, Result};
@@ -29,36 +29,9 @@ mod field {
 /// Bytes of one path block in a REQ.
 pub const CM_PATH_LEN: usize = 44;
 
-/// A view of a REQ path block.
-#[derive(Debug, PartialEq, Eq, Clone)]
-pub struct CmPathPacket<T: AsRef<[u8]>> {
-    buffer: T,
-}
+header_view!(CmPathPacket, CM_PATH_LEN, "CM path", "the whole 44-byte block", "A view of a REQ path block.");
 
 impl<T: AsRef<[u8]>> CmPathPacket<T> {
-    /// Wraps a buffer without checking its length (for buffers the caller sized).
-    pub const fn new_unchecked(buffer: T) -> CmPathPacket<T> {
-        CmPathPacket { buffer }
-    }
-    /// Wraps a buffer after checking that it holds the 44-byte block.
-    pub fn new_checked(buffer: T) -> Result<CmPathPacket<T>> {
-        let packet = Self::new_unchecked(buffer);
-        packet.check_len()?;
-        Ok(packet)
-    }
-    /// Checks that the buffer holds the whole block; after that no accessor panics.
-    pub fn check_len(&self) -> Result<()> {
-        if self.buffer.as_ref().len() < CM_PATH_LEN {
-            Err(super::Error::Truncated("CM path"))
-        } else {
-            Ok(())
-        }
-    }
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
     /// Local port LID.
     pub fn local_lid(&self) -> u16 {
         be::u16(self.buffer.as_ref(), field::LOCAL_LID)
@@ -167,7 +140,7 @@ pub(super) fn set_flow_label(b: &mut [u8], f: super::Field, v: u32) {
 
 /// One path of a REQ (or the alternate path of a LAP) as values.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct CmPath {
+pub struct CmPathRepr {
     /// Local port LID (0xFFFF, permissive, on RoCE).
     pub local_lid: u16,
     /// Remote port LID.
@@ -192,11 +165,11 @@ pub struct CmPath {
     pub local_ack_timeout: u8,
 }
 
-impl CmPath {
+impl CmPathRepr {
     /// Reads a REQ path block.
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &CmPathPacket<&T>) -> Result<CmPath> {
+    pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &CmPathPacket<&T>) -> Result<CmPathRepr> {
         p.check_len()?;
-        Ok(CmPath {
+        Ok(CmPathRepr {
             local_lid: p.local_lid(),
             remote_lid: p.remote_lid(),
             local_gid: p.local_gid(),
@@ -252,8 +225,8 @@ mod test {
         0, 0, 0, 0xff, 0xff, 0xac, 0x10, 0x00, 0x67, 0x2b, 0xba, 0x00, 0x06, 0x00, 0x40, 0x00, 0x98,
     ];
 
-    fn repr() -> CmPath {
-        CmPath {
+    fn repr() -> CmPathRepr {
+        CmPathRepr {
             local_lid: 0xffff,
             remote_lid: 0xffff,
             local_gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 172, 16, 0, 110],
@@ -307,7 +280,7 @@ mod test {
     }
     #[test]
     fn parse() {
-        assert_eq!(CmPath::parse(&CmPathPacket::new_checked(&PATH_BYTES[..]).unwrap()), Ok(repr()));
+        assert_eq!(CmPathRepr::parse(&CmPathPacket::new_checked(&PATH_BYTES[..]).unwrap()), Ok(repr()));
         assert!(CmPathPacket::new_checked(&PATH_BYTES[..43]).is_err());
     }
     #[test]
@@ -315,7 +288,7 @@ mod test {
         let mut b = [0x5au8; 44];
         repr().emit(&mut CmPathPacket::new_unchecked(&mut b[..])).unwrap();
         assert_eq!(b, PATH_BYTES);
-        let wide = CmPath { flow_label: 0x10_0000, ..repr() };
+        let wide = CmPathRepr { flow_label: 0x10_0000, ..repr() };
         assert!(wide.emit(&mut CmPathPacket::new_unchecked(&mut b[..])).is_err());
         assert_eq!(b, PATH_BYTES, "a failed emit writes nothing");
     }

@@ -1,5 +1,4 @@
-//! The CM REJ and MRA messages (IBTA Vol 1 12.6.7 and 12.6.6, tables 108 and 107; attributes
-//! 0x0012 and 0x0011): a reject of a REQ or REP, and a "message received, more time needed".
+//! The CM REJ message (IBTA Vol 1 12.6.7, table 108; attribute 0x0012): a reject of a REQ or REP.
 //!
 //! Offsets count from the end of the MAD header, as in Linux `include/rdma/ibta_vol1_c12.h`.
 
@@ -11,32 +10,21 @@ use super::{be, bits, Result};
 pub const REJ_PRIVATE_DATA_LEN: usize = 148;
 /// Bytes of the REJ Additional Rejection Information area.
 pub const REJ_ARI_LEN: usize = 72;
-/// Bytes of MRA private data (IBTA Vol 1 table 107; Linux `IB_CM_MRA_PRIVATE_DATA_SIZE`).
-pub const MRA_PRIVATE_DATA_LEN: usize = 222;
-
-/// `msg_rejected` / `msg_mraed` value: the REQ (IBTA Vol 1 tables 107 and 108).
-pub const CM_MSG_REQ: u8 = 0;
-/// `msg_rejected` / `msg_mraed` value: the REP.
-pub const CM_MSG_REP: u8 = 1;
-/// `msg_rejected` / `msg_mraed` value: other (a LAP).
-pub const CM_MSG_OTHER: u8 = 2;
 
 mod field {
     use super::super::{Field, Rest};
     pub(super) const LOCAL_COMM_ID: Field = 0..4;
     pub(super) const REMOTE_COMM_ID: Field = 4..8;
-    /// Message rejected / MRAed (2 bits), reserved (6).
-    pub(super) const MSG: usize = 8;
-    /// REJ: reject info length (7 bits), reserved (1). MRA: service timeout (5), reserved (3).
-    pub(super) const INFO_LEN_OR_TIMEOUT: usize = 9;
+    /// Message rejected (2 bits), reserved (6).
+    pub(super) const MSG_REJECTED: usize = 8;
+    /// Reject info length (7 bits), reserved (1).
+    pub(super) const REJECT_INFO_LEN: usize = 9;
     pub(super) const REASON: Field = 10..12;
     pub(super) const ARI: Field = 12..84;
-    pub(super) const REJ_PRIVATE_DATA: Rest = 84..;
-    pub(super) const MRA_PRIVATE_DATA: Rest = 10..;
+    pub(super) const PRIVATE_DATA: Rest = 84..;
 }
 
 cm_message_packet!(CmRejPacket, "CM REJ", "A view of a CM REJ (the MAD data area).");
-cm_message_packet!(CmMraPacket, "CM MRA", "A view of a CM MRA (the MAD data area).");
 
 impl<T: AsRef<[u8]>> CmRejPacket<T> {
     /// Local Communication ID (the rejecter's; 0 when it has none).
@@ -49,11 +37,11 @@ impl<T: AsRef<[u8]>> CmRejPacket<T> {
     }
     /// Message rejected (2 bits: 0 REQ, 1 REP, 2 other).
     pub fn msg_rejected(&self) -> u8 {
-        bits::get(self.buffer.as_ref(), field::MSG, 0, 2)
+        bits::get(self.buffer.as_ref(), field::MSG_REJECTED, 0, 2)
     }
     /// Reject info length (7 bits): the bytes of ARI that are meaningful.
     pub fn reject_info_len(&self) -> u8 {
-        bits::get(self.buffer.as_ref(), field::INFO_LEN_OR_TIMEOUT, 0, 7)
+        bits::get(self.buffer.as_ref(), field::REJECT_INFO_LEN, 0, 7)
     }
     /// Reason (IBTA Vol 1 table 109; 8 invalid service ID, 28 consumer defined, ...).
     pub fn reason(&self) -> u16 {
@@ -65,7 +53,7 @@ impl<T: AsRef<[u8]>> CmRejPacket<T> {
     }
     /// The private data area (148 bytes once checked).
     pub fn private_data(&self) -> &[u8] {
-        &self.buffer.as_ref()[field::REJ_PRIVATE_DATA][..REJ_PRIVATE_DATA_LEN]
+        &self.buffer.as_ref()[field::PRIVATE_DATA][..REJ_PRIVATE_DATA_LEN]
     }
 }
 
@@ -80,11 +68,11 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> CmRejPacket<T> {
     }
     /// Sets message rejected (low 2 bits of `v`).
     pub fn set_msg_rejected(&mut self, v: u8) {
-        bits::set(self.buffer.as_mut(), field::MSG, 0, 2, v)
+        bits::set(self.buffer.as_mut(), field::MSG_REJECTED, 0, 2, v)
     }
     /// Sets the reject info length (low 7 bits of `v`).
     pub fn set_reject_info_len(&mut self, v: u8) {
-        bits::set(self.buffer.as_mut(), field::INFO_LEN_OR_TIMEOUT, 0, 7, v)
+        bits::set(self.buffer.as_mut(), field::REJECT_INFO_LEN, 0, 7, v)
     }
     /// Sets the reason.
     pub fn set_reason(&mut self, v: u16) {
@@ -96,7 +84,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> CmRejPacket<T> {
     }
     /// The private data area, writable.
     pub fn private_data_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer.as_mut()[field::REJ_PRIVATE_DATA][..REJ_PRIVATE_DATA_LEN]
+        &mut self.buffer.as_mut()[field::PRIVATE_DATA][..REJ_PRIVATE_DATA_LEN]
     }
 }
 
@@ -107,7 +95,8 @@ pub struct CmRejRepr {
     pub local_comm_id: u32,
     /// Remote Communication ID.
     pub remote_comm_id: u32,
-    /// Message rejected (2 bits: [`CM_MSG_REQ`], [`CM_MSG_REP`], [`CM_MSG_OTHER`]).
+    /// Message rejected (2 bits: [`CM_MSG_REQ`](super::cm::CM_MSG_REQ), [`CM_MSG_REP`](super::cm::CM_MSG_REP),
+    /// [`CM_MSG_OTHER`](super::cm::CM_MSG_OTHER)).
     pub msg_rejected: u8,
     /// Reject info length (7 bits), kept as sent: it is not checked against `ari`.
     pub reject_info_len: u8,
@@ -161,108 +150,10 @@ impl CmRejRepr {
     }
 }
 
-impl<T: AsRef<[u8]>> CmMraPacket<T> {
-    /// Local Communication ID.
-    pub fn local_comm_id(&self) -> u32 {
-        be::u32(self.buffer.as_ref(), field::LOCAL_COMM_ID)
-    }
-    /// Remote Communication ID.
-    pub fn remote_comm_id(&self) -> u32 {
-        be::u32(self.buffer.as_ref(), field::REMOTE_COMM_ID)
-    }
-    /// Message MRAed (2 bits: 0 REQ, 1 REP, 2 LAP).
-    pub fn msg_mraed(&self) -> u8 {
-        bits::get(self.buffer.as_ref(), field::MSG, 0, 2)
-    }
-    /// Service timeout (5 bits: 4.096 us * 2^value).
-    pub fn service_timeout(&self) -> u8 {
-        bits::get(self.buffer.as_ref(), field::INFO_LEN_OR_TIMEOUT, 0, 5)
-    }
-    /// The private data area (222 bytes once checked).
-    pub fn private_data(&self) -> &[u8] {
-        &self.buffer.as_ref()[field::MRA_PRIVATE_DATA][..MRA_PRIVATE_DATA_LEN]
-    }
-}
-
-impl<T: AsRef<[u8]> + AsMut<[u8]>> CmMraPacket<T> {
-    /// Sets the Local Communication ID.
-    pub fn set_local_comm_id(&mut self, v: u32) {
-        be::set_u32(self.buffer.as_mut(), field::LOCAL_COMM_ID, v)
-    }
-    /// Sets the Remote Communication ID.
-    pub fn set_remote_comm_id(&mut self, v: u32) {
-        be::set_u32(self.buffer.as_mut(), field::REMOTE_COMM_ID, v)
-    }
-    /// Sets message MRAed (low 2 bits of `v`).
-    pub fn set_msg_mraed(&mut self, v: u8) {
-        bits::set(self.buffer.as_mut(), field::MSG, 0, 2, v)
-    }
-    /// Sets the service timeout (low 5 bits of `v`).
-    pub fn set_service_timeout(&mut self, v: u8) {
-        bits::set(self.buffer.as_mut(), field::INFO_LEN_OR_TIMEOUT, 0, 5, v)
-    }
-    /// The private data area, writable.
-    pub fn private_data_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer.as_mut()[field::MRA_PRIVATE_DATA][..MRA_PRIVATE_DATA_LEN]
-    }
-}
-
-/// An MRA as values.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct CmMraRepr {
-    /// Local Communication ID.
-    pub local_comm_id: u32,
-    /// Remote Communication ID.
-    pub remote_comm_id: u32,
-    /// Message MRAed (2 bits).
-    pub msg_mraed: u8,
-    /// Service timeout (5 bits).
-    pub service_timeout: u8,
-    /// Private data: the whole 222-byte area on parse; on emit at most 222 bytes, zero-padded.
-    pub private_data: Vec<u8>,
-}
-
-impl CmMraRepr {
-    /// Reads an MRA.
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &CmMraPacket<&T>) -> Result<CmMraRepr> {
-        p.check_len()?;
-        Ok(CmMraRepr {
-            local_comm_id: p.local_comm_id(),
-            remote_comm_id: p.remote_comm_id(),
-            msg_mraed: p.msg_mraed(),
-            service_timeout: p.service_timeout(),
-            private_data: p.private_data().to_vec(),
-        })
-    }
-    /// Bytes the message takes (the whole MAD data area).
-    pub const fn buffer_len(&self) -> usize {
-        MAD_DATA_LEN
-    }
-    /// Fails when a value does not fit its field or the private data is longer than 222 bytes.
-    pub fn check(&self) -> Result<()> {
-        check_width(self.msg_mraed, 2, "CM MRA message MRAed wider than 2 bits")?;
-        check_width(self.service_timeout, 5, "CM MRA service timeout wider than 5 bits")?;
-        check_area(&self.private_data, MRA_PRIVATE_DATA_LEN, "CM MRA private data longer than 222 bytes")
-    }
-    /// Writes the MRA over the whole data area, reserved bits zero. Fails, writing nothing, when
-    /// [`CmMraRepr::check`] does.
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut CmMraPacket<T>) -> Result<()> {
-        self.check()?;
-        p.check_len()?;
-        p.buffer.as_mut()[..field::MRA_PRIVATE_DATA.start].fill(0);
-        p.set_local_comm_id(self.local_comm_id);
-        p.set_remote_comm_id(self.remote_comm_id);
-        p.set_msg_mraed(self.msg_mraed);
-        p.set_service_timeout(self.service_timeout);
-        write_area(p.private_data_mut(), &self.private_data);
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod test {
     use super::*;
-    use crate::wire::cm::{captured, CmMadRepr, CmMessage};
+    use crate::wire::cm::{captured, CmMessage, CM_MSG_REQ};
     use crate::wire::Error;
 
     // A REJ as Linux's cm_issue_rej sends it for a REQ nobody listens to (reason 8, invalid service
@@ -275,8 +166,6 @@ mod test {
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x12, 0x34, 0x00, 0x00,
     ];
-    // An MRA of a REP (msg 1) with service timeout 24 (Linux's IB_CM_MRA_FLAG_DELAY | 24).
-    static MRA_BYTES: [u8; 12] = [0xdc, 0xc7, 0x10, 0x46, 0x73, 0xad, 0xc2, 0xcc, 0x40, 0xc0, 0x5a, 0x00];
 
     fn rej() -> CmRejRepr {
         let mut ari = vec![0; 72];
@@ -294,18 +183,6 @@ mod test {
         }
     }
 
-    fn mra() -> CmMraRepr {
-        let mut private_data = vec![0; 222];
-        private_data[0] = 0x5a;
-        CmMraRepr {
-            local_comm_id: 0xdcc7_1046,
-            remote_comm_id: 0x73ad_c2cc,
-            msg_mraed: CM_MSG_REP,
-            service_timeout: 24,
-            private_data,
-        }
-    }
-
     #[test]
     fn deconstruct() {
         let b = captured::data_area(&REJ_BYTES);
@@ -314,12 +191,6 @@ mod test {
         assert_eq!((p.msg_rejected(), p.reject_info_len(), p.reason()), (0, 2, 8));
         assert_eq!((p.ari().len(), &p.ari()[..2]), (72, &[0xab, 0xcd][..]));
         assert_eq!((p.private_data().len(), &p.private_data()[..2]), (148, &[0x12, 0x34][..]));
-
-        let b = captured::data_area(&MRA_BYTES);
-        let p = CmMraPacket::new_checked(&b[..]).unwrap();
-        assert_eq!((p.local_comm_id(), p.remote_comm_id()), (0xdcc7_1046, 0x73ad_c2cc));
-        assert_eq!((p.msg_mraed(), p.service_timeout()), (1, 24));
-        assert_eq!((p.private_data().len(), p.private_data()[0]), (222, 0x5a));
     }
 
     #[test]
@@ -333,15 +204,6 @@ mod test {
         p.ari_mut()[..2].copy_from_slice(&[0xab, 0xcd]);
         p.private_data_mut()[..2].copy_from_slice(&[0x12, 0x34]);
         assert_eq!(b, captured::data_area(&REJ_BYTES));
-
-        let mut b = vec![0u8; 232];
-        let mut p = CmMraPacket::new_unchecked(&mut b[..]);
-        p.set_local_comm_id(0xdcc7_1046);
-        p.set_remote_comm_id(0x73ad_c2cc);
-        p.set_msg_mraed(1);
-        p.set_service_timeout(24);
-        p.private_data_mut()[0] = 0x5a;
-        assert_eq!(b, captured::data_area(&MRA_BYTES));
     }
 
     #[test]
@@ -351,9 +213,6 @@ mod test {
         p.set_msg_rejected(0);
         p.set_reject_info_len(0);
         assert_eq!((b[8], b[9]), (0x3f, 0x01));
-        let mut p = CmMraPacket::new_unchecked(&mut b[..]);
-        p.set_service_timeout(0x1f);
-        assert_eq!(b[9], 0xf9);
     }
 
     #[test]
@@ -361,9 +220,6 @@ mod test {
         let b = captured::data_area(&REJ_BYTES);
         assert_eq!(CmRejRepr::parse(&CmRejPacket::new_checked(&b[..]).unwrap()), Ok(rej()));
         assert_eq!(CmRejPacket::new_checked(&b[..84]), Err(Error::Truncated("CM REJ")));
-        let b = captured::data_area(&MRA_BYTES);
-        assert_eq!(CmMraRepr::parse(&CmMraPacket::new_checked(&b[..]).unwrap()), Ok(mra()));
-        assert_eq!(CmMraPacket::new_checked(&b[..10]), Err(Error::Truncated("CM MRA")));
     }
 
     #[test]
@@ -382,22 +238,10 @@ mod test {
         ] {
             assert!(bad.emit(&mut CmRejPacket::new_unchecked(&mut b[..])).is_err());
         }
-
-        let mut b = vec![0xeeu8; 232];
-        mra().emit(&mut CmMraPacket::new_unchecked(&mut b[..])).unwrap();
-        assert_eq!(b, captured::data_area(&MRA_BYTES));
-        let bad = CmMraRepr { service_timeout: 32, ..mra() };
-        assert!(bad.emit(&mut CmMraPacket::new_unchecked(&mut b[..])).is_err());
     }
 
     #[test]
     fn whole_mad_round_trip() {
-        for msg in [CmMessage::Rej(rej()), CmMessage::Mra(mra())] {
-            let mad = CmMadRepr { tid: 0x0000_000b_2975_ef71, attr_mod: 0, msg };
-            let mut b = [0u8; 256];
-            mad.emit(&mut b).unwrap();
-            assert_eq!(u16::from_be_bytes([b[16], b[17]]), u16::from(mad.msg.attr()));
-            assert_eq!(CmMadRepr::parse(&b), Ok(mad));
-        }
+        captured::mad_round_trip(0x0000_000b_2975_ef71, CmMessage::Rej(rej()));
     }
 }

@@ -5,7 +5,7 @@
 //! Offsets count from the end of the MAD header, as in Linux `include/rdma/ibta_vol1_c12.h`.
 
 use super::cm::{check_area, check_width, write_area};
-use super::cm_path::{CmPath, CmPathPacket};
+use super::cm_path::{CmPathPacket, CmPathRepr};
 use super::{be, bits, Result};
 
 /// Bytes of REQ private data (IBTA Vol 1 table 106; Linux `IB_CM_REQ_PRIVATE_DATA_SIZE`).
@@ -304,9 +304,9 @@ pub struct CmReqRepr {
     /// Extended transport type (3 bits).
     pub extended_transport: u8,
     /// Primary path.
-    pub primary_path: CmPath,
+    pub primary_path: CmPathRepr,
     /// Alternate path (all zero when there is none).
-    pub alternate_path: CmPath,
+    pub alternate_path: CmPathRepr,
     /// Private data: the whole 92-byte area on parse; on emit at most 92 bytes, zero-padded.
     pub private_data: Vec<u8>,
     /// Remote EECN (24 bits; RD only, 0 otherwise).
@@ -340,8 +340,8 @@ impl CmReqRepr {
             max_cm_retries: p.max_cm_retries(),
             srq: p.srq(),
             extended_transport: p.extended_transport(),
-            primary_path: CmPath::parse(&p.primary_path())?,
-            alternate_path: CmPath::parse(&p.alternate_path())?,
+            primary_path: CmPathRepr::parse(&p.primary_path())?,
+            alternate_path: CmPathRepr::parse(&p.alternate_path())?,
             private_data: p.private_data().to_vec(),
             remote_eecn: p.remote_eecn(),
         })
@@ -459,7 +459,7 @@ mod test {
             max_cm_retries: 15,
             srq: false,
             extended_transport: 0,
-            primary_path: CmPath {
+            primary_path: CmPathRepr {
                 local_lid: 0xffff,
                 remote_lid: 0xffff,
                 local_gid: mapped([172, 17, 242, 47]),
@@ -474,7 +474,7 @@ mod test {
                 subnet_local: false,
                 local_ack_timeout: 19,
             },
-            alternate_path: CmPath::default(),
+            alternate_path: CmPathRepr::default(),
             private_data: captured::data_area(&MESSAGE_BYTES)[140..].to_vec(),
             remote_eecn: 0,
         }

@@ -31,36 +31,15 @@ mod field {
     pub(super) const DST_ADDR: Field = 20..36;
 }
 
-/// A view of a `cma_hdr` (the start of the private data).
-#[derive(Debug, PartialEq, Eq, Clone)]
-pub struct CmaHdrPacket<T: AsRef<[u8]>> {
-    buffer: T,
-}
+header_view!(
+    CmaHdrPacket,
+    CMA_HDR_LEN,
+    "cma_hdr",
+    "the whole 36-byte header",
+    "A view of a `cma_hdr` (the start of the private data)."
+);
 
 impl<T: AsRef<[u8]>> CmaHdrPacket<T> {
-    /// Wraps a buffer without checking its length (for buffers the caller sized).
-    pub const fn new_unchecked(buffer: T) -> CmaHdrPacket<T> {
-        CmaHdrPacket { buffer }
-    }
-    /// Wraps a buffer after checking that it holds the 36-byte header.
-    pub fn new_checked(buffer: T) -> Result<CmaHdrPacket<T>> {
-        let packet = Self::new_unchecked(buffer);
-        packet.check_len()?;
-        Ok(packet)
-    }
-    /// Checks that the buffer holds the whole header; after that no accessor panics.
-    pub fn check_len(&self) -> Result<()> {
-        if self.buffer.as_ref().len() < CMA_HDR_LEN {
-            Err(Error::Truncated("cma_hdr"))
-        } else {
-            Ok(())
-        }
-    }
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
     /// The CM version byte (0).
     pub fn cma_version(&self) -> u8 {
         self.buffer.as_ref()[field::CMA_VERSION]

@@ -84,39 +84,15 @@ mod field {
     pub(super) const ATTR_MOD: Field = 20..24;
 }
 
-/// A view of a MAD: the common header and the data area after it.
-#[derive(Debug, PartialEq, Eq, Clone)]
-pub struct MadPacket<T: AsRef<[u8]>> {
-    buffer: T,
-}
+header_view!(
+    MadPacket,
+    MAD_HEADER_LEN,
+    "MAD header",
+    "the 24-byte common header",
+    "A view of a MAD: the common header and the data area after it."
+);
 
 impl<T: AsRef<[u8]>> MadPacket<T> {
-    /// Wraps a buffer without checking its length (for buffers the caller sized).
-    pub const fn new_unchecked(buffer: T) -> MadPacket<T> {
-        MadPacket { buffer }
-    }
-
-    /// Wraps a buffer after checking that it holds the common header.
-    pub fn new_checked(buffer: T) -> Result<MadPacket<T>> {
-        let packet = Self::new_unchecked(buffer);
-        packet.check_len()?;
-        Ok(packet)
-    }
-
-    /// Checks that the buffer holds the 24-byte common header; after that no accessor panics.
-    pub fn check_len(&self) -> Result<()> {
-        if self.buffer.as_ref().len() < MAD_HEADER_LEN {
-            Err(super::Error::Truncated("MAD header"))
-        } else {
-            Ok(())
-        }
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
     /// BaseVersion.
     pub fn base_version(&self) -> u8 {
         self.buffer.as_ref()[field::BASE_VERSION]
@@ -208,7 +184,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> MadPacket<T> {
 
 /// The MAD common header as values. The reserved 16 bits after the attribute ID are not kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct MadHeader {
+pub struct MadRepr {
     /// BaseVersion (1).
     pub base_version: u8,
     /// MgmtClass (0x07 for CM).
@@ -229,11 +205,11 @@ pub struct MadHeader {
     pub attr_mod: u32,
 }
 
-impl MadHeader {
+impl MadRepr {
     /// Reads the common header. Any values are accepted: the class decides what it allows.
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &MadPacket<&T>) -> Result<MadHeader> {
+    pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &MadPacket<&T>) -> Result<MadRepr> {
         p.check_len()?;
-        Ok(MadHeader {
+        Ok(MadRepr {
             base_version: p.base_version(),
             mgmt_class: p.mgmt_class(),
             class_version: p.class_version(),
@@ -249,8 +225,10 @@ impl MadHeader {
     pub const fn buffer_len(&self) -> usize {
         MAD_HEADER_LEN
     }
-    /// Writes the common header.
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut MadPacket<T>) {
+    /// Writes the common header, the reserved 16 bits zero. Fails, writing nothing, when the
+    /// buffer is short (every value fits its field).
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut MadPacket<T>) -> Result<()> {
+        p.check_len()?;
         p.set_base_version(self.base_version);
         p.set_mgmt_class(self.mgmt_class);
         p.set_class_version(self.class_version);
@@ -260,19 +238,21 @@ impl MadHeader {
         p.set_tid(self.tid);
         p.set_attr_id(self.attr_id);
         p.set_attr_mod(self.attr_mod);
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod test {
     use super::*;
+    use crate::wire::Error;
 
     // The MAD header of the REQ in write.pcap (../shared/reference/cm/write.cm.hex, frame 1).
     static HEADER_BYTES: [u8; 24] = [
         0x01, 0x07, 0x02, 0x03, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x0b, 0x29, 0x75, 0xef, 0x71, 0x00, 0x10,
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
     ];
-    const REPR: MadHeader = MadHeader {
+    const REPR: MadRepr = MadRepr {
         base_version: 1,
         mgmt_class: MGMT_CLASS_CM,
         class_version: 2,
@@ -311,14 +291,15 @@ mod test {
     }
     #[test]
     fn parse() {
-        assert_eq!(MadHeader::parse(&MadPacket::new_checked(&HEADER_BYTES[..]).unwrap()), Ok(REPR));
+        assert_eq!(MadRepr::parse(&MadPacket::new_checked(&HEADER_BYTES[..]).unwrap()), Ok(REPR));
         assert!(MadPacket::new_checked(&HEADER_BYTES[..23]).is_err());
     }
     #[test]
     fn emit() {
         let mut b = [0xa5u8; 24];
-        REPR.emit(&mut MadPacket::new_unchecked(&mut b[..]));
+        REPR.emit(&mut MadPacket::new_unchecked(&mut b[..])).unwrap();
         assert_eq!(b, HEADER_BYTES);
+        assert_eq!(REPR.emit(&mut MadPacket::new_unchecked(&mut b[..23])), Err(Error::Truncated("MAD header")));
     }
     #[test]
     fn attr_names_and_unknown_round_trip() {

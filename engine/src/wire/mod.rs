@@ -23,10 +23,12 @@
 //!   each opcode carries; [`ib`] is the whole transport packet (BTH to ICRC); [`icrc`] computes the
 //!   invariant CRC; [`roce`] puts it all together as RoCEv2 (IPv4/IPv6 + UDP 4791) or RoCEv1 frames.
 //! - Communication Management (IBTA Vol 1 ch. 12), carried in 256-byte MADs on QP1: [`mad`] (the
-//!   MAD common header and the CM attribute IDs), one file per message pair: [`cm_req`] (with the
-//!   path block in [`cm_path`]), [`cm_rep`] (REP, RTU), [`cm_rej`] (REJ, MRA), [`cm_dreq`] (DREQ,
-//!   DREP), [`cm_sidr`] (SIDR_REQ, SIDR_REP), [`cm_lap`] (LAP, APR); [`cma_hdr`], the rdma_cm IP
-//!   header in REQ/SIDR_REQ private data; and [`cm`], a whole CM MAD as values.
+//!   MAD common header and the CM attribute IDs), then one file per message, each with its view
+//!   (`Cm...Packet`) and `Cm...Repr`: [`cm_req`] (with the path block in [`cm_path`]), [`cm_mra`],
+//!   [`cm_rej`], [`cm_rep`], [`cm_rtu`], [`cm_dreq`], [`cm_drep`], [`cm_sidr_req`],
+//!   [`cm_sidr_rep`], [`cm_lap`] (its alternate path read into a [`CmPathRepr`]), [`cm_apr`];
+//!   [`cma_hdr`], the rdma_cm IP header in REQ/SIDR_REQ private data; and [`cm`], a whole CM MAD
+//!   as values (the [`CmMessage`] over the eleven messages, [`CmMadRepr`] with the header).
 
 use core::ops::{Range, RangeFrom};
 
@@ -92,35 +94,33 @@ macro_rules! enum_with_unknown {
     }
 }
 
-/// Generates the common part of a fixed-length header view: the struct, `new_unchecked`,
-/// `new_checked`, `check_len`, `into_inner`, and the `HEADER_LEN` constant.
-macro_rules! fixed_header_packet {
-    ($len:expr, $what:expr, $doc:expr) => {
-        /// Length of this header in bytes.
-        pub const HEADER_LEN: usize = $len;
-
+/// Generates a view named `$name` over a buffer that must hold at least `$len` bytes: the struct,
+/// `new_unchecked`, `new_checked`, `check_len` and `into_inner`. `$what` names the header in the
+/// [`Error::Truncated`] of a short buffer; `$holds` says, in the docs, what the buffer must hold.
+macro_rules! header_view {
+    ($name:ident, $len:expr, $what:expr, $holds:literal, $doc:expr) => {
         #[doc = $doc]
         #[derive(Debug, PartialEq, Eq, Clone)]
-        pub struct Packet<T: AsRef<[u8]>> {
+        pub struct $name<T: AsRef<[u8]>> {
             buffer: T,
         }
 
-        impl<T: AsRef<[u8]>> Packet<T> {
+        impl<T: AsRef<[u8]>> $name<T> {
             /// Wraps a buffer without checking its length (for buffers the caller sized).
-            pub const fn new_unchecked(buffer: T) -> Packet<T> {
-                Packet { buffer }
+            pub const fn new_unchecked(buffer: T) -> $name<T> {
+                $name { buffer }
             }
 
-            /// Wraps a buffer after checking that it holds the whole header.
-            pub fn new_checked(buffer: T) -> $crate::wire::Result<Packet<T>> {
+            #[doc = concat!("Wraps a buffer after checking that it holds ", $holds, ".")]
+            pub fn new_checked(buffer: T) -> $crate::wire::Result<$name<T>> {
                 let packet = Self::new_unchecked(buffer);
                 packet.check_len()?;
                 Ok(packet)
             }
 
-            /// Checks that the buffer holds the whole header; after that no accessor panics.
+            #[doc = concat!("Checks that the buffer holds ", $holds, "; after that no accessor panics.")]
             pub fn check_len(&self) -> $crate::wire::Result<()> {
-                if self.buffer.as_ref().len() < HEADER_LEN {
+                if self.buffer.as_ref().len() < $len {
                     Err($crate::wire::Error::Truncated($what))
                 } else {
                     Ok(())
@@ -132,6 +132,18 @@ macro_rules! fixed_header_packet {
                 self.buffer
             }
         }
+    };
+}
+
+/// Generates the common part of a fixed-length header view through [`header_view!`]: the struct
+/// `Packet`, `new_unchecked`, `new_checked`, `check_len`, `into_inner`, and the `HEADER_LEN`
+/// constant.
+macro_rules! fixed_header_packet {
+    ($len:expr, $what:expr, $doc:expr) => {
+        /// Length of this header in bytes.
+        pub const HEADER_LEN: usize = $len;
+
+        header_view!(Packet, HEADER_LEN, $what, "the whole header", $doc);
     };
 }
 
@@ -228,45 +240,14 @@ macro_rules! word_header {
     }};
 }
 
-/// Generates the view of one CM message (IBTA Vol 1 12.6): the struct named `$name`,
-/// `new_unchecked`, `new_checked`, `check_len` and `into_inner`. Every CM message view covers the
-/// whole MAD data area after the 24-byte MAD header ([`mad::MAD_DATA_LEN`] = 232 bytes: the fixed
-/// part and the private data), with offsets counted from its start as in `ibta_vol1_c12.h`.
+/// Generates the view of one CM message (IBTA Vol 1 12.6) through [`header_view!`]: the struct
+/// named `$name`, `new_unchecked`, `new_checked`, `check_len` and `into_inner`. Every CM message
+/// view covers the whole MAD data area after the 24-byte MAD header ([`mad::MAD_DATA_LEN`] = 232
+/// bytes: the fixed part and the private data), with offsets counted from its start as in
+/// `ibta_vol1_c12.h`.
 macro_rules! cm_message_packet {
     ($name:ident, $what:expr, $doc:expr) => {
-        #[doc = $doc]
-        #[derive(Debug, PartialEq, Eq, Clone)]
-        pub struct $name<T: AsRef<[u8]>> {
-            buffer: T,
-        }
-
-        impl<T: AsRef<[u8]>> $name<T> {
-            /// Wraps a buffer without checking its length (for buffers the caller sized).
-            pub const fn new_unchecked(buffer: T) -> $name<T> {
-                $name { buffer }
-            }
-
-            /// Wraps a buffer after checking that it holds the whole MAD data area.
-            pub fn new_checked(buffer: T) -> $crate::wire::Result<$name<T>> {
-                let packet = Self::new_unchecked(buffer);
-                packet.check_len()?;
-                Ok(packet)
-            }
-
-            /// Checks that the buffer holds the whole MAD data area; after that no accessor panics.
-            pub fn check_len(&self) -> $crate::wire::Result<()> {
-                if self.buffer.as_ref().len() < $crate::wire::mad::MAD_DATA_LEN {
-                    Err($crate::wire::Error::Truncated($what))
-                } else {
-                    Ok(())
-                }
-            }
-
-            /// Returns the underlying buffer.
-            pub fn into_inner(self) -> T {
-                self.buffer
-            }
-        }
+        header_view!($name, $crate::wire::mad::MAD_DATA_LEN, $what, "the whole MAD data area", $doc);
     };
 }
 
@@ -362,13 +343,18 @@ pub mod opcode;
 pub mod roce;
 
 pub mod cm;
+pub mod cm_apr;
+pub mod cm_drep;
 pub mod cm_dreq;
 pub mod cm_lap;
+pub mod cm_mra;
 pub mod cm_path;
 pub mod cm_rej;
 pub mod cm_rep;
 pub mod cm_req;
-pub mod cm_sidr;
+pub mod cm_rtu;
+pub mod cm_sidr_rep;
+pub mod cm_sidr_req;
 pub mod cma_hdr;
 pub mod mad;
 
@@ -396,24 +382,20 @@ pub use self::opcode::{Headers, OpKind, Opcode, OpcodeInfo, Position, Transport}
 pub use self::roce::{FrameRepr as RoceFrameRepr, L3Repr};
 
 pub use self::cm::{CmMadRepr, CmMessage};
-pub use self::cm_dreq::{
-    CmDrepPacket, CmDrepRepr, CmDreqPacket, CmDreqRepr, DREP_PRIVATE_DATA_LEN, DREQ_PRIVATE_DATA_LEN,
-};
-pub use self::cm_lap::{
-    CmAprPacket, CmAprRepr, CmLapPacket, CmLapRepr, APR_ADD_INFO_LEN, APR_PRIVATE_DATA_LEN, LAP_PRIVATE_DATA_LEN,
-};
-pub use self::cm_path::{CmPath, CmPathPacket, CM_PATH_LEN};
-pub use self::cm_rej::{
-    CmMraPacket, CmMraRepr, CmRejPacket, CmRejRepr, MRA_PRIVATE_DATA_LEN, REJ_ARI_LEN, REJ_PRIVATE_DATA_LEN,
-};
-pub use self::cm_rep::{CmRepPacket, CmRepRepr, CmRtuPacket, CmRtuRepr, REP_PRIVATE_DATA_LEN, RTU_PRIVATE_DATA_LEN};
+pub use self::cm_apr::{CmAprPacket, CmAprRepr, APR_ADD_INFO_LEN, APR_PRIVATE_DATA_LEN};
+pub use self::cm_drep::{CmDrepPacket, CmDrepRepr, DREP_PRIVATE_DATA_LEN};
+pub use self::cm_dreq::{CmDreqPacket, CmDreqRepr, DREQ_PRIVATE_DATA_LEN};
+pub use self::cm_lap::{CmLapPacket, CmLapRepr, LAP_PRIVATE_DATA_LEN};
+pub use self::cm_mra::{CmMraPacket, CmMraRepr, MRA_PRIVATE_DATA_LEN};
+pub use self::cm_path::{CmPathPacket, CmPathRepr, CM_PATH_LEN};
+pub use self::cm_rej::{CmRejPacket, CmRejRepr, REJ_ARI_LEN, REJ_PRIVATE_DATA_LEN};
+pub use self::cm_rep::{CmRepPacket, CmRepRepr, REP_PRIVATE_DATA_LEN};
 pub use self::cm_req::{CmReqPacket, CmReqRepr, REQ_PRIVATE_DATA_LEN};
-pub use self::cm_sidr::{
-    CmSidrRepPacket, CmSidrRepRepr, CmSidrReqPacket, CmSidrReqRepr, SIDR_REP_ADD_INFO_LEN, SIDR_REP_PRIVATE_DATA_LEN,
-    SIDR_REQ_PRIVATE_DATA_LEN,
-};
+pub use self::cm_rtu::{CmRtuPacket, CmRtuRepr, RTU_PRIVATE_DATA_LEN};
+pub use self::cm_sidr_rep::{CmSidrRepPacket, CmSidrRepRepr, SIDR_REP_ADD_INFO_LEN, SIDR_REP_PRIVATE_DATA_LEN};
+pub use self::cm_sidr_req::{CmSidrReqPacket, CmSidrReqRepr, SIDR_REQ_PRIVATE_DATA_LEN};
 pub use self::cma_hdr::{CmaHdrPacket, CmaHdrRepr, CMA_HDR_LEN};
 pub use self::mad::{
-    CmAttr, MadHeader, MadPacket, CM_CLASS_VERSION, MAD_BASE_VERSION, MAD_DATA_LEN, MAD_HEADER_LEN, MAD_LEN,
+    CmAttr, MadPacket, MadRepr, CM_CLASS_VERSION, MAD_BASE_VERSION, MAD_DATA_LEN, MAD_HEADER_LEN, MAD_LEN,
     MAD_METHOD_SEND, MGMT_CLASS_CM,
 };
