@@ -15,8 +15,8 @@
 //! state per role, as rxe's `qp->req`, `->comp`, `->resp`) and share `packet` (writing packets,
 //! scatter/gather); the only call between roles is the completer rewinding the requester.
 //! Around them: `types` holds the values the device's API takes and returns (configuration,
-//! handles, events, counters), `io` its sans-IO loop (datagrams in, packets out, timers), and this
-//! module the objects and the verbs.
+//! handles, events, counters), `entry` its entry points, the sans-IO loop (datagrams in, packets
+//! out, timers), and this module the objects and the verbs.
 
 mod comp;
 mod dispatch;
@@ -246,7 +246,7 @@ macro_rules! ctx {
 }
 
 // After `ctx!`, which it uses.
-mod io;
+mod entry;
 
 impl<M: Memory> Device<M> {
     /// A device with no objects.
