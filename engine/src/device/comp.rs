@@ -57,7 +57,7 @@ fn retry<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn) {
 fn retry_once<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn) {
     if !qp.comp.started_retry {
         qp.comp.started_retry = true;
-        // A loss: the window shrinks (req::Window; IBTA leaves the requester's pace to it).
+        // A loss: the window shrinks (window::Window; IBTA leaves the requester's pace to it).
         let high = qp.req.sent_high;
         qp.comp.window.on_loss(psn, high);
         retry(qp, ctx, psn);
@@ -74,7 +74,7 @@ pub(crate) fn retransmit_timeout<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>) {
     }
     ctx.counters.local_ack_timeout_err += 1;
     // Go-back-N resends everything from the oldest unacknowledged PSN (IBTA 9.7.6.1.3), but
-    // only a small window of it before an ACK says what the responder has (req::Window): when
+    // only a small window of it before an ACK says what the responder has (window::Window): when
     // only an ACK was lost, the responder re-ACKs the first duplicate (9.7.5.1.4) and the rest
     // of the old window is not sent again.
     let high = qp.req.sent_high;
@@ -111,7 +111,7 @@ fn handle_nak<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn, syndrome: 
             }
             qp.comp.started_retry = true;
             qp.comp.retry_psn = Some(psn);
-            // A loss: the window shrinks, once per window (req::Window).
+            // A loss: the window shrinks, once per window (window::Window).
             let high = qp.req.sent_high;
             qp.comp.window.on_loss(psn, high);
             retry(qp, ctx, psn);
@@ -129,7 +129,7 @@ fn handle_nak<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, psn: Psn, syndrome: 
             }
             qp.comp.rnr_until = Some(ctx.now + crate::time::Duration::from_nanos(aeth::rnr_timer_ns(timer)));
             rewind(qp, psn);
-            // The resend after the wait starts from a small window (req::Window::on_rnr).
+            // The resend after the wait starts from a small window (window::Window::on_rnr).
             qp.comp.window.on_rnr();
             // The resend from `psn` after the wait is the one a sequence NAK for `psn` asks for
             // (IBTA 9.7.5.2.8): the responder answered RNR for `psn` and then NAKs the requests

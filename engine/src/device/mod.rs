@@ -13,7 +13,9 @@
 //! responder of UC and UD. The modules form a tree: `dispatch` hands a QP's packets, timers and
 //! transmit turns to the roles; the roles work on the QP's state (`qp`: the shared part, and one
 //! state per role, as rxe's `qp->req`, `->comp`, `->resp`) and share `packet` (writing packets,
-//! scatter/gather); the only call between roles is the completer rewinding the requester.
+//! scatter/gather) and `window` (the requester's window of unacknowledged PSNs, which the
+//! completer's acknowledgements, losses and RNR NAKs move); the only call between roles is the
+//! completer rewinding the requester.
 //! Around them: `types` holds the values the device's API takes and returns (configuration,
 //! handles, events, counters), `entry` its entry points, the sans-IO loop (datagrams in, packets
 //! out, timers), and this module the objects and the verbs.
@@ -27,11 +29,12 @@ pub mod profile;
 mod qp;
 mod qpns;
 mod req;
-pub use self::req::MAX_UNACKED_PSNS;
 mod resp;
 mod srq;
 mod types;
 mod unreliable;
+mod window;
+pub use self::window::MAX_UNACKED_PSNS;
 
 use std::collections::VecDeque;
 use std::hash::{BuildHasherDefault, Hasher};
