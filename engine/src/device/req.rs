@@ -124,7 +124,12 @@ fn may_start(qp: &Qp, idx: usize) -> bool {
     true
 }
 
-/// Produces the next request packet, if the requester has one to send now.
+/// Produces the next request packet, if the requester has one to send now, in rxe_req.c's
+/// steps: the QP may send (RTS or SQD, no RNR wait), UD goes its own way (`ud_poll_transmit`),
+/// the next WQE, the window ([`check_window`]), a message not begun starts ([`start_wqe`]),
+/// then the packet: its place in the message ([`Packet::next`]), AckReq ([`ack_req`]), the
+/// headers ([`init_req_packet`]), the payload ([`finish_packet`]), and the requester's state
+/// once it left ([`update_state`]).
 pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &mut [u8]) -> Option<Transmit> {
     if !matches!(qp.state, QpState::Rts | QpState::Sqd) || qp.comp.rnr_until.is_some() {
         return None;
@@ -136,6 +141,29 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
     if idx >= qp.sq.len() {
         return None;
     }
+    if !check_window(qp, ctx, idx) {
+        return None;
+    }
+    if !qp.sq[idx].started {
+        match start_wqe(qp, ctx, idx) {
+            Start::Started => {}
+            Start::Ran => return poll_transmit(qp, ctx, buf),
+            Start::Wait => return None,
+        }
+    }
+    let p = Packet::next(qp, idx);
+    let ack = ack_req(qp, ctx, &p);
+    let ib = init_req_packet(qp, &p, ack.set);
+    let t = finish_packet(qp, ctx, &p, &ib, buf, ack.noack_before)?;
+    update_state(qp, ctx, &p, &ack);
+    Some(t)
+}
+
+/// The window of unacknowledged PSNs ([`Window`](super::window::Window), at most
+/// [`MAX_UNACKED_PSNS`](super::MAX_UNACKED_PSNS); rxe's RXE_MAX_UNACKED_PSNS check): the next PSN
+/// must lie within it, or the requester waits. UC has none (nothing acknowledges it). Whether the
+/// packet may leave.
+fn check_window<M: Memory>(qp: &mut Qp, ctx: &Ctx<'_, M>, idx: usize) -> bool {
     let window = qp.qp_type != QpType::Uc;
     if window {
         let next = if qp.sq[idx].started { qp.sq[idx].first_psn + qp.req.pkt } else { qp.req.next_psn };
@@ -143,55 +171,109 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
             // An ACK that moves comp_psn makes the QP ready again; if none comes, a probe
             // (Window::on_blocked).
             qp.comp.window.on_blocked(ctx.now);
-            return None;
+            return false;
         }
     }
-    if !qp.sq[idx].started {
-        // SQD: messages already started finish; no new one starts (IBTA 10.3.1.5).
-        if qp.state == QpState::Sqd || !may_start(qp, idx) {
-            return None;
-        }
-        // Out of end-to-end credits (IBTA 9.7.7.2): an ACK that moves the limit makes the QP
-        // ready again, and the ACK of what is outstanding always comes (its last packet asks).
-        if qp.sq[idx].wr.op.consumes_recv_wqe() && !credit_allows(qp) {
-            return None;
-        }
-        if qp.sq[idx].wr.op.is_local() {
-            run_local(qp, ctx, idx);
-            return poll_transmit(qp, ctx, buf);
-        }
-        if !check_local(qp, ctx, &qp.sq[idx]) {
-            qp.sq[idx].done = Some(WcStatus::LocProtErr);
-            qp.fail(ctx, crate::device::AsyncEvent::QpFatal);
-            return None;
-        }
-        let next = qp.req.next_psn;
-        qp.req.ssn = qp.req.ssn.wrapping_add(1) & Psn::MASK;
-        let w = &mut qp.sq[idx];
-        w.started = true;
-        w.first_psn = next;
-        qp.req.next_psn = next + w.npkts;
-        qp.req.pkt = 0;
+    true
+}
+
+/// What [`start_wqe`] did with a WQE that had not started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// Its message started (its PSNs assigned): its first packet goes now.
+    Started,
+    /// A local operation (bind, invalidate) ran in its turn: the WQE behind it is next.
+    Ran,
+    /// It may not start now (SQD, a fence, max_rd_atomic, credits), or it failed and the QP went
+    /// to ERR: nothing to send.
+    Wait,
+}
+
+/// Starts the message of the WQE at `idx` (rxe's req_next_wqe, check_init_depth,
+/// rxe_do_local_ops and update_wqe_psn): SQD starts none, fences and max_rd_atomic wait
+/// ([`may_start`]), end-to-end credits wait ([`credit_allows`]), a local operation runs
+/// ([`run_local`]), the local buffers are checked ([`check_local`]); then the message takes its
+/// SSN and its PSNs.
+fn start_wqe<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, idx: usize) -> Start {
+    // SQD: messages already started finish; no new one starts (IBTA 10.3.1.5).
+    if qp.state == QpState::Sqd || !may_start(qp, idx) {
+        return Start::Wait;
     }
-    let mtu = qp.mtu();
-    let w = &qp.sq[idx];
-    let pkt = qp.req.pkt;
-    let psn = w.first_psn + pkt;
-    let last = pkt + 1 >= w.npkts || w.wr.op.is_read_or_atomic();
-    let mut opcode = opcode_for(w.wr.op, pkt, w.npkts);
-    let unacked = qp.qp_type == QpType::Uc;
-    if unacked {
-        // UC: the same SEND/WRITE packets under the UC opcodes (IBTA table 38).
-        opcode = Opcode(0x20 | opcode.0);
-    } else if qp.qp_type == QpType::XrcIni {
-        // XRC: the RC operations under XRC opcodes, each request naming the target SRQ (A14).
-        opcode = Opcode(0xa0 | opcode.0);
+    // Out of end-to-end credits (IBTA 9.7.7.2): an ACK that moves the limit makes the QP
+    // ready again, and the ACK of what is outstanding always comes (its last packet asks).
+    if qp.sq[idx].wr.op.consumes_recv_wqe() && !credit_allows(qp) {
+        return Start::Wait;
     }
-    let offset = pkt.saturating_mul(mtu);
-    let payload_len = match w.wr.op {
-        SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 0,
-        _ => super::packet_payload(w.len, mtu, pkt) as usize,
-    };
+    if qp.sq[idx].wr.op.is_local() {
+        run_local(qp, ctx, idx);
+        return Start::Ran;
+    }
+    if !check_local(qp, ctx, &qp.sq[idx]) {
+        qp.sq[idx].done = Some(WcStatus::LocProtErr);
+        qp.fail(ctx, crate::device::AsyncEvent::QpFatal);
+        return Start::Wait;
+    }
+    let next = qp.req.next_psn;
+    qp.req.ssn = qp.req.ssn.wrapping_add(1) & Psn::MASK;
+    let w = &mut qp.sq[idx];
+    w.started = true;
+    w.first_psn = next;
+    qp.req.next_psn = next + w.npkts;
+    qp.req.pkt = 0;
+    Start::Started
+}
+
+/// The packet the requester sends next: its place in its WQE's message.
+#[derive(Debug, Clone, Copy)]
+struct Packet {
+    /// The WQE's index in the send queue.
+    idx: usize,
+    /// The packet's index in the message.
+    pkt: u32,
+    psn: Psn,
+    /// The message's last packet (a READ or an atomic is one request packet).
+    last: bool,
+    /// Where its payload lies in the message (a resent READ: where what it asks for starts).
+    offset: u32,
+    /// UC: nothing acknowledges it.
+    unacked: bool,
+    /// A SEND (`rdma_sends` counts its first packet).
+    is_send: bool,
+}
+
+impl Packet {
+    /// Packet `qp.req.pkt` of the started WQE at `idx`.
+    fn next(qp: &Qp, idx: usize) -> Packet {
+        let mtu = qp.mtu();
+        let w = &qp.sq[idx];
+        let pkt = qp.req.pkt;
+        let psn = w.first_psn + pkt;
+        let last = pkt + 1 >= w.npkts || w.wr.op.is_read_or_atomic();
+        let unacked = qp.qp_type == QpType::Uc;
+        let offset = pkt.saturating_mul(mtu);
+        let is_send = matches!(w.wr.op, SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. });
+        Packet { idx, pkt, psn, last, offset, unacked, is_send }
+    }
+}
+
+/// Whether a packet asks for an ACK ([`ack_req`]).
+#[derive(Debug, Clone, Copy)]
+struct AckReq {
+    /// The BTH's AckReq bit.
+    set: bool,
+    /// The packet is a window probe: beyond the window
+    /// ([`Window::on_blocked`](super::window::Window::on_blocked)).
+    beyond: bool,
+    /// The packets sent since the last AckReq, before this one (restored when it cannot leave).
+    noack_before: u32,
+}
+
+/// AckReq (rxe's init_req_packet; IBTA 9.7.3: a requester may set it on any packet): on a
+/// message's last packet, at least every [`MAX_PKT_PER_ACK`] packets (fewer under a window
+/// shrunk by loss), on the last packet the window lets out, and under the `cx` profile on the
+/// QP's first packet. UC asks for none.
+fn ack_req<M: Memory>(qp: &mut Qp, ctx: &Ctx<'_, M>, p: &Packet) -> AckReq {
+    let (psn, last, unacked) = (p.psn, p.last, p.unacked);
     let noack_before = qp.req.noack_pkts;
     qp.req.noack_pkts += 1;
     // Also ask for an ACK with the last packet the window lets out, or the requester would wait
@@ -212,6 +294,28 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
     if ack_req {
         qp.req.noack_pkts = 0;
     }
+    AckReq { set: ack_req, beyond, noack_before }
+}
+
+/// The packet's headers (rxe's init_req_packet): the opcode of its place in the message under
+/// the QP's service, the BTH, XRCETH for XRC, ImmDt or IETH on the last packet, RETH on a
+/// WRITE's first packet, a READ and an ATOMIC WRITE, AtomicETH on an atomic.
+fn init_req_packet(qp: &Qp, p: &Packet, ack_req: bool) -> IbRepr {
+    let mtu = qp.mtu();
+    let w = &qp.sq[p.idx];
+    let (pkt, psn, last, offset) = (p.pkt, p.psn, p.last, p.offset);
+    let mut opcode = opcode_for(w.wr.op, pkt, w.npkts);
+    if p.unacked {
+        // UC: the same SEND/WRITE packets under the UC opcodes (IBTA table 38).
+        opcode = Opcode(0x20 | opcode.0);
+    } else if qp.qp_type == QpType::XrcIni {
+        // XRC: the RC operations under XRC opcodes, each request naming the target SRQ (A14).
+        opcode = Opcode(0xa0 | opcode.0);
+    }
+    let payload_len = match w.wr.op {
+        SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 0,
+        _ => super::packet_payload(w.len, mtu, pkt) as usize,
+    };
     let mut ib = IbRepr::new(BthRepr {
         opcode,
         solicited: last && w.wr.solicited,
@@ -256,10 +360,25 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
         SendOp::AtomicWrite { remote_addr, rkey } => ib.reth = Some(RethRepr { va: remote_addr, rkey, dma_len: 8 }),
         _ => {}
     }
-    let is_send = matches!(w.wr.op, SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. });
+    ib
+}
+
+/// Writes the packet into `buf` with its payload gathered from the WQE's buffers (rxe's
+/// finish_packet). When it cannot leave, the AckReq count goes back to `noack_before` (rxe's
+/// rollback_state), and buffers that cannot be read fail the WQE and the QP.
+fn finish_packet<M: Memory>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<'_, M>,
+    p: &Packet,
+    ib: &IbRepr,
+    buf: &mut [u8],
+    noack_before: u32,
+) -> Option<Transmit> {
+    let (idx, offset) = (p.idx, p.offset);
+    let w = &qp.sq[idx];
     let blocked = ctx.mem.would_block_count();
     let mut gathered = true;
-    let Some(t) = emit(ctx, qp.qpn, qp.attr.dest, buf, &ib, |ctx, out| {
+    let Some(t) = emit(ctx, qp.qpn, qp.attr.dest, buf, ib, |ctx, out| {
         gathered = gather(ctx, w, offset, out);
         gathered
     }) else {
@@ -274,15 +393,24 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
         // Otherwise the data is on its way (Memory::would_block_count): the same packet later.
         return None;
     };
+    Some(t)
+}
+
+/// The packet left (rxe's update_wqe_state and update_state): the window hears of it, a resend
+/// is counted (a first transmission moves the highest PSN sent), the next packet or WQE is next;
+/// UC completes the WQE with its last packet, RC and XRC start the transport timer if it is not
+/// running (IBTA 9.7.6.1.3).
+fn update_state<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, p: &Packet, ack: &AckReq) {
+    let (pkt, psn, last, unacked) = (p.pkt, p.psn, p.last, p.unacked);
     let first_sent = psn.distance(qp.req.sent_high) >= 0;
     if !unacked {
-        qp.comp.window.on_sent(psn, ctx.now, beyond, ack_req, first_sent);
+        qp.comp.window.on_sent(psn, ctx.now, ack.beyond, ack.set, first_sent);
     }
     if !first_sent {
         ctx.counters.retransmitted_pkts += 1;
     } else {
         qp.req.sent_high = psn + 1;
-        if pkt == 0 && is_send {
+        if pkt == 0 && p.is_send {
             ctx.counters.rdma_sends += 1;
         }
     }
@@ -297,12 +425,11 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
         if last {
             complete_sent(qp, ctx);
         }
-        return Some(t);
+        return;
     }
     if qp.comp.retrans_at.is_none() {
         qp.comp.retrans_at = super::ack_timeout(qp.attr.timeout).map(|d| ctx.now + d);
     }
-    Some(t)
 }
 
 /// Rewinds the requester to resend from `psn` (go-back-N, IBTA 9.7.5.2.8 / 9.7.6.1.3).
