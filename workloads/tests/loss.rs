@@ -5,7 +5,7 @@
 //! Go-back-N stays the wire behaviour (IBTA 9.7.5.1.2: the responder accepts only the expected
 //! PSN; 9.7.5.2: the requester resends from the NAKed PSN), so each loss resends what the
 //! requester had sent after it. With the window of 128 PSNs kept whatever the loss, that was
-//! about 51 packets per drop here; the window halving on loss (engine device/req.rs, Window)
+//! about 51 packets per drop here; the window halving on loss (engine device/window.rs, Window)
 //! keeps it near the window 1% loss sustains.
 
 use softrdma_engine::time::Duration;

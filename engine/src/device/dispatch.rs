@@ -1,7 +1,7 @@
 //! What happens to a QP: a packet for it arrives (the requester's answers go to the completer,
 //! requests to the responder of its service), it may send (the responder's answers first, then
 //! the requester's requests), a timer expires. The roles (req, comp, resp, unreliable) work on the
-//! QP's state (qp) and on what they share (packet); only this module calls them.
+//! QP's state (qp) and on what they share (packet, window); only this module calls them.
 
 use std::net::IpAddr;
 
@@ -123,7 +123,7 @@ impl Qp {
         if self.comp.retrans_at.is_some_and(|t| t <= ctx.now) {
             comp::retransmit_timeout(self, ctx);
         }
-        // A requester stopped by its window lets one packet more out (req::Window::on_blocked);
+        // A requester stopped by its window lets one packet more out (window::Window::on_blocked);
         // the device runs the QP's transmit after its timers.
         self.comp.window.probe_due(ctx.now);
     }

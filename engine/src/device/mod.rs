@@ -13,10 +13,34 @@
 //! responder of UC and UD. The modules form a tree: `dispatch` hands a QP's packets, timers and
 //! transmit turns to the roles; the roles work on the QP's state (`qp`: the shared part, and one
 //! state per role, as rxe's `qp->req`, `->comp`, `->resp`) and share `packet` (writing packets,
-//! scatter/gather); the only call between roles is the completer rewinding the requester.
+//! scatter/gather) and `window` (the requester's window of unacknowledged PSNs, which the
+//! completer's acknowledgements, losses and RNR NAKs move); the only call between roles is the
+//! completer rewinding the requester.
 //! Around them: `types` holds the values the device's API takes and returns (configuration,
-//! handles, events, counters), `io` its sans-IO loop (datagrams in, packets out, timers), and this
-//! module the objects and the verbs.
+//! handles, events, counters), `entry` its entry points, the sans-IO loop (datagrams in, packets
+//! out, timers), and this module the objects and the verbs.
+//!
+//! A packet's path. In: [`Device::handle_packet`] (`entry`) checks the headers and the ICRC and
+//! finds the QP by destination QPN (QP1's MADs go to the CM, `handle_gsi`; a multicast datagram
+//! to every attached UD QP); `Qp::handle_packet` (`dispatch`) checks the opcode's service, the
+//! P_Key, a connected QP's peer and the QP's state, and hands an RC or XRC request to the
+//! responder, `resp::handle_request` (`check_psn`, `landing`, `check_op_sequence`,
+//! `check_length`, one of the `execute_*`, `acknowledge`: its answers queue on the QP), a UC or UD
+//! one to `unreliable::handle_uc` / `handle_ud`, and a response to the completer,
+//! `comp::handle_response` (`update_credits`; for each WQE it acknowledges `get_wqe`,
+//! `check_psn` and `check_write_send`, `check_read` and `do_read`, or `check_atomic` and
+//! `do_atomic`; then `update_comp`; a NAK or an implicit NAK, `handle_nak` or `retry_once`,
+//! rewinds the requester, `req::rewind`); then `touched` queues the QP to transmit and refiles its
+//! timer. Out: [`Device::poll_transmit`] (`entry`) sends the CM's MADs first (`poll_gsi`), then
+//! asks the next ready QP, `Qp::poll_transmit` (`dispatch`): the responder's queued answers,
+//! `resp::poll_transmit` (ACKs and NAKs, READ responses, atomic ACKs, once the writes they answer
+//! for are in place), come before the requester's requests, `req::poll_transmit`
+//! (`check_window`, `start_wqe`, `Packet::next`, `ack_req`, `init_req_packet`, `finish_packet`,
+//! `update_state`; UD: `ud_poll_transmit`), or after them with
+//! [`TransmitOptions::requester_first`]; `packet::emit` writes every packet (headers, payload,
+//! ICRC). Timers: [`Device::handle_timeout`] (`entry`) runs `Qp::handle_timeout` (`dispatch`):
+//! the end of an RNR wait, the transport timer (`comp::retransmit_timeout`, a go-back-N resend),
+//! the window's probe.
 
 mod comp;
 mod dispatch;
@@ -27,11 +51,12 @@ pub mod profile;
 mod qp;
 mod qpns;
 mod req;
-pub use self::req::MAX_UNACKED_PSNS;
 mod resp;
 mod srq;
 mod types;
 mod unreliable;
+mod window;
+pub use self::window::MAX_UNACKED_PSNS;
 
 use std::collections::VecDeque;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -246,7 +271,7 @@ macro_rules! ctx {
 }
 
 // After `ctx!`, which it uses.
-mod io;
+mod entry;
 
 impl<M: Memory> Device<M> {
     /// A device with no objects.

@@ -258,7 +258,7 @@ pub(crate) struct CompState {
     /// The PSN that resend started from.
     pub(crate) retry_psn: Option<Psn>,
     /// How many PSNs may be unacknowledged (shrinks on loss, grows on ACKs).
-    pub(crate) window: super::req::Window,
+    pub(crate) window: super::window::Window,
     /// The end-to-end credit limit the responder's last ACK set (IBTA 9.7.7.2), or `None`
     /// while it sent none (the "invalid" count, as rxe always does) or sent nothing yet.
     pub(crate) credits: Option<super::req::Credits>,
@@ -427,7 +427,7 @@ impl Qp {
             self.req.next_psn = Psn::new(attr.sq_psn);
             self.comp.psn = self.req.next_psn;
             self.req.sent_high = self.req.next_psn;
-            self.comp.window = super::req::Window::default();
+            self.comp.window = super::window::Window::default();
         }
         if mask.contains(AttrMask::RETRY_CNT) {
             self.comp.retry_left = attr.retry_cnt;

@@ -6,7 +6,6 @@ use super::packet::{emit, walk_sges};
 use super::qp::{Qp, SendWqe};
 use super::{Ctx, Transmit};
 use crate::memory::Memory;
-use crate::time::{Duration, Instant};
 use crate::verbs::{Access, QpState, QpType, WcStatus};
 use crate::wire::{
     AtomicEthRepr, BthRepr, DethRepr, IbRepr, IethRepr, ImmDtRepr, Opcode, Psn, Qpn, RethRepr, XrcEthRepr,
@@ -15,212 +14,6 @@ use crate::wr::SendOp;
 
 /// rxe's RXE_MAX_PKT_PER_ACK: ask for an ACK at least every this many packets.
 const MAX_PKT_PER_ACK: u32 = 64;
-
-/// The requester keeps at most this many PSNs unacknowledged. IBTA leaves the limit to the
-/// implementation (9.7.7.2.1: credits limit only SENDs). Without it, a queue of large WRITEs is
-/// blasted at once, overflows the receiver's socket buffer, and go-back-N resends all of it
-/// again, until the retry count runs out. rxe keeps 128 (RXE_MAX_UNACKED_PSNS); 256 (1 MiB at
-/// MTU 4096) keeps a provider's ib_write_bw 64 KiB moving while the receiving process's progress
-/// thread is woken: 1.3 GB/s with 128, 1.8-2.2 with 256 or 512 in the same rounds (BENCHMARKS.md,
-/// "The window"). The window shrinks under loss (`Window`).
-pub const MAX_UNACKED_PSNS: i32 = 256;
-
-/// The smallest window [`Window`] shrinks to, in PSNs.
-pub(crate) const MIN_UNACKED_PSNS: u32 = 8;
-
-/// The requester's window of unacknowledged PSNs: at most [`MAX_UNACKED_PSNS`], halved on a loss
-/// and grown again by acknowledgements (additive increase, multiplicative decrease, as a TCP
-/// sender's congestion window; issue 21).
-///
-/// Why: go-back-N is the wire behaviour (IBTA 9.7.5.1.2: the responder accepts requests only in
-/// PSN order, NAKs the first out-of-sequence one and silently drops the rest until the expected
-/// PSN comes; 9.7.5.2: the requester resends from the NAKed PSN). Every packet the requester sent
-/// after a lost one is therefore sent twice, so a loss costs about the window in flight. IBTA
-/// does not fix how many packets a requester keeps unacknowledged nor how fast it sends (the
-/// end-to-end credits of 9.7.7.2 bound only SENDs' receive WQEs, and RoCEv2's congestion control,
-/// Annex A17, has the requester lower its rate on congestion); an HCA bounds its outstanding
-/// packets by its own resources. Shrinking the window where loss is seen is such a bound; it
-/// changes no packet's format, PSN or order, only when the next new packet may leave.
-/// Without loss the window stays at its maximum: lossless behaviour is unchanged.
-#[derive(Debug, Clone)]
-pub(crate) struct Window {
-    /// PSNs that may be unacknowledged now.
-    pub(crate) cwnd: u32,
-    /// Below this the window grows by every acknowledged PSN (slow start, after a timeout);
-    /// above it by one PSN per window acknowledged.
-    ssthresh: u32,
-    /// PSNs acknowledged towards the next additive step.
-    acked: u32,
-    /// Losses before this PSN belong to a window already shrunk for (one decrease per window).
-    recover: Option<Psn>,
-    /// Smoothed round trip from a packet asking for an ACK to the ACK that covers it, in ns
-    /// (0: not measured yet); sets the window probe's delay.
-    srtt_ns: u64,
-    /// The packet being timed for [`Window::srtt_ns`]: its PSN and when it left (a first
-    /// transmission only: a resend's ACK could answer either copy, as TCP's Karn rule says).
-    sample: Option<(Psn, Instant)>,
-    /// When a requester stopped by this window lets one packet more out ([`Window::on_blocked`]).
-    pub(crate) probe_at: Option<Instant>,
-    /// One packet beyond the window may leave now, asking for an ACK.
-    probe: bool,
-    /// That probe went out: no second one before an acknowledgement or a resend.
-    probed: bool,
-}
-
-impl Default for Window {
-    fn default() -> Self {
-        Window {
-            cwnd: MAX_UNACKED_PSNS as u32,
-            ssthresh: MAX_UNACKED_PSNS as u32,
-            acked: 0,
-            recover: None,
-            srtt_ns: 0,
-            sample: None,
-            probe_at: None,
-            probe: false,
-            probed: false,
-        }
-    }
-}
-
-/// The shortest delay before a window probe (the round trip measured on a loopback device can
-/// be a few microseconds; a probe is one packet, but not one per scheduling hiccup).
-const MIN_PROBE_DELAY_NS: u64 = 50_000;
-
-impl Window {
-    /// `n` PSNs were acknowledged at `now`; the oldest unacknowledged PSN is now `comp_psn`.
-    pub(crate) fn on_ack(&mut self, n: u32, comp_psn: Psn, now: Instant) {
-        if self.recover.is_some_and(|r| comp_psn.distance(r) >= 0) {
-            self.recover = None;
-        }
-        // The window moved: a probe armed or sent for the stall before is over.
-        self.probe_at = None;
-        self.probe = false;
-        self.probed = false;
-        if let Some((psn, sent)) = self.sample {
-            if comp_psn.distance(psn) > 0 {
-                let rtt = now.saturating_since(sent).0;
-                // As TCP's SRTT (RFC 6298): 7/8 of the old estimate, 1/8 of the new sample.
-                self.srtt_ns = if self.srtt_ns == 0 { rtt } else { (self.srtt_ns * 7 + rtt) / 8 };
-                self.sample = None;
-            }
-        }
-        let max = MAX_UNACKED_PSNS as u32;
-        if self.cwnd < self.ssthresh {
-            self.cwnd = self.cwnd.saturating_add(n).min(self.ssthresh);
-            return;
-        }
-        self.acked = self.acked.saturating_add(n);
-        while self.acked >= self.cwnd && self.cwnd < max {
-            self.acked -= self.cwnd;
-            self.cwnd += 1;
-        }
-        if self.cwnd >= max {
-            self.cwnd = max;
-            self.acked = 0;
-        }
-    }
-
-    /// A PSN sequence NAK or an implicit NAK reported `psn` lost while PSNs up to `sent_high`
-    /// were out: halve the window, once per window.
-    pub(crate) fn on_loss(&mut self, psn: Psn, sent_high: Psn) {
-        self.on_resend();
-        if self.recover.is_some_and(|r| psn.distance(r) < 0) {
-            return;
-        }
-        self.ssthresh = (self.cwnd / 2).max(MIN_UNACKED_PSNS);
-        self.cwnd = self.ssthresh;
-        self.acked = 0;
-        self.recover = Some(sent_high);
-    }
-
-    /// The local ACK timer expired: start again from the smallest window.
-    pub(crate) fn on_timeout(&mut self, sent_high: Psn) {
-        self.on_resend();
-        self.ssthresh = (self.cwnd / 2).max(MIN_UNACKED_PSNS);
-        self.cwnd = MIN_UNACKED_PSNS;
-        self.acked = 0;
-        self.recover = Some(sent_high);
-    }
-
-    /// An RNR NAK: the responder has no receive WQE for the NAKed PSN (IBTA 9.7.5.2.8) and drops
-    /// what was pipelined behind it, so after the RNR wait everything from that PSN goes again.
-    /// The resend starts from the smallest window and grows back by slow start to the window
-    /// it had (`ssthresh` keeps it): a responder that is still short of WQEs answers the first
-    /// few packets with the next RNR NAK instead of having the whole window (up to
-    /// [`MAX_UNACKED_PSNS`], 1 MiB at MTU 4096) resent and dropped each time, and one that
-    /// caught up has its window back within a few round trips. The RNR is not a loss: the
-    /// window it returns to is not halved.
-    pub(crate) fn on_rnr(&mut self) {
-        self.on_resend();
-        self.ssthresh = self.ssthresh.max(self.cwnd);
-        self.cwnd = MIN_UNACKED_PSNS;
-        self.acked = 0;
-    }
-
-    /// The requester goes back to resend (a NAK, an implicit NAK, the ACK timer, an RNR NAK):
-    /// no probe is pending, and the round trip being timed is void (Karn).
-    pub(crate) fn on_resend(&mut self) {
-        self.probe_at = None;
-        self.probe = false;
-        self.probed = false;
-        self.sample = None;
-    }
-
-    /// How many PSNs may be unacknowledged now: the window, plus one while a probe is due.
-    pub(crate) fn limit(&self) -> i32 {
-        self.cwnd as i32 + i32::from(self.probe)
-    }
-
-    /// The window stopped a requester that has more to send, at `now`: after about two round
-    /// trips without an acknowledgement, one packet beyond the window goes out asking for an
-    /// ACK (a window probe; [`Window::probe_due`]).
-    ///
-    /// Why: a requester held by its own window sends nothing until an ACK comes, so when the
-    /// ACK answering the window is lost (a responder may coalesce all the window's ACKs into one,
-    /// IBTA 9.7.5.1.2), or the window's last packets are, nothing is left in flight that
-    /// could draw an ACK or a PSN sequence NAK, and only the local ACK timer (IBTA 9.7.6.1.3;
-    /// seconds as rdma_cm sets it) would end the stall. The probe is the next request in PSN
-    /// order, so the responder answers it as any other: an ACK covering the window (the ACK
-    /// was lost), or a sequence NAK for the first missing PSN (9.7.5.1.2: the window's tail
-    /// was lost). As TCP's tail loss probe (RFC 8985), one per stall; the timer stays the last
-    /// resort when the probe or its answer is lost too.
-    ///
-    /// Only while the window is below its maximum, i.e. after a loss: at the full window of
-    /// [`MAX_UNACKED_PSNS`] the requester waits as before (as rxe does), so that a lossless run
-    /// sends exactly the packets it sent before, whatever the timing (a probe depends on the
-    /// clock; `softrdma pcap replay` of a lossless trace compares every packet).
-    pub(crate) fn on_blocked(&mut self, now: Instant) {
-        if self.probed || self.probe || self.probe_at.is_some() || self.srtt_ns == 0 {
-            return;
-        }
-        if self.cwnd >= MAX_UNACKED_PSNS as u32 {
-            return;
-        }
-        let delay = (2 * self.srtt_ns).max(MIN_PROBE_DELAY_NS);
-        self.probe_at = Some(now + Duration::from_nanos(delay));
-    }
-
-    /// The probe's time came: one packet more may leave.
-    pub(crate) fn probe_due(&mut self, now: Instant) {
-        if self.probe_at.is_some_and(|t| t <= now) {
-            self.probe_at = None;
-            self.probe = true;
-        }
-    }
-
-    /// A packet with PSN `psn` left at `now`, `beyond` the window (the probe), `ack_req` set,
-    /// `first` time sent (not a resend).
-    pub(crate) fn on_sent(&mut self, psn: Psn, now: Instant, beyond: bool, ack_req: bool, first: bool) {
-        if beyond {
-            self.probe = false;
-            self.probed = true;
-        }
-        if ack_req && first && self.sample.is_none() {
-            self.sample = Some((psn, now));
-        }
-    }
-}
 
 /// The end-to-end credit limit of an RC requester (IBTA 9.7.7.2, end-to-end flow control).
 ///
@@ -331,7 +124,12 @@ fn may_start(qp: &Qp, idx: usize) -> bool {
     true
 }
 
-/// Produces the next request packet, if the requester has one to send now.
+/// Produces the next request packet, if the requester has one to send now, in rxe_req.c's
+/// steps: the QP may send (RTS or SQD, no RNR wait), UD goes its own way (`ud_poll_transmit`),
+/// the next WQE, the window ([`check_window`]), a message not begun starts ([`start_wqe`]),
+/// then the packet: its place in the message ([`Packet::next`]), AckReq ([`ack_req`]), the
+/// headers ([`init_req_packet`]), the payload ([`finish_packet`]), and the requester's state
+/// once it left ([`update_state`]).
 pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &mut [u8]) -> Option<Transmit> {
     if !matches!(qp.state, QpState::Rts | QpState::Sqd) || qp.comp.rnr_until.is_some() {
         return None;
@@ -343,6 +141,29 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
     if idx >= qp.sq.len() {
         return None;
     }
+    if !check_window(qp, ctx, idx) {
+        return None;
+    }
+    if !qp.sq[idx].started {
+        match start_wqe(qp, ctx, idx) {
+            Start::Started => {}
+            Start::Ran => return poll_transmit(qp, ctx, buf),
+            Start::Wait => return None,
+        }
+    }
+    let p = Packet::next(qp, idx);
+    let ack = ack_req(qp, ctx, &p);
+    let ib = init_req_packet(qp, &p, ack.set);
+    let t = finish_packet(qp, ctx, &p, &ib, buf, ack.noack_before)?;
+    update_state(qp, ctx, &p, &ack);
+    Some(t)
+}
+
+/// The window of unacknowledged PSNs ([`Window`](super::window::Window), at most
+/// [`MAX_UNACKED_PSNS`](super::MAX_UNACKED_PSNS); rxe's RXE_MAX_UNACKED_PSNS check): the next PSN
+/// must lie within it, or the requester waits. UC has none (nothing acknowledges it). Whether the
+/// packet may leave.
+fn check_window<M: Memory>(qp: &mut Qp, ctx: &Ctx<'_, M>, idx: usize) -> bool {
     let window = qp.qp_type != QpType::Uc;
     if window {
         let next = if qp.sq[idx].started { qp.sq[idx].first_psn + qp.req.pkt } else { qp.req.next_psn };
@@ -350,55 +171,109 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
             // An ACK that moves comp_psn makes the QP ready again; if none comes, a probe
             // (Window::on_blocked).
             qp.comp.window.on_blocked(ctx.now);
-            return None;
+            return false;
         }
     }
-    if !qp.sq[idx].started {
-        // SQD: messages already started finish; no new one starts (IBTA 10.3.1.5).
-        if qp.state == QpState::Sqd || !may_start(qp, idx) {
-            return None;
-        }
-        // Out of end-to-end credits (IBTA 9.7.7.2): an ACK that moves the limit makes the QP
-        // ready again, and the ACK of what is outstanding always comes (its last packet asks).
-        if qp.sq[idx].wr.op.consumes_recv_wqe() && !credit_allows(qp) {
-            return None;
-        }
-        if qp.sq[idx].wr.op.is_local() {
-            run_local(qp, ctx, idx);
-            return poll_transmit(qp, ctx, buf);
-        }
-        if !check_local(qp, ctx, &qp.sq[idx]) {
-            qp.sq[idx].done = Some(WcStatus::LocProtErr);
-            qp.fail(ctx, crate::device::AsyncEvent::QpFatal);
-            return None;
-        }
-        let next = qp.req.next_psn;
-        qp.req.ssn = qp.req.ssn.wrapping_add(1) & Psn::MASK;
-        let w = &mut qp.sq[idx];
-        w.started = true;
-        w.first_psn = next;
-        qp.req.next_psn = next + w.npkts;
-        qp.req.pkt = 0;
+    true
+}
+
+/// What [`start_wqe`] did with a WQE that had not started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// Its message started (its PSNs assigned): its first packet goes now.
+    Started,
+    /// A local operation (bind, invalidate) ran in its turn: the WQE behind it is next.
+    Ran,
+    /// It may not start now (SQD, a fence, max_rd_atomic, credits), or it failed and the QP went
+    /// to ERR: nothing to send.
+    Wait,
+}
+
+/// Starts the message of the WQE at `idx` (rxe's req_next_wqe, check_init_depth,
+/// rxe_do_local_ops and update_wqe_psn): SQD starts none, fences and max_rd_atomic wait
+/// ([`may_start`]), end-to-end credits wait ([`credit_allows`]), a local operation runs
+/// ([`run_local`]), the local buffers are checked ([`check_local`]); then the message takes its
+/// SSN and its PSNs.
+fn start_wqe<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, idx: usize) -> Start {
+    // SQD: messages already started finish; no new one starts (IBTA 10.3.1.5).
+    if qp.state == QpState::Sqd || !may_start(qp, idx) {
+        return Start::Wait;
     }
-    let mtu = qp.mtu();
-    let w = &qp.sq[idx];
-    let pkt = qp.req.pkt;
-    let psn = w.first_psn + pkt;
-    let last = pkt + 1 >= w.npkts || w.wr.op.is_read_or_atomic();
-    let mut opcode = opcode_for(w.wr.op, pkt, w.npkts);
-    let unacked = qp.qp_type == QpType::Uc;
-    if unacked {
-        // UC: the same SEND/WRITE packets under the UC opcodes (IBTA table 38).
-        opcode = Opcode(0x20 | opcode.0);
-    } else if qp.qp_type == QpType::XrcIni {
-        // XRC: the RC operations under XRC opcodes, each request naming the target SRQ (A14).
-        opcode = Opcode(0xa0 | opcode.0);
+    // Out of end-to-end credits (IBTA 9.7.7.2): an ACK that moves the limit makes the QP
+    // ready again, and the ACK of what is outstanding always comes (its last packet asks).
+    if qp.sq[idx].wr.op.consumes_recv_wqe() && !credit_allows(qp) {
+        return Start::Wait;
     }
-    let offset = pkt.saturating_mul(mtu);
-    let payload_len = match w.wr.op {
-        SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 0,
-        _ => super::packet_payload(w.len, mtu, pkt) as usize,
-    };
+    if qp.sq[idx].wr.op.is_local() {
+        run_local(qp, ctx, idx);
+        return Start::Ran;
+    }
+    if !check_local(qp, ctx, &qp.sq[idx]) {
+        qp.sq[idx].done = Some(WcStatus::LocProtErr);
+        qp.fail(ctx, crate::device::AsyncEvent::QpFatal);
+        return Start::Wait;
+    }
+    let next = qp.req.next_psn;
+    qp.req.ssn = qp.req.ssn.wrapping_add(1) & Psn::MASK;
+    let w = &mut qp.sq[idx];
+    w.started = true;
+    w.first_psn = next;
+    qp.req.next_psn = next + w.npkts;
+    qp.req.pkt = 0;
+    Start::Started
+}
+
+/// The packet the requester sends next: its place in its WQE's message.
+#[derive(Debug, Clone, Copy)]
+struct Packet {
+    /// The WQE's index in the send queue.
+    idx: usize,
+    /// The packet's index in the message.
+    pkt: u32,
+    psn: Psn,
+    /// The message's last packet (a READ or an atomic is one request packet).
+    last: bool,
+    /// Where its payload lies in the message (a resent READ: where what it asks for starts).
+    offset: u32,
+    /// UC: nothing acknowledges it.
+    unacked: bool,
+    /// A SEND (`rdma_sends` counts its first packet).
+    is_send: bool,
+}
+
+impl Packet {
+    /// Packet `qp.req.pkt` of the started WQE at `idx`.
+    fn next(qp: &Qp, idx: usize) -> Packet {
+        let mtu = qp.mtu();
+        let w = &qp.sq[idx];
+        let pkt = qp.req.pkt;
+        let psn = w.first_psn + pkt;
+        let last = pkt + 1 >= w.npkts || w.wr.op.is_read_or_atomic();
+        let unacked = qp.qp_type == QpType::Uc;
+        let offset = pkt.saturating_mul(mtu);
+        let is_send = matches!(w.wr.op, SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. });
+        Packet { idx, pkt, psn, last, offset, unacked, is_send }
+    }
+}
+
+/// Whether a packet asks for an ACK ([`ack_req`]).
+#[derive(Debug, Clone, Copy)]
+struct AckReq {
+    /// The BTH's AckReq bit.
+    set: bool,
+    /// The packet is a window probe: beyond the window
+    /// ([`Window::on_blocked`](super::window::Window::on_blocked)).
+    beyond: bool,
+    /// The packets sent since the last AckReq, before this one (restored when it cannot leave).
+    noack_before: u32,
+}
+
+/// AckReq (rxe's init_req_packet; IBTA 9.7.3: a requester may set it on any packet): on a
+/// message's last packet, at least every [`MAX_PKT_PER_ACK`] packets (fewer under a window
+/// shrunk by loss), on the last packet the window lets out, and under the `cx` profile on the
+/// QP's first packet. UC asks for none.
+fn ack_req<M: Memory>(qp: &mut Qp, ctx: &Ctx<'_, M>, p: &Packet) -> AckReq {
+    let (psn, last, unacked) = (p.psn, p.last, p.unacked);
     let noack_before = qp.req.noack_pkts;
     qp.req.noack_pkts += 1;
     // Also ask for an ACK with the last packet the window lets out, or the requester would wait
@@ -419,6 +294,28 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
     if ack_req {
         qp.req.noack_pkts = 0;
     }
+    AckReq { set: ack_req, beyond, noack_before }
+}
+
+/// The packet's headers (rxe's init_req_packet): the opcode of its place in the message under
+/// the QP's service, the BTH, XRCETH for XRC, ImmDt or IETH on the last packet, RETH on a
+/// WRITE's first packet, a READ and an ATOMIC WRITE, AtomicETH on an atomic.
+fn init_req_packet(qp: &Qp, p: &Packet, ack_req: bool) -> IbRepr {
+    let mtu = qp.mtu();
+    let w = &qp.sq[p.idx];
+    let (pkt, psn, last, offset) = (p.pkt, p.psn, p.last, p.offset);
+    let mut opcode = opcode_for(w.wr.op, pkt, w.npkts);
+    if p.unacked {
+        // UC: the same SEND/WRITE packets under the UC opcodes (IBTA table 38).
+        opcode = Opcode(0x20 | opcode.0);
+    } else if qp.qp_type == QpType::XrcIni {
+        // XRC: the RC operations under XRC opcodes, each request naming the target SRQ (A14).
+        opcode = Opcode(0xa0 | opcode.0);
+    }
+    let payload_len = match w.wr.op {
+        SendOp::Read { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 0,
+        _ => super::packet_payload(w.len, mtu, pkt) as usize,
+    };
     let mut ib = IbRepr::new(BthRepr {
         opcode,
         solicited: last && w.wr.solicited,
@@ -463,10 +360,25 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
         SendOp::AtomicWrite { remote_addr, rkey } => ib.reth = Some(RethRepr { va: remote_addr, rkey, dma_len: 8 }),
         _ => {}
     }
-    let is_send = matches!(w.wr.op, SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. });
+    ib
+}
+
+/// Writes the packet into `buf` with its payload gathered from the WQE's buffers (rxe's
+/// finish_packet). When it cannot leave, the AckReq count goes back to `noack_before` (rxe's
+/// rollback_state), and buffers that cannot be read fail the WQE and the QP.
+fn finish_packet<M: Memory>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<'_, M>,
+    p: &Packet,
+    ib: &IbRepr,
+    buf: &mut [u8],
+    noack_before: u32,
+) -> Option<Transmit> {
+    let (idx, offset) = (p.idx, p.offset);
+    let w = &qp.sq[idx];
     let blocked = ctx.mem.would_block_count();
     let mut gathered = true;
-    let Some(t) = emit(ctx, qp.qpn, qp.attr.dest, buf, &ib, |ctx, out| {
+    let Some(t) = emit(ctx, qp.qpn, qp.attr.dest, buf, ib, |ctx, out| {
         gathered = gather(ctx, w, offset, out);
         gathered
     }) else {
@@ -481,15 +393,24 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
         // Otherwise the data is on its way (Memory::would_block_count): the same packet later.
         return None;
     };
+    Some(t)
+}
+
+/// The packet left (rxe's update_wqe_state and update_state): the window hears of it, a resend
+/// is counted (a first transmission moves the highest PSN sent), the next packet or WQE is next;
+/// UC completes the WQE with its last packet, RC and XRC start the transport timer if it is not
+/// running (IBTA 9.7.6.1.3).
+fn update_state<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, p: &Packet, ack: &AckReq) {
+    let (pkt, psn, last, unacked) = (p.pkt, p.psn, p.last, p.unacked);
     let first_sent = psn.distance(qp.req.sent_high) >= 0;
     if !unacked {
-        qp.comp.window.on_sent(psn, ctx.now, beyond, ack_req, first_sent);
+        qp.comp.window.on_sent(psn, ctx.now, ack.beyond, ack.set, first_sent);
     }
     if !first_sent {
         ctx.counters.retransmitted_pkts += 1;
     } else {
         qp.req.sent_high = psn + 1;
-        if pkt == 0 && is_send {
+        if pkt == 0 && p.is_send {
             ctx.counters.rdma_sends += 1;
         }
     }
@@ -504,12 +425,11 @@ pub(crate) fn poll_transmit<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, buf: &
         if last {
             complete_sent(qp, ctx);
         }
-        return Some(t);
+        return;
     }
     if qp.comp.retrans_at.is_none() {
         qp.comp.retrans_at = super::ack_timeout(qp.attr.timeout).map(|d| ctx.now + d);
     }
-    Some(t)
 }
 
 /// Rewinds the requester to resend from `psn` (go-back-N, IBTA 9.7.5.2.8 / 9.7.6.1.3).

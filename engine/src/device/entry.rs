@@ -1,5 +1,9 @@
-//! The device's sans-IO loop: datagrams in ([`Device::handle_packet`]), packets out
-//! ([`Device::poll_transmit`]), and timers ([`Device::poll_timeout`], [`Device::handle_timeout`]).
+//! The device's entry points, its sans-IO loop: datagrams in ([`Device::handle_packet`]: the
+//! ICRC check, QP1's MADs to the CM, multicast to its members, the rest to their QP), packets out
+//! ([`Device::poll_transmit`]: the CM's MADs, then the ready QPs in turn), and timers
+//! ([`Device::poll_timeout`], [`Device::handle_timeout`]). What a QP does with each is
+//! `dispatch`'s; here the QP is found, and after it ran queued to transmit and its timer refiled
+//! (`touched`, `sync_timer`).
 
 use std::net::IpAddr;
 
