@@ -326,7 +326,7 @@ fn after_an_rnr_nak_the_resend_starts_small_and_the_window_comes_back() {
     // IBTA 9.7.5.2.8: after an RNR NAK the requester resends from the NAKed PSN once the RNR
     // timer ran out; the responder, still without a receive WQE, NAKs again and drops what was
     // pipelined behind (9.7.5.1.2). How much the requester resends at once is its own choice
-    // (req::Window::on_rnr): a few packets, not its whole window, so that a slow receiver is not
+    // (window::Window::on_rnr): a few packets, not its whole window, so that a slow receiver is not
     // buried in resends it must drop (qperf rc_bw -m 4096 on the device path: 16k RNR NAKs and
     // 4.2M resent packets in three 1-s runs). Once receives are there, all complete and the
     // window grows back.
