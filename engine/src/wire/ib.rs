@@ -10,25 +10,9 @@ use super::{
     OpcodeInfo, Result,
 };
 
-/// A view of an IB transport packet (BTH through ICRC).
-#[derive(Debug, PartialEq, Eq, Clone)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
-}
+packet_view!(Packet, "A view of an IB transport packet (BTH through ICRC).");
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Wraps a buffer without checking it.
-    pub const fn new_unchecked(buffer: T) -> Packet<T> {
-        Packet { buffer }
-    }
-
-    /// Wraps a buffer after [`check_len`](Self::check_len).
-    pub fn new_checked(buffer: T) -> Result<Packet<T>> {
-        let p = Self::new_unchecked(buffer);
-        p.check_len()?;
-        Ok(p)
-    }
-
     /// Checks the layout: the BTH, every extension header of the opcode and the ICRC are present;
     /// the pad count fits the payload; opcodes without payload carry none; the length is a
     /// multiple of 4 (IBTA 9.2.3: the pad aligns the payload to 4 bytes, every header is a
@@ -71,11 +55,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
             return Err(Error::Malformed("transport packet length not a multiple of 4"));
         }
         Ok(())
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
     }
 
     /// The BTH.

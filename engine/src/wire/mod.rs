@@ -147,6 +147,39 @@ macro_rules! fixed_header_packet {
     };
 }
 
+/// Generates a view named `$name` over a packet whose header declares how long it is (IPv4,
+/// IPv6, UDP, the IB transport packet): the struct, `new_unchecked`, `new_checked` and
+/// `into_inner`. The file writes the `check_len` that `new_checked` runs (what "holds the packet"
+/// means depends on the header's length fields), and any shorter check beside it.
+macro_rules! packet_view {
+    ($name:ident, $doc:expr) => {
+        #[doc = $doc]
+        #[derive(Debug, PartialEq, Eq, Clone)]
+        pub struct $name<T: AsRef<[u8]>> {
+            buffer: T,
+        }
+
+        impl<T: AsRef<[u8]>> $name<T> {
+            /// Wraps a buffer without checking it.
+            pub const fn new_unchecked(buffer: T) -> $name<T> {
+                $name { buffer }
+            }
+
+            /// Wraps a buffer after [`check_len`](Self::check_len).
+            pub fn new_checked(buffer: T) -> $crate::wire::Result<$name<T>> {
+                let p = Self::new_unchecked(buffer);
+                p.check_len()?;
+                Ok(p)
+            }
+
+            /// Returns the underlying buffer.
+            pub fn into_inner(self) -> T {
+                self.buffer
+            }
+        }
+    };
+}
+
 /// Generates `Repr::parse`, `Repr::buffer_len` and `Repr::emit` of a fixed-length header whose
 /// `Repr` holds one field per `$get / $set` pair, named as the view's getter: `parse` checks the
 /// length and reads each field through its getter, `emit` writes each through its setter, in the
