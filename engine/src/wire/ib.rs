@@ -342,19 +342,7 @@ mod test {
     }
 
     fn g2_repr() -> Repr {
-        let mut r = Repr::new(bth::Repr {
-            opcode: Opcode::RC_RDMA_WRITE_FIRST,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            tver: 0,
-            pkey: 0xffff,
-            fecn: false,
-            becn: false,
-            dest_qp: Qpn::new(0x12),
-            ack_req: false,
-            psn: Psn::new(2),
-        });
+        let mut r = Repr::new(bth::Repr::new(Opcode::RC_RDMA_WRITE_FIRST, Qpn::new(0x12), Psn::new(2)));
         r.reth = Some(reth::Repr { va: 0x7f00_1234_5000, rkey: 0xabcd, dma_len: 8192 });
         r.payload_len = 64;
         r
