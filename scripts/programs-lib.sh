@@ -173,6 +173,18 @@ cm_perf() { # program [data port space [flags]] (server on srdma0, client connec
   fi
 }
 
+# cm_perf for each perftest program on rdma_cm: RC (SEND, WRITE, READ and atomic bandwidth, SEND
+# and WRITE latency), then UD (SEND bandwidth and latency: the data QP's number and Q_Key come back
+# in a SIDR_REP, RDMA_PS_UDP).
+cm_perf_all() {
+  for prog in ib_send_bw ib_write_bw ib_read_bw ib_atomic_bw ib_send_lat ib_write_lat; do
+    cm_perf "$prog"
+  done
+  for prog in ib_send_bw ib_send_lat; do
+    cm_perf "$prog" UDP -c UD
+  done
+}
+
 # xjob NAME EXPECT-REGEX ARGS...: the MPI-style XRC job (examples/c/xrc_job.c, "$ex"), its last
 # line matched against EXPECT-REGEX (a FAILED line may end with a nonzero exit).
 xjob() { # name expect-regex args...
@@ -186,6 +198,17 @@ xjob() { # name expect-regex args...
   else
     result "$name" fail "rc=$rc; $(tail -n 2 "$log" | tr '\n' ' ')"
   fi
+}
+
+# xrc_job with the target QPs' maker leaving before the rounds (srdma0, srdma1 and srdma2 up): it
+# exits (3 nodes x 3 processes), it is killed (2 nodes x 4 processes).
+xjob_maker_leaves() {
+  xjob "xrc_job 3 nodes x 3 processes, target QPs' maker exits" \
+    "^xrc_job: OK nodes 3 procs 3 rounds 5 messages 270 checked.*maker exited; late sender transport retry counter exceeded" \
+    --devices srdma0,srdma1,srdma2 --procs 3 --rounds 5
+  xjob "xrc_job 2 nodes x 4 processes, target QPs' maker killed" \
+    "^xrc_job: OK nodes 2 procs 4 rounds 3 messages 96 checked.*maker killed; late sender transport retry counter exceeded" \
+    --devices srdma0,srdma2 --procs 4 --rounds 3 --kill
 }
 
 # xleg NAME ARGS...: OFED's XRC verbs (examples/c/xrc_legacy.c): the receive QP outlives the

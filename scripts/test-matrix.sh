@@ -23,10 +23,7 @@
 # cell failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-target="${CARGO_TARGET_DIR:-target}"
-shim="$(realpath "$target/release/shim")"
-bin="$(realpath "$target/release/softrdma")"
-[ -f "$shim/libibverbs.so.1" ] || { echo "no shim in $shim: run scripts/build-shim.sh" >&2; exit 2; }
+. scripts/shim-env.sh
 for p in ib_write_bw qperf rping ucmatose udaddy mckey rdma_xserver ibv_rc_pingpong; do
   command -v "$p" >/dev/null || { echo "$p missing: run scripts/install-deps.sh" >&2; exit 2; }
 done
@@ -41,10 +38,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-rt="$(mktemp -d)"
-chmod 700 "$rt"
-export SOFTRDMA_RUNTIME_DIR="$rt" SOFTRDMA_BIN="$bin" SOFTRDMA_NO_AUTOSTART=1
-export LD_LIBRARY_PATH="$shim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+private_runtime
 logs="${SOFTRDMA_MATRIX_LOGS:-$rt/logs}"
 mkdir -p "$logs"
 results="$rt/results.tsv"
@@ -60,10 +54,7 @@ fi
 capdir="${SOFTRDMA_MATRIX_CAPDIR:-$capdir}"
 : >"$results"
 cleanup() {
-  jobs -p | xargs -r kill 2>/dev/null
-  timeout 15 "$bin" down srdma0 >/dev/null 2>&1
-  timeout 15 "$bin" down srdma1 >/dev/null 2>&1
-  rm -rf "$rt"
+  stop_run srdma0 srdma1
   rm -f "$capdir"/softrdma-matrix-$$-*.pcap
 }
 trap cleanup EXIT

@@ -10,29 +10,18 @@
 # device/src/verbs/xrc.rs), so the daemons receive those packets. rdma_cm's own contexts (rping,
 # rdma_server) stay on the device path.
 cd "$(dirname "$0")/.."
-target="${CARGO_TARGET_DIR:-target}"
-shim="$(realpath "$target/release/shim")"
-bin="$(realpath "$target/release/softrdma")"
-[ -f "$shim/libibverbs.so.1" ] || { echo "no shim in $shim: run scripts/build-shim.sh" >&2; exit 2; }
+. scripts/shim-env.sh
 quick=0
 [ "${1:-}" = "--quick" ] && quick=1
-rt="$(mktemp -d)"
-chmod 700 "$rt"
-export SOFTRDMA_RUNTIME_DIR="$rt" SOFTRDMA_BIN="$bin" SOFTRDMA_NO_AUTOSTART=1 SOFTRDMA_DATAPATH=provider
-export LD_LIBRARY_PATH="$shim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+private_runtime
+export SOFTRDMA_DATAPATH=provider
 logs="$rt/logs"
 mkdir -p "$logs"
 cleanup() {
-  jobs -p | xargs -r kill 2>/dev/null
-  timeout 15 "$bin" down srdma0 >/dev/null 2>&1
-  timeout 15 "$bin" down srdma1 >/dev/null 2>&1
-  rm -rf "$rt"
+  stop_run srdma0 srdma1
 }
 trap cleanup EXIT
-addr0="${SOFTRDMA_TEST_ADDR0:-127.0.0.1}"
-addr1="${SOFTRDMA_TEST_ADDR1:-127.0.0.2}"
-"$bin" up srdma0 --addr "$addr0" >/dev/null || exit 2
-"$bin" up srdma1 --addr "$addr1" >/dev/null || exit 2
+up_two_devices
 . scripts/programs-lib.sh
 
 n=200
@@ -59,12 +48,7 @@ done
 # rdma_cm on the programs' own provider contexts (perftest -R opens its device itself and has
 # librdmacm connect those QPs: their numbers and PSNs travel in REQ/REP through the daemon's CM,
 # the data through the programs' own sockets). One device: -R connects to srdma0's address.
-for prog in ib_send_bw ib_write_bw ib_read_bw ib_atomic_bw ib_send_lat ib_write_lat; do
-  cm_perf "$prog"
-done
-for prog in ib_send_bw ib_send_lat; do
-  cm_perf "$prog" UDP -c UD
-done
+cm_perf_all
 
 # None of it passed through a daemon's socket: the kernel steered every datagram to the process
 # that owns its destination QP. The devices' counters still count the programs' packets: each
@@ -89,12 +73,7 @@ addr2="${SOFTRDMA_TEST_ADDR2:-127.0.0.3}"
 xsrq "ibv_xsrq_pingpong -c 3 srdma0->srdma0" srdma0 srdma0 3
 xsrq "ibv_xsrq_pingpong -c 2 srdma0->srdma1" srdma0 srdma1 2
 if [ -x "$ex/xrc_job" ] && [ -x "$ex/xrc_legacy" ] && "$bin" up srdma2 --addr "$addr2" >/dev/null; then
-  xjob "xrc_job 3 nodes x 3 processes, target QPs' maker exits" \
-    "^xrc_job: OK nodes 3 procs 3 rounds 5 messages 270 checked.*maker exited; late sender transport retry counter exceeded" \
-    --devices srdma0,srdma1,srdma2 --procs 3 --rounds 5
-  xjob "xrc_job 2 nodes x 4 processes, target QPs' maker killed" \
-    "^xrc_job: OK nodes 2 procs 4 rounds 3 messages 96 checked.*maker killed; late sender transport retry counter exceeded" \
-    --devices srdma0,srdma2 --procs 4 --rounds 3 --kill
+  xjob_maker_leaves
   xjob "xrc_job --cm 2 nodes x 3 processes, maker exits" \
     "^xrc_job: OK nodes 2 procs 3 rounds 3 messages 54 checked.*setup rdma_cm; maker exited; late sender transport retry" \
     --devices srdma1,srdma2 --procs 3 --rounds 3 --cm

@@ -7,35 +7,21 @@
 # Usage: scripts/test-verbs-programs.sh [--quick]      (needs scripts/build-shim.sh first)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-target="${CARGO_TARGET_DIR:-target}"
-shim="$(realpath "$target/release/shim")"
-bin="$(realpath "$target/release/softrdma")"
-[ -f "$shim/libibverbs.so.1" ] || { echo "no shim in $shim: run scripts/build-shim.sh" >&2; exit 2; }
+. scripts/shim-env.sh
 command -v ibv_rc_pingpong >/dev/null || { echo "ibv_rc_pingpong missing: run scripts/install-deps.sh" >&2; exit 2; }
 quick=0
 [ "${1:-}" = "--quick" ] && quick=1
 
 # A private runtime directory: these devices are ours alone, and go away with it.
-rt="$(mktemp -d)"
-chmod 700 "$rt"
-export SOFTRDMA_RUNTIME_DIR="$rt" SOFTRDMA_BIN="$bin" SOFTRDMA_NO_AUTOSTART=1
-export LD_LIBRARY_PATH="$shim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+private_runtime
 logs="$rt/logs"
 mkdir -p "$logs"
 cleanup() {
-  jobs -p | xargs -r kill 2>/dev/null
-  timeout 15 "$bin" down srdma0 >/dev/null 2>&1
-  timeout 15 "$bin" down srdma1 >/dev/null 2>&1
-  timeout 15 "$bin" down srdma2 >/dev/null 2>&1
-  timeout 15 "$bin" down srdma3 >/dev/null 2>&1
-  rm -rf "$rt"
+  stop_run srdma0 srdma1 srdma2 srdma3
 }
 trap cleanup EXIT
 # Addresses: srdma0 on 127.0.0.1 and srdma1 on 127.0.0.2 unless told otherwise.
-addr0="${SOFTRDMA_TEST_ADDR0:-127.0.0.1}"
-addr1="${SOFTRDMA_TEST_ADDR1:-127.0.0.2}"
-"$bin" up srdma0 --addr "$addr0" >/dev/null || exit 2
-"$bin" up srdma1 --addr "$addr1" >/dev/null || exit 2
+up_two_devices
 
 . scripts/programs-lib.sh
 
@@ -87,13 +73,7 @@ cm_rping() { # name server-addr count size [extra server/client flags]
 cm_rping "rping one device" "$addr0" 20 64
 cm_rping "rping across two devices" "$addr1" 50 4096
 cm_rping "rping 60000 B" "$addr1" 10 60000
-for prog in ib_send_bw ib_write_bw ib_read_bw ib_atomic_bw ib_send_lat ib_write_lat; do
-  cm_perf "$prog"
-done
-# UD through rdma_cm: the data QP's number and Q_Key come back in a SIDR_REP (RDMA_PS_UDP).
-for prog in ib_send_bw ib_send_lat; do
-  cm_perf "$prog" UDP -c UD
-done
+cm_perf_all
 # rdma_server / rdma_client: synchronous IDs, rdma_getaddrinfo, rdma_create_ep, rdma_get_request,
 # rdma_accept with no conn_param, and the rdma_verbs.h helpers on id->pd and the CQs librdmacm made.
 port=$((port + 1))
@@ -493,12 +473,7 @@ fi
 # rounds; at the end a send to a node whose last process left fails with RETRY_EXC_ERR. QP numbers
 # out of band, or through rdma_cm (--cm).
 if [ -x "$ex/xrc_job" ] && "$bin" up srdma2 --addr "$addr2" >/dev/null; then
-  xjob "xrc_job 3 nodes x 3 processes, target QPs' maker exits" \
-    "^xrc_job: OK nodes 3 procs 3 rounds 5 messages 270 checked.*maker exited; late sender transport retry counter exceeded" \
-    --devices srdma0,srdma1,srdma2 --procs 3 --rounds 5
-  xjob "xrc_job 2 nodes x 4 processes, target QPs' maker killed" \
-    "^xrc_job: OK nodes 2 procs 4 rounds 3 messages 96 checked.*maker killed; late sender transport retry counter exceeded" \
-    --devices srdma0,srdma2 --procs 4 --rounds 3 --kill
+  xjob_maker_leaves
   # The same with the send QPs connected through rdma_cm (RDMA_PS_IB XRC, target QPN in the REP).
   xjob "xrc_job --cm 3 nodes x 3 processes, maker exits" \
     "^xrc_job: OK nodes 3 procs 3 rounds 5 messages 270 checked.*setup rdma_cm; maker exited; late sender transport retry" \

@@ -13,34 +13,34 @@ fn sim(args: &[&str]) -> (Option<i32>, String, String) {
     )
 }
 
+/// Runs `softrdma sim` with the arguments of `command_line` (separated by white space), which must
+/// succeed (`what` leads the message if it does not), and reads the one JSON object it prints.
+#[track_caller]
+fn sim_json(command_line: &str, what: &str) -> Value {
+    let args: Vec<&str> = command_line.split_whitespace().collect();
+    let (code, out, err) = sim(&args);
+    assert_eq!(code, Some(0), "{what}{out}\n{err}");
+    serde_json::from_str(out.trim()).expect("one JSON object")
+}
+
+/// Every one of the `n` messages of a report completed, none lost, duplicated or delivered
+/// corrupted.
+#[track_caller]
+fn assert_exactly_once(v: &Value, n: u64) {
+    assert_eq!((v["posted"].as_u64(), v["completed_ok"].as_u64()), (Some(n), Some(n)));
+    assert_eq!(
+        (v["lost"].as_u64(), v["duplicated"].as_u64(), v["corrupted_delivered"].as_u64()),
+        (Some(0), Some(0), Some(0))
+    );
+}
+
 #[test]
 fn lossy_run_prints_one_json_object_with_every_field() {
-    let (code, out, err) = sim(&[
-        "--transport",
-        "rc",
-        "--ops",
-        "send,write,read,atomic",
-        "--messages",
-        "300",
-        "--size",
-        "1..3000",
-        "--qps",
-        "3",
-        "--loss",
-        "0.02",
-        "--duplicate",
-        "0.02",
-        "--reorder",
-        "0.02",
-        "--corrupt",
-        "0.01",
-        "--seed",
-        "11",
-        "--mtu",
-        "1024",
-    ]);
-    assert_eq!(code, Some(0), "{out}\n{err}");
-    let v: Value = serde_json::from_str(out.trim()).expect("one JSON object");
+    let v = sim_json(
+        "--transport rc --ops send,write,read,atomic --messages 300 --size 1..3000 --qps 3 \
+         --loss 0.02 --duplicate 0.02 --reorder 0.02 --corrupt 0.01 --seed 11 --mtu 1024",
+        "",
+    );
     for k in [
         "posted",
         "completed_ok",
@@ -101,43 +101,22 @@ fn bad_arguments_are_clear_errors() {
 
 #[test]
 fn xrc_fan_in_under_faults_is_exactly_once() {
-    let (code, out, err) = sim(&[
-        "--transport",
-        "xrc",
-        "--initiators",
-        "3",
-        "--srqs",
-        "4",
-        "--messages",
-        "200",
-        "--loss",
-        "0.03",
-        "--dup",
-        "0.03",
-        "--reorder",
-        "0.03",
-        "--corrupt",
-        "0.02",
-        "--seed",
-        "21",
-    ]);
-    assert_eq!(code, Some(0), "{out}\n{err}");
-    let v: Value = serde_json::from_str(out.trim()).unwrap();
-    assert_eq!((v["posted"].as_u64(), v["completed_ok"].as_u64()), (Some(200), Some(200)));
-    assert_eq!(
-        (v["lost"].as_u64(), v["duplicated"].as_u64(), v["corrupted_delivered"].as_u64()),
-        (Some(0), Some(0), Some(0))
+    let v = sim_json(
+        "--transport xrc --initiators 3 --srqs 4 --messages 200 \
+         --loss 0.03 --dup 0.03 --reorder 0.03 --corrupt 0.02 --seed 21",
+        "",
     );
+    assert_exactly_once(&v, 200);
     assert!(v["retransmitted_packets"].as_u64().unwrap() > 0);
 }
 
 #[test]
 fn ud_and_uc_report_what_the_wire_did() {
     for t in ["ud", "uc"] {
-        let (code, out, err) =
-            sim(&["--transport", t, "--messages", "300", "--loss", "0.05", "--duplicate", "0.05", "--seed", "3"]);
-        assert_eq!(code, Some(0), "{t}: {out}\n{err}");
-        let v: Value = serde_json::from_str(out.trim()).unwrap();
+        let v = sim_json(
+            &format!("--transport {t} --messages 300 --loss 0.05 --duplicate 0.05 --seed 3"),
+            &format!("{t}: "),
+        );
         assert!(v["lost"].as_u64().unwrap() > 0, "{t}: losses show");
         assert_eq!(v["corrupted_delivered"], 0);
         if t == "ud" {
@@ -156,46 +135,21 @@ fn ud_and_uc_report_what_the_wire_did() {
 #[test]
 fn xrc_and_uc_carry_rdma_and_zero_length_messages() {
     // XRC: every operation through the target QPs, sizes from 0, under faults: exactly once.
-    let (code, out, err) = sim(&[
-        "--transport",
-        "xrc",
-        "--ops",
-        "send,write,read,atomic",
-        "--size",
-        "0..2000",
-        "--messages",
-        "300",
-        "--loss",
-        "0.03",
-        "--duplicate",
-        "0.03",
-        "--reorder",
-        "0.03",
-        "--corrupt",
-        "0.02",
-        "--seed",
-        "8",
-    ]);
-    assert_eq!(code, Some(0), "{out}\n{err}");
-    let v: Value = serde_json::from_str(out.trim()).unwrap();
-    assert_eq!((v["posted"].as_u64(), v["completed_ok"].as_u64()), (Some(300), Some(300)));
-    assert_eq!(
-        (v["lost"].as_u64(), v["duplicated"].as_u64(), v["corrupted_delivered"].as_u64()),
-        (Some(0), Some(0), Some(0))
+    let v = sim_json(
+        "--transport xrc --ops send,write,read,atomic --size 0..2000 --messages 300 \
+         --loss 0.03 --duplicate 0.03 --reorder 0.03 --corrupt 0.02 --seed 8",
+        "",
     );
+    assert_exactly_once(&v, 300);
     assert!(v["bytes_verified"].as_u64().unwrap() > 0);
     // Zero-length messages only, on every transport.
     for t in ["rc", "xrc", "uc", "ud"] {
-        let (code, out, err) = sim(&["--transport", t, "--size", "0..0", "--messages", "100", "--seed", "2"]);
-        assert_eq!(code, Some(0), "{t}: {out}\n{err}");
-        let v: Value = serde_json::from_str(out.trim()).unwrap();
+        let v = sim_json(&format!("--transport {t} --size 0..0 --messages 100 --seed 2"), &format!("{t}: "));
         assert_eq!((v["completed_ok"].as_u64(), v["lost"].as_u64()), (Some(100), Some(0)), "{t}");
     }
     // UC WRITE on a perfect wire: every byte in place.
-    let (code, out, err) = sim(&["--transport", "uc", "--ops", "write", "--messages", "100", "--seed", "2"]);
-    assert_eq!(code, Some(0), "{out}\n{err}");
-    let v: Value = serde_json::from_str(out.trim()).unwrap();
-    assert!(v["bytes_verified"].as_u64().unwrap() > 0, "{out}");
+    let v = sim_json("--transport uc --ops write --messages 100 --seed 2", "");
+    assert!(v["bytes_verified"].as_u64().unwrap() > 0, "{v}");
     // What a service does not carry is refused by name.
     let (code, _, err) = sim(&["--transport", "ud", "--ops", "write"]);
     assert_ne!(code, Some(0));

@@ -8,7 +8,7 @@ use softrdma_engine::connect::{bring_up, connect_pair, ConnectParams, End, Remot
 use softrdma_engine::device::{CqId, Device, DeviceConfig, MrKeys, PdId, QpCaps, QpInit, RecvMeta, Transmit};
 use softrdma_engine::memory::VecMemory;
 use softrdma_engine::time::{Duration, Instant};
-use softrdma_engine::verbs::{Access, Mtu, QpType};
+use softrdma_engine::verbs::{Access, Mtu, QpType, WcStatus};
 use softrdma_engine::wire::{IbPacket, Opcode, Psn, Qpn};
 use softrdma_engine::wr::WorkCompletion;
 /// What the scripted wire does with one datagram: the shared fault model's per-datagram decision.
@@ -33,7 +33,38 @@ pub struct Seen {
     pub bytes: Vec<u8>,
 }
 
+impl Seen {
+    /// The packet `from` sent at `at`, read from its bytes (a packet the engine emitted: it panics
+    /// on a malformed one).
+    pub fn new(from: usize, at: Instant, bytes: Vec<u8>) -> Seen {
+        let p = IbPacket::new_checked(&bytes[..]).expect("the engine emits well-formed packets");
+        Seen {
+            from,
+            at,
+            opcode: p.opcode(),
+            psn: p.bth().psn(),
+            syndrome: p.aeth().map(|a| a.syndrome_byte()),
+            ack_req: p.bth().ack_req(),
+            bytes,
+        }
+    }
+}
+
 type Filter = Box<dyn FnMut(&Seen) -> Fate>;
+
+/// A filter for [`Pair::set_filter`] that loses the first `n` datagrams `matches` selects and
+/// delivers every other.
+pub fn lose_first(n: usize, matches: impl Fn(&Seen) -> bool + 'static) -> impl FnMut(&Seen) -> Fate + 'static {
+    let mut lost = 0;
+    move |s| {
+        if lost < n && matches(s) {
+            lost += 1;
+            Fate::Drop
+        } else {
+            Fate::Deliver
+        }
+    }
+}
 
 /// Two devices, A at 10.0.0.1 and B at 10.0.0.2, each with one owner's memory at `BASE`.
 pub struct Pair {
@@ -247,16 +278,7 @@ impl Pair {
                 let t: Option<Transmit> = self.dev(from).poll_transmit(now, &mut buf);
                 let Some(t) = t else { break };
                 let bytes = buf[..t.len].to_vec();
-                let p = IbPacket::new_checked(&bytes[..]).expect("the engine emits well-formed packets");
-                let seen = Seen {
-                    from,
-                    at: now,
-                    opcode: p.opcode(),
-                    psn: p.bth().psn(),
-                    syndrome: p.aeth().map(|a| a.syndrome_byte()),
-                    ack_req: p.bth().ack_req(),
-                    bytes: bytes.clone(),
-                };
+                let seen = Seen::new(from, now, bytes.clone());
                 let fate = (self.filter)(&seen);
                 self.log.push(seen);
                 let src = if from == 0 { ADDR_A } else { ADDR_B };
@@ -335,6 +357,20 @@ impl Pair {
     /// Completions of side `i`'s CQ.
     pub fn poll(&mut self, i: usize, cq: CqId) -> Vec<WorkCompletion> {
         self.dev(i).poll_cq(cq, usize::MAX)
+    }
+
+    /// Polls side `i`'s CQ: each completion's wr_id and status, in the CQ's order.
+    pub fn statuses(&mut self, i: usize, cq: CqId) -> Vec<(u64, WcStatus)> {
+        self.poll(i, cq).iter().map(|w| (w.wr_id, w.status)).collect()
+    }
+
+    /// Polls side `i`'s CQ and asserts that it held `n` completions, every one successful.
+    #[track_caller]
+    pub fn poll_successes(&mut self, i: usize, cq: CqId, n: usize) -> Vec<WorkCompletion> {
+        let wcs = self.poll(i, cq);
+        assert_eq!(wcs.len(), n);
+        assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+        wcs
     }
 
     /// Writes test data into side `i`'s memory.

@@ -4,7 +4,7 @@
 //! the QP and the region, a responder resource per operation so a duplicate is acknowledged and
 //! not executed again, a plain ACK as the answer, and IBV_WC_ATOMIC_WRITE in the completion.
 
-use softrdma_conformance::pair::{Fate, Pair, RcOptions, Side, BASE};
+use softrdma_conformance::pair::{lose_first, Pair, RcOptions, Side, BASE};
 use softrdma_engine::verbs::{Access, VerbsError, WcOpcode, WcStatus};
 use softrdma_engine::wire::Opcode;
 use softrdma_engine::wr::{SendOp, SendWr, Sge};
@@ -92,15 +92,7 @@ fn duplicate_atomic_write_is_acknowledged_not_executed_again() {
     p.fill(A, BASE, &7u64.to_ne_bytes());
     // Lose B's first ACK; after the write lands, B's memory changes locally: the resent ATOMIC
     // WRITE must not store 7 again over it (IBTA 9.7.5.1.4).
-    let mut lost = false;
-    p.set_filter(move |s| {
-        if s.from == 1 && s.opcode == Opcode::RC_ACKNOWLEDGE && !lost {
-            lost = true;
-            Fate::Drop
-        } else {
-            Fate::Deliver
-        }
-    });
+    p.set_filter(lose_first(1, |s| s.from == 1 && s.opcode == Opcode::RC_ACKNOWLEDGE));
     atomic_write(&mut p, &a, 1, target, b.mr.rkey);
     // Until B has executed it.
     for _ in 0..STEPS {

@@ -347,9 +347,7 @@ fn cx_ack_credits_count_the_receive_queue() {
         acks(&wire_since(&p, n)),
         vec![(Opcode::RC_ACKNOWLEDGE, 142, Some(1)), (Opcode::RC_ACKNOWLEDGE, 143, Some(0))]
     );
-    let wa = p.poll(A, a.cq);
-    assert_eq!(wa.len(), 4 + 36 + 2);
-    assert!(wa.iter().all(|w| w.status == WcStatus::Success), "{wa:?}");
+    p.poll_successes(A, a.cq, 4 + 36 + 2);
     assert_eq!(p.poll(B, b.cq).len(), 1 + 1 + 36 + 2);
     // MigReq on all of them, the atomic and its ACK included.
     let w = wire(&p);
@@ -551,9 +549,7 @@ fn a_requester_sends_into_no_more_receive_wqes_than_the_responders_credits() {
     let after = answers_since(&p, m);
     assert_eq!(after.first(), Some(&(104, credit_code(7))));
     assert!(after.iter().all(|&(_, s)| s & 0x60 == 0), "only ACKs after the receives: {after:?}");
-    let wa = p.poll(A, a.cq);
-    assert_eq!(wa.len(), 11);
-    assert!(wa.iter().all(|w| w.status == WcStatus::Success), "{wa:?}");
+    p.poll_successes(A, a.cq, 11);
     assert_eq!(p.poll(B, b.cq).len(), 11);
     // One RNR NAK in all, and no PSN sequence NAK: nothing was sent to be dropped.
     let naks: Vec<(u32, u8)> = answers_since(&p, 0).into_iter().filter(|&(_, s)| s & 0x60 != 0).collect();
@@ -594,9 +590,7 @@ fn credits_bound_only_the_messages_that_take_a_receive_wqe() {
         .map(|x| x.psn)
         .collect();
     assert_eq!(imm_pkts, vec![106]);
-    let wa = p.poll(A, a.cq);
-    assert_eq!(wa.len(), 7);
-    assert!(wa.iter().all(|w| w.status == WcStatus::Success), "{wa:?}");
+    p.poll_successes(A, a.cq, 7);
     let wb = p.poll(B, b.cq);
     assert_eq!(wb.iter().map(|w| w.opcode).collect::<Vec<_>>(), vec![WcOpcode::Recv, WcOpcode::RecvRdmaWithImm]);
     assert!(answers_since(&p, 0).iter().all(|&(_, s)| s & 0x60 == 0), "no NAK of any kind");
@@ -621,7 +615,5 @@ fn invalid_credits_set_no_limit() {
     assert_eq!(sent[..10], (101..111).collect::<Vec<u32>>()[..]);
     post_recvs(&mut p, B, &b, 8);
     p.drive(STEPS);
-    let wa = p.poll(A, a.cq);
-    assert_eq!(wa.len(), 11);
-    assert!(wa.iter().all(|w| w.status == WcStatus::Success), "{wa:?}");
+    p.poll_successes(A, a.cq, 11);
 }

@@ -6,11 +6,11 @@
 //! kept by proptest in `rc_props.proptest-regressions`.
 
 use proptest::prelude::*;
-use softrdma_engine::time::Duration;
 use softrdma_engine::verbs::Mtu;
 use softrdma_transport::faults::Faults;
-use softrdma_transport::sim::LinkConfig;
 use softrdma_workloads::workload::{run, Op, Workload};
+
+mod common;
 
 fn ops() -> impl Strategy<Value = Vec<Op>> {
     prop::sample::subsequence(vec![Op::Send, Op::Write, Op::Read, Op::Atomic], 1..=4)
@@ -31,28 +31,8 @@ fn workload(max_fault: f64) -> impl Strategy<Value = Workload> {
         any::<u64>(),
         [0.0..max_fault, 0.0..max_fault, 0.0..max_fault, 0.0..max_fault],
     )
-        .prop_map(|(ops, messages, a, b, qps, mtu, seed, [loss, dup, reorder, corrupt])| Workload {
-            ops,
-            messages,
-            size: (a.min(b), a.max(b)),
-            qps,
-            mtu,
-            seed,
-            faults: Faults {
-                loss,
-                duplicate: dup,
-                reorder,
-                reorder_delay: Duration::from_micros(20),
-                corrupt,
-                ..Faults::none()
-            },
-            link: LinkConfig {
-                latency: Duration::from_micros(5),
-                jitter: Duration::ZERO,
-                bandwidth_bits_per_sec: 25_000_000_000,
-            },
-            retry_cnt: 7,
-            timeout: 10,
+        .prop_map(|(ops, messages, a, b, qps, mtu, seed, faults)| {
+            common::workload(ops, messages, (a, b), qps, mtu, seed, faults)
         })
 }
 
@@ -97,19 +77,8 @@ fn thousand_messages_under_two_percent_faults() {
         messages: 1000,
         qps: 4,
         seed: 3,
-        faults: Faults {
-            loss: 0.02,
-            duplicate: 0.02,
-            reorder: 0.02,
-            reorder_delay: Duration::from_micros(20),
-            corrupt: 0.01,
-            ..Faults::none()
-        },
-        link: LinkConfig {
-            latency: Duration::from_micros(5),
-            jitter: Duration::ZERO,
-            bandwidth_bits_per_sec: 25_000_000_000,
-        },
+        faults: common::faults([0.02, 0.02, 0.02, 0.01]),
+        link: common::link(),
         ..Workload::default()
     };
     let r = run(&w).unwrap();

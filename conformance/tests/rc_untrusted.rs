@@ -17,17 +17,9 @@ fn packet(op: u8, dest: Qpn, psn: u32, vals: (u64, u32, u32, u8, u64), payload: 
     let carries = opcode.info().is_none_or(|i| i.payload);
     let payload = if carries { payload } else { &[][..] };
     let mut ib = IbRepr::new(BthRepr {
-        opcode,
-        solicited: false,
-        mig_req: false,
         pad_count: IbRepr::pad_for(payload.len()),
-        tver: 0,
-        pkey: 0xffff,
-        fecn: false,
-        becn: false,
-        dest_qp: dest,
         ack_req: vals.3 & 1 == 1,
-        psn: Psn::new(psn),
+        ..BthRepr::new(opcode, dest, Psn::new(psn))
     });
     let (va, rkey, len, syn, data) = vals;
     if headers.contains(Headers::DETH) {

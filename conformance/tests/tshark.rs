@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
 use softrdma_conformance::shared_dir;
 use softrdma_engine::wire::{CmMadRepr, CmMessage};
@@ -29,7 +29,12 @@ fn tshark_available() -> bool {
 /// Runs the shared extraction script; one map of non-empty fields per frame.
 fn tshark_rows(file: &Path) -> Vec<HashMap<String, String>> {
     let script = shared_dir().join("reference/wire/tshark_extract.sh");
-    let out = Command::new("sh").arg(&script).arg(file).output().expect("run tshark_extract.sh");
+    rows(file, Command::new("sh").arg(&script).arg(file).output().expect("run tshark_extract.sh"))
+}
+
+/// tshark's tab-separated fields on `file` (a header row, then a row per frame): one map of
+/// non-empty fields per frame.
+fn rows(file: &Path, out: Output) -> Vec<HashMap<String, String>> {
     assert!(out.status.success(), "tshark failed on {}: {}", file.display(), String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).expect("utf-8");
     let mut lines = text.lines();
@@ -172,6 +177,18 @@ fn cross_check(file: &Path) -> usize {
     ib
 }
 
+/// The shared captures (`*.pcap` in the shared captures directory), sorted.
+fn captures() -> Vec<PathBuf> {
+    let dir = shared_dir().join("captures");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "pcap"))
+        .collect();
+    files.sort();
+    files
+}
+
 fn temp_file(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("softrdma-tshark-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -215,14 +232,8 @@ fn real_captures_agree_with_tshark() {
     if !tshark_available() {
         return;
     }
-    let dir = shared_dir().join("captures");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "pcap"))
-        .collect();
-    files.sort();
-    assert!(files.len() >= 10, "captures missing in {}", dir.display());
+    let files = captures();
+    assert!(files.len() >= 10, "captures missing in {}", shared_dir().join("captures").display());
     let mut total = 0;
     for f in &files {
         total += cross_check(f);
@@ -355,21 +366,7 @@ fn tshark_cm_rows(file: &Path) -> Vec<HashMap<String, String>> {
     for f in CM_FIELDS {
         cmd.args(["-e", f]);
     }
-    let out = cmd.output().expect("run tshark");
-    assert!(out.status.success(), "tshark failed on {}: {}", file.display(), String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8(out.stdout).expect("utf-8");
-    let mut lines = text.lines();
-    let header: Vec<&str> = lines.next().expect("header row").split('\t').collect();
-    lines
-        .map(|l| {
-            header
-                .iter()
-                .zip(l.split('\t'))
-                .filter(|(_, v)| !v.is_empty())
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        })
-        .collect()
+    rows(file, cmd.output().expect("run tshark"))
 }
 
 fn hex(b: &[u8]) -> String {
@@ -571,13 +568,7 @@ fn cm_mads_agree_with_tshark() {
     if !tshark_available() {
         return;
     }
-    let dir = shared_dir().join("captures");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "pcap"))
-        .collect();
-    files.sort();
+    let files = captures();
     let mut problems = Vec::new();
     let mut mads = 0;
     for file in &files {

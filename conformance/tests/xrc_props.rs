@@ -3,12 +3,11 @@
 //! WRITE, READ and FETCH_ADD through the target QPs (each atomic executed once); sizes from 0.
 
 use proptest::prelude::*;
-use softrdma_engine::time::Duration;
 use softrdma_engine::verbs::Mtu;
-use softrdma_transport::faults::Faults;
-use softrdma_transport::sim::LinkConfig;
 use softrdma_workloads::services::{run_service, Service};
-use softrdma_workloads::workload::{Op, Workload};
+use softrdma_workloads::workload::Op;
+
+mod common;
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(
@@ -21,18 +20,7 @@ proptest! {
         mtu in prop::sample::select(vec![Mtu::Mtu256, Mtu::Mtu1024, Mtu::Mtu4096]),
         seed in any::<u64>(), f in [0.0f64..0.05, 0.0..0.05, 0.0..0.05, 0.0..0.05],
     ) {
-        let w = Workload {
-            ops: vec![Op::Send, Op::Write, Op::Read, Op::Atomic],
-            messages,
-            size: (a.min(b), a.max(b)),
-            qps: 1,
-            mtu,
-            seed,
-            faults: Faults { loss: f[0], duplicate: f[1], reorder: f[2], reorder_delay: Duration::from_micros(20), corrupt: f[3], ..Faults::none() },
-            link: LinkConfig { latency: Duration::from_micros(5), jitter: Duration::ZERO, bandwidth_bits_per_sec: 25_000_000_000 },
-            retry_cnt: 7,
-            timeout: 10,
-        };
+        let w = common::workload(vec![Op::Send, Op::Write, Op::Read, Op::Atomic], messages, (a, b), 1, mtu, seed, f);
         let r = run_service(&w, Service::Xrc { initiators, srqs }).unwrap();
         prop_assert!(r.ok(), "{:?}", r.violations);
         prop_assert_eq!((r.completed_ok, r.lost, r.duplicated, r.out_of_order, r.corrupted_delivered), (r.posted, 0, 0, 0, 0));
@@ -53,18 +41,7 @@ proptest! {
         seed in any::<u64>(), faulty in any::<bool>(), f in [0.0f64..0.05, 0.0..0.05, 0.0..0.05, 0.0..0.05],
     ) {
         let f = if faulty { f } else { [0.0; 4] };
-        let w = Workload {
-            ops: vec![Op::Send, Op::Write],
-            messages,
-            size: (a.min(b), a.max(b)),
-            qps: 2,
-            mtu,
-            seed,
-            faults: Faults { loss: f[0], duplicate: f[1], reorder: f[2], reorder_delay: Duration::from_micros(20), corrupt: f[3], ..Faults::none() },
-            link: LinkConfig { latency: Duration::from_micros(5), jitter: Duration::ZERO, bandwidth_bits_per_sec: 25_000_000_000 },
-            retry_cnt: 7,
-            timeout: 10,
-        };
+        let w = common::workload(vec![Op::Send, Op::Write], messages, (a, b), 2, mtu, seed, f);
         let r = run_service(&w, Service::Uc).unwrap();
         prop_assert!(r.ok(), "{:?}", r.violations);
         prop_assert_eq!(r.corrupted_delivered, 0);

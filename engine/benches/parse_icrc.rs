@@ -6,44 +6,18 @@
 //! `cargo bench -p softrdma-engine --bench parse_icrc`
 
 use std::hint::black_box;
-use std::net::Ipv4Addr;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use softrdma_engine::wire::roce::{self, EmitOptions, FrameRepr};
-use softrdma_engine::wire::{icrc, BthRepr, EthernetAddress, IbRepr, Opcode, Psn, Qpn};
+use softrdma_engine::wire::icrc;
+use softrdma_engine::wire::roce::{self, FrameRepr};
 
-/// An RC SEND_ONLY frame over IPv4 with `payload` bytes of payload.
-fn frame(payload: usize) -> Vec<u8> {
-    let mut ib = IbRepr::new(BthRepr {
-        opcode: Opcode::RC_SEND_ONLY,
-        solicited: false,
-        mig_req: false,
-        pad_count: IbRepr::pad_for(payload),
-        tver: 0,
-        pkey: 0xffff,
-        fecn: false,
-        becn: false,
-        dest_qp: Qpn::new(0x11),
-        ack_req: true,
-        psn: Psn::new(7),
-    });
-    ib.payload_len = payload;
-    let repr = FrameRepr {
-        eth: roce::default_eth(EthernetAddress([2, 0, 0, 0, 0, 1]), EthernetAddress([2, 0, 0, 0, 0, 2])),
-        vlan_tci: None,
-        l3: roce::ipv4_default(Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2), 0),
-        udp_src_port: 0xc011,
-        ib,
-    };
-    let data: Vec<u8> = (0..payload).map(|i| i as u8).collect();
-    let mut buf = vec![0u8; repr.buffer_len()];
-    repr.emit(&mut buf, &data, EmitOptions::default()).unwrap();
-    buf
-}
+#[path = "support/frame.rs"]
+mod support;
 
 fn bench(c: &mut Criterion) {
     for payload in [64usize, 4096] {
-        let f = frame(payload);
+        let data: Vec<u8> = (0..payload).map(|i| i as u8).collect();
+        let f = support::rc_send_only(&data);
         let l3 = &f[14..];
         let mut g = c.benchmark_group(format!("rocev2_{payload}B_payload"));
         g.throughput(Throughput::Bytes(l3.len() as u64));

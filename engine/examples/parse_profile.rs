@@ -5,39 +5,17 @@
 //! crc32fast alone over the same bytes.
 
 use std::hint::black_box;
-use std::net::Ipv4Addr;
 
-use softrdma_engine::wire::roce::{self, EmitOptions, FrameRepr};
-use softrdma_engine::wire::{BthRepr, EthernetAddress, IbRepr, Opcode, Psn, Qpn};
+use softrdma_engine::wire::roce::{self, FrameRepr};
+
+#[path = "../benches/support/frame.rs"]
+mod support;
 
 fn main() {
     let mut args = std::env::args().skip(1);
     let payload: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(4096);
     let iterations: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(1_000_000);
-    let mut ib = IbRepr::new(BthRepr {
-        opcode: Opcode::RC_SEND_ONLY,
-        solicited: false,
-        mig_req: false,
-        pad_count: IbRepr::pad_for(payload),
-        tver: 0,
-        pkey: 0xffff,
-        fecn: false,
-        becn: false,
-        dest_qp: Qpn::new(0x11),
-        ack_req: true,
-        psn: Psn::new(7),
-    });
-    ib.payload_len = payload;
-    let repr = FrameRepr {
-        eth: roce::default_eth(EthernetAddress([2, 0, 0, 0, 0, 1]), EthernetAddress([2, 0, 0, 0, 0, 2])),
-        vlan_tci: None,
-        l3: roce::ipv4_default(Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2), 0),
-        udp_src_port: 0xc011,
-        ib,
-    };
-    let data = vec![0x5au8; payload];
-    let mut frame = vec![0u8; repr.buffer_len()];
-    repr.emit(&mut frame, &data, EmitOptions::default()).expect("emit");
+    let frame = support::rc_send_only(&vec![0x5au8; payload]);
     let mode = std::env::var("MODE").unwrap_or_else(|_| "parse".into());
     let mut ok = 0u64;
     for _ in 0..iterations {

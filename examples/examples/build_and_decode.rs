@@ -9,17 +9,9 @@ use softrdma_engine::wire::{BthRepr, EthernetAddress, IbRepr, ImmDtRepr, Opcode,
 fn main() {
     let payload = b"written by RDMA";
     let mut ib = IbRepr::new(BthRepr {
-        opcode: Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
-        solicited: false,
-        mig_req: false,
         pad_count: IbRepr::pad_for(payload.len()),
-        tver: 0,
-        pkey: 0xffff,
-        fecn: false,
-        becn: false,
-        dest_qp: Qpn::new(0x12),
         ack_req: true,
-        psn: Psn::new(0xff_fffe),
+        ..BthRepr::new(Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE, Qpn::new(0x12), Psn::new(0xff_fffe))
     });
     ib.reth = Some(RethRepr { va: 0x7f00_0000_1000, rkey: 0x1234, dma_len: payload.len() as u32 });
     ib.immdt = Some(ImmDtRepr { imm: 42 });

@@ -44,17 +44,9 @@ fn write_only(
     payload: &[u8],
 ) -> Vec<u8> {
     let mut ib = IbRepr::new(BthRepr {
-        opcode: Opcode::RC_RDMA_WRITE_ONLY,
-        solicited: false,
-        mig_req: false,
         pad_count: IbRepr::pad_for(payload.len()),
-        tver: 0,
-        pkey: 0xffff,
-        fecn: false,
-        becn: false,
-        dest_qp: Qpn::new(qpn),
         ack_req: true,
-        psn: Psn::new(psn),
+        ..BthRepr::new(Opcode::RC_RDMA_WRITE_ONLY, Qpn::new(qpn), Psn::new(psn))
     });
     ib.reth = Some(RethRepr { va, rkey, dma_len: payload.len() as u32 });
     ib.payload_len = payload.len();

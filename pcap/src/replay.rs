@@ -803,11 +803,37 @@ fn replay_role(
                 .into(),
         );
     }
-    let opts = &opts;
+    let recorded = Recorded { c, opts: &opts, mtu, reqs, resps, request_qp, response_qp, last_psn };
     match role {
-        "responder" => responder(r, c, opts, mtu, reqs, resps, request_qp, response_qp, from_start, last_psn, targets),
-        _ => requester(r, c, opts, mtu, reqs, resps, request_qp, response_qp, conn, last_psn),
+        "responder" => responder(r, recorded, from_start, targets),
+        _ => requester(r, recorded, conn),
     }
+}
+
+/// The type of the replaying QP for the conversation's transport; `xrc`, the XRC side it plays
+/// (initiator or target).
+fn qp_type(c: &Conversation, xrc: QpType) -> QpType {
+    match c.transport {
+        "XRC" => xrc,
+        "UD" => QpType::Ud,
+        "UC" => QpType::Uc,
+        _ => QpType::Rc,
+    }
+}
+
+/// What both replays take from the conversation's analysis: the conversation and the options,
+/// the path MTU, the recorded requests and answers to replay, the QPs they went to, and the PSN
+/// after the last request.
+#[derive(Clone, Copy)]
+struct Recorded<'a> {
+    c: &'a Conversation,
+    opts: &'a Options,
+    mtu: Mtu,
+    reqs: &'a [RecordedPacket<'a>],
+    resps: &'a [RecordedPacket<'a>],
+    request_qp: u32,
+    response_qp: Option<u32>,
+    last_psn: Psn,
 }
 
 /// The memory regions the requests name (RETH and AtomicETH keys): per recorded rkey the range

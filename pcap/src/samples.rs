@@ -189,19 +189,7 @@ pub fn demo_conversation() -> Vec<Sample> {
         out.push(Sample { name: name.to_string(), frame: build(Net::Ipv4, forward, sport, ib, payload, rng) });
     };
     let plain = |opcode: Opcode, dest: u32, psn: u32, ack_req: bool| {
-        IbRepr::new(BthRepr {
-            opcode,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            tver: 0,
-            pkey: 0xffff,
-            fecn: false,
-            becn: false,
-            dest_qp: Qpn::new(dest),
-            ack_req,
-            psn: Psn::new(psn),
-        })
+        IbRepr::new(BthRepr { ack_req, ..BthRepr::new(opcode, Qpn::new(dest), Psn::new(psn)) })
     };
     let ack = |psn: u32, msn: u32, syndrome: Syndrome| {
         let mut ib = plain(Opcode::RC_ACKNOWLEDGE, qa, psn, false);

@@ -22,6 +22,33 @@ pub enum Resolution {
     Nano,
 }
 
+/// The accessors of the sink (the writer's `inner`) that both writers have: `get_ref`, `get_mut`,
+/// `finish` (flushes it) and `into_inner` (does not).
+macro_rules! sink_accessors {
+    () => {
+        /// The sink.
+        pub fn get_ref(&self) -> &W {
+            &self.inner
+        }
+
+        /// The sink; writing to it directly corrupts the file.
+        pub fn get_mut(&mut self) -> &mut W {
+            &mut self.inner
+        }
+
+        /// Flushes the sink and returns it.
+        pub fn finish(mut self) -> io::Result<W> {
+            self.inner.flush()?;
+            Ok(self.inner)
+        }
+
+        /// Returns the sink without flushing it.
+        pub fn into_inner(self) -> W {
+            self.inner
+        }
+    };
+}
+
 /// Writes a classic pcap file.
 ///
 /// ```
@@ -77,26 +104,7 @@ impl<W: Write> PcapWriter<W> {
         self.inner.write_all(captured)
     }
 
-    /// The sink.
-    pub fn get_ref(&self) -> &W {
-        &self.inner
-    }
-
-    /// The sink; writing to it directly corrupts the file.
-    pub fn get_mut(&mut self) -> &mut W {
-        &mut self.inner
-    }
-
-    /// Flushes the sink and returns it.
-    pub fn finish(mut self) -> io::Result<W> {
-        self.inner.flush()?;
-        Ok(self.inner)
-    }
-
-    /// Returns the sink without flushing it.
-    pub fn into_inner(self) -> W {
-        self.inner
-    }
+    sink_accessors!();
 }
 
 /// What [`PcapngWriter`] puts in its section header and its one interface description.
@@ -230,26 +238,7 @@ impl<W: Write> PcapngWriter<W> {
         write_block(&mut self.inner, ng::EPB, &epb, captured, options)
     }
 
-    /// The sink.
-    pub fn get_ref(&self) -> &W {
-        &self.inner
-    }
-
-    /// The sink; writing to it directly corrupts the file.
-    pub fn get_mut(&mut self) -> &mut W {
-        &mut self.inner
-    }
-
-    /// Flushes the sink and returns it.
-    pub fn finish(mut self) -> io::Result<W> {
-        self.inner.flush()?;
-        Ok(self.inner)
-    }
-
-    /// Returns the sink without flushing it.
-    pub fn into_inner(self) -> W {
-        self.inner
-    }
+    sink_accessors!();
 }
 
 /// Cuts `data` to `snaplen` and makes the original length at least the data's length.

@@ -17,36 +17,37 @@
 use std::os::raw::c_int;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-#[allow(
-    non_camel_case_types,
-    non_upper_case_globals,
-    non_snake_case,
-    dead_code,
-    unreachable_pub,
-    missing_docs,
-    clippy::all,
-    unnecessary_transmutes
-)]
-pub mod ffi {
-    //! rdma-core's `infiniband/verbs.h`, as bindgen reads it (committed: bindings/verbs.rs;
-    //! scripts/regen-bindings.sh regenerates it, bindgen/tests/current.rs checks it is current).
-    include!("../bindings/verbs.rs");
+/// A module of bindgen's output, committed in bindings/, with the lints that generated code does
+/// not meet allowed.
+macro_rules! bindings {
+    ($( #[$doc:meta] )* pub mod $name:ident = $file:literal;) => {
+        $( #[$doc] )*
+        #[allow(
+            non_camel_case_types,
+            non_upper_case_globals,
+            non_snake_case,
+            dead_code,
+            unreachable_pub,
+            missing_docs,
+            clippy::all,
+            unnecessary_transmutes
+        )]
+        pub mod $name {
+            include!($file);
+        }
+    };
 }
 
-#[allow(
-    non_camel_case_types,
-    non_upper_case_globals,
-    non_snake_case,
-    dead_code,
-    unreachable_pub,
-    missing_docs,
-    clippy::all,
-    unnecessary_transmutes
-)]
-pub mod cma_ffi {
-    //! rdma-core's `rdma/rdma_cma.h`, as bindgen reads it; the verbs types it names are
-    //! `crate::ffi`'s (committed: bindings/rdma_cma.rs).
-    include!("../bindings/rdma_cma.rs");
+bindings! {
+    /// rdma-core's `infiniband/verbs.h`, as bindgen reads it (committed: bindings/verbs.rs;
+    /// scripts/regen-bindings.sh regenerates it, bindgen/tests/current.rs checks it is current).
+    pub mod ffi = "../bindings/verbs.rs";
+}
+
+bindings! {
+    /// rdma-core's `rdma/rdma_cma.h`, as bindgen reads it; the verbs types it names are
+    /// `crate::ffi`'s (committed: bindings/rdma_cma.rs).
+    pub mod cma_ffi = "../bindings/rdma_cma.rs";
 }
 
 /// Which compilation of this crate this is (a path unique to it, from build.rs). The static

@@ -9,13 +9,12 @@
 //! something else holds that port (rxe, another softrdma device), the test starts srdma0 itself
 //! on 127.0.0.1 with a free UDP port, as the auto-started one could not bind.
 
-use std::io::Read;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant, SystemTime};
+use std::process::Command;
+use std::time::{Duration, SystemTime};
 
 mod common;
-use common::{compile_c, shim_dir, softrdma_bin, text, Down, DEVICE};
+use common::{compile_c, run_with_timeout, runtime_dir, shim_dir, softrdma_bin, up_on_free_port, Down, DEVICE};
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(150);
 
@@ -27,40 +26,6 @@ fn newest_mtime(dir: &Path) -> Option<SystemTime> {
         newest = newest.max(t);
     }
     newest
-}
-
-/// Runs `cmd`, killing it after `timeout`; returns its output and whether it timed out.
-fn run_with_timeout(mut cmd: Command, timeout: Duration) -> (Output, bool) {
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("start abi_check");
-    let mut out = child.stdout.take().expect("piped");
-    let mut err = child.stderr.take().expect("piped");
-    let t_out = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = out.read_to_end(&mut v);
-        v
-    });
-    let t_err = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = err.read_to_end(&mut v);
-        v
-    });
-    let deadline = Instant::now() + timeout;
-    let mut timed_out = false;
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait abi_check") {
-            break s;
-        }
-        if Instant::now() > deadline {
-            timed_out = true;
-            let _ = child.kill();
-            break child.wait().expect("wait abi_check");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let stdout = t_out.join().unwrap_or_default();
-    let stderr = t_err.join().unwrap_or_default();
-    (Output { status, stdout, stderr }, timed_out)
 }
 
 #[test]
@@ -93,9 +58,7 @@ fn abi_check_c_program_on_the_shim() {
     let bin = compile_c(&shim, "abi_check", work.path());
 
     // A private runtime dir (mode 0700: tempdir makes it so), and a scratch dir for the XRC files.
-    let runtime = work.path().join("rt");
-    std::fs::create_dir(&runtime).expect("runtime dir");
-    std::fs::set_permissions(&runtime, std::os::unix::fs::PermissionsExt::from_mode(0o700)).expect("chmod");
+    let runtime = runtime_dir(work.path());
     let scratch = work.path().join("tmp");
     std::fs::create_dir(&scratch).expect("scratch dir");
     let _down = Down { exe: &exe, runtime: &runtime };
@@ -104,13 +67,7 @@ fn abi_check_c_program_on_the_shim() {
     let how = if default_port_free {
         format!("{DEVICE} auto-started by the shim on 127.0.0.1:4791")
     } else {
-        let port = std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr()).expect("free UDP port").port();
-        let o = Command::new(&exe)
-            .args(["up", DEVICE, "--addr", "127.0.0.1", "--port", &port.to_string()])
-            .env("SOFTRDMA_RUNTIME_DIR", &runtime)
-            .output()
-            .expect("run softrdma up");
-        assert!(o.status.success(), "softrdma up {DEVICE} --port {port} failed:\n{}", text(&o));
+        let port = up_on_free_port(&exe, &runtime);
         format!("UDP 127.0.0.1:4791 is taken: {DEVICE} started by the test on 127.0.0.1:{port}")
     };
 

@@ -12,7 +12,7 @@
 use std::process::Command;
 
 mod common;
-use common::{compile_c_with, shim_dir, softrdma_bin, text, Down, DEVICE};
+use common::{compile_c_with, runtime_dir, shim_dir, softrdma_bin, text, up_on_free_port, Down, DEVICE};
 
 #[test]
 fn librdmacm_bad_calls_fail_with_the_kernels_errno_and_harm_nothing() {
@@ -22,17 +22,9 @@ fn librdmacm_bad_calls_fail_with_the_kernels_errno_and_harm_nothing() {
     let work = tempfile::Builder::new().prefix("softrdma-cm-bad-").tempdir().expect("temp dir");
     let bin = compile_c_with(&shim, "cm_bad_input", work.path(), &["-lrdmacm", "-lpthread"]);
 
-    let runtime = work.path().join("rt");
-    std::fs::create_dir(&runtime).expect("runtime dir");
-    std::fs::set_permissions(&runtime, std::os::unix::fs::PermissionsExt::from_mode(0o700)).expect("chmod");
+    let runtime = runtime_dir(work.path());
     let _down = Down { exe: &exe, runtime: &runtime };
-    let udp = std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr()).expect("free UDP port").port();
-    let o = Command::new(&exe)
-        .args(["up", DEVICE, "--addr", "127.0.0.1", "--port", &udp.to_string()])
-        .env("SOFTRDMA_RUNTIME_DIR", &runtime)
-        .output()
-        .expect("run softrdma up");
-    assert!(o.status.success(), "softrdma up failed:\n{}", text(&o));
+    up_on_free_port(&exe, &runtime);
 
     // An rdma_cm port: any number works (the reservations live in the private runtime dir).
     let port = 20000 + std::process::id() % 20000;

@@ -5,37 +5,26 @@
 //! on 127.0.0.1 with a free UDP port in a private runtime dir, runs the program until it is
 //! ready, stops the device (`softrdma down`), then lets the program go on.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{compile_c, down, shim_dir, softrdma_bin, text, Down, DEVICE};
+use common::{built_shim, compile_c, down, read_all, runtime_dir, text, up_on_free_port, wait_until, Down};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 #[test]
 fn device_gone_gives_device_fatal_and_clean_failures() {
-    let shim = shim_dir();
-    assert!(shim.join("libibverbs.so.1").is_file(), "the shim is not built: run scripts/build-shim.sh first");
-    let exe = softrdma_bin(&shim);
-    assert!(exe.is_file(), "{} is missing: scripts/build-shim.sh builds it", exe.display());
+    let (shim, exe) = built_shim();
 
     let work = tempfile::Builder::new().prefix("softrdma-gone-").tempdir().expect("temp dir");
     let bin = compile_c(&shim, "device_gone", work.path());
 
-    let runtime = work.path().join("rt");
-    std::fs::create_dir(&runtime).expect("runtime dir");
-    std::fs::set_permissions(&runtime, std::os::unix::fs::PermissionsExt::from_mode(0o700)).expect("chmod");
+    let runtime = runtime_dir(work.path());
     let _down = Down { exe: &exe, runtime: &runtime };
-    let port = std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr()).expect("free UDP port").port();
-    let o = Command::new(&exe)
-        .args(["up", DEVICE, "--addr", "127.0.0.1", "--port", &port.to_string()])
-        .env("SOFTRDMA_RUNTIME_DIR", &runtime)
-        .output()
-        .expect("run softrdma up");
-    assert!(o.status.success(), "softrdma up {DEVICE} --port {port} failed:\n{}", text(&o));
+    up_on_free_port(&exe, &runtime);
 
     let mut child = Command::new(&bin)
         .env("LD_LIBRARY_PATH", &shim)
@@ -58,12 +47,7 @@ fn device_gone_gives_device_fatal_and_clean_failures() {
         }
         all
     });
-    let mut err = child.stderr.take().expect("piped");
-    let t_err = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
+    let t_err = read_all(child.stderr.take().expect("piped"));
 
     let deadline = Instant::now() + TIMEOUT;
     let ready = loop {
@@ -79,26 +63,14 @@ fn device_gone_gives_device_fatal_and_clean_failures() {
         downed = format!("softrdma down: {} {}", o.status, text(&o).trim());
         let _ = child.stdin.take().expect("piped").write_all(b"\n");
     }
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait device_gone") {
-            break Some(s);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let (stdout, stderr) = (t_out.join().unwrap_or_default(), t_err.join().unwrap_or_default());
+    let (status, killed) = wait_until(&mut child, deadline);
+    let stdout = t_out.join().unwrap_or_default();
+    let stderr = String::from_utf8_lossy(&t_err.join().unwrap_or_default()).into_owned();
     let report = format!(
         "device_gone: {} ({downed})\n--- stdout ---\n{stdout}--- stderr ---\n{stderr}",
-        match status {
-            Some(s) => format!("exited with {s}"),
-            None => format!("killed after {TIMEOUT:?}"),
-        }
+        if killed { format!("killed after {TIMEOUT:?}") } else { format!("exited with {status}") }
     );
     assert!(ready, "the program never printed `ready`:\n{report}");
-    assert!(status.is_some_and(|s| s.success()), "{report}");
+    assert!(!killed && status.success(), "{report}");
     println!("{report}");
 }

@@ -34,7 +34,7 @@ use softrdma_engine::wire::Qpn;
 use softrdma_engine::wr::{RecvWr, SendOp, SendWr, Sge, UdDest};
 
 use crate::node::{simulate, DeviceNode};
-use crate::workload::{Op, Report, Workload, WorkloadError};
+use crate::workload::{count_naks_sent, Op, Report, Workload, WorkloadError};
 
 const OWNER: u32 = 1;
 const BASE: u64 = 0x10_0000;
@@ -364,12 +364,7 @@ pub fn run_service(w: &Workload, service: Service) -> Result<Report, WorkloadErr
     report.retries = c0.completer_retry_err;
     report.seq_naks_received = c0.rcvd_seq_err;
     report.ack_timeouts = c0.local_ack_timeout_err;
-    let (a, b) = (c0.naks_sent, c1.naks_sent);
-    report.naks_sent.insert("psn_sequence".into(), a.psn_sequence + b.psn_sequence);
-    report.naks_sent.insert("rnr".into(), c0.send_rnr_err + c1.send_rnr_err);
-    report.naks_sent.insert("invalid_request".into(), a.invalid_request + b.invalid_request);
-    report.naks_sent.insert("remote_access".into(), a.remote_access + b.remote_access);
-    report.naks_sent.insert("remote_operational".into(), a.remote_operational + b.remote_operational);
+    count_naks_sent(&mut report, &c0, &c1);
     match service {
         Service::Xrc { .. } => {
             let errs: u64 = report.completed_err.values().sum();

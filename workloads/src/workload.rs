@@ -87,6 +87,17 @@ impl Default for Workload {
     }
 }
 
+/// The NAKs the two devices sent, by kind (a PSN sequence error, RNR, invalid request, remote
+/// access and remote operational error), into `report.naks_sent`.
+pub(crate) fn count_naks_sent(report: &mut Report, c0: &Counters, c1: &Counters) {
+    let (a, b) = (c0.naks_sent, c1.naks_sent);
+    report.naks_sent.insert("psn_sequence".into(), a.psn_sequence + b.psn_sequence);
+    report.naks_sent.insert("rnr".into(), c0.send_rnr_err + c1.send_rnr_err);
+    report.naks_sent.insert("invalid_request".into(), a.invalid_request + b.invalid_request);
+    report.naks_sent.insert("remote_access".into(), a.remote_access + b.remote_access);
+    report.naks_sent.insert("remote_operational".into(), a.remote_operational + b.remote_operational);
+}
+
 /// What happened, checked against what was posted.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Report {
@@ -291,12 +302,7 @@ pub fn run(w: &Workload) -> Result<Report, WorkloadError> {
     report.seq_naks_received = c0.rcvd_seq_err + c1.rcvd_seq_err;
     report.ack_timeouts = c0.local_ack_timeout_err + c1.local_ack_timeout_err;
     report.icrc_dropped = c0.icrc_err + c1.icrc_err;
-    let (a, b) = (c0.naks_sent, c1.naks_sent);
-    report.naks_sent.insert("psn_sequence".into(), a.psn_sequence + b.psn_sequence);
-    report.naks_sent.insert("rnr".into(), c0.send_rnr_err + c1.send_rnr_err);
-    report.naks_sent.insert("invalid_request".into(), a.invalid_request + b.invalid_request);
-    report.naks_sent.insert("remote_access".into(), a.remote_access + b.remote_access);
-    report.naks_sent.insert("remote_operational".into(), a.remote_operational + b.remote_operational);
+    count_naks_sent(&mut report, &c0, &c1);
     if report.corrupted_delivered > 0 {
         report.violations.push(format!("{} completions delivered corrupted data", report.corrupted_delivered));
     }

@@ -34,8 +34,7 @@ fn sends_posted_in_error_complete_flushed() {
     let mut w = SendWr::new(5, SendOp::Send, vec![]);
     w.signaled = false;
     p.dev(A).post_send(a.qpn, w).unwrap();
-    let wa = p.poll(A, a.cq);
-    assert_eq!(wa.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), vec![(5, WcStatus::WrFlushErr)]);
+    assert_eq!(p.statuses(A, a.cq), vec![(5, WcStatus::WrFlushErr)]);
 }
 
 #[test]
@@ -53,11 +52,7 @@ fn a_receive_taken_by_a_message_in_progress_completes_flushed_when_the_qp_enters
     assert!(p.poll(B, b.cq).is_empty());
     let attr = softrdma_engine::device::QpAttr { qp_state: QpState::Err, ..Default::default() };
     p.dev(B).modify_qp(b.qpn, &attr, softrdma_engine::verbs::AttrMask::STATE).unwrap();
-    let wb = p.poll(B, b.cq);
-    assert_eq!(
-        wb.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
-        vec![(7, WcStatus::WrFlushErr), (8, WcStatus::WrFlushErr)]
-    );
+    assert_eq!(p.statuses(B, b.cq), vec![(7, WcStatus::WrFlushErr), (8, WcStatus::WrFlushErr)]);
 }
 
 #[test]

@@ -4,7 +4,7 @@
 //! verbs errors, QP states), [`retry`] (loss, duplicates, NAKs, RNR, retry counts) and [`window`]
 //! (the requester's window and ACKs); the helpers they share are here.
 
-use softrdma_conformance::pair::{Fate, Pair, RcOptions, Side, BASE};
+use softrdma_conformance::pair::{lose_first, Fate, Pair, RcOptions, Side, BASE};
 use softrdma_engine::device::{AsyncEvent, MAX_UNACKED_PSNS};
 use softrdma_engine::verbs::{Mtu, QpState, WcOpcode, WcStatus};
 use softrdma_engine::wire::{Opcode, Psn};

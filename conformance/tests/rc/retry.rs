@@ -11,15 +11,7 @@ fn one_psn_sequence_nak_per_gap_then_go_back_n() {
     p.fill(A, BASE, &msg);
     post_recv(&mut p, B, &b, 7, BASE + 0x10000, 8192);
     // Lose the first transmission of PSN 101 (the second of four packets).
-    let mut lost = false;
-    p.set_filter(move |s| {
-        if s.from == 0 && s.psn == Psn::new(101) && !lost {
-            lost = true;
-            Fate::Drop
-        } else {
-            Fate::Deliver
-        }
-    });
+    p.set_filter(lose_first(1, |s| s.from == 0 && s.psn == Psn::new(101)));
     send(&mut p, &a, 1, SendOp::Send, BASE, 4096);
     p.drive(STEPS);
     let naks: Vec<_> = p.log.iter().filter(|s| s.from == B && s.syndrome == Some(0x60)).collect();
@@ -39,15 +31,7 @@ fn c9_105_duplicate_send_is_reacked_not_redelivered() {
     post_recv(&mut p, B, &b, 7, BASE + 0x1000, 64);
     post_recv(&mut p, B, &b, 8, BASE + 0x2000, 64);
     // Lose B's first ACK: A times out and resends; B sees a duplicate.
-    let mut lost = false;
-    p.set_filter(move |s| {
-        if s.from == 1 && !lost {
-            lost = true;
-            Fate::Drop
-        } else {
-            Fate::Deliver
-        }
-    });
+    p.set_filter(lose_first(1, |s| s.from == 1));
     send(&mut p, &a, 1, SendOp::Send, BASE, 5);
     p.drive(STEPS);
     assert_eq!(p.sent(A), vec![Opcode::RC_SEND_ONLY, Opcode::RC_SEND_ONLY]);
@@ -77,12 +61,8 @@ fn retry_exhausted_is_retry_exc_err_and_the_rest_flush() {
     // One transmission plus retry_cnt retries of the first packet.
     let tries = p.log.iter().filter(|s| s.from == A && s.psn == Psn::new(100)).count();
     assert_eq!(tries, 3);
-    let wa = p.poll(A, a.cq);
     // Error and flush completions appear although the WRs were unsignaled.
-    assert_eq!(
-        wa.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
-        vec![(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]
-    );
+    assert_eq!(p.statuses(A, a.cq), vec![(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]);
     assert_eq!(p.a.query_qp(a.qpn).unwrap().0, QpState::Err);
     assert_eq!(p.a.counters().retry_exceeded_err, 1);
 }
@@ -114,11 +94,7 @@ fn rnr_retry_zero_exhausts_at_once() {
     send(&mut p, &a, 1, SendOp::Send, BASE, 4);
     send(&mut p, &a, 2, SendOp::Send, BASE, 4);
     p.drive(STEPS);
-    let wa = p.poll(A, a.cq);
-    assert_eq!(
-        wa.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
-        vec![(1, WcStatus::RnrRetryExcErr), (2, WcStatus::WrFlushErr)]
-    );
+    assert_eq!(p.statuses(A, a.cq), vec![(1, WcStatus::RnrRetryExcErr), (2, WcStatus::WrFlushErr)]);
 }
 
 #[test]
@@ -126,15 +102,7 @@ fn duplicate_atomic_is_replayed_not_reexecuted() {
     let (mut p, a, b) = setup(RcOptions { timeout: 10, ..RcOptions::default() });
     let target = BASE + 0x8000;
     // Lose the first atomic ACK: A resends the FETCH_ADD, B answers from its cache.
-    let mut lost = false;
-    p.set_filter(move |s| {
-        if s.from == 1 && s.opcode == Opcode::RC_ATOMIC_ACKNOWLEDGE && !lost {
-            lost = true;
-            Fate::Drop
-        } else {
-            Fate::Deliver
-        }
-    });
+    p.set_filter(lose_first(1, |s| s.from == 1 && s.opcode == Opcode::RC_ATOMIC_ACKNOWLEDGE));
     send(&mut p, &a, 1, SendOp::FetchAdd { remote_addr: target, rkey: b.mr.rkey, add: 1 }, BASE, 8);
     p.drive(STEPS);
     assert_eq!(p.sent(A), vec![Opcode::RC_FETCH_ADD, Opcode::RC_FETCH_ADD]);
@@ -154,23 +122,11 @@ fn a_read_response_after_a_lost_atomic_ack_is_an_implicit_nak() {
     let target = BASE + 0x8000;
     let data = pattern(1024, 7);
     p.fill(B, BASE + 0x40000, &data);
-    let mut lost = false;
-    p.set_filter(move |s| {
-        if s.from == B && s.opcode == Opcode::RC_ATOMIC_ACKNOWLEDGE && !lost {
-            lost = true;
-            Fate::Drop
-        } else {
-            Fate::Deliver
-        }
-    });
+    p.set_filter(lose_first(1, |s| s.from == B && s.opcode == Opcode::RC_ATOMIC_ACKNOWLEDGE));
     send(&mut p, &a, 1, SendOp::FetchAdd { remote_addr: target, rkey: b.mr.rkey, add: 1 }, BASE, 8);
     send(&mut p, &a, 2, SendOp::Read { remote_addr: BASE + 0x40000, rkey: b.mr.rkey }, BASE + 0x50000, 1024);
     p.drive(STEPS);
-    let wa = p.poll(A, a.cq);
-    assert_eq!(
-        wa.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
-        [(1, WcStatus::Success), (2, WcStatus::Success)]
-    );
+    assert_eq!(p.statuses(A, a.cq), [(1, WcStatus::Success), (2, WcStatus::Success)]);
     assert_eq!(u64::from_ne_bytes(p.read(B, target, 8).try_into().unwrap()), 1, "added once");
     assert_eq!(p.read(A, BASE + 0x50000, 1024), data);
     // Timeout 20 is 4.3 s: the resend came from the READ response, long before.
@@ -184,15 +140,7 @@ fn read_response_gap_is_an_implicit_nak_and_the_read_resumes() {
     let data = pattern(4096, 6);
     p.fill(B, BASE + 0x40000, &data);
     // Lose the second READ response packet once.
-    let mut lost = false;
-    p.set_filter(move |s| {
-        if s.from == 1 && s.opcode == Opcode::RC_RDMA_READ_RESPONSE_MIDDLE && !lost {
-            lost = true;
-            Fate::Drop
-        } else {
-            Fate::Deliver
-        }
-    });
+    p.set_filter(lose_first(1, |s| s.from == 1 && s.opcode == Opcode::RC_RDMA_READ_RESPONSE_MIDDLE));
     send(&mut p, &a, 1, SendOp::Read { remote_addr: BASE + 0x40000, rkey: b.mr.rkey }, BASE + 0x50000, 4096);
     p.drive(STEPS);
     assert_eq!(p.read(A, BASE + 0x50000, 4096), data);
@@ -203,43 +151,29 @@ fn read_response_gap_is_an_implicit_nak_and_the_read_resumes() {
     assert_eq!(p.poll(A, a.cq)[0].status, WcStatus::Success);
 }
 
-#[test]
-fn duplicate_read_is_reexecuted() {
+/// A 64-byte READ of `pattern(64, seed)` from B (ACK timeout 10) whose first `lost` packets from B
+/// are lost, run to quiescence; A read the pattern.
+fn read_losing_responses(seed: u8, lost: usize) -> (Pair, Side) {
     let (mut p, a, b) = setup(RcOptions { timeout: 10, ..RcOptions::default() });
-    p.fill(B, BASE + 0x40000, &pattern(64, 10));
-    let mut lost = false;
-    p.set_filter(move |s| {
-        if s.from == 1 && !lost {
-            lost = true;
-            Fate::Drop
-        } else {
-            Fate::Deliver
-        }
-    });
+    p.fill(B, BASE + 0x40000, &pattern(64, seed));
+    p.set_filter(lose_first(lost, |s| s.from == 1));
     send(&mut p, &a, 1, SendOp::Read { remote_addr: BASE + 0x40000, rkey: b.mr.rkey }, BASE + 0x50000, 64);
     p.drive(STEPS);
+    assert_eq!(p.read(A, BASE + 0x50000, 64), pattern(64, seed));
+    (p, a)
+}
+
+#[test]
+fn duplicate_read_is_reexecuted() {
+    let (p, _) = read_losing_responses(10, 1);
     assert_eq!(p.sent(B), vec![Opcode::RC_RDMA_READ_RESPONSE_ONLY, Opcode::RC_RDMA_READ_RESPONSE_ONLY]);
     assert_eq!(p.b.counters().duplicate_request, 1);
-    assert_eq!(p.read(A, BASE + 0x50000, 64), pattern(64, 10));
 }
 
 #[test]
 fn read_response_lost_twice_still_completes() {
-    let (mut p, a, b) = setup(RcOptions { timeout: 10, ..RcOptions::default() });
-    p.fill(B, BASE + 0x40000, &pattern(64, 11));
-    let mut lost = 0;
-    p.set_filter(move |s| {
-        if s.from == 1 && lost < 2 {
-            lost += 1;
-            Fate::Drop
-        } else {
-            Fate::Deliver
-        }
-    });
-    send(&mut p, &a, 1, SendOp::Read { remote_addr: BASE + 0x40000, rkey: b.mr.rkey }, BASE + 0x50000, 64);
-    p.drive(STEPS);
+    let (mut p, a) = read_losing_responses(11, 2);
     assert_eq!(p.sent(A).len(), 3);
-    assert_eq!(p.read(A, BASE + 0x50000, 64), pattern(64, 11));
     assert_eq!(p.poll(A, a.cq)[0].status, WcStatus::Success);
 }
 
@@ -284,11 +218,7 @@ fn nak_past_a_read_whose_responses_were_lost_resends_the_read() {
     p.drive(STEPS);
     assert_eq!(p.read(A, BASE + 0x50000, 64), pattern(64, 12));
     assert_eq!(p.read(B, BASE + 0x10000, 2048), pattern(2048, 13));
-    let wa = p.poll(A, a.cq);
-    assert_eq!(
-        wa.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
-        vec![(1, WcStatus::Success), (2, WcStatus::Success)]
-    );
+    assert_eq!(p.statuses(A, a.cq), vec![(1, WcStatus::Success), (2, WcStatus::Success)]);
     // Resolved without waiting for the ACK timeout (4.096 us x 2^16 = 268 ms).
     assert!(p.now.as_nanos() < 268_000_000, "took {}", p.now);
 }
@@ -313,16 +243,7 @@ fn drive_batched(
             let now = p.now;
             while let Some(t) = p.dev(from).poll_transmit(now, &mut buf) {
                 let bytes = buf[..t.len].to_vec();
-                let pkt = IbPacket::new_checked(&bytes[..]).expect("the engine emits well-formed packets");
-                let seen = Seen {
-                    from,
-                    at: now,
-                    opcode: pkt.opcode(),
-                    psn: pkt.bth().psn(),
-                    syndrome: pkt.aeth().map(|a| a.syndrome_byte()),
-                    ack_req: pkt.bth().ack_req(),
-                    bytes: bytes.clone(),
-                };
+                let seen = Seen::new(from, now, bytes.clone());
                 let lost = lose(&seen);
                 p.log.push(seen);
                 if !lost {
@@ -466,9 +387,7 @@ fn rnr_stream_outlives_retry_cnt(nak_delay: Option<softrdma_engine::time::Durati
         post_recv(&mut p, B, &b, 100 + i, BASE + 0x1000 + 64 * i, 64);
     }
     p.drive(STEPS);
-    let wa = p.poll(A, a.cq);
-    assert_eq!(wa.len(), 8);
-    assert!(wa.iter().all(|w| w.status == WcStatus::Success), "{wa:?}");
+    p.poll_successes(A, a.cq, 8);
 }
 
 #[test]
@@ -561,11 +480,7 @@ fn answers_to_duplicates_hold_no_responder_resource() {
     // Then all of it completes, each atomic executed once.
     deliver(&mut p, A, &out);
     p.drive(STEPS);
-    let wa = p.poll(A, a.cq);
-    assert_eq!(
-        wa.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
-        (1..=8).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>()
-    );
+    assert_eq!(p.statuses(A, a.cq), (1..=8).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>());
     assert_eq!(u64::from_ne_bytes(p.read(B, target, 8).try_into().unwrap()), 8, "each added once");
     let mut origs: Vec<u64> =
         (0..8).map(|i| u64::from_ne_bytes(p.read(A, BASE + 8 * i, 8).try_into().unwrap())).collect();

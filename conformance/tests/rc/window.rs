@@ -45,6 +45,44 @@ fn acks_are_coalesced_with_the_invalid_credit_code() {
     assert_eq!(p.poll(A, a.cq).len(), 8);
 }
 
+/// The WRITE of [`big_write`]: 1 MiB, PSNs 100..1123 at MTU 1024.
+const BIG_WRITE_LEN: usize = 1 << 20;
+/// Where the WRITE of [`big_write`] goes in B's memory.
+const BIG_WRITE_TARGET: u64 = BASE + 0x20_0000;
+
+/// A pair (ACK timeout 20: 4.3 s) whose A holds `pattern(BIG_WRITE_LEN, seed)` at `BASE`, for a
+/// [`send_big_write`]; the pattern is returned for [`check_big_write`].
+fn big_write(seed: u8) -> (Pair, Side, Side, Vec<u8>) {
+    let (mut p, a, b) = setup(RcOptions { timeout: 20, ..RcOptions::default() });
+    let msg = pattern(BIG_WRITE_LEN, seed);
+    p.fill(A, BASE, &msg);
+    (p, a, b, msg)
+}
+
+/// Posts the 1 MiB WRITE of A's pattern to `BIG_WRITE_TARGET` at B.
+fn send_big_write(p: &mut Pair, a: &Side, b: &Side) {
+    let op = SendOp::Write { remote_addr: BIG_WRITE_TARGET, rkey: b.mr.rkey };
+    send(p, a, 1, op, BASE, BIG_WRITE_LEN as u32);
+}
+
+/// The 1 MiB WRITE completed successfully and B holds `msg`.
+fn check_big_write(p: &mut Pair, a: &Side, msg: &[u8]) {
+    assert_eq!(p.poll(A, a.cq)[0].status, WcStatus::Success);
+    assert_eq!(p.read(B, BIG_WRITE_TARGET, BIG_WRITE_LEN), msg);
+}
+
+/// After a repair of losses: A received `seq_naks` PSN sequence NAKs (`what` says which) and went
+/// back `go_backs` times (counting the implicit NAKs), no ACK timeout expired, and the last
+/// packet went out within 100 ms, long before the 4.3 s ACK timer.
+fn check_repaired_without_ack_timeout(p: &Pair, seq_naks: u64, what: &str, go_backs: u64) {
+    let c = p.a.counters();
+    assert_eq!(c.rcvd_seq_err, seq_naks, "{what}");
+    assert_eq!(c.local_ack_timeout_err, 0, "no ACK timeout: {c:?}");
+    assert_eq!(c.completer_retry_err, go_backs);
+    let last = p.log.last().unwrap().at;
+    assert!(last.as_nanos() < 100_000_000, "done at {last}, not after the 4.3 s ACK timer");
+}
+
 #[test]
 fn requester_keeps_at_most_its_window_of_psns_unacknowledged() {
     // IBTA leaves the bound to the implementation; the device keeps MAX_UNACKED_PSNS (256,
@@ -52,15 +90,11 @@ fn requester_keeps_at_most_its_window_of_psns_unacknowledged() {
     // packets at MTU 1024) whose ACKs are lost goes out that many packets at a time, the last
     // of them asking for an ACK, and no further until an ACK arrives.
     let w = MAX_UNACKED_PSNS;
-    let (mut p, a, b) = setup(RcOptions { timeout: 20, ..RcOptions::default() });
-    let len = 1 << 20;
-    let msg = pattern(len, 9);
-    p.fill(A, BASE, &msg);
+    let (mut p, a, b, msg) = big_write(9);
     let acks_lost = std::rc::Rc::new(std::cell::Cell::new(true));
     let lost = acks_lost.clone();
     p.set_filter(move |s| if s.from == B && lost.get() { Fate::Drop } else { Fate::Deliver });
-    let target = BASE + 0x20_0000;
-    send(&mut p, &a, 1, SendOp::Write { remote_addr: target, rkey: b.mr.rkey }, BASE, len as u32);
+    send_big_write(&mut p, &a, &b);
     // Until the first ACK timeout has resent (since issue 21 it resends from the oldest PSN in a
     // window of 8, so a fixed number of steps would now cover more timeouts than retry_cnt).
     for _ in 0..600 {
@@ -85,8 +119,7 @@ fn requester_keeps_at_most_its_window_of_psns_unacknowledged() {
     assert!(sent_a.last().is_some_and(|s| s.psn == first + 7 && s.ack_req), "the small window asks for an ACK");
     acks_lost.set(false);
     p.drive(STEPS);
-    assert_eq!(p.poll(A, a.cq)[0].status, WcStatus::Success);
-    assert_eq!(p.read(B, target, len), msg);
+    check_big_write(&mut p, &a, &msg);
 }
 
 #[test]
@@ -135,10 +168,7 @@ fn the_window_in_flight_halves_with_each_loss_so_a_loss_resends_less() {
     // packets far apart (each sent first after the go-back before it) resends at most 256, 128, 64 and 32 packets for them (plus the window's
     // additive growth between losses, at most 200 / 8 = 25 PSNs each), where a fixed window
     // resends up to 255 for each.
-    let (mut p, a, b) = setup(RcOptions { timeout: 20, ..RcOptions::default() });
-    let len = 1 << 20;
-    let msg = pattern(len, 13);
-    p.fill(A, BASE, &msg);
+    let (mut p, a, b, msg) = big_write(13);
     let first = Psn::new(100);
     let mut dropped = Vec::new();
     p.set_filter(move |s| {
@@ -150,11 +180,9 @@ fn the_window_in_flight_halves_with_each_loss_so_a_loss_resends_less() {
             Fate::Deliver
         }
     });
-    let target = BASE + 0x20_0000;
-    send(&mut p, &a, 1, SendOp::Write { remote_addr: target, rkey: b.mr.rkey }, BASE, len as u32);
+    send_big_write(&mut p, &a, &b);
     p.drive(STEPS);
-    assert_eq!(p.poll(A, a.cq)[0].status, WcStatus::Success);
-    assert_eq!(p.read(B, target, len), msg);
+    check_big_write(&mut p, &a, &msg);
     assert_eq!(p.a.counters().rcvd_seq_err, 4, "each loss was NAKed");
     let resent = p.a.counters().retransmitted_pkts;
     let w = MAX_UNACKED_PSNS as u64;
@@ -169,10 +197,7 @@ fn the_window_in_flight_halves_with_each_loss_so_a_loss_resends_less() {
 /// `after_nak` decides the fate of B's packets after its sequence NAK. Returns the pair when the
 /// WRITE has completed, checked.
 fn window_stall(after_nak: impl FnMut(&softrdma_conformance::pair::Seen) -> Fate + 'static) -> Pair {
-    let (mut p, a, b) = setup(RcOptions { timeout: 20, ..RcOptions::default() });
-    let len = 1 << 20;
-    let msg = pattern(len, 17);
-    p.fill(A, BASE, &msg);
+    let (mut p, a, b, msg) = big_write(17);
     let first = Psn::new(100);
     let (mut lost, mut naked) = (false, false);
     let mut after_nak = after_nak;
@@ -189,11 +214,9 @@ fn window_stall(after_nak: impl FnMut(&softrdma_conformance::pair::Seen) -> Fate
         }
         Fate::Deliver
     });
-    let target = BASE + 0x20_0000;
-    send(&mut p, &a, 1, SendOp::Write { remote_addr: target, rkey: b.mr.rkey }, BASE, len as u32);
+    send_big_write(&mut p, &a, &b);
     p.drive(STEPS);
-    assert_eq!(p.poll(A, a.cq)[0].status, WcStatus::Success);
-    assert_eq!(p.read(B, target, len), msg);
+    check_big_write(&mut p, &a, &msg);
     p
 }
 
@@ -235,23 +258,14 @@ fn a_read_response_gap_right_behind_a_naked_send_resends_at_once() {
     send(&mut p, &a, 1, SendOp::Send, BASE, 2048);
     send(&mut p, &a, 2, SendOp::Read { remote_addr: BASE + 0x40000, rkey: b.mr.rkey }, BASE + 0x50000, 2048);
     p.drive(STEPS);
-    let wa = p.poll(A, a.cq);
-    assert_eq!(
-        wa.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
-        [(1, WcStatus::Success), (2, WcStatus::Success)]
-    );
+    assert_eq!(p.statuses(A, a.cq), [(1, WcStatus::Success), (2, WcStatus::Success)]);
     assert_eq!(p.read(B, BASE + 0x1000, 2048), msg);
     assert_eq!(p.read(A, BASE + 0x50000, 2048), data);
     // The READ was asked for twice: the resend the NAK started, and the implicit NAK's.
     let reads = p.log.iter().filter(|s| s.from == A && s.opcode == Opcode::RC_RDMA_READ_REQUEST).count();
     assert_eq!(reads, 3, "the first READ request, the NAK's resend, the implicit NAK's");
-    let c = p.a.counters();
-    assert_eq!(c.rcvd_seq_err, 1);
-    assert_eq!(c.local_ack_timeout_err, 0, "no ACK timeout: {c:?}");
-    // The NAK's go-back and the implicit NAK's.
-    assert_eq!(c.completer_retry_err, 2);
-    let last = p.log.last().unwrap().at;
-    assert!(last.as_nanos() < 100_000_000, "done at {last}, not after the 4.3 s ACK timer");
+    // One sequence NAK; two go-backs: the NAK's and the implicit NAK's.
+    check_repaired_without_ack_timeout(&p, 1, "the lost SEND packet was NAKed", 2);
 }
 
 #[test]
@@ -264,22 +278,9 @@ fn a_window_whose_acks_are_all_lost_is_probed_not_left_to_the_ack_timer() {
     // about two round trips, the next packet in PSN order goes out beyond the window asking for
     // an ACK, and the responder's ACK for it covers the window. Here both ACKs answering the
     // resent window (PSNs 200..327, AckReq on 263 and 327: see window_stall) are lost.
-    let mut dropped = 0;
-    let p = window_stall(move |s| {
-        if s.from == B && s.syndrome == Some(0x1f) && dropped < 2 {
-            dropped += 1;
-            Fate::Drop
-        } else {
-            Fate::Deliver
-        }
-    });
-    let c = p.a.counters();
-    assert_eq!(c.rcvd_seq_err, 1, "the loss was NAKed");
-    assert_eq!(c.local_ack_timeout_err, 0, "no ACK timeout: {c:?}");
+    let p = window_stall(lose_first(2, |s| s.from == B && s.syndrome == Some(0x1f)));
     // completer_retry_err counts every go-back: the NAK's only.
-    assert_eq!(c.completer_retry_err, 1);
-    let last = p.log.last().unwrap().at;
-    assert!(last.as_nanos() < 100_000_000, "done at {last}, not after the 4.3 s ACK timer");
+    check_repaired_without_ack_timeout(&p, 1, "the loss was NAKed", 1);
     // The probe: the packet after the window's last one (it had gone out once before the NAK,
     // in the first window), asking for an ACK, sent once more.
     let probe = Psn::new(100 + 100 + MAX_UNACKED_PSNS as u32 / 2);
@@ -313,12 +314,7 @@ fn a_window_whose_last_packet_is_lost_is_probed_into_a_sequence_nak() {
             Fate::Deliver
         }
     });
-    let c = p.a.counters();
-    assert_eq!(c.rcvd_seq_err, 2, "the first loss and the lost tail were NAKed");
-    assert_eq!(c.local_ack_timeout_err, 0, "no ACK timeout: {c:?}");
-    assert_eq!(c.completer_retry_err, 2);
-    let last = p.log.last().unwrap().at;
-    assert!(last.as_nanos() < 100_000_000, "done at {last}, not after the 4.3 s ACK timer");
+    check_repaired_without_ack_timeout(&p, 2, "the first loss and the lost tail were NAKed", 2);
 }
 
 #[test]
@@ -348,8 +344,6 @@ fn after_an_rnr_nak_the_resend_starts_small_and_the_window_comes_back() {
         post_recv(&mut p, B, &b, 100 + i, BASE + 0x2000 + 64 * i, 64);
     }
     p.drive(STEPS);
-    let wa = p.poll(A, a.cq);
-    assert_eq!(wa.len(), 128);
-    assert!(wa.iter().all(|w| w.status == WcStatus::Success), "{wa:?}");
+    p.poll_successes(A, a.cq, 128);
     assert_eq!(p.poll(B, b.cq).len(), 128);
 }

@@ -6,7 +6,7 @@
 
 use core::fmt;
 
-use super::{be, Result};
+use super::be;
 
 enum_with_unknown! {
     /// The NAK code of a NAK syndrome (IBTA Vol 1 table 43).
@@ -199,55 +199,17 @@ pub struct Repr {
     pub msn: Msn,
 }
 
-impl Repr {
-    /// Reads an AETH.
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Packet<&T>) -> Result<Repr> {
-        p.check_len()?;
-        Ok(Repr { syndrome: p.syndrome(), msn: p.msn() })
-    }
-    /// Bytes the header takes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
-    }
-    /// Writes the AETH.
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut Packet<T>) {
-        p.set_syndrome(self.syndrome);
-        p.set_msn(self.msn);
-    }
-}
+fixed_header_repr!("an AETH"; syndrome / set_syndrome, msn / set_msn);
 
 #[cfg(test)]
 mod test {
     use super::*;
 
-    // The AETH of golden packet g3: NAK, PSN sequence error, MSN 3.
-    static HEADER_BYTES: [u8; 4] = [0x60, 0, 0, 3];
-    const REPR: Repr = Repr { syndrome: Syndrome::Nak(NakCode::PsnSequenceError), msn: Msn::new(3) };
-
-    #[test]
-    fn deconstruct() {
-        let p = Packet::new_checked(&HEADER_BYTES[..]).unwrap();
-        assert_eq!(p.syndrome(), Syndrome::Nak(NakCode::PsnSequenceError));
-        assert_eq!(p.msn(), Msn::new(3));
-    }
-    #[test]
-    fn construct() {
-        let mut b = [0u8; 4];
-        let mut p = Packet::new_unchecked(&mut b[..]);
-        p.set_syndrome(Syndrome::Nak(NakCode::PsnSequenceError));
-        p.set_msn(Msn::new(3));
-        assert_eq!(b, HEADER_BYTES);
-    }
-    #[test]
-    fn parse() {
-        assert_eq!(Repr::parse(&Packet::new_checked(&HEADER_BYTES[..]).unwrap()), Ok(REPR));
-        assert!(Packet::new_checked(&HEADER_BYTES[..3]).is_err());
-    }
-    #[test]
-    fn emit() {
-        let mut b = [0u8; 4];
-        REPR.emit(&mut Packet::new_unchecked(&mut b[..]));
-        assert_eq!(b, HEADER_BYTES);
+    fixed_header_tests! {
+        /// The AETH of golden packet g3: NAK, PSN sequence error, MSN 3.
+        static HEADER_BYTES = [0x60, 0, 0, 3];
+        syndrome / set_syndrome = Syndrome::Nak(NakCode::PsnSequenceError),
+        msn / set_msn = Msn::new(3),
     }
 
     #[test]

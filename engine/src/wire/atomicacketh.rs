@@ -1,7 +1,7 @@
 //! The Atomic Acknowledge Extended Transport Header (IBTA Vol 1 9.3.6): the original value at
 //! the target of an atomic operation.
 
-use super::{be, Result};
+use super::be;
 
 mod field {
     use super::super::Field;
@@ -31,48 +31,14 @@ pub struct Repr {
     pub orig_rem_data: u64,
 }
 
-impl Repr {
-    /// Reads an AtomicAckETH.
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Packet<&T>) -> Result<Repr> {
-        p.check_len()?;
-        Ok(Repr { orig_rem_data: p.orig_rem_data() })
-    }
-    /// Bytes the header takes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
-    }
-    /// Writes the AtomicAckETH.
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut Packet<T>) {
-        p.set_orig_rem_data(self.orig_rem_data);
-    }
-}
+fixed_header_repr!("an AtomicAckETH"; orig_rem_data / set_orig_rem_data);
 
 #[cfg(test)]
 mod test {
     use super::*;
 
-    static HEADER_BYTES: [u8; 8] = [0, 0, 0, 0, 0, 0, 0x22, 0x22];
-    const REPR: Repr = Repr { orig_rem_data: 0x2222 };
-
-    #[test]
-    fn deconstruct() {
-        assert_eq!(Packet::new_checked(&HEADER_BYTES[..]).unwrap().orig_rem_data(), 0x2222);
-    }
-    #[test]
-    fn construct() {
-        let mut b = [0xffu8; 8];
-        Packet::new_unchecked(&mut b[..]).set_orig_rem_data(0x2222);
-        assert_eq!(b, HEADER_BYTES);
-    }
-    #[test]
-    fn parse() {
-        assert_eq!(Repr::parse(&Packet::new_checked(&HEADER_BYTES[..]).unwrap()), Ok(REPR));
-        assert!(Packet::new_checked(&HEADER_BYTES[..7]).is_err());
-    }
-    #[test]
-    fn emit() {
-        let mut b = [0u8; 8];
-        REPR.emit(&mut Packet::new_unchecked(&mut b[..]));
-        assert_eq!(b, HEADER_BYTES);
+    fixed_header_tests! {
+        static HEADER_BYTES = [0, 0, 0, 0, 0, 0, 0x22, 0x22];
+        orig_rem_data / set_orig_rem_data = 0x2222,
     }
 }

@@ -1,7 +1,7 @@
 //! The Atomic Extended Transport Header (IBTA Vol 1 9.3.4): target and operands of
 //! CMP_SWAP and FETCH_ADD.
 
-use super::{be, Result};
+use super::be;
 
 mod field {
     use super::super::Field;
@@ -64,58 +64,20 @@ pub struct Repr {
     pub compare: u64,
 }
 
-impl Repr {
-    /// Reads an AtomicETH.
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Packet<&T>) -> Result<Repr> {
-        p.check_len()?;
-        Ok(Repr { va: p.va(), rkey: p.rkey(), swap_add: p.swap_add(), compare: p.compare() })
-    }
-    /// Bytes the header takes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
-    }
-    /// Writes the AtomicETH.
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut Packet<T>) {
-        p.set_va(self.va);
-        p.set_rkey(self.rkey);
-        p.set_swap_add(self.swap_add);
-        p.set_compare(self.compare);
-    }
-}
+fixed_header_repr!("an AtomicETH"; va / set_va, rkey / set_rkey, swap_add / set_swap_add, compare / set_compare);
 
 #[cfg(test)]
 mod test {
     use super::*;
 
-    // The AtomicETH of coverage.pcap frame 7 (CMP_SWAP va 0x3000 rkey 0x66 swap 0x1111 cmp 0x2222).
-    static HEADER_BYTES: [u8; 28] =
-        [0, 0, 0, 0, 0, 0, 0x30, 0, 0, 0, 0, 0x66, 0, 0, 0, 0, 0, 0, 0x11, 0x11, 0, 0, 0, 0, 0, 0, 0x22, 0x22];
-    const REPR: Repr = Repr { va: 0x3000, rkey: 0x66, swap_add: 0x1111, compare: 0x2222 };
-
-    #[test]
-    fn deconstruct() {
-        let p = Packet::new_checked(&HEADER_BYTES[..]).unwrap();
-        assert_eq!((p.va(), p.rkey(), p.swap_add(), p.compare()), (0x3000, 0x66, 0x1111, 0x2222));
-    }
-    #[test]
-    fn construct() {
-        let mut b = [0u8; 28];
-        let mut p = Packet::new_unchecked(&mut b[..]);
-        p.set_va(0x3000);
-        p.set_rkey(0x66);
-        p.set_swap_add(0x1111);
-        p.set_compare(0x2222);
-        assert_eq!(b, HEADER_BYTES);
-    }
-    #[test]
-    fn parse() {
-        assert_eq!(Repr::parse(&Packet::new_checked(&HEADER_BYTES[..]).unwrap()), Ok(REPR));
-        assert!(Packet::new_checked(&HEADER_BYTES[..27]).is_err());
-    }
-    #[test]
-    fn emit() {
-        let mut b = [0u8; 28];
-        REPR.emit(&mut Packet::new_unchecked(&mut b[..]));
-        assert_eq!(b, HEADER_BYTES);
+    fixed_header_tests! {
+        /// The AtomicETH of coverage.pcap frame 7 (CMP_SWAP va 0x3000 rkey 0x66 swap 0x1111 cmp 0x2222).
+        static HEADER_BYTES = [
+            0, 0, 0, 0, 0, 0, 0x30, 0, 0, 0, 0, 0x66, 0, 0, 0, 0, 0, 0, 0x11, 0x11, 0, 0, 0, 0, 0, 0, 0x22, 0x22,
+        ];
+        va / set_va = 0x3000,
+        rkey / set_rkey = 0x66,
+        swap_add / set_swap_add = 0x1111,
+        compare / set_compare = 0x2222,
     }
 }

@@ -193,6 +193,26 @@ pub struct Repr {
 }
 
 impl Repr {
+    /// A BTH for `opcode` to `dest_qp` at `psn`, every other field at its everyday value: the
+    /// default partition key 0xFFFF, TVer 0, no pad, and no flag set (SE, MigReq, FECN, BECN,
+    /// AckReq). Change the others with struct update syntax:
+    /// `Repr { ack_req: true, ..Repr::new(opcode, dest_qp, psn) }`.
+    pub const fn new(opcode: Opcode, dest_qp: Qpn, psn: Psn) -> Repr {
+        Repr {
+            opcode,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            tver: 0,
+            pkey: 0xffff,
+            fecn: false,
+            becn: false,
+            dest_qp,
+            ack_req: false,
+            psn,
+        }
+    }
+
     /// Reads a BTH.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
         packet.check_len()?;
@@ -237,19 +257,7 @@ mod test {
     static HEADER_BYTES: [u8; 12] = [0x64, 0xa0, 0xff, 0xff, 0x00, 0x00, 0x00, 0x45, 0x00, 0x00, 0x00, 0x10];
 
     fn repr() -> Repr {
-        Repr {
-            opcode: Opcode::UD_SEND_ONLY,
-            solicited: true,
-            mig_req: false,
-            pad_count: 2,
-            tver: 0,
-            pkey: 0xffff,
-            fecn: false,
-            becn: false,
-            dest_qp: Qpn::new(0x45),
-            ack_req: false,
-            psn: Psn::new(16),
-        }
+        Repr { solicited: true, pad_count: 2, ..Repr::new(Opcode::UD_SEND_ONLY, Qpn::new(0x45), Psn::new(16)) }
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The Datagram Extended Transport Header (IBTA Vol 1 9.3.2): Q_Key and source QP of a UD packet.
 
-use super::{be, Qpn, Result};
+use super::{be, Qpn};
 
 mod field {
     use super::super::Field;
@@ -43,53 +43,16 @@ pub struct Repr {
     pub src_qp: Qpn,
 }
 
-impl Repr {
-    /// Reads a DETH.
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Packet<&T>) -> Result<Repr> {
-        p.check_len()?;
-        Ok(Repr { qkey: p.qkey(), src_qp: p.src_qp() })
-    }
-    /// Bytes the header takes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
-    }
-    /// Writes the DETH.
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut Packet<T>) {
-        p.set_qkey(self.qkey);
-        p.set_src_qp(self.src_qp);
-    }
-}
+fixed_header_repr!("a DETH"; qkey / set_qkey, src_qp / set_src_qp);
 
 #[cfg(test)]
 mod test {
     use super::*;
 
-    // The DETH of golden packet g4.
-    static HEADER_BYTES: [u8; 8] = [0x11, 0x11, 0x11, 0x11, 0, 0, 0, 0x46];
-    const REPR: Repr = Repr { qkey: 0x1111_1111, src_qp: Qpn::new(0x46) };
-
-    #[test]
-    fn deconstruct() {
-        let p = Packet::new_checked(&HEADER_BYTES[..]).unwrap();
-        assert_eq!((p.qkey(), p.src_qp()), (0x1111_1111, Qpn::new(0x46)));
-    }
-    #[test]
-    fn construct() {
-        let mut b = [0xffu8; 8];
-        let mut p = Packet::new_unchecked(&mut b[..]);
-        p.set_qkey(0x1111_1111);
-        p.set_src_qp(Qpn::new(0x46));
-        assert_eq!(b, HEADER_BYTES);
-    }
-    #[test]
-    fn parse() {
-        assert_eq!(Repr::parse(&Packet::new_checked(&HEADER_BYTES[..]).unwrap()), Ok(REPR));
-        assert!(Packet::new_checked(&HEADER_BYTES[..7]).is_err());
-    }
-    #[test]
-    fn emit() {
-        let mut b = [0u8; 8];
-        REPR.emit(&mut Packet::new_unchecked(&mut b[..]));
-        assert_eq!(b, HEADER_BYTES);
+    fixed_header_tests! {
+        /// The DETH of golden packet g4.
+        static HEADER_BYTES = [0x11, 0x11, 0x11, 0x11, 0, 0, 0, 0x46];
+        qkey / set_qkey = 0x1111_1111,
+        src_qp / set_src_qp = Qpn::new(0x46),
     }
 }

@@ -2,7 +2,7 @@
 
 use core::fmt;
 
-use super::{be, Error, Field, Rest, Result};
+use super::{be, Field, Rest, Result};
 
 /// A 48-bit Ethernet MAC address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
@@ -61,39 +61,9 @@ mod field {
 /// Length of the Ethernet II header.
 pub const HEADER_LEN: usize = field::PAYLOAD.start;
 
-/// A view of an Ethernet II frame.
-#[derive(Debug, PartialEq, Eq, Clone)]
-pub struct Frame<T: AsRef<[u8]>> {
-    buffer: T,
-}
+header_view!(Frame, HEADER_LEN, "Ethernet header", "the 14-byte header", "A view of an Ethernet II frame.");
 
 impl<T: AsRef<[u8]>> Frame<T> {
-    /// Wraps a buffer without checking its length.
-    pub const fn new_unchecked(buffer: T) -> Frame<T> {
-        Frame { buffer }
-    }
-
-    /// Wraps a buffer after checking that it holds the header.
-    pub fn new_checked(buffer: T) -> Result<Frame<T>> {
-        let f = Self::new_unchecked(buffer);
-        f.check_len()?;
-        Ok(f)
-    }
-
-    /// Checks that the buffer holds the 14-byte header.
-    pub fn check_len(&self) -> Result<()> {
-        if self.buffer.as_ref().len() < HEADER_LEN {
-            Err(Error::Truncated("Ethernet header"))
-        } else {
-            Ok(())
-        }
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
     /// The destination address.
     pub fn dst_addr(&self) -> Address {
         Address::from_bytes(&self.buffer.as_ref()[field::DESTINATION])
@@ -173,6 +143,7 @@ impl Repr {
 #[cfg(test)]
 mod test {
     use super::*;
+    use crate::wire::Error;
 
     static FRAME_BYTES: [u8; 18] =
         [0x02, 0x00, 0x00, 0x00, 0x00, 0x02, 0x02, 0x00, 0x00, 0x00, 0x00, 0x01, 0x08, 0x00, 0xaa, 0xbb, 0xcc, 0xdd];

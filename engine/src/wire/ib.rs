@@ -10,25 +10,9 @@ use super::{
     OpcodeInfo, Result,
 };
 
-/// A view of an IB transport packet (BTH through ICRC).
-#[derive(Debug, PartialEq, Eq, Clone)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
-}
+packet_view!(Packet, "A view of an IB transport packet (BTH through ICRC).");
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Wraps a buffer without checking it.
-    pub const fn new_unchecked(buffer: T) -> Packet<T> {
-        Packet { buffer }
-    }
-
-    /// Wraps a buffer after [`check_len`](Self::check_len).
-    pub fn new_checked(buffer: T) -> Result<Packet<T>> {
-        let p = Self::new_unchecked(buffer);
-        p.check_len()?;
-        Ok(p)
-    }
-
     /// Checks the layout: the BTH, every extension header of the opcode and the ICRC are present;
     /// the pad count fits the payload; opcodes without payload carry none; the length is a
     /// multiple of 4 (IBTA 9.2.3: the pad aligns the payload to 4 bytes, every header is a
@@ -73,11 +57,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
         Ok(())
     }
 
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
     /// The BTH.
     pub fn bth(&self) -> bth::Packet<&[u8]> {
         bth::Packet::new_unchecked(self.buffer.as_ref())
@@ -111,43 +90,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
     fn header_in(&self, info: &OpcodeInfo, h: Headers) -> Option<&[u8]> {
         let start = bth::HEADER_LEN + info.offset_of(h)?;
         Some(&self.buffer.as_ref()[start..start + h.header_len()])
-    }
-
-    /// The RDETH, if present.
-    pub fn rdeth(&self) -> Option<rdeth::Packet<&[u8]>> {
-        self.header(Headers::RDETH).map(rdeth::Packet::new_unchecked)
-    }
-    /// The DETH, if present.
-    pub fn deth(&self) -> Option<deth::Packet<&[u8]>> {
-        self.header(Headers::DETH).map(deth::Packet::new_unchecked)
-    }
-    /// The XRCETH, if present.
-    pub fn xrceth(&self) -> Option<xrceth::Packet<&[u8]>> {
-        self.header(Headers::XRCETH).map(xrceth::Packet::new_unchecked)
-    }
-    /// The RETH, if present.
-    pub fn reth(&self) -> Option<reth::Packet<&[u8]>> {
-        self.header(Headers::RETH).map(reth::Packet::new_unchecked)
-    }
-    /// The AtomicETH, if present.
-    pub fn atomiceth(&self) -> Option<atomiceth::Packet<&[u8]>> {
-        self.header(Headers::ATOMICETH).map(atomiceth::Packet::new_unchecked)
-    }
-    /// The AETH, if present.
-    pub fn aeth(&self) -> Option<aeth::Packet<&[u8]>> {
-        self.header(Headers::AETH).map(aeth::Packet::new_unchecked)
-    }
-    /// The AtomicAckETH, if present.
-    pub fn atomicacketh(&self) -> Option<atomicacketh::Packet<&[u8]>> {
-        self.header(Headers::ATOMICACKETH).map(atomicacketh::Packet::new_unchecked)
-    }
-    /// The ImmDt, if present.
-    pub fn immdt(&self) -> Option<immdt::Packet<&[u8]>> {
-        self.header(Headers::IMMDT).map(immdt::Packet::new_unchecked)
-    }
-    /// The IETH, if present.
-    pub fn ieth(&self) -> Option<ieth::Packet<&[u8]>> {
-        self.header(Headers::IETH).map(ieth::Packet::new_unchecked)
     }
 
     fn payload_end(&self) -> usize {
@@ -195,6 +137,66 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         let n = b.len() - icrc::LEN;
         b[n..].copy_from_slice(&crc.to_le_bytes());
     }
+}
+
+/// The nine extension headers, in wire order, each as the name of its module (and of the view's
+/// getter and the `Repr`'s field), its [`Headers`] flag and its name in the docs: the view's
+/// getters and the `Repr`'s part of `parse`, `headers` and `emit`, one header at a time.
+macro_rules! extension_headers {
+    ($( $h:ident: $flag:ident, $name:literal; )+) => {
+        impl<T: AsRef<[u8]>> Packet<T> {
+            $(
+                #[doc = concat!("The ", $name, ", if present.")]
+                pub fn $h(&self) -> Option<$h::Packet<&[u8]>> {
+                    self.header(Headers::$flag).map($h::Packet::new_unchecked)
+                }
+            )+
+        }
+
+        impl Repr {
+            /// Reads each extension header `info` names from the packet (checked: each is there).
+            fn parse_extension_headers<T: AsRef<[u8]>>(&mut self, p: &Packet<T>, info: &OpcodeInfo) -> Result<()> {
+                $(
+                    self.$h = p.header_in(info, Headers::$flag)
+                        .map(|b| $h::Repr::parse(&$h::Packet::new_unchecked(b)))
+                        .transpose()?;
+                )+
+                Ok(())
+            }
+
+            /// The extension headers present in this repr.
+            fn extension_headers(&self) -> Headers {
+                let mut h = Headers::NONE;
+                $(
+                    if self.$h.is_some() {
+                        h = h.union(Headers::$flag);
+                    }
+                )+
+                h
+            }
+
+            /// Writes each extension header present at its offset, `at(flag)`, in `buf`.
+            fn emit_extension_headers(&self, buf: &mut [u8], at: impl Fn(Headers) -> usize) {
+                $(
+                    if let Some(x) = self.$h {
+                        x.emit(&mut $h::Packet::new_unchecked(&mut buf[at(Headers::$flag)..]));
+                    }
+                )+
+            }
+        }
+    };
+}
+
+extension_headers! {
+    rdeth: RDETH, "RDETH";
+    deth: DETH, "DETH";
+    xrceth: XRCETH, "XRCETH";
+    reth: RETH, "RETH";
+    atomiceth: ATOMICETH, "AtomicETH";
+    aeth: AETH, "AETH";
+    atomicacketh: ATOMICACKETH, "AtomicAckETH";
+    immdt: IMMDT, "ImmDt";
+    ieth: IETH, "IETH";
 }
 
 /// An IB transport packet's headers as values, and the payload length.
@@ -256,44 +258,17 @@ impl Repr {
             return Ok(r);
         };
         // Each header the opcode carries is present: check_len saw to it.
-        let hdr = |h: Headers| p.header_in(info, h);
-        r.rdeth = hdr(Headers::RDETH).map(|b| rdeth::Repr::parse(&rdeth::Packet::new_unchecked(b))).transpose()?;
-        r.deth = hdr(Headers::DETH).map(|b| deth::Repr::parse(&deth::Packet::new_unchecked(b))).transpose()?;
-        r.xrceth = hdr(Headers::XRCETH).map(|b| xrceth::Repr::parse(&xrceth::Packet::new_unchecked(b))).transpose()?;
-        r.reth = hdr(Headers::RETH).map(|b| reth::Repr::parse(&reth::Packet::new_unchecked(b))).transpose()?;
-        r.atomiceth = hdr(Headers::ATOMICETH)
-            .map(|b| atomiceth::Repr::parse(&atomiceth::Packet::new_unchecked(b)))
-            .transpose()?;
-        r.aeth = hdr(Headers::AETH).map(|b| aeth::Repr::parse(&aeth::Packet::new_unchecked(b))).transpose()?;
-        r.atomicacketh = hdr(Headers::ATOMICACKETH)
-            .map(|b| atomicacketh::Repr::parse(&atomicacketh::Packet::new_unchecked(b)))
-            .transpose()?;
-        r.immdt = hdr(Headers::IMMDT).map(|b| immdt::Repr::parse(&immdt::Packet::new_unchecked(b))).transpose()?;
-        r.ieth = hdr(Headers::IETH).map(|b| ieth::Repr::parse(&ieth::Packet::new_unchecked(b))).transpose()?;
+        r.parse_extension_headers(p, info)?;
         Ok(r)
     }
 
     /// The extension headers this repr holds.
     pub fn headers(&self) -> Headers {
-        let mut h = Headers::NONE;
-        let mut add = |present: bool, x: Headers| {
-            if present {
-                h = h.union(x);
-            }
-        };
-        add(self.rdeth.is_some(), Headers::RDETH);
-        add(self.deth.is_some(), Headers::DETH);
-        add(self.xrceth.is_some(), Headers::XRCETH);
-        add(self.reth.is_some(), Headers::RETH);
-        add(self.atomiceth.is_some(), Headers::ATOMICETH);
-        add(self.aeth.is_some(), Headers::AETH);
-        add(self.atomicacketh.is_some(), Headers::ATOMICACKETH);
-        add(self.immdt.is_some(), Headers::IMMDT);
-        add(self.ieth.is_some(), Headers::IETH);
-        if let Some(i) = self.bth.opcode.info() {
-            add(i.headers.contains(Headers::CNP_RESERVED), Headers::CNP_RESERVED);
+        let h = self.extension_headers();
+        match self.bth.opcode.info() {
+            Some(i) if i.headers.contains(Headers::CNP_RESERVED) => h.union(Headers::CNP_RESERVED),
+            _ => h,
         }
-        h
     }
 
     /// Checks that the headers are the ones the opcode carries, that a payload appears only where
@@ -341,33 +316,7 @@ impl Repr {
         self.bth.emit(&mut bth::Packet::new_unchecked(&mut buf[..]));
         let headers = self.headers();
         let at = |h: Headers| bth::HEADER_LEN + headers.offset_of(h).unwrap_or(0);
-        if let Some(x) = self.rdeth {
-            x.emit(&mut rdeth::Packet::new_unchecked(&mut buf[at(Headers::RDETH)..]));
-        }
-        if let Some(x) = self.deth {
-            x.emit(&mut deth::Packet::new_unchecked(&mut buf[at(Headers::DETH)..]));
-        }
-        if let Some(x) = self.xrceth {
-            x.emit(&mut xrceth::Packet::new_unchecked(&mut buf[at(Headers::XRCETH)..]));
-        }
-        if let Some(x) = self.reth {
-            x.emit(&mut reth::Packet::new_unchecked(&mut buf[at(Headers::RETH)..]));
-        }
-        if let Some(x) = self.atomiceth {
-            x.emit(&mut atomiceth::Packet::new_unchecked(&mut buf[at(Headers::ATOMICETH)..]));
-        }
-        if let Some(x) = self.aeth {
-            x.emit(&mut aeth::Packet::new_unchecked(&mut buf[at(Headers::AETH)..]));
-        }
-        if let Some(x) = self.atomicacketh {
-            x.emit(&mut atomicacketh::Packet::new_unchecked(&mut buf[at(Headers::ATOMICACKETH)..]));
-        }
-        if let Some(x) = self.immdt {
-            x.emit(&mut immdt::Packet::new_unchecked(&mut buf[at(Headers::IMMDT)..]));
-        }
-        if let Some(x) = self.ieth {
-            x.emit(&mut ieth::Packet::new_unchecked(&mut buf[at(Headers::IETH)..]));
-        }
+        self.emit_extension_headers(buf, at);
         if headers.contains(Headers::CNP_RESERVED) {
             let o = at(Headers::CNP_RESERVED);
             buf[o..o + CNP_RESERVED_LEN].fill(0);
@@ -393,19 +342,7 @@ mod test {
     }
 
     fn g2_repr() -> Repr {
-        let mut r = Repr::new(bth::Repr {
-            opcode: Opcode::RC_RDMA_WRITE_FIRST,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            tver: 0,
-            pkey: 0xffff,
-            fecn: false,
-            becn: false,
-            dest_qp: Qpn::new(0x12),
-            ack_req: false,
-            psn: Psn::new(2),
-        });
+        let mut r = Repr::new(bth::Repr::new(Opcode::RC_RDMA_WRITE_FIRST, Qpn::new(0x12), Psn::new(2)));
         r.reth = Some(reth::Repr { va: 0x7f00_1234_5000, rkey: 0xabcd, dma_len: 8192 });
         r.payload_len = 64;
         r

@@ -37,25 +37,9 @@ mod field {
 /// Length of an IPv4 header without options.
 pub const HEADER_LEN: usize = field::DST_ADDR.end;
 
-/// A view of an IPv4 packet.
-#[derive(Debug, PartialEq, Eq, Clone)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
-}
+packet_view!(Packet, "A view of an IPv4 packet.");
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Wraps a buffer without checking it.
-    pub const fn new_unchecked(buffer: T) -> Packet<T> {
-        Packet { buffer }
-    }
-
-    /// Wraps a buffer after [`check_len`](Self::check_len).
-    pub fn new_checked(buffer: T) -> Result<Packet<T>> {
-        let p = Self::new_unchecked(buffer);
-        p.check_len()?;
-        Ok(p)
-    }
-
     /// Checks that the header (with options) is present and sane, without requiring the
     /// payload: enough to read every header field, not [`payload`](Packet::payload).
     pub fn check_header_len(&self) -> Result<()> {
@@ -82,11 +66,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
             return Err(Error::Truncated("IPv4 packet"));
         }
         Ok(())
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
     }
 
     /// The version field (4 for IPv4).

@@ -18,25 +18,9 @@ mod field {
 /// Length of the IPv6 fixed header (and of the GRH).
 pub const HEADER_LEN: usize = field::DST_ADDR.end;
 
-/// A view of an IPv6 packet (or of a GRH and what follows it).
-#[derive(Debug, PartialEq, Eq, Clone)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
-}
+packet_view!(Packet, "A view of an IPv6 packet (or of a GRH and what follows it).");
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Wraps a buffer without checking it.
-    pub const fn new_unchecked(buffer: T) -> Packet<T> {
-        Packet { buffer }
-    }
-
-    /// Wraps a buffer after [`check_len`](Self::check_len).
-    pub fn new_checked(buffer: T) -> Result<Packet<T>> {
-        let p = Self::new_unchecked(buffer);
-        p.check_len()?;
-        Ok(p)
-    }
-
     /// Checks that the 40-byte header is present (enough for every header field).
     pub fn check_header_len(&self) -> Result<()> {
         if self.buffer.as_ref().len() < HEADER_LEN {
@@ -53,11 +37,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
             return Err(Error::Truncated("IPv6 payload"));
         }
         Ok(())
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
     }
 
     fn ver_tc_flow(&self) -> u32 {

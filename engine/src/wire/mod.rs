@@ -147,11 +147,112 @@ macro_rules! fixed_header_packet {
     };
 }
 
+/// Generates a view named `$name` over a packet whose header declares how long it is (IPv4,
+/// IPv6, UDP, the IB transport packet): the struct, `new_unchecked`, `new_checked` and
+/// `into_inner`. The file writes the `check_len` that `new_checked` runs (what "holds the packet"
+/// means depends on the header's length fields), and any shorter check beside it.
+macro_rules! packet_view {
+    ($name:ident, $doc:expr) => {
+        #[doc = $doc]
+        #[derive(Debug, PartialEq, Eq, Clone)]
+        pub struct $name<T: AsRef<[u8]>> {
+            buffer: T,
+        }
+
+        impl<T: AsRef<[u8]>> $name<T> {
+            /// Wraps a buffer without checking it.
+            pub const fn new_unchecked(buffer: T) -> $name<T> {
+                $name { buffer }
+            }
+
+            /// Wraps a buffer after [`check_len`](Self::check_len).
+            pub fn new_checked(buffer: T) -> $crate::wire::Result<$name<T>> {
+                let p = Self::new_unchecked(buffer);
+                p.check_len()?;
+                Ok(p)
+            }
+
+            /// Returns the underlying buffer.
+            pub fn into_inner(self) -> T {
+                self.buffer
+            }
+        }
+    };
+}
+
+/// Generates `Repr::parse`, `Repr::buffer_len` and `Repr::emit` of a fixed-length header whose
+/// `Repr` holds one field per `$get / $set` pair, named as the view's getter: `parse` checks the
+/// length and reads each field through its getter, `emit` writes each through its setter, in the
+/// order given. `$what` names the header in the docs ("a RETH").
+macro_rules! fixed_header_repr {
+    ($what:expr; $( $get:ident / $set:ident ),+ $(,)?) => {
+        impl Repr {
+            #[doc = concat!("Reads ", $what, ".")]
+            pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Packet<&T>) -> $crate::wire::Result<Repr> {
+                p.check_len()?;
+                Ok(Repr { $( $get: p.$get() ),+ })
+            }
+            /// Bytes the header takes.
+            pub const fn buffer_len(&self) -> usize {
+                HEADER_LEN
+            }
+            #[doc = concat!("Writes ", $what, ".")]
+            pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut Packet<T>) {
+                $( p.$set(self.$get); )+
+            }
+        }
+    };
+}
+
+/// Generates the tests of a fixed-length header (one made with [`fixed_header_packet!`] and
+/// [`fixed_header_repr!`]) against a sample: `HEADER_BYTES`, the header's bytes, and `REPR`, the
+/// `Repr` of the `$value`s. `deconstruct`: each getter reads its value from the bytes;
+/// `construct`: the setters, over a buffer of ones, write the bytes (a reserved bit must come out
+/// zero); `parse`: `Repr::parse` reads `REPR`, and a buffer one byte short is refused; `emit`:
+/// `REPR.emit`, over ones too, writes the bytes. Invoked inside the file's test module.
+#[cfg(test)]
+macro_rules! fixed_header_tests {
+    (
+        $( #[$sample_doc:meta] )*
+        static HEADER_BYTES = $bytes:expr;
+        $( $get:ident / $set:ident = $value:expr ),+ $(,)?
+    ) => {
+        $( #[$sample_doc] )*
+        static HEADER_BYTES: [u8; HEADER_LEN] = $bytes;
+        const REPR: Repr = Repr { $( $get: $value ),+ };
+
+        #[test]
+        fn deconstruct() {
+            let p = Packet::new_checked(&HEADER_BYTES[..]).unwrap();
+            $( assert_eq!(p.$get(), $value); )+
+        }
+        #[test]
+        fn construct() {
+            let mut b = [0xffu8; HEADER_LEN];
+            let mut p = Packet::new_unchecked(&mut b[..]);
+            $( p.$set($value); )+
+            assert_eq!(b, HEADER_BYTES);
+        }
+        #[test]
+        fn parse() {
+            assert_eq!(Repr::parse(&Packet::new_checked(&HEADER_BYTES[..]).unwrap()), Ok(REPR));
+            assert!(Packet::new_checked(&HEADER_BYTES[..HEADER_LEN - 1]).is_err());
+        }
+        #[test]
+        fn emit() {
+            let mut b = [0xffu8; HEADER_LEN];
+            REPR.emit(&mut Packet::new_unchecked(&mut b[..]));
+            assert_eq!(b, HEADER_BYTES);
+        }
+    };
+}
+
 /// Generates a 4-byte extended transport header that carries one field (IETH, ImmDt, RDETH,
 /// XRCETH): the view (through [`fixed_header_packet!`]) with the field's getter and setter, the
-/// `Repr` with `parse`, `buffer_len` and `emit`, and the tests that read, write, parse and emit
-/// a sample. A field of 32 bits fills the header; one of 24 bits follows a reserved byte that
-/// the setter zeroes (IBTA Vol 1 9.3: reserved fields are sent as 0).
+/// `Repr` with `parse`, `buffer_len` and `emit` (through [`fixed_header_repr!`]), and the tests
+/// that read, write, parse and emit a sample (through [`fixed_header_tests!`]). A field of 32
+/// bits fills the header; one of 24 bits follows a reserved byte that the setter zeroes (IBTA
+/// Vol 1 9.3: reserved fields are sent as 0).
 macro_rules! word_header {
     (
         $what:literal;
@@ -182,51 +283,16 @@ macro_rules! word_header {
             pub $get: u32,
         }
 
-        impl Repr {
-            #[doc = concat!("Reads the ", $what, " header.")]
-            pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Packet<&T>) -> $crate::wire::Result<Repr> {
-                p.check_len()?;
-                Ok(Repr { $get: p.$get() })
-            }
-            /// Bytes the header takes.
-            pub const fn buffer_len(&self) -> usize {
-                HEADER_LEN
-            }
-            #[doc = concat!("Writes the ", $what, " header.")]
-            pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut Packet<T>) {
-                p.$set(self.$get);
-            }
-        }
+        fixed_header_repr!(concat!("the ", $what, " header"); $get / $set);
 
         #[cfg(test)]
         mod test {
             use super::*;
 
-            $( #[$sample_doc] )*
-            static HEADER_BYTES: [u8; 4] = $bytes;
-            const REPR: Repr = Repr { $get: $value };
-
-            #[test]
-            fn deconstruct() {
-                assert_eq!(Packet::new_checked(&HEADER_BYTES[..]).unwrap().$get(), $value);
-            }
-            #[test]
-            fn construct() {
-                // Starts from ones: a reserved byte must come out zero.
-                let mut b = [0xffu8; 4];
-                Packet::new_unchecked(&mut b[..]).$set($value);
-                assert_eq!(b, HEADER_BYTES);
-            }
-            #[test]
-            fn parse() {
-                assert_eq!(Repr::parse(&Packet::new_checked(&HEADER_BYTES[..]).unwrap()), Ok(REPR));
-                assert!(Packet::new_checked(&HEADER_BYTES[..3]).is_err());
-            }
-            #[test]
-            fn emit() {
-                let mut b = [0xffu8; 4];
-                REPR.emit(&mut Packet::new_unchecked(&mut b[..]));
-                assert_eq!(b, HEADER_BYTES);
+            fixed_header_tests! {
+                $( #[$sample_doc] )*
+                static HEADER_BYTES = $bytes;
+                $get / $set = $value
             }
         }
     };

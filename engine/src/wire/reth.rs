@@ -1,6 +1,6 @@
 //! The RDMA Extended Transport Header (IBTA Vol 1 9.3.3): where an RDMA WRITE or READ goes.
 
-use super::{be, Result};
+use super::be;
 
 mod field {
     use super::super::Field;
@@ -52,55 +52,17 @@ pub struct Repr {
     pub dma_len: u32,
 }
 
-impl Repr {
-    /// Reads a RETH.
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &Packet<&T>) -> Result<Repr> {
-        p.check_len()?;
-        Ok(Repr { va: p.va(), rkey: p.rkey(), dma_len: p.dma_len() })
-    }
-    /// Bytes the header takes.
-    pub const fn buffer_len(&self) -> usize {
-        HEADER_LEN
-    }
-    /// Writes the RETH.
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut Packet<T>) {
-        p.set_va(self.va);
-        p.set_rkey(self.rkey);
-        p.set_dma_len(self.dma_len);
-    }
-}
+fixed_header_repr!("a RETH"; va / set_va, rkey / set_rkey, dma_len / set_dma_len);
 
 #[cfg(test)]
 mod test {
     use super::*;
 
-    // The RETH of golden packet g2.
-    static HEADER_BYTES: [u8; 16] = [0, 0, 0x7f, 0, 0x12, 0x34, 0x50, 0, 0, 0, 0xab, 0xcd, 0, 0, 0x20, 0];
-    const REPR: Repr = Repr { va: 0x7f00_1234_5000, rkey: 0xabcd, dma_len: 8192 };
-
-    #[test]
-    fn deconstruct() {
-        let p = Packet::new_checked(&HEADER_BYTES[..]).unwrap();
-        assert_eq!((p.va(), p.rkey(), p.dma_len()), (0x7f00_1234_5000, 0xabcd, 8192));
-    }
-    #[test]
-    fn construct() {
-        let mut b = [0u8; 16];
-        let mut p = Packet::new_unchecked(&mut b[..]);
-        p.set_va(0x7f00_1234_5000);
-        p.set_rkey(0xabcd);
-        p.set_dma_len(8192);
-        assert_eq!(b, HEADER_BYTES);
-    }
-    #[test]
-    fn parse() {
-        assert_eq!(Repr::parse(&Packet::new_checked(&HEADER_BYTES[..]).unwrap()), Ok(REPR));
-        assert!(Packet::new_checked(&HEADER_BYTES[..15]).is_err());
-    }
-    #[test]
-    fn emit() {
-        let mut b = [0u8; 16];
-        REPR.emit(&mut Packet::new_unchecked(&mut b[..]));
-        assert_eq!(b, HEADER_BYTES);
+    fixed_header_tests! {
+        /// The RETH of golden packet g2.
+        static HEADER_BYTES = [0, 0, 0x7f, 0, 0x12, 0x34, 0x50, 0, 0, 0, 0xab, 0xcd, 0, 0, 0x20, 0];
+        va / set_va = 0x7f00_1234_5000,
+        rkey / set_rkey = 0xabcd,
+        dma_len / set_dma_len = 8192,
     }
 }

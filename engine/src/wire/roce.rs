@@ -571,17 +571,9 @@ mod test {
             }),
             udp_src_port: 0,
             ib: ib::Repr::new(bth::Repr {
-                opcode: Opcode::RC_SEND_ONLY,
-                solicited: false,
-                mig_req: false,
                 pad_count: 1,
-                tver: 0,
-                pkey: 0xffff,
-                fecn: false,
-                becn: false,
-                dest_qp: Qpn::new(0x12),
                 ack_req: true,
-                psn: Psn::new(7),
+                ..bth::Repr::new(Opcode::RC_SEND_ONLY, Qpn::new(0x12), Psn::new(7))
             }),
         };
         r.ib.payload_len = 3;

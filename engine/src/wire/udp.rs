@@ -18,25 +18,9 @@ mod field {
 /// Length of the UDP header.
 pub const HEADER_LEN: usize = field::CHECKSUM.end;
 
-/// A view of a UDP datagram.
-#[derive(Debug, PartialEq, Eq, Clone)]
-pub struct Packet<T: AsRef<[u8]>> {
-    buffer: T,
-}
+packet_view!(Packet, "A view of a UDP datagram.");
 
 impl<T: AsRef<[u8]>> Packet<T> {
-    /// Wraps a buffer without checking it.
-    pub const fn new_unchecked(buffer: T) -> Packet<T> {
-        Packet { buffer }
-    }
-
-    /// Wraps a buffer after [`check_len`](Self::check_len).
-    pub fn new_checked(buffer: T) -> Result<Packet<T>> {
-        let p = Self::new_unchecked(buffer);
-        p.check_len()?;
-        Ok(p)
-    }
-
     /// Checks that the header is present and its length field is at least 8 (enough for every
     /// header field, not for the payload).
     pub fn check_header_len(&self) -> Result<()> {
@@ -56,11 +40,6 @@ impl<T: AsRef<[u8]>> Packet<T> {
             return Err(Error::Truncated("UDP datagram"));
         }
         Ok(())
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
     }
 
     /// The source port.

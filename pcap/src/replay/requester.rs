@@ -3,22 +3,14 @@
 use super::*;
 
 /// The requester replay (see the module documentation).
-#[allow(clippy::too_many_arguments)]
 pub(super) fn requester(
     r: &mut ConversationReport,
-    c: &Conversation,
-    opts: &Options,
-    mtu: Mtu,
-    reqs: &[RecordedPacket<'_>],
-    resps: &[RecordedPacket<'_>],
-    request_qp: u32,
-    response_qp: Option<u32>,
+    recorded: Recorded<'_>,
     conn: Option<&CmConn>,
-    last_psn: Psn,
 ) -> Result<(), String> {
+    let Recorded { c, opts, mtu, reqs, resps, request_qp, response_qp, last_psn } = recorded;
     let ud = c.transport == "UD";
     let uc = c.transport == "UC";
-    let xrc = c.transport == "XRC";
     let mut e = make_engine(c.requester, opts.behaviour, mtu);
     let pd = e.dev.alloc_pd(OWNER);
     let local = e
@@ -146,15 +138,7 @@ pub(super) fn requester(
     bring_up(
         &mut e,
         pd,
-        if xrc {
-            QpType::XrcIni
-        } else if ud {
-            QpType::Ud
-        } else if uc {
-            QpType::Uc
-        } else {
-            QpType::Rc
-        },
+        qp_type(c, QpType::XrcIni),
         None,
         c.responder,
         peer_qpn,

@@ -2,20 +2,14 @@
 
 use super::*;
 
-#[allow(clippy::too_many_arguments)]
+/// The responder replay (see the module documentation).
 pub(super) fn responder(
     r: &mut ConversationReport,
-    c: &Conversation,
-    opts: &Options,
-    mtu: Mtu,
-    reqs: &[RecordedPacket<'_>],
-    resps: &[RecordedPacket<'_>],
-    request_qp: u32,
-    response_qp: Option<u32>,
+    recorded: Recorded<'_>,
     from_start: bool,
-    last_psn: Psn,
     targets: &mut TargetFactory<'_>,
 ) -> Result<(), String> {
+    let Recorded { c, opts, mtu, reqs, resps, request_qp, response_qp, last_psn } = recorded;
     let ud = c.transport == "UD";
     let xrc = c.transport == "XRC";
     // UC and UD: nothing answers on the wire.
@@ -124,15 +118,7 @@ pub(super) fn responder(
         ));
     }
     let setup = QpSetup {
-        qp_type: if xrc {
-            QpType::XrcTgt
-        } else if ud {
-            QpType::Ud
-        } else if uc {
-            QpType::Uc
-        } else {
-            QpType::Rc
-        },
+        qp_type: qp_type(c, QpType::XrcTgt),
         qkey,
         srq_depth: use_srq.then_some(depth32),
         peer: c.requester,

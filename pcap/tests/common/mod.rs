@@ -129,15 +129,7 @@ impl Ng {
     }
 
     pub fn epb(&mut self, if_id: u32, ts: u64, data: &[u8], orig_len: u32) -> &mut Ng {
-        let mut body = [
-            &self.u32(if_id)[..],
-            &self.u32((ts >> 32) as u32),
-            &self.u32(ts as u32),
-            &self.u32(data.len() as u32),
-            &self.u32(orig_len),
-            data,
-        ]
-        .concat();
+        let mut body = [&self.u32(if_id)[..], &self.packet(ts, data, orig_len)].concat();
         body.resize(body.len().div_ceil(4) * 4, 0);
         self.block(6, &body)
     }
@@ -149,17 +141,21 @@ impl Ng {
 
     /// The obsolete Packet Block (type 2).
     pub fn pb(&mut self, if_id: u16, ts: u64, data: &[u8], orig_len: u32) -> &mut Ng {
-        let body = [
-            &self.u16(if_id)[..],
-            &self.u16(0),
-            &self.u32((ts >> 32) as u32),
+        let body = [&self.u16(if_id)[..], &self.u16(0), &self.packet(ts, data, orig_len)].concat();
+        self.block(2, &body)
+    }
+
+    /// What an EPB and a PB hold after the interface: the timestamp (high and low words), the
+    /// captured and the original length, and the data.
+    fn packet(&self, ts: u64, data: &[u8], orig_len: u32) -> Vec<u8> {
+        [
+            &self.u32((ts >> 32) as u32)[..],
             &self.u32(ts as u32),
             &self.u32(data.len() as u32),
             &self.u32(orig_len),
             data,
         ]
-        .concat();
-        self.block(2, &body)
+        .concat()
     }
 }
 

@@ -11,8 +11,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use softrdma_device::proto::{Request, Response};
 use softrdma_engine::cm::PS_IPOIB;
 
-use super::event::{ADDR_ERROR, ADDR_RESOLVED, ROUTE_ERROR, ROUTE_RESOLVED};
-use super::id::{complete, first, id_mut, place, post_local, set_route_addrs};
+use super::event::{ADDR_ERROR, ADDR_RESOLVED, ROUTE_ERROR};
+use super::id::{complete, first, id_mut, place, post_local, route_resolved, set_route_addrs};
 use super::qp::default_pd;
 use super::{cm_call, cma, id_of, lock, ports, sockaddr_from, Id};
 use crate::cma_ffi as c;
@@ -269,8 +269,7 @@ pub(super) fn route_from_path_data(data: &[u8]) -> Result<softrdma_engine::cm::R
 pub unsafe extern "C" fn rdma_resolve_route(id: *mut c::rdma_cm_id, _timeout_ms: c_int) -> c_int {
     minus1_call(|| {
         let i = id_of(id)?;
-        let cid = id_mut(id)?;
-        let mut st = lock(&i.st);
+        let st = lock(&i.st);
         // rdma_resolve_route: ADDR_RESOLVED -> ROUTE_QUERY, else EINVAL (once routed, again).
         if !st.addr_resolved || st.route_resolved {
             return Err(EINVAL);
@@ -295,13 +294,7 @@ pub unsafe extern "C" fn rdma_resolve_route(id: *mut c::rdma_cm_id, _timeout_ms:
         if let Some(t) = st.ack_timeout {
             rec.packet_life_time = t.saturating_sub(1);
         }
-        cid.route.path_rec = &mut *rec as *mut c::ibv_sa_path_rec;
-        cid.route.num_paths = 1;
-        st.path = Some(rec);
-        st.route_resolved = true;
-        post_local(i, &st, ROUTE_RESOLVED, 0)?;
-        drop(st);
-        complete(id)?;
+        route_resolved(id, i, st, rec)?;
         Ok(0)
     })
 }

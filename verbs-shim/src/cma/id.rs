@@ -8,7 +8,7 @@
 
 use std::ffi::{c_int, c_void};
 use std::net::SocketAddr;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use softrdma_device::proto::{CmRecord, Request, Response};
 use softrdma_engine::cm::{ConnParam, PS_IB, PS_IPOIB, PS_TCP, PS_UDP};
@@ -176,6 +176,25 @@ pub(super) fn post_local(id: &Id, st: &IdState, event: u32, status: i32) -> Resu
         route: None,
     });
     Ok(())
+}
+
+/// The route of the ID `p` is the path record `rec`: the ID's route points to it (the ID's
+/// state `st` keeps it), ROUTE_RESOLVED is posted, and, the state unlocked, a synchronous ID
+/// waits for the event ([`complete`]).
+pub(super) fn route_resolved(
+    p: *mut c::rdma_cm_id,
+    id: &Id,
+    mut st: MutexGuard<'_, IdState>,
+    mut rec: Box<c::ibv_sa_path_rec>,
+) -> Result<(), Errno> {
+    let cid = id_mut(p)?;
+    cid.route.path_rec = &mut *rec as *mut c::ibv_sa_path_rec;
+    cid.route.num_paths = 1;
+    st.path = Some(rec);
+    st.route_resolved = true;
+    post_local(id, &st, ROUTE_RESOLVED, 0)?;
+    drop(st);
+    complete(p)
 }
 
 /// librdmacm's `ucma_complete`: a synchronous ID waits for its event; a failed one fails the call.
@@ -350,15 +369,7 @@ pub unsafe extern "C" fn rdma_set_option(
                 }
                 let p = first(&st)?;
                 cm_call(&p.dev, &Request::CmSetRoute { id: p.id, route: route.clone() }, &[])?;
-                let cid = id_mut(id)?;
-                let mut rec = Box::new(path_record_of(&route));
-                cid.route.path_rec = &mut *rec as *mut c::ibv_sa_path_rec;
-                cid.route.num_paths = 1;
-                st.path = Some(rec);
-                st.route_resolved = true;
-                post_local(i, &st, ROUTE_RESOLVED, 0)?;
-                drop(st);
-                complete(id)?;
+                route_resolved(id, i, st, Box::new(path_record_of(&route)))?;
                 return Ok(0);
             }
             _ => return Err(Errno(libc::ENOSYS)),

@@ -541,24 +541,31 @@ pub unsafe extern "C" fn ibv_query_qp_data_in_order(qp: *mut ffi::ibv_qp, _op: u
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_attach_mcast(qp: *mut ffi::ibv_qp, gid: *const ffi::ibv_gid, _lid: u16) -> c_int {
-    errno_call(|| {
-        let q = qp_of(qp)?;
-        // SAFETY: ibv_attach_mcast(3)/ibv_detach_mcast(3): `gid` is NULL or a readable ibv_gid.
-        let g = unsafe { gid.as_ref() }.ok_or(EINVAL)?;
-        // SAFETY: ibv_gid's members are all plain bytes (raw, or two u64), so raw is always valid.
-        q.inner().attach_mcast(gid_ip(unsafe { g.raw }))?;
-        Ok(())
-    })
+    // SAFETY: the caller's arguments, as ibv_attach_mcast(3) has them.
+    unsafe { mcast_call(qp, gid, QueuePair::attach_mcast) }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_detach_mcast(qp: *mut ffi::ibv_qp, gid: *const ffi::ibv_gid, _lid: u16) -> c_int {
+    // SAFETY: the caller's arguments, as ibv_detach_mcast(3) has them.
+    unsafe { mcast_call(qp, gid, QueuePair::detach_mcast) }
+}
+
+/// `ibv_attach_mcast` / `ibv_detach_mcast`: `op` on the QP with the group `gid` names.
+///
+/// # Safety
+/// `gid` is NULL or a readable ibv_gid (ibv_attach_mcast(3)/ibv_detach_mcast(3)).
+unsafe fn mcast_call(
+    qp: *mut ffi::ibv_qp,
+    gid: *const ffi::ibv_gid,
+    op: fn(&QueuePair, std::net::IpAddr) -> softrdma_device::verbs::Result<()>,
+) -> c_int {
     errno_call(|| {
         let q = qp_of(qp)?;
         // SAFETY: ibv_attach_mcast(3)/ibv_detach_mcast(3): `gid` is NULL or a readable ibv_gid.
         let g = unsafe { gid.as_ref() }.ok_or(EINVAL)?;
         // SAFETY: ibv_gid's members are all plain bytes (raw, or two u64), so raw is always valid.
-        q.inner().detach_mcast(gid_ip(unsafe { g.raw }))?;
+        op(q.inner(), gid_ip(unsafe { g.raw }))?;
         Ok(())
     })
 }

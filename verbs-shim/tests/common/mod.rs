@@ -3,8 +3,11 @@
 
 #![allow(dead_code)]
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 /// The device the tests use.
 pub const DEVICE: &str = "srdma0";
@@ -37,6 +40,72 @@ pub fn softrdma_bin(shim: &Path) -> PathBuf {
         return beside;
     }
     target_dir().join("release").join("softrdma")
+}
+
+/// The built shim directory and the `softrdma` executable; both must be there.
+pub fn built_shim() -> (PathBuf, PathBuf) {
+    let shim = shim_dir();
+    assert!(shim.join("libibverbs.so.1").is_file(), "the shim is not built: run scripts/build-shim.sh first");
+    let exe = softrdma_bin(&shim);
+    assert!(exe.is_file(), "{} is missing: scripts/build-shim.sh builds it", exe.display());
+    (shim, exe)
+}
+
+/// A private runtime dir (mode 0700), `rt` in `work`.
+pub fn runtime_dir(work: &Path) -> PathBuf {
+    let runtime = work.join("rt");
+    std::fs::create_dir(&runtime).expect("runtime dir");
+    std::fs::set_permissions(&runtime, std::os::unix::fs::PermissionsExt::from_mode(0o700)).expect("chmod");
+    runtime
+}
+
+/// `softrdma up DEVICE` on 127.0.0.1 with a free UDP port, in runtime dir `runtime`; the port.
+pub fn up_on_free_port(exe: &Path, runtime: &Path) -> u16 {
+    let port = std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr()).expect("free UDP port").port();
+    let o = Command::new(exe)
+        .args(["up", DEVICE, "--addr", "127.0.0.1", "--port", &port.to_string()])
+        .env("SOFTRDMA_RUNTIME_DIR", runtime)
+        .output()
+        .expect("run softrdma up");
+    assert!(o.status.success(), "softrdma up {DEVICE} --port {port} failed:\n{}", text(&o));
+    port
+}
+
+/// Reads `r` to its end on a thread of its own (a pipe a child fills while the test waits).
+pub fn read_all(mut r: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = r.read_to_end(&mut v);
+        v
+    })
+}
+
+/// Waits for `child` until `deadline`, and kills it then: its exit status, and whether it was
+/// killed.
+pub fn wait_until(child: &mut Child, deadline: Instant) -> (ExitStatus, bool) {
+    loop {
+        if let Some(s) = child.try_wait().expect("wait for the program") {
+            return (s, false);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            return (child.wait().expect("wait for the killed program"), true);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Runs `cmd` (stdin closed, stdout and stderr captured), killing it after `timeout`: its output,
+/// and whether it timed out.
+pub fn run_with_timeout(mut cmd: Command, timeout: Duration) -> (Output, bool) {
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("start {}: {e}", cmd.get_program().to_string_lossy()));
+    let t_out = read_all(child.stdout.take().expect("piped"));
+    let t_err = read_all(child.stderr.take().expect("piped"));
+    let (status, timed_out) = wait_until(&mut child, Instant::now() + timeout);
+    let stdout = t_out.join().unwrap_or_default();
+    let stderr = t_err.join().unwrap_or_default();
+    (Output { status, stdout, stderr }, timed_out)
 }
 
 /// A process's stdout and stderr as text.
