@@ -540,17 +540,6 @@ macro_rules! cm_message {
     };
 }
 
-/// Generates the view of one CM message (IBTA Vol 1 12.6) through [`header_view!`]: the struct
-/// named `$name`, `new_unchecked`, `new_checked`, `check_len` and `into_inner`. Every CM message
-/// view covers the whole MAD data area after the 24-byte MAD header ([`mad::MAD_DATA_LEN`] = 232
-/// bytes: the fixed part and the private data), with offsets counted from its start as in
-/// `ibta_vol1_c12.h`.
-macro_rules! cm_message_packet {
-    ($name:ident, $what:expr, $doc:expr) => {
-        header_view!($name, $crate::wire::mad::MAD_DATA_LEN, $what, "the whole MAD data area", $doc);
-    };
-}
-
 /// Big-endian field access helpers shared by the header views.
 pub(crate) mod be {
     use super::Field;
