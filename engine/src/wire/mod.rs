@@ -253,9 +253,10 @@ macro_rules! word_header {
 /// - `gid(range)`: 16 bytes as a `[u8; 16]`;
 /// - `area(at, LEN)`: the `LEN` bytes from `at`, as a slice; the "setter" names its writable twin;
 /// - `path(range)`: a REQ path block as a [`cm_path::CmPathPacket`]; likewise;
-/// - `nested(Type)`: nothing here. The view's methods of that name are written by hand (the
-///   getter returning a `Type`, the setter taking a `&Type`); [`cm_header!`] gives the field a
-///   place in the `Repr`, `Type::check` included.
+/// - `by_hand(Type)`: nothing here. The view's getter and setter of that name are written by hand
+///   (a `Type` out, a `Type` in); [`cm_header!`] gives the field a place in the `Repr`, unchecked;
+/// - `nested(Type)`: likewise, but the setter takes a `&Type`, and the `Repr`'s `check` calls
+///   `Type::check`.
 macro_rules! cm_fields {
     (impl $view:ident {
         $( $(#[$doc:meta])* $get:ident / $set:ident : $kind:ident $spec:tt $(, $err:literal)? ; )*
@@ -297,6 +298,7 @@ macro_rules! cm_fields {
         cm_fields!(@getter $crate::wire::cm_path::CmPathPacket<&[u8]>,
             b => $crate::wire::cm_path::CmPathPacket::new_unchecked(&b[$r]), $($g)*);
     };
+    (@get by_hand $ty:tt, $($g:tt)*) => {};
     (@get nested $ty:tt, $($g:tt)*) => {};
     (@getter $ty:ty, $b:ident => $read:expr, $get:ident, $(#[$doc:meta])*) => {
         $(#[$doc])*
@@ -348,6 +350,7 @@ macro_rules! cm_fields {
         cm_fields!(@writable $crate::wire::cm_path::CmPathPacket<&mut [u8]>,
             b => $crate::wire::cm_path::CmPathPacket::new_unchecked(&mut b[$r]), $($s)*);
     };
+    (@set by_hand $ty:tt, $($s:tt)*) => {};
     (@set nested $ty:tt, $($s:tt)*) => {};
     (@setter $ty:ty, $note:expr, ($b:ident, $v:ident) => $write:expr, $get:ident, $set:ident) => {
         #[doc = concat!("Sets [`", stringify!($get), "`](Self::", stringify!($get), ")", $note, ".")]
@@ -391,7 +394,8 @@ macro_rules! cm_header {
         }
 
         impl $repr {
-            #[doc = concat!("Reads a ", $what, ". Every value is accepted: the CM state machine judges them.")]
+            #[doc = concat!("Reads a ", $what, ". Any values are accepted: the caller (the CM state machine; for a \
+                MAD header, its class) judges them.")]
             pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &$view<&T>) -> $crate::wire::Result<$repr> {
                 p.check_len()?;
                 Ok($repr { $( $get: cm_header!(@parse $kind $spec, p, $get), )* })
@@ -463,6 +467,7 @@ macro_rules! cm_header {
     (@ty gid $s:tt) => { [u8; 16] };
     (@ty area $s:tt) => { Vec<u8> };
     (@ty path $s:tt) => { $crate::wire::cm_path::CmPathRepr };
+    (@ty by_hand ($ty:ty)) => { $ty };
     (@ty nested ($ty:ty)) => { $ty };
 
     (@note area ($at:expr, $len:ident)) => {
@@ -473,6 +478,7 @@ macro_rules! cm_header {
     };
     (@note $kind:ident $s:tt) => { "" };
 
+    (@within by_hand $s:tt, $len:expr, $get:ident) => {};
     (@within nested $s:tt, $len:expr, $get:ident) => {};
     (@within $kind:ident $s:tt, $len:expr, $get:ident) => {
         assert!(cm_header!(@bytes $kind $s).end <= $len, concat!(stringify!($get), " ends past the view"))
@@ -502,6 +508,7 @@ macro_rules! cm_header {
     (@check u64 $s:tt, $v:expr) => {};
     (@check bit $s:tt, $v:expr) => {};
     (@check gid $s:tt, $v:expr) => {};
+    (@check by_hand $s:tt, $v:expr) => {};
 
     (@write area $s:tt, $p:ident, $v:expr, $set:ident) => { $crate::wire::cm::write_area($p.$set(), &$v) };
     (@write path $s:tt, $p:ident, $v:expr, $set:ident) => { $v.emit(&mut $p.$set())? };
