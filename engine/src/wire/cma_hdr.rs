@@ -15,21 +15,15 @@
 
 use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use super::{be, Error, Result};
+use super::{Error, Result};
 
 /// Bytes of a `cma_hdr`.
 pub const CMA_HDR_LEN: usize = 36;
 /// The only CM version a receiver accepts (Linux `CMA_VERSION`; `cma.c` rejects others).
 pub const CMA_VERSION: u8 = 0;
 
-mod field {
-    use super::super::Field;
-    pub(super) const CMA_VERSION: usize = 0;
-    pub(super) const IP_VERSION: usize = 1;
-    pub(super) const PORT: Field = 2..4;
-    pub(super) const SRC_ADDR: Field = 4..20;
-    pub(super) const DST_ADDR: Field = 20..36;
-}
+/// Offset of the IP version byte.
+const IP_VERSION: usize = 1;
 
 header_view!(
     CmaHdrPacket,
@@ -39,49 +33,31 @@ header_view!(
     "A view of a `cma_hdr` (the start of the private data)."
 );
 
-impl<T: AsRef<[u8]>> CmaHdrPacket<T> {
-    /// The CM version byte (0).
-    pub fn cma_version(&self) -> u8 {
-        self.buffer.as_ref()[field::CMA_VERSION]
+cm_fields! {
+    impl CmaHdrPacket {
+        /// The CM version byte (0).
+        cma_version / set_cma_version: u8(0);
+        // Byte 1, the IP version: below.
+        /// The active side's source port.
+        port / set_port: u16(2..4);
+        /// The 16 source address bytes.
+        src_addr / set_src_addr: gid(4..20);
+        /// The 16 destination address bytes.
+        dst_addr / set_dst_addr: gid(20..36);
     }
+}
+
+impl<T: AsRef<[u8]>> CmaHdrPacket<T> {
     /// The IP version (the high nibble of byte 1).
     pub fn ip_version(&self) -> u8 {
-        self.buffer.as_ref()[field::IP_VERSION] >> 4
-    }
-    /// The active side's source port.
-    pub fn port(&self) -> u16 {
-        be::u16(self.buffer.as_ref(), field::PORT)
-    }
-    /// The 16 source address bytes.
-    pub fn src_addr(&self) -> [u8; 16] {
-        super::cm_path::gid(self.buffer.as_ref(), field::SRC_ADDR)
-    }
-    /// The 16 destination address bytes.
-    pub fn dst_addr(&self) -> [u8; 16] {
-        super::cm_path::gid(self.buffer.as_ref(), field::DST_ADDR)
+        self.buffer.as_ref()[IP_VERSION] >> 4
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> CmaHdrPacket<T> {
-    /// Sets the CM version byte.
-    pub fn set_cma_version(&mut self, v: u8) {
-        self.buffer.as_mut()[field::CMA_VERSION] = v;
-    }
     /// Sets the IP version (low 4 bits of `v`, into the high nibble; the low nibble becomes 0).
     pub fn set_ip_version(&mut self, v: u8) {
-        self.buffer.as_mut()[field::IP_VERSION] = (v & 0xf) << 4;
-    }
-    /// Sets the source port.
-    pub fn set_port(&mut self, v: u16) {
-        be::set_u16(self.buffer.as_mut(), field::PORT, v)
-    }
-    /// Sets the 16 source address bytes.
-    pub fn set_src_addr(&mut self, v: [u8; 16]) {
-        self.buffer.as_mut()[field::SRC_ADDR].copy_from_slice(&v)
-    }
-    /// Sets the 16 destination address bytes.
-    pub fn set_dst_addr(&mut self, v: [u8; 16]) {
-        self.buffer.as_mut()[field::DST_ADDR].copy_from_slice(&v)
+        self.buffer.as_mut()[IP_VERSION] = (v & 0xf) << 4;
     }
 }
 

@@ -4,7 +4,7 @@
 //! A CM message travels as a MAD of class 0x07, class version 2, method Send, sent by QP1 to QP1
 //! (on RoCEv2 a UD SEND_ONLY with DestQP 1). [`super::cm`] reads and writes whole CM MADs.
 
-use super::{be, Result};
+use super::be;
 
 /// Bytes of a MAD sent on QP0/QP1 (IBTA Vol 1 13.4.1: MADs are exactly 256 bytes).
 pub const MAD_LEN: usize = 256;
@@ -71,63 +71,43 @@ impl CmAttr {
 
 mod field {
     use super::super::Field;
-    pub(super) const BASE_VERSION: usize = 0;
-    pub(super) const MGMT_CLASS: usize = 1;
-    pub(super) const CLASS_VERSION: usize = 2;
-    pub(super) const METHOD: usize = 3;
-    pub(super) const STATUS: Field = 4..6;
-    pub(super) const CLASS_SPECIFIC: Field = 6..8;
-    pub(super) const TID: Field = 8..16;
     pub(super) const ATTR_ID: Field = 16..18;
     // Bytes 18-19 are reserved.
     pub(super) const RESERVED: Field = 18..20;
-    pub(super) const ATTR_MOD: Field = 20..24;
 }
 
-header_view!(
-    MadPacket,
-    MAD_HEADER_LEN,
-    "MAD header",
-    "the 24-byte common header",
-    "A view of a MAD: the common header and the data area after it."
-);
+cm_header! {
+    view MadPacket(MAD_HEADER_LEN, "MAD header", "the 24-byte common header",
+        "A view of a MAD: the common header and the data area after it.");
+    /// The MAD common header as values. The reserved 16 bits after the attribute ID are not kept.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    repr MadRepr;
+    fields {
+        /// BaseVersion (1).
+        base_version / set_base_version: u8(0);
+        /// MgmtClass (0x07 for CM).
+        mgmt_class / set_mgmt_class: u8(1);
+        /// ClassVersion (2 for CM).
+        class_version / set_class_version: u8(2);
+        /// The method byte: the R (response) bit on top of the 7-bit method (0x03 Send for CM).
+        method / set_method: u8(3);
+        /// Status.
+        status / set_status: u16(4..6);
+        /// ClassSpecific.
+        class_specific / set_class_specific: u16(6..8);
+        /// TransactionID.
+        tid / set_tid: u64(8..16);
+        /// AttributeID.
+        attr_id / set_attr_id: by_hand(u16);
+        /// AttributeModifier.
+        attr_mod / set_attr_mod: u32(20..24);
+    }
+}
 
 impl<T: AsRef<[u8]>> MadPacket<T> {
-    /// BaseVersion.
-    pub fn base_version(&self) -> u8 {
-        self.buffer.as_ref()[field::BASE_VERSION]
-    }
-    /// MgmtClass.
-    pub fn mgmt_class(&self) -> u8 {
-        self.buffer.as_ref()[field::MGMT_CLASS]
-    }
-    /// ClassVersion.
-    pub fn class_version(&self) -> u8 {
-        self.buffer.as_ref()[field::CLASS_VERSION]
-    }
-    /// The method byte: the R (response) bit on top of the 7-bit method.
-    pub fn method(&self) -> u8 {
-        self.buffer.as_ref()[field::METHOD]
-    }
-    /// Status.
-    pub fn status(&self) -> u16 {
-        be::u16(self.buffer.as_ref(), field::STATUS)
-    }
-    /// ClassSpecific.
-    pub fn class_specific(&self) -> u16 {
-        be::u16(self.buffer.as_ref(), field::CLASS_SPECIFIC)
-    }
-    /// TransactionID.
-    pub fn tid(&self) -> u64 {
-        be::u64(self.buffer.as_ref(), field::TID)
-    }
-    /// AttributeID.
+    /// AttributeID (bytes 16-17).
     pub fn attr_id(&self) -> u16 {
         be::u16(self.buffer.as_ref(), field::ATTR_ID)
-    }
-    /// AttributeModifier.
-    pub fn attr_mod(&self) -> u32 {
-        be::u32(self.buffer.as_ref(), field::ATTR_MOD)
     }
 }
 
@@ -139,42 +119,10 @@ impl<'a, T: AsRef<[u8]> + ?Sized> MadPacket<&'a T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> MadPacket<T> {
-    /// Sets BaseVersion.
-    pub fn set_base_version(&mut self, v: u8) {
-        self.buffer.as_mut()[field::BASE_VERSION] = v;
-    }
-    /// Sets MgmtClass.
-    pub fn set_mgmt_class(&mut self, v: u8) {
-        self.buffer.as_mut()[field::MGMT_CLASS] = v;
-    }
-    /// Sets ClassVersion.
-    pub fn set_class_version(&mut self, v: u8) {
-        self.buffer.as_mut()[field::CLASS_VERSION] = v;
-    }
-    /// Sets the method byte (R bit and method).
-    pub fn set_method(&mut self, v: u8) {
-        self.buffer.as_mut()[field::METHOD] = v;
-    }
-    /// Sets Status.
-    pub fn set_status(&mut self, v: u16) {
-        be::set_u16(self.buffer.as_mut(), field::STATUS, v)
-    }
-    /// Sets ClassSpecific.
-    pub fn set_class_specific(&mut self, v: u16) {
-        be::set_u16(self.buffer.as_mut(), field::CLASS_SPECIFIC, v)
-    }
-    /// Sets TransactionID.
-    pub fn set_tid(&mut self, v: u64) {
-        be::set_u64(self.buffer.as_mut(), field::TID, v)
-    }
     /// Sets AttributeID (and zeroes the reserved 16 bits after it).
     pub fn set_attr_id(&mut self, v: u16) {
         be::set_u16(self.buffer.as_mut(), field::ATTR_ID, v);
         be::set_u16(self.buffer.as_mut(), field::RESERVED, 0);
-    }
-    /// Sets AttributeModifier.
-    pub fn set_attr_mod(&mut self, v: u32) {
-        be::set_u32(self.buffer.as_mut(), field::ATTR_MOD, v)
     }
     /// The bytes after the common header, writable.
     pub fn payload_mut(&mut self) -> &mut [u8] {
@@ -182,69 +130,10 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> MadPacket<T> {
     }
 }
 
-/// The MAD common header as values. The reserved 16 bits after the attribute ID are not kept.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct MadRepr {
-    /// BaseVersion (1).
-    pub base_version: u8,
-    /// MgmtClass (0x07 for CM).
-    pub mgmt_class: u8,
-    /// ClassVersion (2 for CM).
-    pub class_version: u8,
-    /// The method byte, R bit included (0x03 Send for CM).
-    pub method: u8,
-    /// Status.
-    pub status: u16,
-    /// ClassSpecific.
-    pub class_specific: u16,
-    /// TransactionID.
-    pub tid: u64,
-    /// AttributeID.
-    pub attr_id: u16,
-    /// AttributeModifier.
-    pub attr_mod: u32,
-}
-
-impl MadRepr {
-    /// Reads the common header. Any values are accepted: the class decides what it allows.
-    pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &MadPacket<&T>) -> Result<MadRepr> {
-        p.check_len()?;
-        Ok(MadRepr {
-            base_version: p.base_version(),
-            mgmt_class: p.mgmt_class(),
-            class_version: p.class_version(),
-            method: p.method(),
-            status: p.status(),
-            class_specific: p.class_specific(),
-            tid: p.tid(),
-            attr_id: p.attr_id(),
-            attr_mod: p.attr_mod(),
-        })
-    }
-    /// Bytes the header takes.
-    pub const fn buffer_len(&self) -> usize {
-        MAD_HEADER_LEN
-    }
-    /// Writes the common header, the reserved 16 bits zero. Fails, writing nothing, when the
-    /// buffer is short (every value fits its field).
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut MadPacket<T>) -> Result<()> {
-        p.check_len()?;
-        p.set_base_version(self.base_version);
-        p.set_mgmt_class(self.mgmt_class);
-        p.set_class_version(self.class_version);
-        p.set_method(self.method);
-        p.set_status(self.status);
-        p.set_class_specific(self.class_specific);
-        p.set_tid(self.tid);
-        p.set_attr_id(self.attr_id);
-        p.set_attr_mod(self.attr_mod);
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod test {
     use super::*;
+    use crate::wire::cm::captured;
     use crate::wire::Error;
 
     // The MAD header of the REQ in write.pcap (../shared/reference/cm/write.cm.hex, frame 1).
@@ -264,18 +153,17 @@ mod test {
         attr_mod: 0,
     };
 
+    captured::header_tests!("MAD header", HEADER_BYTES, REPR, 0xa5);
+
     #[test]
-    fn deconstruct() {
+    fn a_req_and_no_payload() {
         let p = MadPacket::new_checked(&HEADER_BYTES[..]).unwrap();
-        assert_eq!((p.base_version(), p.mgmt_class(), p.class_version(), p.method()), (1, 7, 2, 3));
-        assert_eq!((p.status(), p.class_specific()), (0, 0));
-        assert_eq!(p.tid(), 0x0000_000b_2975_ef71);
         assert_eq!(CmAttr::from(p.attr_id()), CmAttr::Req);
-        assert_eq!(p.attr_mod(), 0);
         assert!(p.payload().is_empty());
     }
+
     #[test]
-    fn construct() {
+    fn setters_zero_the_reserved_bytes() {
         let mut b = [0xffu8; 24];
         let mut p = MadPacket::new_unchecked(&mut b[..]);
         p.set_base_version(1);
@@ -289,18 +177,13 @@ mod test {
         p.set_attr_mod(0);
         assert_eq!(b, HEADER_BYTES);
     }
+
     #[test]
-    fn parse() {
-        assert_eq!(MadRepr::parse(&MadPacket::new_checked(&HEADER_BYTES[..]).unwrap()), Ok(REPR));
-        assert!(MadPacket::new_checked(&HEADER_BYTES[..23]).is_err());
-    }
-    #[test]
-    fn emit() {
+    fn emit_into_a_short_buffer() {
         let mut b = [0xa5u8; 24];
-        REPR.emit(&mut MadPacket::new_unchecked(&mut b[..])).unwrap();
-        assert_eq!(b, HEADER_BYTES);
         assert_eq!(REPR.emit(&mut MadPacket::new_unchecked(&mut b[..23])), Err(Error::Truncated("MAD header")));
     }
+
     #[test]
     fn attr_names_and_unknown_round_trip() {
         assert_eq!(CmAttr::from(0x1a).name(), "AlternatePathResponse");

@@ -306,14 +306,310 @@ macro_rules! word_header {
     }};
 }
 
-/// Generates the view of one CM message (IBTA Vol 1 12.6) through [`header_view!`]: the struct
-/// named `$name`, `new_unchecked`, `new_checked`, `check_len` and `into_inner`. Every CM message
-/// view covers the whole MAD data area after the 24-byte MAD header ([`mad::MAD_DATA_LEN`] = 232
-/// bytes: the fixed part and the private data), with offsets counted from its start as in
-/// `ibta_vol1_c12.h`.
-macro_rules! cm_message_packet {
-    ($name:ident, $what:expr, $doc:expr) => {
-        header_view!($name, $crate::wire::mad::MAD_DATA_LEN, $what, "the whole MAD data area", $doc);
+/// Generates the getters and setters of a CM view's fields, one line a field:
+/// `/// doc` then `getter / setter: kind(position)` and, for the kinds whose values [`cm_header!`]
+/// checks, `, "the error text"`. Positions count from the start of the view, as the IBTA tables
+/// (and `ibta_vol1_c12.h`) count them; a bit offset counts from the top bit of its byte. The kinds:
+/// - `u8(at)`, `u16(range)`, `u32(range)`, `u64(range)`: big-endian integers;
+/// - `u24(range)`, and `u24[h, m, l]` for one whose three bytes are apart (REP's vendor ID): 24
+///   bits in a `u32`, whose high byte the setter drops;
+/// - `bits(at, offset, width)`, a `u8`, and `bit(at, offset)`, a `bool`: part of byte `at`, the
+///   setter leaving the byte's other bits as they are;
+/// - `flow_label(range)`: 20 bits at the top of a 32-bit word, the setter keeping its low 12 bits;
+/// - `gid(range)`: 16 bytes as a `[u8; 16]`;
+/// - `area(at, LEN)`: the `LEN` bytes from `at`, as a slice; the "setter" names its writable twin;
+/// - `path(range)`: a REQ path block as a [`cm_path::CmPathPacket`]; likewise;
+/// - `by_hand(Type)`: nothing here. The view's getter and setter of that name are written by hand
+///   (a `Type` out, a `Type` in); [`cm_header!`] gives the field a place in the `Repr`, unchecked;
+/// - `nested(Type)`: likewise, but the setter takes a `&Type`, and the `Repr`'s `check` calls
+///   `Type::check`.
+macro_rules! cm_fields {
+    (impl $view:ident {
+        $( $(#[$doc:meta])* $get:ident / $set:ident : $kind:ident $spec:tt $(, $err:literal)? ; )*
+    }) => {
+        impl<T: AsRef<[u8]>> $view<T> {
+            $( cm_fields!(@get $kind $spec, $get, $(#[$doc])*); )*
+        }
+
+        impl<T: AsRef<[u8]> + AsMut<[u8]>> $view<T> {
+            $( cm_fields!(@set $kind $spec, $get, $set); )*
+        }
+    };
+
+    (@get u8 ($at:expr), $($g:tt)*) => { cm_fields!(@getter u8, b => b[$at], $($g)*); };
+    (@get u16 ($r:expr), $($g:tt)*) => { cm_fields!(@getter u16, b => $crate::wire::be::u16(b, $r), $($g)*); };
+    (@get u24 ($r:expr), $($g:tt)*) => { cm_fields!(@getter u32, b => $crate::wire::be::u24(b, $r), $($g)*); };
+    (@get u24 [$h:expr, $m:expr, $l:expr], $($g:tt)*) => {
+        cm_fields!(@getter u32, b => u32::from(b[$h]) << 16 | u32::from(b[$m]) << 8 | u32::from(b[$l]), $($g)*);
+    };
+    (@get u32 ($r:expr), $($g:tt)*) => { cm_fields!(@getter u32, b => $crate::wire::be::u32(b, $r), $($g)*); };
+    (@get u64 ($r:expr), $($g:tt)*) => { cm_fields!(@getter u64, b => $crate::wire::be::u64(b, $r), $($g)*); };
+    (@get bits ($at:expr, $off:expr, $w:expr), $($g:tt)*) => {
+        cm_fields!(@getter u8, b => $crate::wire::bits::get(b, $at, $off, $w), $($g)*);
+    };
+    (@get bit ($at:expr, $off:expr), $($g:tt)*) => {
+        cm_fields!(@getter bool, b => $crate::wire::bits::get(b, $at, $off, 1) != 0, $($g)*);
+    };
+    (@get flow_label ($r:expr), $($g:tt)*) => {
+        cm_fields!(@getter u32, b => $crate::wire::be::u32(b, $r) >> 12, $($g)*);
+    };
+    (@get gid ($r:expr), $($g:tt)*) => {
+        cm_fields!(@getter [u8; 16], b => $crate::wire::cm_path::gid(b, $r), $($g)*);
+    };
+    (@get area ($at:expr, $len:ident), $get:ident, $(#[$doc:meta])*) => {
+        cm_fields!(@getter &[u8], b => &b[$at..$at + $len], $get, $(#[$doc])*
+            #[doc = concat!("\n[`", stringify!($len), "`] bytes once checked.")]);
+    };
+    (@get path ($r:expr), $($g:tt)*) => {
+        cm_fields!(@getter $crate::wire::cm_path::CmPathPacket<&[u8]>,
+            b => $crate::wire::cm_path::CmPathPacket::new_unchecked(&b[$r]), $($g)*);
+    };
+    (@get by_hand $ty:tt, $($g:tt)*) => {};
+    (@get nested $ty:tt, $($g:tt)*) => {};
+    (@getter $ty:ty, $b:ident => $read:expr, $get:ident, $(#[$doc:meta])*) => {
+        $(#[$doc])*
+        pub fn $get(&self) -> $ty {
+            let $b = self.buffer.as_ref();
+            $read
+        }
+    };
+
+    (@set u8 ($at:expr), $($s:tt)*) => { cm_fields!(@setter u8, "", (b, v) => b[$at] = v, $($s)*); };
+    (@set u16 ($r:expr), $($s:tt)*) => {
+        cm_fields!(@setter u16, "", (b, v) => $crate::wire::be::set_u16(b, $r, v), $($s)*);
+    };
+    (@set u24 ($r:expr), $($s:tt)*) => {
+        cm_fields!(@setter u32, " (the low 24 bits of `v`)", (b, v) => $crate::wire::be::set_u24(b, $r, v), $($s)*);
+    };
+    (@set u24 [$h:expr, $m:expr, $l:expr], $($s:tt)*) => {
+        cm_fields!(@setter u32, " (the low 24 bits of `v`)", (b, v) => {
+            b[$h] = (v >> 16) as u8;
+            b[$m] = (v >> 8) as u8;
+            b[$l] = v as u8;
+        }, $($s)*);
+    };
+    (@set u32 ($r:expr), $($s:tt)*) => {
+        cm_fields!(@setter u32, "", (b, v) => $crate::wire::be::set_u32(b, $r, v), $($s)*);
+    };
+    (@set u64 ($r:expr), $($s:tt)*) => {
+        cm_fields!(@setter u64, "", (b, v) => $crate::wire::be::set_u64(b, $r, v), $($s)*);
+    };
+    (@set bits ($at:expr, $off:expr, $w:literal), $($s:tt)*) => {
+        cm_fields!(@setter u8, concat!(" (the low ", $w, " bits of `v`; the byte's other bits are left alone)"),
+            (b, v) => $crate::wire::bits::set(b, $at, $off, $w, v), $($s)*);
+    };
+    (@set bit ($at:expr, $off:expr), $($s:tt)*) => {
+        cm_fields!(@setter bool, " (the byte's other bits are left alone)",
+            (b, v) => $crate::wire::bits::set(b, $at, $off, 1, u8::from(v)), $($s)*);
+    };
+    (@set flow_label ($r:expr), $($s:tt)*) => {
+        cm_fields!(@setter u32, " (the low 20 bits of `v`; the low 12 bits of the word are left alone)",
+            (b, v) => $crate::wire::cm_path::set_flow_label(b, $r, v), $($s)*);
+    };
+    (@set gid ($r:expr), $($s:tt)*) => {
+        cm_fields!(@setter [u8; 16], "", (b, v) => b[$r].copy_from_slice(&v), $($s)*);
+    };
+    (@set area ($at:expr, $len:ident), $($s:tt)*) => {
+        cm_fields!(@writable &mut [u8], b => &mut b[$at..$at + $len], $($s)*);
+    };
+    (@set path ($r:expr), $($s:tt)*) => {
+        cm_fields!(@writable $crate::wire::cm_path::CmPathPacket<&mut [u8]>,
+            b => $crate::wire::cm_path::CmPathPacket::new_unchecked(&mut b[$r]), $($s)*);
+    };
+    (@set by_hand $ty:tt, $($s:tt)*) => {};
+    (@set nested $ty:tt, $($s:tt)*) => {};
+    (@setter $ty:ty, $note:expr, ($b:ident, $v:ident) => $write:expr, $get:ident, $set:ident) => {
+        #[doc = concat!("Sets [`", stringify!($get), "`](Self::", stringify!($get), ")", $note, ".")]
+        pub fn $set(&mut self, $v: $ty) {
+            let $b = self.buffer.as_mut();
+            $write;
+        }
+    };
+    (@writable $ty:ty, $b:ident => $expr:expr, $get:ident, $set:ident) => {
+        #[doc = concat!("[`", stringify!($get), "`](Self::", stringify!($get), "), writable.")]
+        pub fn $set(&mut self) -> $ty {
+            let $b = self.buffer.as_mut();
+            $expr
+        }
+    };
+}
+
+/// Generates a CM header of fixed length `$len`: its view through [`header_view!`], the fields'
+/// accessors through [`cm_fields!`] (and a compile-time check that each lies within `$len`), and
+/// the `Repr` with a field for each (in the order given), `parse`, `check` (each field in the
+/// order given: a width, an area's length, a path's or nested value's own `check`; the first to
+/// fail names the error), `emit` (the whole `$len` bytes: zeros, then each field) and
+/// `buffer_len`. Under `cfg(test)` it implements [`cm::captured::Header`] for the tests of
+/// `cm::captured`.
+macro_rules! cm_header {
+    (
+        view $view:ident($len:expr, $what:literal, $holds:literal, $view_doc:expr);
+        $(#[$repr_attr:meta])*
+        repr $repr:ident;
+        fields { $( $(#[$doc:meta])* $get:ident / $set:ident : $kind:ident $spec:tt $(, $err:literal)? ; )* }
+    ) => {
+        header_view!($view, $len, $what, $holds, $view_doc);
+
+        cm_fields! { impl $view { $( $(#[$doc])* $get / $set : $kind $spec $(, $err)? ; )* } }
+
+        const _: () = { $( cm_header!(@within $kind $spec, $len, $get); )* };
+
+        $(#[$repr_attr])*
+        pub struct $repr {
+            $( $(#[$doc])* #[doc = cm_header!(@note $kind $spec)] pub $get: cm_header!(@ty $kind $spec), )*
+        }
+
+        impl $repr {
+            #[doc = concat!("Reads a ", $what, ". Any values are accepted: the caller (the CM state machine; for a \
+                MAD header, its class) judges them.")]
+            pub fn parse<T: AsRef<[u8]> + ?Sized>(p: &$view<&T>) -> $crate::wire::Result<$repr> {
+                p.check_len()?;
+                Ok($repr { $( $get: cm_header!(@parse $kind $spec, p, $get), )* })
+            }
+
+            #[doc = concat!("Bytes it takes: ", $holds, ".")]
+            pub const fn buffer_len(&self) -> usize {
+                $len
+            }
+
+            /// Fails when a value does not fit its field or an area is too long.
+            pub fn check(&self) -> $crate::wire::Result<()> {
+                $( cm_header!(@check $kind $spec, self.$get $(, $err)?); )*
+                Ok(())
+            }
+
+            #[doc = concat!("Writes the ", $what, " over ", $holds, ", reserved bits zero. Fails, writing nothing, \
+                when [`", stringify!($repr), "::check`] does or the buffer is short.")]
+            pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut $view<T>) -> $crate::wire::Result<()> {
+                self.check()?;
+                p.check_len()?;
+                p.buffer.as_mut()[..$len].fill(0);
+                self.write_fields(p)
+            }
+
+            /// Sets each field of `p` (a checked `self`, a buffer of the whole length).
+            fn write_fields<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut $view<T>) -> $crate::wire::Result<()> {
+                $( cm_header!(@write $kind $spec, p, self.$get, $set); )*
+                Ok(())
+            }
+        }
+
+        #[cfg(test)]
+        impl $crate::wire::cm::captured::Header for $repr {
+            const LEN: usize = $len;
+            fn parse_bytes(b: &[u8]) -> $crate::wire::Result<Self> {
+                Self::parse(&$view::new_checked(b)?)
+            }
+            fn check_len_of(b: &[u8]) -> $crate::wire::Result<()> {
+                $view::new_checked(b).map(drop)
+            }
+            fn emit_bytes(&self, b: &mut [u8]) -> $crate::wire::Result<()> {
+                self.emit(&mut $view::new_unchecked(b))
+            }
+            fn write_each(&self, b: &mut [u8]) -> $crate::wire::Result<()> {
+                self.write_fields(&mut $view::new_unchecked(b))
+            }
+            fn assert_reads(&self, b: &[u8]) {
+                let p = $view::new_checked(b).unwrap();
+                $( cm_header!(@assert $kind $spec, p, self.$get, $get); )*
+            }
+            fn trimmed(&self) -> Self {
+                #[allow(unused_mut)] // a header without areas changes nothing
+                let mut r = self.clone();
+                $( cm_header!(@trim $kind $spec, r.$get); )*
+                r
+            }
+        }
+    };
+
+    (@ty u8 $s:tt) => { u8 };
+    (@ty u16 $s:tt) => { u16 };
+    (@ty u24 $s:tt) => { u32 };
+    (@ty u32 $s:tt) => { u32 };
+    (@ty u64 $s:tt) => { u64 };
+    (@ty bits $s:tt) => { u8 };
+    (@ty bit $s:tt) => { bool };
+    (@ty flow_label $s:tt) => { u32 };
+    (@ty gid $s:tt) => { [u8; 16] };
+    (@ty area $s:tt) => { Vec<u8> };
+    (@ty path $s:tt) => { $crate::wire::cm_path::CmPathRepr };
+    (@ty by_hand ($ty:ty)) => { $ty };
+    (@ty nested ($ty:ty)) => { $ty };
+
+    (@note area ($at:expr, $len:ident)) => {
+        concat!(
+            "\nThe whole area ([`", stringify!($len), "`] bytes) on parse; on emit at most that many bytes, ",
+            "zero-padded."
+        )
+    };
+    (@note $kind:ident $s:tt) => { "" };
+
+    (@within by_hand $s:tt, $len:expr, $get:ident) => {};
+    (@within nested $s:tt, $len:expr, $get:ident) => {};
+    (@within $kind:ident $s:tt, $len:expr, $get:ident) => {
+        assert!(cm_header!(@bytes $kind $s).end <= $len, concat!(stringify!($get), " ends past the view"))
+    };
+    (@bytes u8 ($at:expr)) => { $at..$at + 1 };
+    (@bytes u24 [$h:expr, $m:expr, $l:expr]) => { $h..$l + 1 };
+    (@bytes bits ($at:expr, $off:expr, $w:expr)) => { $at..$at + 1 };
+    (@bytes bit ($at:expr, $off:expr)) => { $at..$at + 1 };
+    (@bytes area ($at:expr, $len:ident)) => { $at..$at + $len };
+    (@bytes $kind:ident ($r:expr)) => { $r };
+
+    (@parse area $s:tt, $p:ident, $get:ident) => { $p.$get().to_vec() };
+    (@parse path $s:tt, $p:ident, $get:ident) => { $crate::wire::cm_path::CmPathRepr::parse(&$p.$get())? };
+    (@parse $kind:ident $s:tt, $p:ident, $get:ident) => { $p.$get() };
+
+    (@check u24 $s:tt, $v:expr, $err:literal) => { $crate::wire::cm::check_width($v, 24, $err)? };
+    (@check bits ($at:expr, $off:expr, $w:expr), $v:expr, $err:literal) => {
+        $crate::wire::cm::check_width($v, $w, $err)?
+    };
+    (@check flow_label $s:tt, $v:expr, $err:literal) => { $crate::wire::cm::check_width($v, 20, $err)? };
+    (@check area ($at:expr, $len:ident), $v:expr, $err:literal) => { $crate::wire::cm::check_area(&$v, $len, $err)? };
+    (@check path $s:tt, $v:expr) => { $v.check()? };
+    (@check nested $s:tt, $v:expr) => { $v.check()? };
+    (@check u8 $s:tt, $v:expr) => {};
+    (@check u16 $s:tt, $v:expr) => {};
+    (@check u32 $s:tt, $v:expr) => {};
+    (@check u64 $s:tt, $v:expr) => {};
+    (@check bit $s:tt, $v:expr) => {};
+    (@check gid $s:tt, $v:expr) => {};
+    (@check by_hand $s:tt, $v:expr) => {};
+
+    (@write area $s:tt, $p:ident, $v:expr, $set:ident) => { $crate::wire::cm::write_area($p.$set(), &$v) };
+    (@write path $s:tt, $p:ident, $v:expr, $set:ident) => { $v.emit(&mut $p.$set())? };
+    (@write nested $s:tt, $p:ident, $v:expr, $set:ident) => { $p.$set(&$v) };
+    (@write $kind:ident $s:tt, $p:ident, $v:expr, $set:ident) => { $p.$set($v) };
+
+    (@assert area $s:tt, $p:ident, $v:expr, $get:ident) => { assert_eq!($p.$get(), &$v[..], stringify!($get)) };
+    (@assert path $s:tt, $p:ident, $v:expr, $get:ident) => {
+        assert_eq!($crate::wire::cm_path::CmPathRepr::parse(&$p.$get()).as_ref(), Ok(&$v), stringify!($get))
+    };
+    (@assert $kind:ident $s:tt, $p:ident, $v:expr, $get:ident) => { assert_eq!($p.$get(), $v, stringify!($get)) };
+
+    (@trim area $s:tt, $v:expr) => {
+        while $v.last() == Some(&0) {
+            $v.pop();
+        }
+    };
+    (@trim $kind:ident $s:tt, $v:expr) => {};
+}
+
+/// Generates one CM message (IBTA Vol 1 12.6) through [`cm_header!`]: the view `$view` over the
+/// whole MAD data area after the 24-byte MAD header ([`mad::MAD_DATA_LEN`] = 232 bytes: the
+/// fixed part and the private data, offsets counted from its start as in `ibta_vol1_c12.h`), and
+/// the `Repr` `$repr` (documented by the doc comments before `fields`), with `Debug`, `Clone`,
+/// `PartialEq`, `Eq` and `Default`.
+macro_rules! cm_message {
+    ($view:ident, $repr:ident, $what:literal; $(#[$repr_doc:meta])* fields { $($fields:tt)* }) => {
+        cm_header! {
+            view $view($crate::wire::mad::MAD_DATA_LEN, $what, "the whole MAD data area",
+                concat!("A view of a ", $what, " (the MAD data area)."));
+            $(#[$repr_doc])*
+            #[derive(Debug, Clone, PartialEq, Eq, Default)]
+            repr $repr;
+            fields { $($fields)* }
+        }
     };
 }
 
