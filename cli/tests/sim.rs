@@ -85,18 +85,18 @@ fn hopeless_loss_ends_in_retry_exhaustion_not_a_hang() {
 
 #[test]
 fn bad_arguments_are_clear_errors() {
-    let (code, _, err) = sim(&["--transport", "rd"]);
-    assert_eq!(code, Some(2));
-    assert!(err.contains("use rc, uc, ud or xrc"), "{err}");
-    let (code, _, err) = sim(&["--loss", "1.5"]);
-    assert_eq!(code, Some(2));
-    assert!(err.contains("probability"), "{err}");
-    let (code, _, err) = sim(&["--mtu", "1500"]);
-    assert_eq!(code, Some(2));
-    assert!(err.contains("--mtu"), "{err}");
-    let (code, _, err) = sim(&["--ops", "send,teleport"]);
-    assert_eq!(code, Some(2));
-    assert!(err.contains("teleport"), "{err}");
+    // The arguments, and what the error says.
+    let cases: [(&[&str], &str); 4] = [
+        (&["--transport", "rd"], "use rc, uc, ud or xrc"),
+        (&["--loss", "1.5"], "probability"),
+        (&["--mtu", "1500"], "--mtu"),
+        (&["--ops", "send,teleport"], "teleport"),
+    ];
+    for (args, says) in cases {
+        let (code, _, err) = sim(args);
+        assert_eq!(code, Some(2), "{args:?}");
+        assert!(err.contains(says), "{err}");
+    }
 }
 
 #[test]
