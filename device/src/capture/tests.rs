@@ -196,18 +196,18 @@ fn a_full_ring_waits_for_the_writer_before_it_drops() {
 }
 
 #[test]
-fn a_producers_long_waits_for_room_take_at_most_a_tenth_of_each_second() {
+fn a_producers_long_waits_for_room_take_at_most_half_of_each_second() {
     use super::ring::WaitBudget;
     let ms = |n: u64| n * 1_000_000;
     let b = WaitBudget::default();
     let t0 = ms(5_000);
     assert_eq!(b.allowed(t0), std::time::Duration::from_millis(25), "a wait is at most FULL_WAIT");
-    b.spend(std::time::Duration::from_millis(90));
-    assert_eq!(b.allowed(t0 + ms(300)), std::time::Duration::from_millis(10), "what is left of the window's 100 ms");
+    b.spend(std::time::Duration::from_millis(490));
+    assert_eq!(b.allowed(t0 + ms(600)), std::time::Duration::from_millis(10), "what is left of the window's 500 ms");
     for _ in 0..100 {
         b.spend(std::time::Duration::from_millis(1));
     }
-    assert_eq!(b.allowed(t0 + ms(400)), std::time::Duration::from_millis(10), "short waits (pacing) are free");
+    assert_eq!(b.allowed(t0 + ms(700)), std::time::Duration::from_millis(10), "short waits (pacing) are free");
     b.spend(std::time::Duration::from_millis(10));
     assert!(b.allowed(t0 + ms(999)).is_zero(), "the budget is spent until the window ends");
     assert_eq!(b.allowed(t0 + ms(1_000)), std::time::Duration::from_millis(25), "a new window, a new budget");
@@ -250,9 +250,9 @@ fn produce_behind_a_writer(every: std::time::Duration, n: usize) -> (u64, std::t
 fn a_writer_that_stays_behind_loses_frames_rather_than_pacing_the_producer() {
     // A writer that frees one record every 20 ms: each wait alone is shorter than FULL_WAIT, so
     // without the budget every frame would wait for it and none would drop.
-    let (dropped, waited) = produce_behind_a_writer(std::time::Duration::from_millis(20), 40);
+    let (dropped, waited) = produce_behind_a_writer(std::time::Duration::from_millis(20), 60);
     assert!(dropped > 0, "frames dropped once the budget was spent");
-    assert!(waited < std::time::Duration::from_millis(800), "40 waits of ~20 ms would take 800 ms; took {waited:?}");
+    assert!(waited < std::time::Duration::from_millis(1_000), "60 waits of ~20 ms would take 1.2 s; took {waited:?}");
 }
 
 #[test]
