@@ -188,16 +188,31 @@ pub(crate) fn profile_cm_response_timeout(b: WireProfile) -> u8 {
 pub(crate) fn daemon(name: &str, args: &DeviceArgs) -> Result<ExitCode> {
     let cfg = args.config(name)?;
     let idle = args.idle_exit.filter(|&s| s > 0).map(std::time::Duration::from_secs);
-    let r = softrdma_daemon::run(cfg, idle, |info| {
-        println!(
-            "softrdma: device {} on {} (UDP {}), active MTU {}, pid {}",
-            info.name,
-            info.addr,
-            args.port,
-            info.active_mtu.bytes(),
-            info.pid
-        );
-    });
+    let idle_secs = args.idle_exit.unwrap_or(0);
+    let r = softrdma_daemon::run(
+        cfg,
+        idle,
+        |info| {
+            println!(
+                "softrdma: device {} on {} (UDP {}), active MTU {}, pid {}",
+                info.name,
+                info.addr,
+                args.port,
+                info.active_mtu.bytes(),
+                info.pid
+            );
+        },
+        // One write each, before the daemon lets go of its lock.
+        |ended| match ended {
+            softrdma_daemon::server::Ended::SocketGone => {
+                eprintln!("softrdma: device {name}: its socket file was removed or replaced; ending")
+            }
+            softrdma_daemon::server::Ended::Idle => {
+                eprintln!("softrdma: device {name}: no client for {idle_secs} s; ending")
+            }
+            softrdma_daemon::server::Ended::Stopped => {}
+        },
+    );
     match r {
         // Another process runs or starts this device: a distinct status, which `up` reads as a
         // start race it lost (the shared log file may have been truncated by then).
@@ -205,15 +220,7 @@ pub(crate) fn daemon(name: &str, args: &DeviceArgs) -> Result<ExitCode> {
             eprintln!("softrdma: {e}");
             Ok(ExitCode::from(daemon::EXIT_ALREADY_RUNNING))
         }
-        Ok(softrdma_daemon::server::Ended::SocketGone) => {
-            eprintln!("softrdma: device {name}: its socket file was removed or replaced; ending");
-            Ok(ExitCode::SUCCESS)
-        }
-        Ok(softrdma_daemon::server::Ended::Idle) => {
-            eprintln!("softrdma: device {name}: no client for {} s; ending", args.idle_exit.unwrap_or(0));
-            Ok(ExitCode::SUCCESS)
-        }
-        Ok(softrdma_daemon::server::Ended::Stopped) => Ok(ExitCode::SUCCESS),
+        Ok(_) => Ok(ExitCode::SUCCESS),
         Err(e) => Err(e.into()),
     }
 }

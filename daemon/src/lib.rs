@@ -36,6 +36,7 @@ pub fn run(
     cfg: HcaConfig,
     idle_exit: Option<Duration>,
     ready: impl FnOnce(&DeviceInfo),
+    ended: impl FnOnce(&server::Ended),
 ) -> Result<server::Ended, DaemonError> {
     runtime::check_name(&cfg.name)?;
     let dir = runtime::runtime_dir()?;
@@ -67,5 +68,8 @@ pub fn run(
         let _ = fs::remove_file(&sock_path);
     }
     hca.stop();
-    r.map_err(io_err("accept".into()))
+    let r = r.map_err(io_err("accept".into()))?;
+    // Said while the lock is still held: whoever sees the device ended (its lock free) can read why.
+    ended(&r);
+    Ok(r)
 }
