@@ -65,6 +65,20 @@ pub const HANDOFF_LOOK_MAX: std::time::Duration = std::time::Duration::from_mill
 /// The longest a [`Progress::Application`] device's progress thread sleeps (50 ms).
 const APPLICATION_TICK_NS: u64 = 50_000_000;
 
+/// The longest a [`Progress::Application`] device's progress thread sleeps: while answers a
+/// poll held back are owed, [`HELD_ANSWER_WAIT`]; while the application drives the device
+/// (its last call `since_drive_ns` ago, within [`ACTIVE_WINDOW`]), [`DRIVEN_SLEEP_MAX`]; else
+/// [`APPLICATION_TICK_NS`].
+fn application_sleep_ns(tx_owed: bool, since_drive_ns: u64) -> u64 {
+    if tx_owed {
+        HELD_ANSWER_WAIT.as_nanos() as u64
+    } else if since_drive_ns < ACTIVE_WINDOW.as_nanos() as u64 {
+        DRIVEN_SLEEP_MAX.as_nanos() as u64
+    } else {
+        APPLICATION_TICK_NS
+    }
+}
+
 /// Puts the device thread's descriptor of the socket back into its wait set (or takes it out):
 /// with the state's lock held (`_st`), so that `handed_off` and the set agree. If datagrams are
 /// waiting when it goes back, epoll wakes the device thread at once: nothing waits unseen.
@@ -241,13 +255,7 @@ pub(super) fn run(sh: &Shared) {
                 sh.tx_owed.store(st.tx_owed, Ordering::Relaxed);
                 let since =
                     (sh.epoch.elapsed().as_nanos() as u64).saturating_sub(sh.last_drive_ns.load(Ordering::Relaxed));
-                let tick = if st.tx_owed {
-                    HELD_ANSWER_WAIT.as_nanos() as u64
-                } else if since < ACTIVE_WINDOW.as_nanos() as u64 {
-                    DRIVEN_SLEEP_MAX.as_nanos() as u64
-                } else {
-                    APPLICATION_TICK_NS
-                };
+                let tick = application_sleep_ns(st.tx_owed, since);
                 t = Some(t.map_or(tick, |t| t.min(tick)));
             }
             // The application's calls arm timers while this thread sleeps: they wake it when they
@@ -744,5 +752,24 @@ extern "C" fn at_exit() {
             // counters too (`softrdma stat`).
             st.publish(true);
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Answers a poll held back leave within HELD_ANSWER_WAIT when no call of the application's
+    /// sends them, however long ago it last called; a driven device's thread looks every
+    /// millisecond; an idle one's at the 50 ms tick.
+    #[test]
+    fn the_progress_thread_sleeps_briefly_while_answers_are_owed() {
+        for since in [0, 5_000_000, 60_000_000, u64::MAX] {
+            assert_eq!(application_sleep_ns(true, since), HELD_ANSWER_WAIT.as_nanos() as u64);
+        }
+        assert_eq!(application_sleep_ns(false, 0), DRIVEN_SLEEP_MAX.as_nanos() as u64);
+        assert_eq!(application_sleep_ns(false, ACTIVE_WINDOW.as_nanos() as u64 - 1), 1_000_000);
+        assert_eq!(application_sleep_ns(false, ACTIVE_WINDOW.as_nanos() as u64), APPLICATION_TICK_NS);
+        assert!(HELD_ANSWER_WAIT < DRIVEN_SLEEP_MAX);
     }
 }
