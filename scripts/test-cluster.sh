@@ -201,6 +201,20 @@ if command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
   mpi_check="$logs/mpi_check"
   mpicc -O1 -Wall -o "$mpi_check" scripts/cluster/mpi_check.c || mpi_check=""
 fi
+# The hosts share this machine's cores: an Open MPI job there runs unbound unless it asks (its
+# default bound each host's rank to core 0, and two hosts' ranks took turns on one core: an 8 B
+# ping-pong cost milliseconds). Each rank's allowed CPUs are the machine's.
+if [ -n "$mpi_check" ]; then
+  printf '%s slots=1\n%s slots=1\n' "$(addr 1)" "$(addr 2)" >"$logs/hostfile-bind"
+  all=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)
+  out=$(on 1 timeout 60 mpirun --allow-run-as-root --mca plm_rsh_agent "$bin cluster rsh" --hostfile "$logs/hostfile-bind" \
+    -np 2 sh -c 'echo "$(hostname) $(sed -n "s/^Cpus_allowed_list:[[:space:]]*//p" /proc/self/status)"' 2>&1)
+  if [ "$(echo "$out" | grep -c " $all\$")" = 2 ]; then
+    result "Open MPI ranks on cluster hosts are not bound to a core (the hosts share the machine's)" ok
+  else
+    result "Open MPI ranks on cluster hosts are not bound to a core (the hosts share the machine's)" fail "$out (all: $all)"
+  fi
+fi
 mpi() { # name hosts [mpi_check args]
   local name=$1 n=$2
   shift 2

@@ -46,9 +46,22 @@ pub(crate) fn run(program: &[String], present: bool) -> Result<ExitCode> {
 /// mounted afresh so that /sys/class/net is the host's.
 pub(crate) fn exec_presented(program: &[String], dir: &Path) -> Result<ExitCode> {
     crate::present::present(dir, true).context("presenting the host's device")?;
-    let env = [("SOFTRDMA_RUNTIME_DIR", dir.as_os_str()), ("SOFTRDMA_NO_AUTOSTART", "1".as_ref())];
+    let mut env = vec![("SOFTRDMA_RUNTIME_DIR", dir.as_os_str()), ("SOFTRDMA_NO_AUTOSTART", "1".as_ref())];
+    // The cluster's hosts share this machine's cores, but each host's launcher sees them all
+    // as its own: Open MPI's default binding (a job of up to two ranks a host: each to a core,
+    // from the first) put the rank of every host on core 0, where two ranks polling their
+    // transports took turns by time slice: an 8 B ping-pong between two hosts cost 5.1 ms a
+    // round trip over pml ucx and 8.1 ms over ob1 tcp, against 33 us and 13 us unbound
+    // (BENCHMARKS.md, "cluster"). Unbound unless the job says otherwise (`--bind-to`, or this
+    // variable set by the caller).
+    if std::env::var_os(OMPI_BINDING).is_none() {
+        env.push((OMPI_BINDING, "none".as_ref()));
+    }
     exec_with_shim(program, &env)
 }
+
+/// Open MPI's binding policy (`--bind-to`; mpirun passes it on to the daemons it starts).
+const OMPI_BINDING: &str = "OMPI_MCA_hwloc_base_binding_policy";
 
 /// Replaces this process with the program, the shim first on LD_LIBRARY_PATH.
 fn exec_with_shim(program: &[String], env: &[(&str, &std::ffi::OsStr)]) -> Result<ExitCode> {
