@@ -19,7 +19,7 @@
 //! All but the first are for measuring one choice against another in one build (BENCHMARKS.md
 //! names the runs that used them); a value that does not parse leaves the default. The capture's
 //! knobs are read where they act (`SOFTRDMA_CAPTURE_RING_MB` in `capture`, `SOFTRDMA_CAPTURE_DIRECT`
-//! in `capture::sink`, `SOFTRDMA_CAPTURE_NICE` in `capture::writer`), as is `SOFTRDMA_MEMORY_HELPER` (`client`).
+//! in `capture::sink`), as is `SOFTRDMA_MEMORY_HELPER` (`client`).
 
 use std::net::IpAddr;
 use std::path::PathBuf;
