@@ -75,40 +75,6 @@ fn sent_and_received_frames_reach_the_file_in_order_with_valid_icrcs() {
     }
 }
 
-/// A thread's nice value, from /proc (field 19 of its stat, after the parenthesised name).
-fn thread_nice(tid: i32) -> i32 {
-    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
-    let after = &stat[stat.rfind(')').unwrap() + 2..];
-    after.split(' ').nth(16).unwrap().parse().unwrap()
-}
-
-#[test]
-fn the_writer_thread_raises_its_priority_as_far_as_the_process_may() {
-    let dir = tempfile::tempdir().unwrap();
-    let writer = writer::Writer::create(&dir.path().join("c.pcap"), monotonic_ns()).unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let tid = loop {
-        if let Some(t) = writer.thread_id() {
-            break t;
-        }
-        assert!(std::time::Instant::now() < deadline, "the writer thread did not start");
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    };
-    // SAFETY: plain system calls reading this process's values.
-    let (ours, floor) = unsafe {
-        let ours = libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t);
-        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-        assert_eq!(libc::getrlimit(libc::RLIMIT_NICE, &mut lim), 0);
-        let privileged = libc::geteuid() == 0;
-        (ours, if privileged { -20 } else { 20 - lim.rlim_cur.min(40) as i32 })
-    };
-    // The wanted value (-10 unless the environment says otherwise), bounded by what the process
-    // may take; never lower the priority it started with.
-    let want = writer::wanted_nice().max(floor).min(ours);
-    assert_eq!(thread_nice(tid), want, "writer thread {tid} (this thread at {ours}, floor {floor})");
-    writer.finish();
-}
-
 #[test]
 fn an_ipv6_frame_gets_its_udp_checksum() {
     let dir = tempfile::tempdir().unwrap();

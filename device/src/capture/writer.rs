@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 use std::io::{self, IoSlice};
 use std::path::Path;
-use std::sync::atomic::{fence, AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -37,16 +37,6 @@ const IOV_BATCH: usize = 512;
 /// (ring.rs `FULL_WAIT`), and frames were dropped from the capture behind it (qperf at 64 KiB in
 /// the matrix, 521 and 2,852 frames). 256 KiB gives room back every ~1-3 ms at that pace.
 const BATCH_BYTES: usize = 256 << 10;
-/// The writer thread's nice value where the process may raise it (root, CAP_SYS_NICE, or an
-/// RLIMIT_NICE that allows it; else as high as RLIMIT_NICE allows, else left): -10, or
-/// $SOFTRDMA_CAPTURE_NICE (a tuning knob; 0 leaves it). A kernel's capture runs in softirq,
-/// ahead of every process; this one is a thread, and with programs that poll their completion
-/// queues busy on every core it is given the CPU late: the full matrix on this 2-core machine
-/// logged 1,028 wake-ups 10-30 ms late and writes held up to 95 ms (the thread taken off the
-/// CPU mid-write), and in 5 of 60 capture segments its 128 MiB ring filled and frames were
-/// dropped from the capture. It sleeps whenever the rings are empty, so its priority takes
-/// from the others only the time its work needs (at most ~0.4 s of CPU per GB captured).
-const DEFAULT_NICE: i32 = -10;
 
 /// One ring the writer drains.
 struct Source {
@@ -83,8 +73,6 @@ struct Shared {
     wrote: AtomicBool,
     /// The rings' `dropped`, summed, when last looked at.
     dropped_seen: AtomicU64,
-    /// The thread's id once its priority is set (0 before).
-    tid: AtomicI32,
 }
 
 /// A device's capture file and the thread that writes it.
@@ -106,14 +94,10 @@ impl Writer {
             lost: AtomicU64::new(0),
             wrote: AtomicBool::new(false),
             dropped_seen: AtomicU64::new(0),
-            tid: AtomicI32::new(0),
         });
         let s = shared.clone();
         let mut out = Output { file, epoch_mono_ns, warned: false };
         let thread = std::thread::Builder::new().name("softrdma-capture".into()).spawn(move || {
-            raise_priority();
-            // SAFETY: gettid(2) has no preconditions.
-            s.tid.store(unsafe { libc::gettid() }, Ordering::Release);
             loop {
                 let stopping = s.stop.load(Ordering::Acquire);
                 s.round(&mut out, stopping);
@@ -162,12 +146,6 @@ impl Writer {
         let s = self.shared.sources.lock().unwrap_or_else(|e| e.into_inner());
         let dropped: u64 = s.list.iter().map(|r| r.ring.dropped()).sum::<u64>() + s.dropped_gone;
         (self.shared.frames.load(Ordering::Relaxed), dropped + self.shared.lost.load(Ordering::Relaxed))
-    }
-
-    /// The writer thread's id, once it has set its priority.
-    #[cfg(test)]
-    pub(crate) fn thread_id(&self) -> Option<i32> {
-        Some(self.shared.tid.load(Ordering::Acquire)).filter(|&t| t != 0)
     }
 
     /// Writes everything the rings hold and stops the thread (the device stops).
@@ -353,47 +331,6 @@ impl Source {
             self.scan = r.end();
         }
         Ok(())
-    }
-}
-
-/// The nice value the writer thread asks for ([`DEFAULT_NICE`]).
-pub(crate) fn wanted_nice() -> i32 {
-    std::env::var("SOFTRDMA_CAPTURE_NICE")
-        .ok()
-        .and_then(|v| v.trim().parse::<i32>().ok())
-        .map_or(DEFAULT_NICE, |n| n.clamp(-20, 19))
-}
-
-/// Gives the calling thread (the writer's) the nice value [`wanted_nice`] asks for, or the
-/// highest the process's RLIMIT_NICE allows (setpriority(2): on Linux a thread's nice value is
-/// its own; an unprivileged one may go down to `20 - rlim_cur`). Says so where it cannot.
-fn raise_priority() {
-    let want = wanted_nice();
-    // SAFETY: gettid/getpriority/setpriority/getrlimit act on this thread and read or write
-    // only the values passed.
-    unsafe {
-        let tid = libc::gettid() as libc::id_t;
-        let now = libc::getpriority(libc::PRIO_PROCESS, tid);
-        if want >= now {
-            return;
-        }
-        if libc::setpriority(libc::PRIO_PROCESS, tid, want) == 0 {
-            return;
-        }
-        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-        let floor =
-            if libc::getrlimit(libc::RLIMIT_NICE, &mut lim) == 0 { 20 - (lim.rlim_cur.min(40) as i32) } else { now };
-        let got = if floor < now && libc::setpriority(libc::PRIO_PROCESS, tid, floor.max(want)) == 0 {
-            floor.max(want)
-        } else {
-            now
-        };
-        tracing::info!(
-            wanted = want,
-            nice = got,
-            "capture: the writer may not raise its priority that far (no CAP_SYS_NICE; RLIMIT_NICE): \
-             where busy programs hold every core it may fall behind, and what it loses is counted"
-        );
     }
 }
 
