@@ -42,15 +42,16 @@ private_runtime
 logs="${SOFTRDMA_MATRIX_LOGS:-$rt/logs}"
 mkdir -p "$logs"
 results="$rt/results.tsv"
-# The captures go to memory where there is room (/dev/shm; SOFTRDMA_MATRIX_CAPDIR puts them
-# elsewhere): a disk's latency now and then holds the capture's writer up longer than its rings
-# last at these rates. A setup's cells are cut into segments (`segment_to`), each with files of
-# its own, checked and removed when it ends: a whole setup's captures once filled a 24 GiB
-# machine's memory until the kernel killed a daemon; a segment's stay under ~8 GB a device.
+# The captures go to the run's directory (SOFTRDMA_MATRIX_CAPDIR puts them elsewhere), on a disk
+# where the capture writes whole blocks with O_DIRECT: no new page of memory per byte. In memory
+# (/dev/shm) every byte of a capture needs a page the kernel has just allocated, and on a virtual
+# machine whose host takes back the pages its guest frees (this one's: a balloon with free page
+# reporting) each is a fault into the host: 1 GiB into /dev/shm took 3-9 s while the matrix ran,
+# 0.8 s to the disk with O_DIRECT, and single writes of the capture into /dev/shm took up to
+# 232 ms, long enough to fill its rings (the full matrix lost frames in 5 of 60 capture segments
+# there). A setup's cells are cut into segments (`segment_to`), each with files of its own,
+# checked and removed when it ends: a segment's stay under ~8 GB a device.
 capdir="$rt"
-if [ -d /dev/shm ] && [ "$(df -k --output=avail /dev/shm 2>/dev/null | tail -1)" -gt 16000000 ] 2>/dev/null; then
-  capdir=/dev/shm
-fi
 capdir="${SOFTRDMA_MATRIX_CAPDIR:-$capdir}"
 : >"$results"
 cleanup() {
