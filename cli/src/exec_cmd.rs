@@ -52,8 +52,8 @@ pub(crate) fn exec_presented(program: &[String], dir: &Path) -> Result<ExitCode>
     // from the first) put the rank of every host on core 0, where two ranks polling their
     // transports took turns by time slice: an 8 B ping-pong between two hosts cost 5.1 ms a
     // round trip over pml ucx and 8.1 ms over ob1 tcp, against 33 us and 13 us unbound
-    // (BENCHMARKS.md, "Measured apart from `softrdma bench`"). Unbound unless the job says otherwise (`--bind-to`, or this
-    // variable set by the caller).
+    // (BENCHMARKS.md, "Measured apart from `softrdma bench`"). Unbound unless the job says
+    // otherwise (`--bind-to`, or this variable set by the caller).
     if std::env::var_os(OMPI_BINDING).is_none() {
         env.push((OMPI_BINDING, "none".as_ref()));
     }
