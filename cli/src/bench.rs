@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::bench_parse::{parse_cmtime, parse_fi, parse_lnet_bulk, parse_perftest, parse_ucx, parse_udpbench, Perf};
+use crate::bench_parse::{parse_cmtime, parse_fi, parse_lnet_bulk, parse_perftest, parse_pingpong, parse_qperf_latency, parse_ucx, parse_udpbench, Perf};
 use crate::bench_scale;
 
 #[derive(clap::Args)]
@@ -357,6 +357,69 @@ impl Runner<'_> {
         }
     }
 
+    /// rdma-core's ibv_rc_pingpong, server on srdma0 and client on `cdev`, `size` B messages,
+    /// `iters` round trips, with `-e` (each side arms its CQ and sleeps on the completion
+    /// channel: the event-driven path) or polling: the client's round trip in us.
+    pub(crate) fn rc_pingpong(&mut self, path: &str, cdev: &str, size: u32, iters: u32, events: bool) -> Result<f64> {
+        let port = self.next_port().to_string();
+        let args = ["-g", "0", "-s", &size.to_string(), "-n", &iters.to_string(), "-p", &port];
+        let cmd = |dev: &str| {
+            let mut c = Command::new("ibv_rc_pingpong");
+            c.args(["-d", dev]).args(args).env("LD_LIBRARY_PATH", self.shim).env("SOFTRDMA_DATAPATH", path);
+            if events {
+                c.arg("-e");
+            }
+            c
+        };
+        let addr = self.addr0.to_string();
+        let (client, (sst, sout)) = server_client(
+            &mut cmd("srdma0"),
+            || {
+                let mut c = cmd(cdev);
+                c.arg(&addr);
+                c
+            },
+            Duration::from_secs(120),
+            Duration::from_secs(30),
+            |c, _| c.1.contains("Couldn't connect"),
+        )?;
+        match (client.0, sst, parse_pingpong(&client.1)) {
+            (Some(0), Some(0), Some(us)) => Ok(us),
+            _ => bail!(
+                "ibv_rc_pingpong -s {size}{} ({path} path, client on {cdev}): client status {:?}, server status {sst:?}\nclient: {}\nserver: {}",
+                if events { " -e" } else { "" },
+                client.0,
+                tail(&client.1),
+                tail(&sout)
+            ),
+        }
+    }
+
+    /// qperf's rc_lat over rdma_cm (`-cm1`: it sleeps on completion channels), server and client
+    /// both on srdma0 (qperf's client has no source address): the one-way latency in us.
+    pub(crate) fn qperf_rc_lat(&mut self, path: &str, size: u32) -> Result<f64> {
+        let port = self.next_port().to_string();
+        let addr = self.addr0.to_string();
+        let env = [("LD_LIBRARY_PATH", self.shim.as_os_str()), ("SOFTRDMA_DATAPATH", path.as_ref())];
+        let (client, _) = server_client(
+            Command::new("qperf").args(["-lp", &port]).envs(env),
+            || {
+                let mut c = Command::new("qperf");
+                c.args([addr.as_str(), "-lp", &port, "-cm1", "-t", if self.quick { "1" } else { "3" }])
+                    .args(["-m", &size.to_string(), "rc_lat"])
+                    .envs(env);
+                c
+            },
+            Duration::from_secs(60),
+            Duration::from_secs(5),
+            failed_at_once,
+        )?;
+        match (client.0, parse_qperf_latency(&client.1)) {
+            (Some(0), Some(us)) => Ok(us),
+            _ => bail!("qperf -cm1 rc_lat -m {size} ({path} path): status {:?}: {}", client.0, tail(&client.1)),
+        }
+    }
+
     /// ucx_perftest over tcp on loopback: server and client.
     fn ucx(&mut self, test: &str, size: u32, iters: u32) -> Result<Vec<f64>> {
         let port = self.next_port().to_string();
@@ -680,6 +743,7 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<ExitCode> {
     t.v.insert("udp_gsogro_gbps".into(), g(&gso, "rx_gbps"));
     t.v.insert("udp_busy_oneway_us".into(), g(&lat, "oneway_p50_ns") / 1000.0);
     t.v.insert("udp_block_rtt_us".into(), g(&lat_block, "rtt_p50_ns") / 1000.0);
+    t.v.insert("udp_block_oneway_us".into(), g(&lat_block, "rtt_p50_ns") / 2000.0);
     t.v.insert("memcpy_cold_gbs".into(), g(&mem, "cold_GBps_median"));
     t.row(
         "limit",
@@ -795,6 +859,25 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<ExitCode> {
                 );
             }
         }
+    }
+
+    // Event-driven programs (issue 54, target 3): each side sleeps on its completion channel,
+    // against the blocking UDP ping-pong of this run; the polled round trip beside it.
+    for (path, label) in PATHS {
+        let group = format!("softrdma across, {path} path");
+        eprintln!("softrdma bench: ibv_rc_pingpong -e, {path} path");
+        let iters = r.iters(20_000);
+        let ev = r.rc_pingpong(path, "srdma1", 64, iters, true)?;
+        let polled = r.rc_pingpong(path, "srdma1", 64, iters, false)?;
+        t.v.insert(format!("rc_pingpong_e_64_across{label}_us"), ev);
+        t.row(
+            &group,
+            "ibv_rc_pingpong -s 64, with -e (completion events) and polled",
+            format!("round trip {ev:.2} us with -e, {polled:.2} us polled"),
+        );
+        let q = r.qperf_rc_lat(path, 64)?;
+        t.v.insert(format!("qperf_rc_lat_64_within{label}_us"), q);
+        t.row(&format!("softrdma within, {path} path"), "qperf -cm1 rc_lat -m 64 (completion events)", format!("one-way {q:.2} us"));
     }
 
     let s = scale_rows(&mut t, qps)?;

@@ -83,6 +83,28 @@ pub(crate) fn parse_cmtime(out: &str) -> Option<BTreeMap<String, f64>> {
     m.contains_key("connect").then_some(m)
 }
 
+/// rdma-core's ibv_*_pingpong final lines: "N iters in S seconds = U usec/iter". Each iteration
+/// is one round trip (a send and the peer's answer), so U is the round trip in us.
+pub(crate) fn parse_pingpong(out: &str) -> Option<f64> {
+    let line = out.lines().find(|l| l.contains(" iters in ") && l.ends_with("usec/iter"))?;
+    let (_, rest) = line.rsplit_once(" = ")?;
+    rest.trim_end_matches("usec/iter").trim().parse().ok()
+}
+
+/// qperf's latency figure ("    latency  =  84.2 us"), in us (it also prints ms and sec).
+pub(crate) fn parse_qperf_latency(out: &str) -> Option<f64> {
+    let line = out.lines().find(|l| l.trim_start().starts_with("latency"))?;
+    let mut f = line.split('=').nth(1)?.split_whitespace();
+    let v: f64 = f.next()?.parse().ok()?;
+    match f.next()? {
+        "ns" => Some(v / 1000.0),
+        "us" => Some(v),
+        "ms" => Some(v * 1000.0),
+        "sec" => Some(v * 1e6),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod test {
     use super::*;
@@ -128,5 +150,17 @@ mod test {
         assert_eq!(parse_fi(f), Some((0.31, 6.52)));
         let r = parse_udpbench("x\nRESULT lat mode=busy rtt_p50_ns=5629 oneway_p50_ns=2814\n").unwrap();
         assert_eq!(r["oneway_p50_ns"], 2814.0);
+    }
+
+    #[test]
+    fn pingpong_and_qperf_latency_parse() {
+        let out = "  local address:  LID 0x0000, QPN 0x000011, PSN 0x5c2a1b, GID ::ffff:127.0.0.2\n\
+                   128000 bytes in 0.03 seconds = 34.10 Mbit/sec\n\
+                   1000 iters in 0.03 seconds = 30.03 usec/iter\n";
+        assert_eq!(parse_pingpong(out), Some(30.03));
+        assert_eq!(parse_pingpong("Couldn't connect to 127.0.0.1:18515\n"), None);
+        assert_eq!(parse_qperf_latency("rc_lat:\n    latency  =  84.2 us\n"), Some(84.2));
+        assert_eq!(parse_qperf_latency("rc_lat:\n    latency  =  1.5 ms\n"), Some(1500.0));
+        assert_eq!(parse_qperf_latency("rc_lat:\nfailed to receive results: timed out\n"), None);
     }
 }

@@ -14,6 +14,7 @@
 //! | `SOFTRDMA_RECV_KEEP` | 1 | [`Tuning::recv_keep`] |
 //! | `SOFTRDMA_STREAM_TAKE` | 1 | [`Tuning::stream_take`] |
 //! | `SOFTRDMA_SPIN_YIELD` | 1 | [`Tuning::spin_yield`] |
+//! | `SOFTRDMA_EVENT_SOCKET` | 1 | [`Tuning::event_socket`] |
 //! | `SOFTRDMA_GUARDED_COPY` | 1 | [`Tuning::guarded_copy`] |
 //!
 //! All but the first are for measuring one choice against another in one build (BENCHMARKS.md
@@ -179,6 +180,10 @@ pub(crate) struct Tuning {
     /// `SOFTRDMA_SPIN_YIELD=0`: the device does not yield the CPU between two looks while it
     /// spins.
     pub spin_yield: bool,
+    /// `SOFTRDMA_EVENT_SOCKET=0`: a thread that sleeps on a completion channel of a device the
+    /// application drives waits on the channel alone, and the progress thread receives for it
+    /// (see `Hca::sleep_on_channel`).
+    pub event_socket: bool,
     /// `SOFTRDMA_GUARDED_COPY=0`: a device copies a client's memory with system calls instead of
     /// the guarded copy (`ProcessMemory::set_guarded`), to compare the two.
     pub guarded_copy: bool,
@@ -206,6 +211,7 @@ impl Tuning {
             recv_keep: on("SOFTRDMA_RECV_KEEP"),
             stream_take: on("SOFTRDMA_STREAM_TAKE"),
             spin_yield: on("SOFTRDMA_SPIN_YIELD"),
+            event_socket: on("SOFTRDMA_EVENT_SOCKET"),
             guarded_copy: on("SOFTRDMA_GUARDED_COPY"),
         }
     }

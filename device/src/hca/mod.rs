@@ -384,6 +384,10 @@ pub(crate) struct Shared {
     /// An application thread polls the socket: `udp_poll` is out of `poll_set`. Changed only with
     /// the state's lock held, so the flag and the set agree.
     handed_off: AtomicBool,
+    /// Application threads asleep on a completion channel with the socket in their wait set
+    /// (`Hca::sleep_on_channel`): while there are any, the socket stays handed off. Changed only
+    /// with the state's lock held, as `handed_off` is.
+    channel_sleepers: std::sync::atomic::AtomicU32,
     /// `HcaConfig::handoff_idle`.
     handoff_idle: std::time::Duration,
     /// `HcaConfig::idle_look_after`.
@@ -641,6 +645,7 @@ impl Hca {
             poll_set,
             udp_poll,
             handed_off: AtomicBool::new(false),
+            channel_sleepers: std::sync::atomic::AtomicU32::new(0),
             last_drive_ns: std::sync::atomic::AtomicU64::new(0),
             last_message_ns: std::sync::atomic::AtomicU64::new(u64::MAX),
             handoffs: std::sync::atomic::AtomicU64::new(0),
@@ -732,16 +737,24 @@ impl Hca {
     /// Runs one verbs call of a client. `fds`: descriptors that came with the call (an XRC
     /// domain file); the answer may carry descriptors too (a completion channel's).
     pub fn call(&self, owner: u32, req: Request, fds: Vec<OwnedFd>) -> (Response, Vec<OutFd>) {
-        let quiet = matches!(req, Request::GetAsyncEvent | Request::GetCqEvent(_));
+        // Taking an event and arming a CQ change nothing the device thread looks at (no packet,
+        // no timer): they do not wake it (an event-driven program makes both calls for every
+        // message, and on a device the application drives each wake-up of the progress thread
+        // took a core from the program: `ibv_rc_pingpong -e`), and they leave answers a poll or
+        // a channel's sleeper held back for the thread's next post, which follows them.
+        let quiet = matches!(req, Request::GetAsyncEvent | Request::GetCqEvent(_) | Request::ReqNotifyCq { .. });
         let mut st = self.shared.lock();
         // Answers a poll held back leave before the call changes anything (a QP destroyed
         // with its ACK unsent would leave the peer retrying, where a NIC had answered at once).
-        st.send_owed();
+        if !quiet {
+            st.send_owed();
+        }
         let out = match st.clients.contains_key(&owner) {
             true => st.call(owner, req, fds),
             false => (Response::Err(VerbsError::Inval), Vec::new()),
         };
-        st.pump();
+        let transmit = !quiet || !st.tx_owed;
+        st.pump_with(transmit);
         drop(st);
         if !quiet {
             // New timers or packets for the device thread to look at.

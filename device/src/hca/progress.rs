@@ -5,6 +5,8 @@
 
 use super::*;
 
+use std::os::fd::BorrowedFd;
+
 use nix::sys::epoll::{EpollEvent, EpollFlags};
 
 /// Who makes a device progress (docs/architecture.md D2 revised: the data path in the application).
@@ -84,6 +86,11 @@ fn application_sleep_ns(tx_owed: bool, since_drive_ns: u64) -> u64 {
 /// waiting when it goes back, epoll wakes the device thread at once: nothing waits unseen.
 fn set_handoff(sh: &Shared, _st: &State, on: bool) {
     sh.end_after_post.store(false, Ordering::Relaxed);
+    // A thread asleep on a completion channel waits on the socket itself (`Hca::sleep_on_channel`):
+    // the socket stays with the application's threads until that thread wakes.
+    if !on && sh.channel_sleepers.load(Ordering::Relaxed) > 0 {
+        return;
+    }
     if sh.handed_off.load(Ordering::Relaxed) == on {
         return;
     }
@@ -137,7 +144,10 @@ pub(super) fn run(sh: &Shared) {
                 // ends at this thread's next look after END_AFTER_POST_WAIT.
                 let deferred = sh.end_after_post.load(Ordering::Relaxed);
                 let wait = END_AFTER_POST_WAIT.as_nanos() as u64;
-                if since >= idle || (deferred && since >= wait) {
+                // A thread asleep on a completion channel with the socket in its wait set reads
+                // it when a datagram comes: the socket stays with it however long it sleeps.
+                let sleeper = sh.channel_sleepers.load(Ordering::Relaxed) > 0;
+                if !sleeper && (since >= idle || (deferred && since >= wait)) {
                     set_handoff(sh, &sh.lock(), false);
                     look_every = look_base;
                     None
@@ -314,6 +324,11 @@ pub(super) fn run(sh: &Shared) {
             // Batch by batch, releasing the lock in between so clients' calls get in.
             for _ in 0..64 {
                 let mut st = sh.lock();
+                // The socket went to an application thread since the wait ended (a thread that
+                // sleeps on a channel took it): that thread reads it.
+                if application && sh.handed_off.load(Ordering::Relaxed) {
+                    break;
+                }
                 let n = st.receive();
                 if application {
                     st.io.progress_rcvd += n as u64;
@@ -386,12 +401,13 @@ impl Hca {
     /// [`Progress::DeviceThread`] device it does the same work, which the device thread would
     /// have done a little later.
     pub fn drive(&self, receive: bool) -> usize {
-        self.drive_locked(&mut self.shared.lock(), receive, receive)
+        self.drive_locked(&mut self.shared.lock(), receive, receive, receive)
     }
 
     /// [`Hca::drive`] with the state's lock held; with `take_socket` (and `receive`) the socket
-    /// is handed off to the calling thread.
-    fn drive_locked(&self, st: &mut State, receive: bool, take_socket: bool) -> usize {
+    /// is handed off to the calling thread; with `defer`, answers may wait for the thread's next
+    /// post (see below).
+    fn drive_locked(&self, st: &mut State, receive: bool, take_socket: bool, defer: bool) -> usize {
         let sh = &self.shared;
         // One clock read for the call (between receive batches, one more each).
         let (now, held) = st.hold_clock();
@@ -414,7 +430,7 @@ impl Hca {
             // two), or for the progress thread (within DRIVEN_SLEEP_MAX). Only where one is.
             // Not for a poll that leaves the socket (its thread is about to sleep: nothing of it
             // would send them).
-            let defer = sh.progress == Progress::Application && take_socket;
+            let defer = sh.progress == Progress::Application && defer;
             for batch in 0..64 {
                 if batch > 0 {
                     st.refresh_clock();
@@ -444,6 +460,76 @@ impl Hca {
         Hca::wake_for_timers(sh, st);
         st.release_clock(held);
         received
+    }
+
+    /// A thread of the application's that blocks on a completion channel (`ibv_get_cq_event`,
+    /// its eventfd `fd`) of a [`Progress::Application`] device sleeps here: on the channel, the
+    /// device's socket and the engine's next timer at once, for at most `timeout`. When the
+    /// socket or a timer wakes it, this thread does the device's work itself (receives, answers
+    /// at once, runs the timers, writes the completions and with them the channel's events),
+    /// then returns for the caller to look at the channel's queue. Otherwise the progress thread
+    /// received the datagram, wrote the completion and the event, and the event woke this
+    /// thread: two wake-ups for one message, where a NIC wakes the sleeper once, through the
+    /// channel's fd, when it writes the completion (issue 54: `ibv_rc_pingpong -e` at 1.9x a
+    /// blocking UDP ping-pong's round trip; a wake-up here costs tens of microseconds). While
+    /// such a thread sleeps the socket stays handed off (`Shared::channel_sleepers`): the
+    /// progress thread serves the doorbell, the multicast groups and the relay links, and takes
+    /// the socket back only after the sleeper has woken (as after a poll: `handoff_idle`).
+    ///
+    /// None where it does not apply (a device the device thread drives, a forked child's copy,
+    /// `SOFTRDMA_EVENT_SOCKET=0`): the caller waits on the channel alone. `Some(Err(EINTR))` when a
+    /// signal handler ran during the wait (poll(2) is never restarted: the caller decides).
+    pub fn sleep_on_channel(
+        &self,
+        fd: BorrowedFd<'_>,
+        hangup: Option<BorrowedFd<'_>>,
+        timeout: Option<std::time::Duration>,
+    ) -> Option<nix::Result<()>> {
+        let sh = &self.shared;
+        if sh.progress != Progress::Application || !tuning().event_socket || in_forked_child() {
+            return None;
+        }
+        let timer_ns = {
+            let mut st = sh.lock();
+            sh.channel_sleepers.fetch_add(1, Ordering::Relaxed);
+            set_handoff(sh, &st, true);
+            // What the engine owes (answers a poll held back for a post that does not come now)
+            // leaves before this thread sleeps.
+            st.pump();
+            sh.tx_owed.store(st.tx_owed, Ordering::Relaxed);
+            let now = st.now();
+            [st.dev.poll_timeout(), st.delayed.peek().map(|d| d.0.at)]
+                .into_iter()
+                .flatten()
+                .min()
+                .map(|t| t.saturating_since(now).as_nanos())
+        };
+        let wait = [timer_ns.map(std::time::Duration::from_nanos), timeout].into_iter().flatten().min();
+        let mut fds = vec![PollFd::new(fd, PollFlags::POLLIN), PollFd::new(sh.udp_poll.as_fd(), PollFlags::POLLIN)];
+        if let Some(h) = hangup {
+            fds.push(PollFd::new(h, PollFlags::empty())); // POLLHUP is always reported
+        }
+        let r = nix::poll::ppoll(&mut fds, wait.map(nix::sys::time::TimeSpec::from_duration), None);
+        let socket = fds[1].revents().is_some_and(|r| r.contains(PollFlags::POLLIN));
+        drop(fds);
+        let mut st = sh.lock();
+        sh.channel_sleepers.fetch_sub(1, Ordering::Relaxed);
+        // Woken by a datagram or for a timer (a timeout of the caller's own runs nothing).
+        let timer_due = matches!(r, Ok(0)) && timer_ns.is_some_and(|t| timeout.is_none_or(|d| t <= d.as_nanos() as u64));
+        if socket || timer_due {
+            // Deferred as a poll's are: when what came completes work and the thread posted a
+            // send since its last completions (a ping-pong: it answers what it gets), the ACKs
+            // wait for its next post and leave with it in one GSO send, so that the peer, asleep
+            // on its channel too, wakes once for its send's completion and the answer together
+            // instead of once for each. A thread that does not post has them sent when it
+            // sleeps here again (above), or by the progress thread (within HANDOFF_LOOK_MAX).
+            self.drive_locked(&mut st, true, false, true);
+        }
+        // The thread is about to look at its queue and poll: the progress thread keeps off the
+        // socket for `handoff_idle`, as after a poll that read it.
+        sh.last_drive_ns.store(sh.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        drop(st);
+        Some(r.map(|_| ()))
     }
 
     /// `ibv_poll_cq` on a [`Progress::Application`] device: up to `max` completions of
@@ -481,7 +567,7 @@ impl Hca {
             // that long (lnet_bulk's slow runs: BENCHMARKS.md, "Progress threads that keep
             // looking while the application sleeps").
             let armed = st.cqs.get(&cq).is_some_and(|w| w.armed);
-            self.drive_locked(&mut st, true, !armed);
+            self.drive_locked(&mut st, true, !armed, !armed);
             st.dev.memory().flush();
             out = st.dev.poll_cq(cq, max);
         }

@@ -72,6 +72,18 @@ impl Inner {
         }
     }
 
+    /// On a device the application drives: this thread sleeps on completion channel `fd` and
+    /// the device's socket at once, for at most `wait` ([`Hca::sleep_on_channel`]); None for
+    /// every other device (the caller waits on the channel alone).
+    #[cfg_attr(not(feature = "embedded"), allow(unused_variables))]
+    pub(super) fn sleep_on_channel(&self, fd: BorrowedFd<'_>, wait: Option<Duration>) -> Option<nix::Result<()>> {
+        match &self.backend {
+            #[cfg(feature = "embedded")]
+            Backend::Embedded { hca, .. } => hca.sleep_on_channel(fd, self.hangup_fd(), wait),
+            _ => None,
+        }
+    }
+
     /// On a device the application drives: this thread stops polling for now (see
     /// `Hca::end_handoff`); nothing for every other device.
     pub(super) fn end_handoff(&self) {

@@ -26,7 +26,8 @@ impl CompletionChannel {
             Response::CqEvent(cq) => Ok(cq),
             _ => unexpected(),
         };
-        next_event(self.fd.as_fd(), self.ctx.inner.hangup_fd(), timeout, next)
+        let inner = &self.ctx.inner;
+        next_event(self.fd.as_fd(), inner.hangup_fd(), timeout, next, |fd, wait| inner.sleep_on_channel(fd, wait))
     }
 }
 

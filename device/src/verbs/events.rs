@@ -41,11 +41,16 @@ pub(super) fn drain_eventfd(fd: BorrowedFd<'_>) {
 /// (UCX's async thread does) and call the verbs only when it is readable, so an fd left readable
 /// with an empty queue would make them spin, and one drained with events left would make them
 /// sleep through those.
+///
+/// `sleep(fd, wait)` is the wait of a device the application's threads drive
+/// (`Hca::sleep_on_channel`: the calling thread sleeps on the socket too and receives itself);
+/// where it returns None the wait is on `fd` alone.
 pub(super) fn next_event<T>(
     fd: BorrowedFd<'_>,
     hangup: Option<BorrowedFd<'_>>,
     timeout: Option<Duration>,
     mut next: impl FnMut() -> Result<Option<T>>,
+    mut sleep: impl FnMut(BorrowedFd<'_>, Option<Duration>) -> Option<nix::Result<()>>,
 ) -> Result<Option<T>> {
     let deadline = timeout.map(|t| Instant::now() + t);
     // The device went away (its daemon's connection hung up): the event to report is that one
@@ -76,6 +81,21 @@ pub(super) fn next_event<T>(
         if left == Some(Duration::ZERO) {
             return Ok(None);
         }
+        if let Some(r) = sleep(fd, left) {
+            // The device's socket woke this thread (it did the device's work), or the channel,
+            // or a timer. A signal handler that ran ends a blocking wait as it ends the read(2)
+            // below unless every handler the program installed restarts (SA_RESTART): poll(2)
+            // is never restarted, and which signal came is not known here. (A program with
+            // both kinds of handler sees EINTR for a restarting one too; the kernel's read
+            // would have restarted.)
+            if r == Err(nix::errno::Errno::EINTR) && left.is_none() && !every_handler_restarts() {
+                return Err(Error::Verbs(VerbsError::Intr));
+            }
+            if readable_now(fd) {
+                drain_eventfd(fd);
+            }
+            continue;
+        }
         if left.is_none() {
             // A blocking wait is a read(2) of the channel's eventfd, as libibverbs' is of the
             // kernel's channel fd: a signal whose handler was installed with SA_RESTART restarts
@@ -97,4 +117,15 @@ pub(super) fn next_event<T>(
             drain_eventfd(fd);
         }
     }
+}
+
+/// Whether every signal handler the process has installed restarts the system calls it
+/// interrupts (`SA_RESTART`), as `read(2)` on the kernel's channel fd would then be.
+fn every_handler_restarts() -> bool {
+    (1..=libc::SIGRTMAX()).all(|sig| {
+        // SAFETY: sigaction(2) with a null new action only reads the current one into `old`.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        let r = unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) };
+        r != 0 || old.sa_sigaction == libc::SIG_DFL || old.sa_sigaction == libc::SIG_IGN || old.sa_flags & libc::SA_RESTART != 0
+    })
 }

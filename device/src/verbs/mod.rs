@@ -577,7 +577,7 @@ impl Context {
             Response::Event(e) => Ok(e),
             _ => unexpected(),
         };
-        next_event(self.event_fd(), self.inner.hangup_fd(), timeout, next)
+        next_event(self.event_fd(), self.inner.hangup_fd(), timeout, next, |_, _| None)
     }
 
     /// The fd that is readable while async events wait.
