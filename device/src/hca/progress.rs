@@ -163,7 +163,11 @@ pub(super) fn run(sh: &Shared) {
                 }
             })
             .flatten();
-        if let Some(rest) = handed_back_in.filter(|_| !woken) {
+        // While a thread sleeps on a completion channel with the socket (`Hca::sleep_on_channel`),
+        // the state's lock is free and the timers other threads arm meanwhile (a post's
+        // transport timer) are this thread's to run: the main path below, without the socket.
+        let sleeper = sh.channel_sleepers.load(Ordering::Relaxed) > 0;
+        if let Some(rest) = handed_back_in.filter(|_| !woken && !sleeper) {
             // The application thread that reads the socket also runs the timers and writes the
             // completions: stay away from the state's lock (it holds it most of the time) and
             // wait for the doorbell, a group's datagram, the socket's return or the idle check.
@@ -251,7 +255,9 @@ pub(super) fn run(sh: &Shared) {
             let cm_retry = st.cm.has_backlog().then(|| now + softrdma_engine::time::Duration::from_millis(1));
             let next = [st.dev.poll_timeout(), st.delayed.peek().map(|d| d.0.at), cm_retry].into_iter().flatten().min();
             let mut t = if spinning { Some(0) } else { next.map(|t| t.saturating_since(now).as_nanos()) };
-            if let Some(d) = handed_back_in.into_iter().chain(holding.map(|u| u.saturating_since(now).as_nanos())).min()
+            // (A sleeper on a channel keeps the socket however long it sleeps: no look is due.)
+            let look = handed_back_in.filter(|_| !sleeper);
+            if let Some(d) = look.into_iter().chain(holding.map(|u| u.saturating_since(now).as_nanos())).min()
             {
                 t = Some(t.map_or(d, |t| t.min(d)));
             }
