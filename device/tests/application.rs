@@ -105,6 +105,98 @@ fn application_driven_sends_are_resent_while_the_application_sleeps() {
     assert!(faults.dropped > 0, "no send was lost (seeded loss 0.3 over 10 sends)");
 }
 
+/// As above, but the thread that sleeps on the completion channel went to sleep before another
+/// thread posted (rping's shape: its CQ thread sleeps, its main thread posts). The sleeper waits
+/// on the device's socket itself (`Hca::sleep_on_channel`), so the socket stays handed off while
+/// it sleeps; the transport timer that post armed must still run (the progress thread's, since
+/// the sleeper's wait was set before the timer existed), or a lost send is never resent.
+#[test]
+fn sends_posted_while_another_thread_sleeps_on_the_channel_are_resent() {
+    let dev = |name: &str, addr: IpAddr, faults: &str| {
+        app_device(name, addr, 47941, |c| {
+            c.seed = Some(47941);
+            c.faults = faults.parse().unwrap();
+        })
+    };
+    let (da, db) = (dev("sleep0", A, "loss=0.3"), dev("sleep1", B, ""));
+    let ctx = Context::embedded(&da).unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let ch = ctx.create_comp_channel().unwrap();
+    let cq = ctx.create_cq(16, Some(&ch)).unwrap();
+    let caps = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    let qa = pd.qp_builder(QpType::Rc, &cq).caps(caps).build().unwrap();
+    let mr = pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let b = side(&db, QpType::Rc);
+    let o = ConnectOptions { mtu: Mtu::Mtu1024, timeout: 12, retry_cnt: 7, ..ConnectOptions::default() };
+    qa.connect(1, &b.qp.endpoint(2), &o).unwrap();
+    b.qp.connect(2, &qa.endpoint(1), &o).unwrap();
+    for i in 0..10u64 {
+        b.qp.post_recv(vec![RecvWr { wr_id: i, sg_list: vec![b.mr.sge(0..64)] }]).unwrap();
+        cq.req_notify(false).unwrap();
+        let event = std::thread::scope(|s| {
+            let sleeper = s.spawn(|| ch.get_cq_event(Some(Duration::from_secs(10))));
+            // Let the sleeper be asleep (its wait set without any timer) before the post.
+            std::thread::sleep(Duration::from_millis(20));
+            qa.post_send(vec![SendWr::new(i, SendOp::Send, vec![mr.sge(0..64)])]).unwrap();
+            sleeper.join().unwrap().unwrap()
+        });
+        assert!(event.is_some(), "send {i} never completed");
+        let w = cq.poll(4).unwrap();
+        assert_eq!(w.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), vec![(i, WcStatus::Success)]);
+        assert_eq!(one(&b.cq).status, WcStatus::Success);
+    }
+    let (_, _, faults) = da.counters();
+    assert!(faults.dropped > 0, "no send was lost (seeded loss 0.3 over 10 sends)");
+}
+
+/// A thread asleep in `ibv_get_cq_event` on an application-driven device (it waits on the
+/// device's socket too, in poll(2), which the kernel never restarts) keeps waiting through a
+/// signal whose handler has SA_RESTART and returns EINTR for one whose handler has not, as a
+/// read(2) of the kernel's channel fd does (signal(7)): qperf ends each test from its SIGALRM
+/// handler and expects the call to return.
+#[test]
+fn a_channel_sleep_restarts_or_ends_with_eintr_as_the_handler_asks() {
+    extern "C" fn noop(_: libc::c_int) {}
+    let install = |flags: libc::c_int| {
+        // SAFETY: sigaction(2) with a handler that does nothing, for the whole test process.
+        let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
+        sa.sa_sigaction = noop as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        sa.sa_flags = flags;
+        assert_eq!(unsafe { libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut()) }, 0);
+    };
+    install(libc::SA_RESTART);
+    let (da, _db) = app_pair(("intr0", "intr1"), 47943, |_| {});
+    let ctx = Context::embedded(&da).unwrap();
+    let ch = ctx.create_comp_channel().unwrap();
+    let cq = ctx.create_cq(16, Some(&ch)).unwrap();
+    cq.req_notify(false).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let sleeper = std::thread::spawn(move || {
+        let r = ch.get_cq_event(None);
+        let _ = tx.send(format!("{r:?}"));
+        ch
+    });
+    use std::os::unix::thread::JoinHandleExt;
+    let t = sleeper.as_pthread_t();
+    std::thread::sleep(Duration::from_millis(200));
+    // SAFETY: the thread is alive (it returns only after sending on `tx`, which is not yet).
+    unsafe { libc::pthread_kill(t, libc::SIGUSR2) };
+    assert!(rx.recv_timeout(Duration::from_millis(300)).is_err(), "a restarting handler ended the wait");
+    install(0);
+    let mut got = None;
+    for _ in 0..100 {
+        // SAFETY: as above, until the thread has sent its result.
+        unsafe { libc::pthread_kill(t, libc::SIGUSR2) };
+        if let Ok(r) = rx.recv_timeout(Duration::from_millis(100)) {
+            got = Some(r);
+            break;
+        }
+    }
+    let got = got.expect("the wait did not end for a handler without SA_RESTART");
+    assert!(got.contains("Intr"), "{got}");
+    drop(sleeper.join().unwrap());
+}
+
 /// The data-path issue's item 4: a process that runs its own QPs (an application-driven device,
 /// as a provider) serves one-sided requests from its own memory, and memory the application
 /// made inaccessible after registering it never crashes it. Here the pages are made PROT_NONE
