@@ -479,8 +479,8 @@ impl Hca {
     /// channel's fd, when it writes the completion (issue 54: `ibv_rc_pingpong -e` at 1.9x a
     /// blocking UDP ping-pong's round trip; a wake-up here costs tens of microseconds). While
     /// such a thread sleeps the socket stays handed off (`Shared::channel_sleepers`): the
-    /// progress thread serves the doorbell, the multicast groups and the relay links, and takes
-    /// the socket back only after the sleeper has woken (as after a poll: `handoff_idle`).
+    /// progress thread serves the doorbell, the multicast groups, the relay links and the timers
+    /// other threads arm, and gets the socket back when the last sleeper wakes.
     ///
     /// None where it does not apply (a device the device thread drives, a forked child's copy,
     /// `SOFTRDMA_EVENT_SOCKET=0`): the caller waits on the channel alone. `Some(Err(EINTR))` when a
@@ -531,9 +531,11 @@ impl Hca {
             // sleeps here again (above), or by the progress thread (within HANDOFF_LOOK_MAX).
             self.drive_locked(&mut st, true, false, true);
         }
-        // The thread is about to look at its queue and poll: the progress thread keeps off the
-        // socket for `handoff_idle`, as after a poll that read it.
-        sh.last_drive_ns.store(sh.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        // Awake, the thread takes its event and may then make no call for a while (or spin on
+        // memory only the progress thread can fill): the socket goes back to the progress
+        // thread now, unless another thread still sleeps on it. A poll that finds its CQ empty
+        // takes it again, as always.
+        set_handoff(sh, &st, false);
         drop(st);
         Some(r.map(|_| ()))
     }
