@@ -523,13 +523,11 @@ impl Hca {
         // Woken by a datagram or for a timer (a timeout of the caller's own runs nothing).
         let timer_due = matches!(r, Ok(0)) && timer_ns.is_some_and(|t| timeout.is_none_or(|d| t <= d.as_nanos() as u64));
         if socket || timer_due {
-            // Deferred as a poll's are: when what came completes work and the thread posted a
-            // send since its last completions (a ping-pong: it answers what it gets), the ACKs
-            // wait for its next post and leave with it in one GSO send, so that the peer, asleep
-            // on its channel too, wakes once for its send's completion and the answer together
-            // instead of once for each. A thread that does not post has them sent when it
-            // sleeps here again (above), or by the progress thread (within HANDOFF_LOOK_MAX).
-            self.drive_locked(&mut st, true, false, true);
+            // Answered at once, as a NIC does. (Holding the ACKs for the thread's next post, as
+            // a poll does, so that they leave with the answer, was tried: it hung ib_send_lat
+            // -s 1048576 -e, both sides asleep with nothing in flight and no timer armed; cause
+            // not found. Without it, ibv_rc_pingpong -e is at the blocking UDP round trip.)
+            self.drive_locked(&mut st, true, false, false);
         }
         // Awake, the thread takes its event and may then make no call for a while (or spin on
         // memory only the progress thread can fill): the socket goes back to the progress
