@@ -29,7 +29,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::bench_parse::{parse_cmtime, parse_fi, parse_lnet_bulk, parse_perftest, parse_pingpong, parse_qperf_latency, parse_ucx, parse_udpbench, Perf};
+use crate::bench_parse::{
+    parse_cmtime, parse_fi, parse_lnet_bulk, parse_perftest, parse_pingpong, parse_qperf_latency, parse_ucx,
+    parse_udpbench, Perf,
+};
 use crate::bench_scale;
 
 #[derive(clap::Args)]
@@ -877,7 +880,11 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<ExitCode> {
         );
         let q = r.qperf_rc_lat(path, 64)?;
         t.v.insert(format!("qperf_rc_lat_64_within{label}_us"), q);
-        t.row(&format!("softrdma within, {path} path"), "qperf -cm1 rc_lat -m 64 (completion events)", format!("one-way {q:.2} us"));
+        t.row(
+            &format!("softrdma within, {path} path"),
+            "qperf -cm1 rc_lat -m 64 (completion events)",
+            format!("one-way {q:.2} us"),
+        );
     }
 
     let s = scale_rows(&mut t, qps)?;

@@ -257,8 +257,7 @@ pub(super) fn run(sh: &Shared) {
             let mut t = if spinning { Some(0) } else { next.map(|t| t.saturating_since(now).as_nanos()) };
             // (A sleeper on a channel keeps the socket however long it sleeps: no look is due.)
             let look = handed_back_in.filter(|_| !sleeper);
-            if let Some(d) = look.into_iter().chain(holding.map(|u| u.saturating_since(now).as_nanos())).min()
-            {
+            if let Some(d) = look.into_iter().chain(holding.map(|u| u.saturating_since(now).as_nanos())).min() {
                 t = Some(t.map_or(d, |t| t.min(d)));
             }
             if application {
@@ -521,7 +520,8 @@ impl Hca {
         let mut st = sh.lock();
         sh.channel_sleepers.fetch_sub(1, Ordering::Relaxed);
         // Woken by a datagram or for a timer (a timeout of the caller's own runs nothing).
-        let timer_due = matches!(r, Ok(0)) && timer_ns.is_some_and(|t| timeout.is_none_or(|d| t <= d.as_nanos() as u64));
+        let timer_due =
+            matches!(r, Ok(0)) && timer_ns.is_some_and(|t| timeout.is_none_or(|d| t <= d.as_nanos() as u64));
         if socket || timer_due {
             // Answered at once, as a NIC does. (Holding the ACKs for the thread's next post, as
             // a poll does, so that they leave with the answer, was tried: it hung ib_send_lat

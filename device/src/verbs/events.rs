@@ -129,6 +129,9 @@ fn every_handler_restarts() -> bool {
         // SAFETY: sigaction(2) with a null new action only reads the current one into `old`.
         let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
         let r = unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) };
-        r != 0 || old.sa_sigaction == libc::SIG_DFL || old.sa_sigaction == libc::SIG_IGN || old.sa_flags & libc::SA_RESTART != 0
+        r != 0
+            || old.sa_sigaction == libc::SIG_DFL
+            || old.sa_sigaction == libc::SIG_IGN
+            || old.sa_flags & libc::SA_RESTART != 0
     })
 }
