@@ -34,7 +34,8 @@ impl Drop for Cluster<'_> {
     }
 }
 
-fn hosts_up(exe: &Path) -> Result<Vec<String>> {
+/// The running cluster's hosts: address and network namespace of each.
+fn hosts_up(exe: &Path) -> Result<Vec<(String, String)>> {
     let (st, out) = run(Command::new(exe).args(["cluster", "status", "--json"]), Duration::from_secs(30))?;
     if st != Some(0) {
         bail!("softrdma cluster status: {}", tail(&out));
@@ -44,7 +45,9 @@ fn hosts_up(exe: &Path) -> Result<Vec<String>> {
     let v: serde_json::Value = serde_json::from_str(json).with_context(|| format!("cluster status --json: {json}"))?;
     Ok(v["hosts"]
         .as_array()
-        .map(|h| h.iter().filter_map(|h| h["addr"].as_str().map(str::to_owned)).collect())
+        .map(|h| {
+            h.iter().filter_map(|h| Some((h["addr"].as_str()?.to_owned(), h["netns"].as_str()?.to_owned()))).collect()
+        })
         .unwrap_or_default())
 }
 
@@ -84,8 +87,9 @@ fn measure(t: &mut Table, exe: &Path, quick: bool, port: &mut u16) -> Result<()>
         bail!("softrdma cluster up: {}", tail(&out));
     }
     let hosts = hosts_up(exe)?;
-    let [a1, _a2] = hosts.as_slice() else { bail!("cluster up made {} hosts, not 2", hosts.len()) };
+    let [(a1, ns1), (a2, ns2)] = hosts.as_slice() else { bail!("cluster up made {} hosts, not 2", hosts.len()) };
     let iters = |full: u32| if quick { (full / 10).max(100) } else { full };
+    floor_rows(t, [(a1, ns1), (a2, ns2)], quick);
 
     // ucx_perftest, server in host 1, client in host 2.
     let mut ucx = |tls: &str, test: &str, size: u32, n: u32| -> Result<Vec<f64>> {
@@ -141,6 +145,31 @@ fn measure(t: &mut Table, exe: &Path, quick: bool, port: &mut u16) -> Result<()>
         "cluster_ucx_tcp_tag_bw_gbps",
     );
 
+    ratio(
+        t,
+        "UCX tag_lat 8 B: tcp / the UDP one-way between the hosts",
+        "cluster_ucx_tcp_lat_us",
+        "cluster_udp_single_us",
+    );
+    ratio(
+        t,
+        "UCX tag_lat 8 B: softrdma rc_verbs / the UDP one-way of a message and its ACK",
+        "cluster_ucx_rc_v,self_lat_us",
+        "cluster_udp_pair_us",
+    );
+    ratio(
+        t,
+        "UCX tag_bw 64 KiB: tcp / the best floor of its eager stream over RC",
+        "cluster_ucx_tcp_tag_bw_gbps",
+        "cluster_udp_eager_best_gbps",
+    );
+    ratio(
+        t,
+        "UCX tag_bw 64 KiB: softrdma rc_verbs / the floor of its eager stream over RC",
+        "cluster_ucx_rc_v,self_tag_bw_gbps",
+        "cluster_udp_eager_gbps",
+    );
+
     // MPI ping-pong between the two hosts.
     let mpi_what = |pml: &str| format!("MPI ping-pong 8 B, Open MPI {pml}");
     if !crate::bench::which("mpicc") || !crate::bench::which("mpirun") {
@@ -150,7 +179,7 @@ fn measure(t: &mut Table, exe: &Path, quick: bool, port: &mut u16) -> Result<()>
     let dir = tempfile::tempdir().context("a directory for the MPI program")?;
     let prog = build_mpi(dir.path())?;
     let hostfile = dir.path().join("hosts");
-    std::fs::write(&hostfile, hosts.iter().map(|h| format!("{h} slots=1\n")).collect::<String>())?;
+    std::fs::write(&hostfile, hosts.iter().map(|(h, _)| format!("{h} slots=1\n")).collect::<String>())?;
     let rsh = format!("{} cluster rsh", exe.display());
     let n = iters(5000).to_string();
     let mpi = |args: &[&str]| -> Result<f64> {
@@ -194,6 +223,67 @@ fn measure(t: &mut Table, exe: &Path, quick: bool, port: &mut u16) -> Result<()>
     }
     ratio(t, "MPI ping-pong 8 B: pml ucx on softrdma / ob1 tcp", "cluster_mpi_ucx_rtt_us", "cluster_mpi_tcp_rtt_us");
     Ok(())
+}
+
+/// The physical limits between the two hosts, through the same veths and bridge the middleware
+/// uses (sockets made in the hosts' namespaces, measured from this process): UDP's busy-poll
+/// ping-pong of one 20-byte datagram a one-way (what a TCP one-way moves) and of a message and
+/// its ACK in one GSO send (what an RC one-way moves), and the floor of the stream UCX's
+/// tag_bw 64 KiB sends over rc_verbs (8 SENDs of 8,256 bytes a message, every packet with its
+/// ICRC, every SEND acknowledged: [`crate::bench_floor::eager_stream`]).
+fn floor_rows(t: &mut Table, hosts: [(&String, &String); 2], quick: bool) {
+    const GROUP: &str = "cluster (2 hosts)";
+    let sockets = || -> Result<_> {
+        let [(a1, n1), (a2, n2)] = hosts;
+        let ip = |a: &str| a.parse::<std::net::Ipv4Addr>().with_context(|| format!("host address {a}"));
+        Ok((crate::bench_floor::socket_in(Some(n1), ip(a1)?)?, crate::bench_floor::socket_in(Some(n2), ip(a2)?)?))
+    };
+    let iters = if quick { 5000 } else { 50_000 };
+    let pp = |segments| -> Result<f64> {
+        let (a, b) = sockets()?;
+        crate::bench_floor::ping_pong_between(a, b, segments, iters)
+    };
+    match (pp(1), pp(2)) {
+        (Ok(single), Ok(pair)) => {
+            t.v.insert("cluster_udp_single_us".into(), single);
+            t.v.insert("cluster_udp_pair_us".into(), pair);
+            t.row(
+                GROUP,
+                "limit: UDP busy-poll ping-pong between the hosts, 20 B (a message and its ACK: 2 x 20 B in one GSO send)",
+                format!("one-way p50 {single:.2} us ({pair:.2} us)"),
+            );
+        }
+        (a, b) => {
+            let e = a.err().or(b.err()).map(|e| format!("{e:#}")).unwrap_or_default();
+            t.row(GROUP, "limit: UDP busy-poll ping-pong between the hosts", format!("failed: {e}"));
+        }
+    }
+    // The stream as UCX's rc_verbs sends it (one ACK a SEND, one send call a SEND), and the best a
+    // sender of the same packets could do (an ACK per 8 SENDs, 8 SENDs a sendmmsg): the second is
+    // the floor any transport moving these packets meets, so tcp is compared with it.
+    let secs = if quick { 0.5 } else { 2.0 };
+    for (key, ack_every, batch, what) in [
+        (
+            "cluster_udp_eager_gbps",
+            1,
+            1,
+            "limit: UDP between the hosts, UCX's eager 64 KiB over RC (8 SENDs of 8256 B, 3 packets each in one GSO send, ICRCs computed and checked, each SEND acknowledged)",
+        ),
+        (
+            "cluster_udp_eager_best_gbps",
+            8,
+            8,
+            "limit: the same packets sent best (an ACK per 8 SENDs, 8 SENDs a sendmmsg)",
+        ),
+    ] {
+        match sockets().and_then(|(tx, rx)| crate::bench_floor::eager_stream(tx, rx, secs, ack_every, batch)) {
+            Ok(gbs) => {
+                t.v.insert(key.into(), gbs * 8.0);
+                t.row(GROUP, what, format!("{:.2} Gbit/s", gbs * 8.0));
+            }
+            Err(e) => t.row(GROUP, what, format!("failed: {e:#}")),
+        }
+    }
 }
 
 /// `mpicc` of the MPI program into `dir`.

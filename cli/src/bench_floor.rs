@@ -37,10 +37,33 @@ pub(crate) fn measure(iters: usize) -> Result<Floor> {
 
 /// A socket on 127.0.0.1 with `UDP_GRO` (as a device's), nonblocking.
 fn socket() -> Result<UdpSocket> {
-    let s = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).context("binding a UDP socket on 127.0.0.1")?;
-    s.set_nonblocking(true)?;
-    nsock::setsockopt(&s, sockopt::UdpGroSegment, &true).context("setting UDP_GRO")?;
-    Ok(s)
+    socket_in(None, Ipv4Addr::LOCALHOST)
+}
+
+/// A socket bound to `ip` with `UDP_GRO`, nonblocking, in network namespace `netns` (a name
+/// under /run/netns, as `ip netns` and `softrdma cluster` make them) or in this process's. A
+/// socket stays in the namespace it was made in: a thread enters the namespace, makes it and
+/// ends, and this process's own threads never move.
+pub(crate) fn socket_in(netns: Option<&str>, ip: Ipv4Addr) -> Result<UdpSocket> {
+    let make = move || -> Result<UdpSocket> {
+        let s = UdpSocket::bind((ip, 0)).with_context(|| format!("binding a UDP socket on {ip}"))?;
+        s.set_nonblocking(true)?;
+        nsock::setsockopt(&s, sockopt::UdpGroSegment, &true).context("setting UDP_GRO")?;
+        Ok(s)
+    };
+    let Some(ns) = netns else { return make() };
+    let path = std::path::Path::new("/run/netns").join(ns);
+    std::thread::scope(|scope| {
+        scope
+            .spawn(move || -> Result<UdpSocket> {
+                let f = std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+                nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET)
+                    .with_context(|| format!("entering network namespace {ns}"))?;
+                make()
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("the thread making a socket in {ns} panicked"))?
+    })
 }
 
 /// Sends `segments` datagrams of SEGMENT bytes to `to`: one plain send, or one GSO send.
@@ -104,7 +127,11 @@ fn addr_of(s: &UdpSocket) -> Result<SockaddrIn> {
 /// The one-way p50 (half the round trip's median) of a busy-poll ping-pong of `segments`
 /// datagrams per one-way.
 fn ping_pong(segments: usize, iters: usize) -> Result<f64> {
-    let (a, b) = (socket()?, socket()?);
+    ping_pong_between(socket()?, socket()?, segments, iters)
+}
+
+/// [`ping_pong`] between two given sockets (bound, nonblocking, with `UDP_GRO`).
+pub(crate) fn ping_pong_between(a: UdpSocket, b: UdpSocket, segments: usize, iters: usize) -> Result<f64> {
     let (to_a, to_b) = (addr_of(&a)?, addr_of(&b)?);
     let want = SEGMENT * segments;
     let before = cpus();
@@ -229,12 +256,7 @@ fn stream(how: Sender, secs: f64) -> Result<f64> {
     });
     pin(0);
     let mut msg = vec![0x5au8; PER_MESSAGE];
-    // IPv4 and UDP headers as a device's would be (the ICRC covers them, masked).
-    let mut ip_udp = [0u8; 28];
-    ip_udp[0] = 0x45;
-    ip_udp[9] = 17;
-    ip_udp[22] = (4791u16 >> 8) as u8;
-    ip_udp[23] = (4791u16 & 0xff) as u8;
+    let ip_udp = ip_udp_header();
     let fd = tx.as_raw_fd();
     let size = MIDDLE as u16;
     let gso = [ControlMessage::UdpGsoSegments(&size)];
@@ -283,6 +305,148 @@ fn stream(how: Sender, secs: f64) -> Result<f64> {
     Ok(payload / elapsed / 1e9)
 }
 
+/// UCX's eager protocol over RC for a 64 KiB tag message, as ucx_perftest's tag_bw sends it
+/// between two hosts (UCX 1.13 keeps a non-blocking tag send below 256 KiB eager): 8 active
+/// messages of 8,256 bytes (UCX's rc_verbs segment size), each one SEND of 3 packets at path MTU
+/// 4096 (4096, 4096 and 64 bytes of payload, each with BTH 12 and ICRC 4) in one GSO send, and
+/// each answered by the responder with a 20-byte ACK (the SEND's last packet asks for one,
+/// IBTA 9.7.2.1.1; coalescing ACKs of messages that arrive one send apart would hold them).
+pub(crate) const EAGER_SEGMENTS: [usize; 3] = [4112, 4112, 80];
+const EAGER_PAYLOAD: usize = 8256;
+const EAGER_BYTES: usize = 4112 + 4112 + 80;
+/// Messages the sender keeps unacknowledged (UCX keeps up to its flow-control window of 512;
+/// this keeps the receiving socket's buffer from overflowing, which no RC peer would do).
+const EAGER_WINDOW: usize = 32;
+
+/// The floor of that stream from socket `tx` to socket `rx` (in whatever namespaces they were
+/// made, [`socket_in`]): one thread sends the messages with each packet's ICRC computed (IBTA
+/// A17.4.3.1) and reads the ACKs, another receives, checks every packet's ICRC and answers each
+/// message with an ACK, both spinning (as ucx_perftest does), for `secs`. GB/s of UCX payload.
+pub(crate) fn eager_stream(tx: UdpSocket, rx: UdpSocket, secs: f64, ack_every: usize, batch: usize) -> Result<f64> {
+    for s in [&tx, &rx] {
+        nsock::setsockopt(s, sockopt::RcvBuf, &(4 << 20)).context("setting SO_RCVBUF")?;
+        nsock::setsockopt(s, sockopt::SndBuf, &(4 << 20)).context("setting SO_SNDBUF")?;
+    }
+    let (to_rx, to_tx) = (addr_of(&rx)?, addr_of(&tx)?);
+    let ip_udp = ip_udp_header();
+    let before = cpus();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sender_done = done.clone();
+    let receiver = std::thread::spawn(move || -> Result<u64> {
+        pin(1);
+        let mut buf = vec![0u8; 65536];
+        let (mut got, mut at, mut seg, mut unacked) = (0u64, 0usize, 0usize, 0usize);
+        let ack = [0u8; SEGMENT];
+        let mut idle_since: Option<Instant> = None;
+        loop {
+            match rx.recv(&mut buf) {
+                Ok(1) => return Ok(got),
+                Ok(n) => {
+                    idle_since = None;
+                    // The packets in order (a whole GSO send, or its segments one by one).
+                    let mut off = 0;
+                    while off < n {
+                        let len = EAGER_SEGMENTS[seg].min(n - off);
+                        let p = &buf[off..off + len];
+                        if len < 4
+                            || softrdma_engine::wire::icrc::roce_v2_parts(&ip_udp, &p[..len - 4])?.to_le_bytes()
+                                != p[len - 4..]
+                        {
+                            bail!("the eager floor's packet {seg} at byte {at} came with a wrong ICRC");
+                        }
+                        off += len;
+                        at += len;
+                        seg += 1;
+                        if seg == EAGER_SEGMENTS.len() {
+                            seg = 0;
+                            got += EAGER_PAYLOAD as u64;
+                            unacked += 1;
+                            if unacked == ack_every {
+                                unacked = 0;
+                                let _ = rx.send_to(&ack, SocketAddr::V4(to_tx.into()));
+                            }
+                        }
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if done.load(std::sync::atomic::Ordering::SeqCst) {
+                        return Ok(got);
+                    }
+                    if idle_since.get_or_insert_with(Instant::now).elapsed() > STALL {
+                        bail!("no datagram from the eager floor's sender for {STALL:?}");
+                    }
+                    std::hint::spin_loop();
+                }
+                Err(e) => return Err(e).context("receiving the eager floor's packets"),
+            }
+        }
+    });
+    pin(0);
+    let mut msg = vec![0x5au8; EAGER_BYTES];
+    let fd = tx.as_raw_fd();
+    let size = EAGER_SEGMENTS[0] as u16;
+    let gso = [ControlMessage::UdpGsoSegments(&size)];
+    let mut acks = vec![0u8; 65536];
+    let mut sent = || -> Result<()> {
+        let t0 = Instant::now();
+        let mut outstanding = 0usize;
+        while t0.elapsed().as_secs_f64() < secs {
+            while let Ok(n) = tx.recv(&mut acks) {
+                outstanding = outstanding.saturating_sub((n / SEGMENT).max(1) * ack_every);
+            }
+            if outstanding + batch > EAGER_WINDOW {
+                std::hint::spin_loop();
+                continue;
+            }
+            let mut at = 0;
+            for len in EAGER_SEGMENTS {
+                let p = &mut msg[at..at + len];
+                let crc = softrdma_engine::wire::icrc::roce_v2_parts(&ip_udp, &p[..len - 4])?;
+                p[len - 4..].copy_from_slice(&crc.to_le_bytes());
+                at += len;
+            }
+            if batch > 1 {
+                let iov = [std::io::IoSlice::new(&msg)];
+                let slices = vec![iov; batch];
+                let addrs = vec![Some(to_rx); batch];
+                let mut hdrs = nsock::MultiHeaders::<SockaddrIn>::preallocate(batch, Some(nix::cmsg_space!(u16)));
+                if let Ok(r) = nsock::sendmmsg(fd, &mut hdrs, &slices, &addrs, gso, MsgFlags::empty()) {
+                    outstanding += r.count();
+                }
+                continue;
+            }
+            let iov = [std::io::IoSlice::new(&msg)];
+            if nsock::sendmsg(fd, &iov, &gso, MsgFlags::empty(), Some(&to_rx)).is_ok() {
+                outstanding += 1;
+            }
+        }
+        Ok(())
+    };
+    let t0 = Instant::now();
+    let r = sent();
+    let elapsed = t0.elapsed().as_secs_f64();
+    sender_done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let _ = tx.send_to(&[0], SocketAddr::V4(to_rx.into()));
+    let joined = receiver.join();
+    if let Some(set) = before {
+        let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
+    }
+    let got = joined.map_err(|_| anyhow::anyhow!("the eager floor's receiver panicked"))??;
+    r?;
+    Ok(got as f64 / elapsed / 1e9)
+}
+
+/// IPv4 and UDP headers as a device's would be (the ICRC covers them, masked).
+fn ip_udp_header() -> [u8; 28] {
+    let mut ip_udp = [0u8; 28];
+    ip_udp[0] = 0x45;
+    ip_udp[9] = 17;
+    ip_udp[22] = (4791u16 >> 8) as u8;
+    ip_udp[23] = (4791u16 & 0xff) as u8;
+    ip_udp
+}
+
 #[cfg(test)]
 mod test {
     use super::*;
@@ -295,6 +459,13 @@ mod test {
         for v in [f.single_us, f.pair_us] {
             assert!(v > 0.05 && v < 50_000.0, "{v} us");
         }
+    }
+
+    #[test]
+    fn the_eager_floor_moves_checked_messages() {
+        let gbs = eager_stream(socket().expect("socket"), socket().expect("socket"), 0.2, 1, 1).expect("eager");
+        eprintln!("UCX's eager pattern, acknowledged: {gbs:.2} GB/s");
+        assert!(gbs > 0.001 && gbs < 1000.0, "{gbs} GB/s");
     }
 
     #[test]

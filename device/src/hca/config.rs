@@ -16,6 +16,7 @@
 //! | `SOFTRDMA_SPIN_YIELD` | 1 | [`Tuning::spin_yield`] |
 //! | `SOFTRDMA_EVENT_SOCKET` | 1 | [`Tuning::event_socket`] |
 //! | `SOFTRDMA_GUARDED_COPY` | 1 | [`Tuning::guarded_copy`] |
+//! | `SOFTRDMA_SEND_MANY` | 1 | [`Tuning::send_many`] |
 //!
 //! All but the first are for measuring one choice against another in one build (BENCHMARKS.md
 //! names the runs that used them); a value that does not parse leaves the default. The capture's
@@ -187,6 +188,9 @@ pub(crate) struct Tuning {
     /// `SOFTRDMA_GUARDED_COPY=0`: a device copies a client's memory with system calls instead of
     /// the guarded copy (`ProcessMemory::set_guarded`), to compare the two.
     pub guarded_copy: bool,
+    /// `SOFTRDMA_SEND_MANY=0`: each GSO send of a pump leaves in a `sendmsg` of its own instead
+    /// of waiting for the pump's flush, which sends them in one `sendmmsg` per socket.
+    pub send_many: bool,
 }
 
 impl Tuning {
@@ -213,6 +217,7 @@ impl Tuning {
             spin_yield: on("SOFTRDMA_SPIN_YIELD"),
             event_socket: on("SOFTRDMA_EVENT_SOCKET"),
             guarded_copy: on("SOFTRDMA_GUARDED_COPY"),
+            send_many: on("SOFTRDMA_SEND_MANY"),
         }
     }
 }

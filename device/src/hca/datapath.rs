@@ -13,14 +13,47 @@ pub(super) struct Gso {
     pub(super) seg: usize,
     pub(super) n: usize,
     pub(super) closed: bool,
-    /// The batch's packets, `used` bytes of them, and room for one packet more after the
-    /// largest batch (the engine builds packets there: `State::pump_with`). Its length never
-    /// changes.
+    /// The packets: the batches in `ready`, then the batch being built from `start` to
+    /// `used`, and room for that batch to grow to a whole GSO send and one packet more (the
+    /// engine builds packets there: `State::pump_with`). Its length never changes.
     pub(super) buf: Vec<u8>,
     pub(super) used: usize,
+    pub(super) start: usize,
+    /// Batches complete but not sent: they leave with the one being built at the next flush, in
+    /// one `sendmmsg` per source port (`RoceUdp::send_many`).
+    pub(super) ready: Vec<Ready>,
+}
+
+/// A complete GSO batch in [`Gso::buf`], waiting for the flush.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Ready {
+    dst: IpAddr,
+    sport: u16,
+    seg: usize,
+    start: usize,
+    len: usize,
+    n: usize,
 }
 
 impl Gso {
+    /// A builder of up to [`GSO_BATCHES`] GSO sends a flush (one with `SOFTRDMA_SEND_MANY=0`).
+    pub(super) fn new(enabled: bool, dst: IpAddr) -> Gso {
+        let batches = if super::config::tuning().send_many { GSO_BATCHES } else { 1 };
+        Gso {
+            enabled,
+            dst,
+            dqpn: 0,
+            sport: 0,
+            seg: 0,
+            n: 0,
+            closed: false,
+            buf: vec![0; batches * udp::MAX_GSO_BYTES + PACKET_ROOM],
+            used: 0,
+            start: 0,
+            ready: Vec::with_capacity(batches),
+        }
+    }
+
     /// The IPv4 ID the next packet gets if it joins the send being built (0 if a new one starts).
     pub(super) fn next_id(&self) -> u16 {
         if self.enabled && self.n > 0 && !self.closed && self.n < MAX_GSO_SEGMENTS {
@@ -29,7 +62,33 @@ impl Gso {
             0
         }
     }
+
+    /// Whether the batch being built can be set aside for the flush and a new one begin after
+    /// it: fewer than [`GSO_BATCHES`] batches, and room after it for a whole send and a packet.
+    fn can_set_aside(&self) -> bool {
+        self.ready.len() + 1 < GSO_BATCHES && self.used + udp::MAX_GSO_BYTES + PACKET_ROOM <= self.buf.len()
+    }
+
+    /// Sets the batch being built aside (it has packets); the next begins where it ends.
+    fn set_aside(&mut self) {
+        self.ready.push(Ready {
+            dst: self.dst,
+            sport: self.sport,
+            seg: self.seg,
+            start: self.start,
+            len: self.used - self.start,
+            n: self.n,
+        });
+        self.start = self.used;
+        self.n = 0;
+    }
 }
+
+/// The most GSO sends one flush makes (in one `sendmmsg` when they share a source port): the
+/// SENDs an application posted between two polls (UCX posts a 64 KiB eager message as 8 SENDs
+/// of 8 KiB, each a send of its own: their last packets are short), or a 64 KiB WRITE's two.
+/// `softrdma bench`'s cluster floor rows measure what one call for several saves.
+const GSO_BATCHES: usize = 8;
 
 /// The most a packet the engine builds takes (4096 bytes of payload and the headers).
 pub(super) const PACKET_ROOM: usize = 4096 + 256;
@@ -550,12 +609,18 @@ impl State {
             && !b.closed
             && len <= b.seg
             && b.n < MAX_GSO_SEGMENTS
-            && at + len <= udp::MAX_GSO_BYTES;
+            && at - b.start + len <= udp::MAX_GSO_BYTES;
         if !fits {
-            self.flush();
+            // The batch being built is complete: it waits for the flush beside the others, or
+            // they all leave now and this packet moves to the buffer's start.
+            if self.gso.n > 0 && self.gso.can_set_aside() {
+                self.gso.set_aside();
+            } else {
+                self.flush();
+            }
             let b = &mut self.gso;
-            if at > 0 {
-                b.buf.copy_within(at..at + len, 0);
+            if at != b.used {
+                b.buf.copy_within(at..at + len, b.used);
             }
             b.dst = dst;
             b.dqpn = dqpn;
@@ -593,24 +658,53 @@ impl State {
         }
     }
 
-    /// Sends the GSO batch being built, if any.
+    /// Sends the GSO batches set aside and the one being built, if any: the batches of one
+    /// source port (one socket) in one `sendmmsg`, in the order they were built.
     pub(super) fn flush(&mut self) {
-        let b = &mut self.gso;
-        if b.n == 0 {
+        if self.gso.n > 0 {
+            self.gso.set_aside();
+        }
+        if self.gso.ready.is_empty() {
             return;
         }
-        let data = &b.buf[..b.used];
-        let r = if b.n == 1 {
-            self.udp.send(b.dst, b.sport, data)
-        } else {
-            self.udp.send_segments(b.dst, b.sport, data, b.seg)
-        };
-        match r {
-            Ok(()) => self.io.udp_sent += b.n as u64,
-            Err(_) => self.io.send_errors += b.n as u64,
+        let mut ready = std::mem::take(&mut self.gso.ready);
+        let buf = &self.gso.buf;
+        let mut i = 0;
+        while i < ready.len() {
+            let first = ready[i];
+            let group = ready[i..].iter().take_while(|r| r.sport == first.sport).count();
+            let batches = &ready[i..i + group];
+            let bytes = |r: &Ready| &buf[r.start..r.start + r.len];
+            if group == 1 {
+                let r = if first.n == 1 {
+                    self.udp.send(first.dst, first.sport, bytes(&first))
+                } else {
+                    self.udp.send_segments(first.dst, first.sport, bytes(&first), first.seg)
+                };
+                match r {
+                    Ok(()) => self.io.udp_sent += first.n as u64,
+                    Err(_) => self.io.send_errors += first.n as u64,
+                }
+            } else {
+                let msgs: Vec<(IpAddr, &[u8], usize)> = batches.iter().map(|r| (r.dst, bytes(r), r.seg)).collect();
+                let all: u64 = batches.iter().map(|r| r.n as u64).sum();
+                match self.udp.send_many(first.sport, &msgs) {
+                    Ok(()) => self.io.udp_sent += all,
+                    Err(failed) => {
+                        let lost: u64 = failed.iter().map(|&(k, _)| batches[k].n as u64).sum();
+                        self.io.udp_sent += all - lost;
+                        self.io.send_errors += lost;
+                    }
+                }
+            }
+            i += group;
         }
+        ready.clear();
+        let b = &mut self.gso;
+        b.ready = ready;
         b.n = 0;
         b.used = 0;
+        b.start = 0;
     }
 
     /// Async events to their owners; completion channel events for armed CQs.

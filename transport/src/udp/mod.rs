@@ -653,6 +653,84 @@ impl RoceUdp {
         Ok(())
     }
 
+    /// Sends several messages from `src_port`, in order, each as [`RoceUdp::send_segments`]
+    /// would (`(dst, bytes, segment size)`), in as few `sendmmsg` calls as the kernel takes
+    /// them (16 a call) when GSO is on: one system call for the two GSO sends of a 64 KiB
+    /// WRITE, or for the SENDs a poll found posted. A message the kernel refuses in a
+    /// `sendmmsg` is sent again alone by `send_segments`, which drops it on a full queue, turns
+    /// GSO off if the kernel refuses it, or fails; every message is tried. Errors: the index
+    /// and error of each message that failed.
+    pub fn send_many(&mut self, src_port: u16, msgs: &[(IpAddr, &[u8], usize)]) -> Result<(), Vec<(usize, io::Error)>> {
+        let mut failed = Vec::new();
+        let slow = |udp: &mut Self, from: usize, failed: &mut Vec<(usize, io::Error)>| {
+            for (i, &(dst, buf, seg)) in msgs.iter().enumerate().skip(from) {
+                if let Err(e) = udp.send_segments(dst, src_port, buf, seg) {
+                    failed.push((i, e));
+                }
+            }
+        };
+        let valid = |&(dst, buf, seg): &(IpAddr, &[u8], usize)| {
+            seg > 0
+                && buf.len() <= MAX_GSO_BYTES
+                && buf.len().div_ceil(seg) <= MAX_GSO_SEGMENTS
+                && dst.is_ipv4() == self.local.is_ipv4()
+        };
+        let socket_ok = self.socket_for(src_port).is_ok();
+        if !self.gso || msgs.len() < 2 || !socket_ok || !msgs.iter().all(valid) {
+            // One at a time: `send_segments` says what is wrong with any of them.
+            slow(self, 0, &mut failed);
+            return if failed.is_empty() { Ok(()) } else { Err(failed) };
+        }
+        let port = self.local.port();
+        let out: Vec<sockets::Outgoing<'_>> = msgs
+            .iter()
+            .map(|&(dst, buf, seg)| {
+                let segments = buf.len().div_ceil(seg);
+                sockets::Outgoing {
+                    to: SockAddr::from(SocketAddr::new(dst, port)),
+                    buf,
+                    segment_size: (segments > 1).then_some(seg as u16),
+                }
+            })
+            .collect();
+        let mut i = 0;
+        while i < out.len() {
+            let sent = match self.socket_for(src_port) {
+                Ok(socket) => sockets::send_gso_many(socket, &out[i..]),
+                Err(e) => Err(e),
+            };
+            match sent {
+                Ok(k) if k > 0 => {
+                    // One system call, however many messages it took.
+                    for &(_, buf, seg) in &msgs[i..i + k] {
+                        let segments = buf.len().div_ceil(seg).max(1) as u64;
+                        self.stats.sent += segments;
+                        self.stats.gso_sends += u64::from(segments > 1);
+                    }
+                    self.stats.send_calls += 1;
+                    i += k;
+                }
+                // The kernel took none: this one alone, as `send_segments` handles its error.
+                _ => {
+                    let (dst, buf, seg) = msgs[i];
+                    if let Err(e) = self.send_segments(dst, src_port, buf, seg) {
+                        failed.push((i, e));
+                    }
+                    i += 1;
+                    if !self.gso {
+                        slow(self, i, &mut failed);
+                        break;
+                    }
+                }
+            }
+        }
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(failed)
+        }
+    }
+
     /// The socket that sends from `src_port`.
     fn socket_for(&self, src_port: u16) -> io::Result<&Socket> {
         if src_port == self.local.port() {

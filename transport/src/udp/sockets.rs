@@ -43,6 +43,68 @@ pub(super) fn send_gso(socket: &Socket, to: SocketAddr, buf: &[u8], segment_size
     }
 }
 
+/// One datagram or GSO send of [`send_gso_many`]: its destination, its bytes, and the
+/// segment size when it is more than one segment.
+pub(super) struct Outgoing<'a> {
+    pub(super) to: SockAddr,
+    pub(super) buf: &'a [u8],
+    pub(super) segment_size: Option<u16>,
+}
+
+/// The most messages one [`send_gso_many`] call takes.
+pub(super) const SEND_MANY_MAX: usize = 16;
+
+/// One `sendmmsg` of up to [`SEND_MANY_MAX`] messages, each with its own `UDP_SEGMENT` control
+/// message when it has a segment size: how many the kernel took, in order (the ones after stay
+/// unsent). An error is the first message's (the kernel reports a later message's error by
+/// taking the ones before it; the caller's next call then starts at that message).
+pub(super) fn send_gso_many(socket: &Socket, msgs: &[Outgoing<'_>]) -> io::Result<usize> {
+    let msgs = &msgs[..msgs.len().min(SEND_MANY_MAX)];
+    let space = unsafe { libc::CMSG_SPACE(mem::size_of::<u16>() as u32) } as usize;
+    // u64s: the control buffers must be aligned for `cmsghdr`.
+    let mut control = [0u64; SEND_MANY_MAX * 4];
+    debug_assert!(space <= 4 * mem::size_of::<u64>());
+    let mut iovs: [libc::iovec; SEND_MANY_MAX] =
+        [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; SEND_MANY_MAX];
+    // SAFETY: mmsghdr is plain old data; all-zero is a valid (empty) value for every field.
+    let mut hdrs: [libc::mmsghdr; SEND_MANY_MAX] = unsafe { mem::zeroed() };
+    for (i, m) in msgs.iter().enumerate() {
+        iovs[i] = libc::iovec { iov_base: m.buf.as_ptr() as *mut libc::c_void, iov_len: m.buf.len() };
+        let h = &mut hdrs[i].msg_hdr;
+        h.msg_name = m.to.as_ptr() as *mut libc::c_void;
+        h.msg_namelen = m.to.len();
+        h.msg_iov = &mut iovs[i];
+        h.msg_iovlen = 1;
+        if let Some(size) = m.segment_size {
+            let ctl = control[i * 4..].as_mut_ptr() as *mut libc::c_void;
+            h.msg_control = ctl;
+            h.msg_controllen = space as _;
+            // SAFETY: `ctl` points at `space` bytes of this message's part of `control`
+            // (4 u64s each, at least CMSG_SPACE(2)), aligned for cmsghdr; CMSG_FIRSTHDR of a
+            // header whose control length covers one cmsghdr is that buffer.
+            unsafe {
+                let c = libc::CMSG_FIRSTHDR(h);
+                (*c).cmsg_level = libc::SOL_UDP;
+                (*c).cmsg_type = libc::UDP_SEGMENT;
+                (*c).cmsg_len = libc::CMSG_LEN(mem::size_of::<u16>() as u32) as _;
+                std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut u16, size);
+            }
+        }
+    }
+    loop {
+        // SAFETY: `hdrs[..msgs.len()]` are valid msghdrs whose names, iovecs, payloads and
+        // control buffers (`msgs`, `iovs`, `control`) outlive the call.
+        let n = unsafe { libc::sendmmsg(socket.as_raw_fd(), hdrs.as_mut_ptr(), msgs.len() as u32, libc::MSG_NOSIGNAL) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}
+
 /// `Ok(Some(Dropped))` for a full queue, `Ok(None)` to retry (`EINTR`), `Err` for the rest.
 fn classify_send_error(error: io::Error) -> io::Result<Option<Sent>> {
     match error.raw_os_error() {
