@@ -181,8 +181,8 @@ fn measure(t: &mut Table, exe: &Path, quick: bool, port: &mut u16) -> Result<()>
     let hostfile = dir.path().join("hosts");
     std::fs::write(&hostfile, hosts.iter().map(|(h, _)| format!("{h} slots=1\n")).collect::<String>())?;
     let rsh = format!("{} cluster rsh", exe.display());
-    let n = iters(5000).to_string();
-    let mpi = |args: &[&str]| -> Result<f64> {
+    // (round trip in us) of `bytes`-byte ping-pongs; `stamped` for bandwidth (mpi_check.c).
+    let mpi = |args: &[&str], bytes: usize, n: u32, stamped: bool| -> Result<f64> {
         let mut c = Command::new(exe);
         c.args(["cluster", "exec", "1", "--", "mpirun", "--allow-run-as-root", "--mca", "plm_rsh_agent", &rsh])
             .arg("--hostfile")
@@ -190,7 +190,10 @@ fn measure(t: &mut Table, exe: &Path, quick: bool, port: &mut u16) -> Result<()>
             .args(["-np", "2"])
             .args(args)
             .arg(&prog)
-            .args(["8", &n]);
+            .args([bytes.to_string(), n.to_string()]);
+        if stamped {
+            c.arg("stamped");
+        }
         let (st, out) = run(&mut c, Duration::from_secs(300))?;
         let rtt = out
             .lines()
@@ -201,27 +204,45 @@ fn measure(t: &mut Table, exe: &Path, quick: bool, port: &mut u16) -> Result<()>
             _ => bail!("mpirun {}: status {st:?}: {}", args.join(" "), tail(&out)),
         }
     };
+    const MIB: usize = 1 << 20;
     for (key, pml, args) in [
         (
-            "cluster_mpi_ucx_rtt_us",
+            "cluster_mpi_ucx",
             "pml ucx over softrdma rc_verbs",
             &["--mca", "pml", "ucx", "-x", "UCX_TLS=rc_v,self", "-x", "OMPI_MCA_pml_ucx_devices=any"][..],
         ),
         (
-            "cluster_mpi_tcp_rtt_us",
+            "cluster_mpi_tcp",
             "pml ob1, btl tcp",
             &["--mca", "pml", "ob1", "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "eth0"][..],
         ),
     ] {
-        match mpi(args) {
+        match mpi(args, 8, iters(5000), false) {
             Ok(v) => {
-                t.v.insert(key.into(), v);
+                t.v.insert(format!("{key}_rtt_us"), v);
                 t.row(GROUP, mpi_what(pml), format!("round trip {v:.2} us"));
             }
             Err(e) => t.row(GROUP, mpi_what(pml), format!("failed: {e:#}")),
         }
+        // Bandwidth: a 1 MiB message each way per round trip.
+        let what = format!("MPI ping-pong 1 MiB (stamped: every message's iteration checked), Open MPI {pml}");
+        match mpi(args, MIB, iters(500), true) {
+            Ok(v) => {
+                let gbps = 2.0 * MIB as f64 * 8.0 / (v * 1e3);
+                t.v.insert(format!("{key}_bw_gbps"), gbps);
+                t.row(GROUP, what, format!("{gbps:.2} Gbit/s (round trip {v:.0} us)"));
+            }
+            Err(e) => t.row(GROUP, what, format!("failed: {e:#}")),
+        }
     }
     ratio(t, "MPI ping-pong 8 B: pml ucx on softrdma / ob1 tcp", "cluster_mpi_ucx_rtt_us", "cluster_mpi_tcp_rtt_us");
+    ratio(
+        t,
+        "MPI ping-pong 8 B: pml ucx on softrdma round trip / UCX rc_verbs tag_lat one-way",
+        "cluster_mpi_ucx_rtt_us",
+        "cluster_ucx_rc_v,self_lat_us",
+    );
+    ratio(t, "MPI ping-pong 1 MiB bandwidth: pml ucx on softrdma / ob1 tcp", "cluster_mpi_ucx_bw_gbps", "cluster_mpi_tcp_bw_gbps");
     Ok(())
 }
 

@@ -2,11 +2,15 @@
  * mpi_check.c: a small MPI program whose every result is checked, for scripts/test-cluster.sh.
  *
  *   mpicc -O1 -Wall -o mpi_check mpi_check.c
- *   mpirun -np 4 ... ./mpi_check [BYTES] [ITERS]
+ *   mpirun -np 4 ... ./mpi_check [BYTES] [ITERS] [stamped]
  *
  * - ping-pong between rank 0 and every other rank: ITERS round trips of BYTES bytes (default
  *   65536 x 50), each message a pattern of (iteration, sender), checked by the receiver, and the
  *   mean round-trip time printed by rank 0 ("pingpong rank R: N B x I, rtt U us");
+ *   with "stamped" (for bandwidth: the per-byte work of writing and checking every message
+ *   would otherwise be what is timed), each sender's pattern is written once, every message
+ *   carries its iteration number at its start, middle and end (checked by the receiver on
+ *   every message), and the last message received is checked in full;
  * - MPI_Allreduce (sum and max over a vector of 1024 ints, known results);
  * - MPI_Alltoall (each rank sends rank*1000+destination to every rank; all checked);
  * - MPI_Barrier.
@@ -35,6 +39,7 @@ int main(int argc, char **argv)
 {
 	size_t bytes = argc > 1 ? strtoul(argv[1], NULL, 0) : 65536;
 	int iters = argc > 2 ? atoi(argv[2]) : 50;
+	int stamped = argc > 3 && !strcmp(argv[3], "stamped");
 	unsigned char *buf;
 	char host[MPI_MAX_PROCESSOR_NAME], *hosts;
 	int len, nhosts = 0;
@@ -60,7 +65,44 @@ int main(int argc, char **argv)
 		nhosts += !seen;
 	}
 
-	for (int peer = 1; peer < size; peer++) {
+	for (int peer = 1; stamped && peer < size; peer++) {
+		/* Messages of at least 12 bytes: three 4-byte stamps that do not overlap. */
+		size_t at[3] = { 0, (bytes / 2) & ~(size_t)3, bytes - 4 };
+		unsigned char *rbuf = malloc(bytes);
+		int me = rank == 0 ? 0 : peer, from = rank == 0 ? peer : 0;
+		double t0;
+		if (!rbuf || bytes < 12)
+			fail("stamped: malloc, or a message under 12 bytes");
+		for (size_t i = 0; i < bytes; i++)
+			buf[i] = pattern(0, me, i);
+		t0 = MPI_Wtime();
+		for (int it = 0; it < iters && (rank == 0 || rank == peer); it++) {
+			for (int k = 0; k < 3; k++)
+				memcpy(buf + at[k], &it, 4);
+			if (rank == 0) {
+				MPI_Send(buf, (int)bytes, MPI_BYTE, peer, it, MPI_COMM_WORLD);
+				MPI_Recv(rbuf, (int)bytes, MPI_BYTE, peer, it, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+			} else {
+				MPI_Recv(rbuf, (int)bytes, MPI_BYTE, 0, it, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+			}
+			for (int k = 0; k < 3; k++)
+				if (memcmp(rbuf + at[k], &it, 4))
+					fail("stamped ping-pong: a message's iteration stamp");
+			if (rank != 0)
+				MPI_Send(buf, (int)bytes, MPI_BYTE, 0, it, MPI_COMM_WORLD);
+		}
+		if (rank == 0 && iters > 0)
+			printf("pingpong rank %d: %zu B x %d, rtt %.1f us\n", peer, bytes, iters,
+			       (MPI_Wtime() - t0) * 1e6 / iters);
+		if ((rank == 0 || rank == peer) && iters > 0)
+			for (size_t i = 0; i < bytes; i++)
+				if ((i < at[0] + 4 || (i >= at[1] && i < at[1] + 4) || i >= at[2]) ? 0
+				    : rbuf[i] != pattern(0, from, i))
+					fail("stamped ping-pong: the last message's data");
+		free(rbuf);
+	}
+
+	for (int peer = 1; !stamped && peer < size; peer++) {
 		double t0 = MPI_Wtime();
 		for (int it = 0; it < iters && (rank == 0 || rank == peer); it++) {
 			if (rank == 0) {
