@@ -75,6 +75,10 @@ pub(crate) struct BenchArgs {
     /// as root, with no cluster already up).
     #[arg(long)]
     no_cluster: bool,
+    /// Run the middleware rows only (UCX and MPI between two `softrdma cluster` hosts, with the
+    /// UDP floors between the hosts) and print them; nothing is written.
+    #[arg(long, conflicts_with = "no_cluster")]
+    only_cluster: bool,
     /// Only the progress comparison (`bench_progress`): RC ping-pong between two devices in this
     /// process, moved by the device threads and by the application's calls, beside busy-poll UDP.
     /// Prints its table; needs no packages, daemons or perftest.
@@ -698,6 +702,19 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
+    let print_rows = |t: &Table| {
+        println!("| group | what | result |\n|---|---|---|");
+        for (g, w, v) in &t.rows {
+            println!("| {g} | {w} | {v} |");
+        }
+    };
+    if a.only_cluster {
+        let mut t = Table::default();
+        let mut port = 20000 + (std::process::id() % 20000) as u16;
+        crate::bench_cluster::rows(&mut t, &exe, a.quick, &mut port);
+        print_rows(&t);
+        return Ok(ExitCode::SUCCESS);
+    }
     let shim = crate::shim::dir()?;
     ensure_packages(a.no_install)?;
     let ub = udpbench(a.udpbench.as_deref(), &exe)?;
@@ -713,10 +730,7 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<ExitCode> {
     if a.only_capture {
         let (rounds, iters) = if a.quick { (1, r.iters(5000)) } else { (3, 5000) };
         crate::bench_capture::rows(&mut t, &mut r, &exe, [a.addr0, a.addr1], rounds, iters)?;
-        println!("| group | what | result |\n|---|---|---|");
-        for (g, w, v) in &t.rows {
-            println!("| {g} | {w} | {v} |");
-        }
+        print_rows(&t);
         return Ok(ExitCode::SUCCESS);
     }
 

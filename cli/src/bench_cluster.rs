@@ -34,8 +34,8 @@ impl Drop for Cluster<'_> {
     }
 }
 
-/// The running cluster's hosts: address and network namespace of each.
-fn hosts_up(exe: &Path) -> Result<Vec<(String, String)>> {
+/// The running cluster's hosts (address and network namespace of each) and its links' MTU.
+fn hosts_up(exe: &Path) -> Result<(Vec<(String, String)>, u32)> {
     let (st, out) = run(Command::new(exe).args(["cluster", "status", "--json"]), Duration::from_secs(30))?;
     if st != Some(0) {
         bail!("softrdma cluster status: {}", tail(&out));
@@ -43,12 +43,13 @@ fn hosts_up(exe: &Path) -> Result<Vec<(String, String)>> {
     // stdout then stderr: the JSON is the first line.
     let json = out.lines().next().unwrap_or_default();
     let v: serde_json::Value = serde_json::from_str(json).with_context(|| format!("cluster status --json: {json}"))?;
-    Ok(v["hosts"]
+    let hosts = v["hosts"]
         .as_array()
         .map(|h| {
             h.iter().filter_map(|h| Some((h["addr"].as_str()?.to_owned(), h["netns"].as_str()?.to_owned()))).collect()
         })
-        .unwrap_or_default())
+        .unwrap_or_default();
+    Ok((hosts, v["mtu"].as_u64().unwrap_or(1500) as u32))
 }
 
 /// Adds the cluster rows (or one row saying why there are none) to `t`.
@@ -59,7 +60,7 @@ pub(crate) fn rows(t: &mut Table, exe: &Path, quick: bool, port: &mut u16) {
         return;
     }
     match hosts_up(exe) {
-        Ok(h) if !h.is_empty() => {
+        Ok((h, _)) if !h.is_empty() => {
             t.row(
                 GROUP,
                 "UCX and MPI between cluster hosts",
@@ -86,10 +87,10 @@ fn measure(t: &mut Table, exe: &Path, quick: bool, port: &mut u16) -> Result<()>
     if st != Some(0) {
         bail!("softrdma cluster up: {}", tail(&out));
     }
-    let hosts = hosts_up(exe)?;
+    let (hosts, mtu) = hosts_up(exe)?;
     let [(a1, ns1), (a2, ns2)] = hosts.as_slice() else { bail!("cluster up made {} hosts, not 2", hosts.len()) };
     let iters = |full: u32| if quick { (full / 10).max(100) } else { full };
-    floor_rows(t, [(a1, ns1), (a2, ns2)], quick);
+    floor_rows(t, [(a1, ns1), (a2, ns2)], mtu, quick);
 
     // ucx_perftest, server in host 1, client in host 2.
     let mut ucx = |tls: &str, test: &str, size: u32, n: u32| -> Result<Vec<f64>> {
@@ -242,7 +243,12 @@ fn measure(t: &mut Table, exe: &Path, quick: bool, port: &mut u16) -> Result<()>
         "cluster_mpi_ucx_rtt_us",
         "cluster_ucx_rc_v,self_lat_us",
     );
-    ratio(t, "MPI ping-pong 1 MiB bandwidth: pml ucx on softrdma / ob1 tcp", "cluster_mpi_ucx_bw_gbps", "cluster_mpi_tcp_bw_gbps");
+    ratio(
+        t,
+        "MPI ping-pong 1 MiB bandwidth: pml ucx on softrdma / ob1 tcp",
+        "cluster_mpi_ucx_bw_gbps",
+        "cluster_mpi_tcp_bw_gbps",
+    );
     Ok(())
 }
 
@@ -252,7 +258,7 @@ fn measure(t: &mut Table, exe: &Path, quick: bool, port: &mut u16) -> Result<()>
 /// its ACK in one GSO send (what an RC one-way moves), and the floor of the stream UCX's
 /// tag_bw 64 KiB sends over rc_verbs (8 SENDs of 8,256 bytes a message, every packet with its
 /// ICRC, every SEND acknowledged: [`crate::bench_floor::eager_stream`]).
-fn floor_rows(t: &mut Table, hosts: [(&String, &String); 2], quick: bool) {
+fn floor_rows(t: &mut Table, hosts: [(&String, &String); 2], link_mtu: u32, quick: bool) {
     const GROUP: &str = "cluster (2 hosts)";
     let sockets = || -> Result<_> {
         let [(a1, n1), (a2, n2)] = hosts;
@@ -283,12 +289,14 @@ fn floor_rows(t: &mut Table, hosts: [(&String, &String); 2], quick: bool) {
     // sender of the same packets could do (an ACK per 8 SENDs, 8 SENDs a sendmmsg): the second is
     // the floor any transport moving these packets meets, so tcp is compared with it.
     let secs = if quick { 0.5 } else { 2.0 };
+    // The path MTU a device on these links runs at (what UCX's SENDs are cut into).
+    let mtu = softrdma_transport::udp::active_mtu(link_mtu).bytes();
     for (key, ack_every, batch, what) in [
         (
             "cluster_udp_eager_gbps",
             1,
             1,
-            "limit: UDP between the hosts, UCX's eager 64 KiB over RC (8 SENDs of 8256 B, 3 packets each in one GSO send, ICRCs computed and checked, each SEND acknowledged)",
+            "limit: UDP between the hosts, UCX's eager 64 KiB over RC (8 SENDs of 8256 B, each cut at the path MTU into one GSO send, ICRCs computed and checked, each SEND acknowledged)",
         ),
         (
             "cluster_udp_eager_best_gbps",
@@ -297,10 +305,10 @@ fn floor_rows(t: &mut Table, hosts: [(&String, &String); 2], quick: bool) {
             "limit: the same packets sent best (an ACK per 8 SENDs, 8 SENDs a sendmmsg)",
         ),
     ] {
-        match sockets().and_then(|(tx, rx)| crate::bench_floor::eager_stream(tx, rx, secs, ack_every, batch)) {
+        match sockets().and_then(|(tx, rx)| crate::bench_floor::eager_stream(tx, rx, mtu, secs, ack_every, batch)) {
             Ok(gbs) => {
                 t.v.insert(key.into(), gbs * 8.0);
-                t.row(GROUP, what, format!("{:.2} Gbit/s", gbs * 8.0));
+                t.row(GROUP, what, format!("{:.2} Gbit/s (path MTU {mtu})", gbs * 8.0));
             }
             Err(e) => t.row(GROUP, what, format!("failed: {e:#}")),
         }

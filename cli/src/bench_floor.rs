@@ -307,13 +307,25 @@ fn stream(how: Sender, secs: f64) -> Result<f64> {
 
 /// UCX's eager protocol over RC for a 64 KiB tag message, as ucx_perftest's tag_bw sends it
 /// between two hosts (UCX 1.13 keeps a non-blocking tag send below 256 KiB eager): 8 active
-/// messages of 8,256 bytes (UCX's rc_verbs segment size), each one SEND of 3 packets at path MTU
-/// 4096 (4096, 4096 and 64 bytes of payload, each with BTH 12 and ICRC 4) in one GSO send, and
-/// each answered by the responder with a 20-byte ACK (the SEND's last packet asks for one,
-/// IBTA 9.7.2.1.1; coalescing ACKs of messages that arrive one send apart would hold them).
-pub(crate) const EAGER_SEGMENTS: [usize; 3] = [4112, 4112, 80];
+/// messages of 8,256 bytes (UCX's rc_verbs segment size), each one SEND cut into packets of the
+/// path MTU (at 4096: 4096, 4096 and 64 bytes of payload; at 1024, what a 1500-byte link
+/// carries: 8 x 1024 and 64), each with BTH 12 and ICRC 4, in one GSO send, and each answered by
+/// the responder with a 20-byte ACK (the SEND's last packet asks for one, IBTA 9.7.2.1.1;
+/// coalescing ACKs of messages that arrive one send apart would hold them).
 const EAGER_PAYLOAD: usize = 8256;
-const EAGER_BYTES: usize = 4112 + 4112 + 80;
+/// BTH and ICRC of each packet.
+const EAGER_OVERHEAD: usize = 12 + 4;
+
+/// The packet sizes of one eager SEND at path MTU `mtu` bytes.
+pub(crate) fn eager_segments(mtu: usize) -> Vec<usize> {
+    let mtu = mtu.max(256);
+    let full = EAGER_PAYLOAD / mtu;
+    let mut v = vec![mtu + EAGER_OVERHEAD; full];
+    if EAGER_PAYLOAD % mtu != 0 {
+        v.push(EAGER_PAYLOAD % mtu + EAGER_OVERHEAD);
+    }
+    v
+}
 /// Messages the sender keeps unacknowledged (UCX keeps up to its flow-control window of 512;
 /// this keeps the receiving socket's buffer from overflowing, which no RC peer would do).
 const EAGER_WINDOW: usize = 32;
@@ -321,8 +333,19 @@ const EAGER_WINDOW: usize = 32;
 /// The floor of that stream from socket `tx` to socket `rx` (in whatever namespaces they were
 /// made, [`socket_in`]): one thread sends the messages with each packet's ICRC computed (IBTA
 /// A17.4.3.1) and reads the ACKs, another receives, checks every packet's ICRC and answers each
-/// message with an ACK, both spinning (as ucx_perftest does), for `secs`. GB/s of UCX payload.
-pub(crate) fn eager_stream(tx: UdpSocket, rx: UdpSocket, secs: f64, ack_every: usize, batch: usize) -> Result<f64> {
+/// message with an ACK, both spinning (as ucx_perftest does), for `secs`, at path MTU `mtu`
+/// bytes ([`eager_segments`]). GB/s of UCX payload; an error if the kernel refuses a send for
+/// anything but a full queue, or if nothing arrived.
+pub(crate) fn eager_stream(
+    tx: UdpSocket,
+    rx: UdpSocket,
+    mtu: usize,
+    secs: f64,
+    ack_every: usize,
+    batch: usize,
+) -> Result<f64> {
+    let segments = eager_segments(mtu);
+    let eager_bytes: usize = segments.iter().sum();
     for s in [&tx, &rx] {
         nsock::setsockopt(s, sockopt::RcvBuf, &(4 << 20)).context("setting SO_RCVBUF")?;
         nsock::setsockopt(s, sockopt::SndBuf, &(4 << 20)).context("setting SO_SNDBUF")?;
@@ -332,8 +355,10 @@ pub(crate) fn eager_stream(tx: UdpSocket, rx: UdpSocket, secs: f64, ack_every: u
     let before = cpus();
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sender_done = done.clone();
+    let rx_segments = segments.clone();
     let receiver = std::thread::spawn(move || -> Result<u64> {
         pin(1);
+        let segments = rx_segments;
         let mut buf = vec![0u8; 65536];
         let (mut got, mut at, mut seg, mut unacked) = (0u64, 0usize, 0usize, 0usize);
         let ack = [0u8; SEGMENT];
@@ -346,7 +371,7 @@ pub(crate) fn eager_stream(tx: UdpSocket, rx: UdpSocket, secs: f64, ack_every: u
                     // The packets in order (a whole GSO send, or its segments one by one).
                     let mut off = 0;
                     while off < n {
-                        let len = EAGER_SEGMENTS[seg].min(n - off);
+                        let len = segments[seg].min(n - off);
                         let p = &buf[off..off + len];
                         if len < 4
                             || softrdma_engine::wire::icrc::roce_v2_parts(&ip_udp, &p[..len - 4])?.to_le_bytes()
@@ -357,7 +382,7 @@ pub(crate) fn eager_stream(tx: UdpSocket, rx: UdpSocket, secs: f64, ack_every: u
                         off += len;
                         at += len;
                         seg += 1;
-                        if seg == EAGER_SEGMENTS.len() {
+                        if seg == segments.len() {
                             seg = 0;
                             got += EAGER_PAYLOAD as u64;
                             unacked += 1;
@@ -383,9 +408,9 @@ pub(crate) fn eager_stream(tx: UdpSocket, rx: UdpSocket, secs: f64, ack_every: u
         }
     });
     pin(0);
-    let mut msg = vec![0x5au8; EAGER_BYTES];
+    let mut msg = vec![0x5au8; eager_bytes];
     let fd = tx.as_raw_fd();
-    let size = EAGER_SEGMENTS[0] as u16;
+    let size = segments[0] as u16;
     let gso = [ControlMessage::UdpGsoSegments(&size)];
     let mut acks = vec![0u8; 65536];
     let mut sent = || -> Result<()> {
@@ -400,7 +425,7 @@ pub(crate) fn eager_stream(tx: UdpSocket, rx: UdpSocket, secs: f64, ack_every: u
                 continue;
             }
             let mut at = 0;
-            for len in EAGER_SEGMENTS {
+            for &len in &segments {
                 let p = &mut msg[at..at + len];
                 let crc = softrdma_engine::wire::icrc::roce_v2_parts(&ip_udp, &p[..len - 4])?;
                 p[len - 4..].copy_from_slice(&crc.to_le_bytes());
@@ -411,14 +436,18 @@ pub(crate) fn eager_stream(tx: UdpSocket, rx: UdpSocket, secs: f64, ack_every: u
                 let slices = vec![iov; batch];
                 let addrs = vec![Some(to_rx); batch];
                 let mut hdrs = nsock::MultiHeaders::<SockaddrIn>::preallocate(batch, Some(nix::cmsg_space!(u16)));
-                if let Ok(r) = nsock::sendmmsg(fd, &mut hdrs, &slices, &addrs, gso, MsgFlags::empty()) {
-                    outstanding += r.count();
+                match nsock::sendmmsg(fd, &mut hdrs, &slices, &addrs, gso, MsgFlags::empty()) {
+                    Ok(r) => outstanding += r.count(),
+                    Err(e) if full_queue(e) => {}
+                    Err(e) => bail!("sendmmsg of the eager floor's SENDs ({} bytes a GSO send): {e}", eager_bytes),
                 }
                 continue;
             }
             let iov = [std::io::IoSlice::new(&msg)];
-            if nsock::sendmsg(fd, &iov, &gso, MsgFlags::empty(), Some(&to_rx)).is_ok() {
-                outstanding += 1;
+            match nsock::sendmsg(fd, &iov, &gso, MsgFlags::empty(), Some(&to_rx)) {
+                Ok(_) => outstanding += 1,
+                Err(e) if full_queue(e) => {}
+                Err(e) => bail!("sendmsg of an eager floor's SEND ({} bytes a GSO send): {e}", eager_bytes),
             }
         }
         Ok(())
@@ -432,9 +461,17 @@ pub(crate) fn eager_stream(tx: UdpSocket, rx: UdpSocket, secs: f64, ack_every: u
     if let Some(set) = before {
         let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
     }
-    let got = joined.map_err(|_| anyhow::anyhow!("the eager floor's receiver panicked"))??;
     r?;
+    let got = joined.map_err(|_| anyhow::anyhow!("the eager floor's receiver panicked"))??;
+    if got == 0 {
+        bail!("no message of the eager floor arrived");
+    }
     Ok(got as f64 / elapsed / 1e9)
+}
+
+/// A send refused because the socket's queue is full (the sender tries again).
+fn full_queue(e: nix::errno::Errno) -> bool {
+    matches!(e, nix::errno::Errno::EAGAIN | nix::errno::Errno::ENOBUFS | nix::errno::Errno::EINTR)
 }
 
 /// IPv4 and UDP headers as a device's would be (the ICRC covers them, masked).
@@ -463,9 +500,19 @@ mod test {
 
     #[test]
     fn the_eager_floor_moves_checked_messages() {
-        let gbs = eager_stream(socket().expect("socket"), socket().expect("socket"), 0.2, 1, 1).expect("eager");
-        eprintln!("UCX's eager pattern, acknowledged: {gbs:.2} GB/s");
-        assert!(gbs > 0.001 && gbs < 1000.0, "{gbs} GB/s");
+        for (mtu, ack_every, batch) in [(4096, 1, 1), (1024, 8, 8)] {
+            let gbs = eager_stream(socket().expect("socket"), socket().expect("socket"), mtu, 0.2, ack_every, batch)
+                .expect("eager");
+            eprintln!("UCX's eager pattern at MTU {mtu}, ACK per {ack_every}, {batch} a call: {gbs:.2} GB/s");
+            assert!(gbs > 0.001 && gbs < 1000.0, "{gbs} GB/s");
+        }
+    }
+
+    #[test]
+    fn eager_sends_are_cut_at_the_path_mtu() {
+        assert_eq!(eager_segments(4096), [4112, 4112, 80]);
+        assert_eq!(eager_segments(1024), [1040, 1040, 1040, 1040, 1040, 1040, 1040, 1040, 80]);
+        assert_eq!(eager_segments(8256), [8272]);
     }
 
     #[test]
