@@ -30,6 +30,7 @@ mod bench_floor;
 mod bench_parse;
 mod bench_progress;
 mod bench_ratio;
+mod bench_runner;
 mod bench_scale;
 mod cluster;
 mod demo;
