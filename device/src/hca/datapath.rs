@@ -686,9 +686,13 @@ impl State {
                     Err(_) => self.io.send_errors += first.n as u64,
                 }
             } else {
-                let msgs: Vec<(IpAddr, &[u8], usize)> = batches.iter().map(|r| (r.dst, bytes(r), r.seg)).collect();
+                // At most GSO_BATCHES: on the stack, no allocation a flush.
+                let mut msgs: [(IpAddr, &[u8], usize); GSO_BATCHES] = [(first.dst, &[], 0); GSO_BATCHES];
+                for (m, r) in msgs.iter_mut().zip(batches) {
+                    *m = (r.dst, bytes(r), r.seg);
+                }
                 let all: u64 = batches.iter().map(|r| r.n as u64).sum();
-                match self.udp.send_many(first.sport, &msgs) {
+                match self.udp.send_many(first.sport, &msgs[..group]) {
                     Ok(()) => self.io.udp_sent += all,
                     Err(failed) => {
                         let lost: u64 = failed.iter().map(|&(k, _)| batches[k].n as u64).sum();
