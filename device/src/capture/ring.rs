@@ -82,6 +82,19 @@ fn align16(n: usize) -> usize {
 /// kernel's writeback held up (a file on a disk taking more than it writes back).
 const FULL_WAIT: std::time::Duration = std::time::Duration::from_millis(25);
 
+/// A ring's mark: past `capacity / MARK_DIVISOR` bytes in use, a producer waits for the writer
+/// ([`FULL_WAIT`]); the rest of the ring is the slack for a writer that stalls. A writer that
+/// keeps up, only more slowly than the programs send (a capture's disk takes less than the wire
+/// brings), holds the ring at the mark, and a producer that waited at the very end of the ring
+/// lost frames whenever the writer then stalled for longer than one wait: a write of the file
+/// or a wake-up 25-31 ms late on a 2-core machine (qperf at 64 KiB, ~800 MB/s a device, into a
+/// disk that takes ~1 GB/s for both: CI lost 121 frames so). At the mark (a quarter of 128 MiB)
+/// the producer waits, then goes on into the 96 MiB past it: ~120 ms more at that rate.
+const MARK_DIVISOR: usize = 4;
+
+/// `stalled_at`: no wait for the writer has run out since it last freed room.
+const NOT_STALLED: u64 = u64::MAX;
+
 /// The most a producer waits for room in long waits ([`LONG_WAIT`] or more), per
 /// [`WAIT_WINDOW`] of time: half. A writer that keeps up but more slowly than the programs send
 /// frees room every batch it writes (a fraction of a millisecond): the producer's short waits pace
@@ -138,8 +151,9 @@ pub(crate) struct Ring {
     base: NonNull<u8>,
     cap: usize,
     fd: OwnedFd,
-    /// The producer's: its last wait for room ran out (see `produce`).
-    stalled: std::sync::atomic::AtomicBool,
+    /// The producer's: the tail its last wait for the writer ran out at ([`NOT_STALLED`]: the
+    /// writer has freed room since, or no wait ran out).
+    stalled_at: AtomicU64,
     /// The producer's: its waits for room in the current window.
     waits: WaitBudget,
 }
@@ -189,13 +203,7 @@ impl Ring {
             mmap(None, len, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_SHARED, fd.as_fd(), 0)
         }
         .map_err(errno)?;
-        Ok(Ring {
-            base: p.cast(),
-            cap,
-            fd,
-            stalled: std::sync::atomic::AtomicBool::new(false),
-            waits: WaitBudget::default(),
-        })
+        Ok(Ring { base: p.cast(), cap, fd, stalled_at: AtomicU64::new(NOT_STALLED), waits: WaitBudget::default() })
     }
 
     /// The memfd (to hand to the daemon).
@@ -231,6 +239,12 @@ impl Ring {
         self.word(OFF_BUSY).load(Ordering::SeqCst)
     }
 
+    /// The producer's long waits for the writer in the current window, in ns.
+    #[cfg(test)]
+    pub(crate) fn waited_ns(&self) -> u64 {
+        self.waits.spent.load(Ordering::Relaxed)
+    }
+
     /// Frames the producer found no room for.
     pub(crate) fn dropped(&self) -> u64 {
         self.word(OFF_DROPPED).load(Ordering::Relaxed)
@@ -242,9 +256,11 @@ impl Ring {
     }
 
     /// Producer: one frame of `caplen` bytes, which `fill` writes, of kind [`KIND_FRAME`] with
-    /// repairs `flags`; `head` is the producer's own position (it alone writes it). A full ring
-    /// is waited on for up to [`FULL_WAIT`] (within [`WAIT_BUDGET`]). False when the ring had no room: the frame is
-    /// counted in `dropped`.
+    /// repairs `flags`; `head` is the producer's own position (it alone writes it). Past the
+    /// ring's mark ([`MARK_DIVISOR`]) the producer waits for the writer, up to [`FULL_WAIT`] (within
+    /// [`WAIT_BUDGET`]); a writer that freed nothing in that wait is taken as stalled, and the
+    /// producer goes on into the rest of the ring without waiting until the writer frees
+    /// something. False when the ring had no room at all: the frame is counted in `dropped`.
     pub(crate) fn produce(&self, head: &mut u64, caplen: usize, flags: u32, fill: impl FnOnce(&mut [u8])) -> bool {
         let busy = self.word(OFF_BUSY);
         busy.store(BUSY, Ordering::SeqCst);
@@ -255,33 +271,44 @@ impl Ring {
         let need = align16(REC_HDR + PCAP_HDR + caplen);
         let mut off = (*head % cap as u64) as usize;
         let pad = if cap - off < need { cap - off } else { 0 };
-        let room = |tail: u64| {
+        // The ring's use once this frame is in, or None if the tail is not behind the head.
+        let after = |tail: u64| {
             let used = head.wrapping_sub(tail);
-            used <= cap as u64 && used + (pad + need) as u64 <= cap as u64
+            (used <= cap as u64).then(|| used + (pad + need) as u64)
         };
-        let mut fits = need <= cap / 2 && caplen <= u32::MAX as usize && room(self.tail());
-        if !fits && need <= cap / 2 && !self.stalled.load(Ordering::Relaxed) {
-            // Full: the writer is behind. Wait for it a little (the protocol slows down, as a
-            // link does when its capture's buffer is full), leaving it the CPU it needs, then drop
-            // from the capture. A writer that did not free anything within the wait is stalled:
-            // frames drop at once until it frees space again (no wait per frame piles up into a
-            // transport timeout), and long waits together take at most WAIT_BUDGET a second.
+        let room = |tail: u64| after(tail).is_some_and(|u| u <= cap as u64);
+        let mark = (cap / MARK_DIVISOR).max(pad + need) as u64;
+        let below_mark = |tail: u64| after(tail).is_some_and(|u| u <= mark);
+        let sane = need <= cap / 2 && caplen <= u32::MAX as usize;
+        let mut tail = self.tail();
+        // A stalled writer that has freed something since is writing again.
+        let stalled_at = self.stalled_at.load(Ordering::Relaxed);
+        let stalled = stalled_at != NOT_STALLED && stalled_at == tail;
+        if stalled_at != NOT_STALLED && !stalled {
+            self.stalled_at.store(NOT_STALLED, Ordering::Relaxed);
+        }
+        if sane && !stalled && !below_mark(tail) {
+            // Past the mark: the writer is behind. Wait for it a little (the protocol slows down,
+            // as a link does when its capture's buffer fills), leaving it the CPU it needs. A
+            // writer that did not free anything within the wait is stalled (the kernel kept it
+            // off the CPU, a write of the file took long): the frame and the ones after it go
+            // into the room left past the mark without waiting (no wait per frame piles up into
+            // a transport timeout) until it frees something, and they are dropped only when
+            // the whole ring is full. Long waits together take at most WAIT_BUDGET a second.
             let start = std::time::Instant::now();
             let allowed = self.waits.allowed(ts);
-            while !fits && start.elapsed() < allowed {
+            while !below_mark(tail) && start.elapsed() < allowed {
                 // Sleep, not spin: on a machine whose cores the programs keep busy, the writer
                 // needs the very CPU a spinning producer would hold.
                 std::thread::sleep(std::time::Duration::from_micros(50));
-                fits = room(self.tail());
+                tail = self.tail();
             }
             self.waits.spend(start.elapsed());
-            if !fits && !allowed.is_zero() {
-                self.stalled.store(true, Ordering::Relaxed);
+            if !below_mark(tail) && !allowed.is_zero() {
+                self.stalled_at.store(tail, Ordering::Relaxed);
             }
-        } else if fits {
-            self.stalled.store(false, Ordering::Relaxed);
         }
-        if !fits {
+        if !(sane && room(tail)) {
             self.word(OFF_DROPPED).fetch_add(1, Ordering::Relaxed);
             busy.store(IDLE, Ordering::SeqCst);
             return false;

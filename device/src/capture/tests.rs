@@ -173,22 +173,23 @@ fn a_full_ring_drops_from_the_capture_and_counts() {
 }
 
 #[test]
-fn a_full_ring_waits_for_the_writer_before_it_drops() {
+fn a_ring_past_its_mark_waits_for_the_writer() {
     use std::time::{Duration, Instant};
-    // Each attempt fills a ring, then a "writer" frees it 3 ms later while the producer waits
-    // (up to 25 ms) for room. A writer the machine runs late (a loaded CI machine delays a
-    // thread's wake-up by tens of milliseconds) may free it after the producer gave up: then
-    // the frame may be dropped, and the attempt is repeated. An attempt whose writer freed the
-    // room in time must never drop.
+    // Each attempt fills a ring to its mark (a quarter), then a "writer" frees it 3 ms later
+    // while the producer waits (up to 25 ms) for it. A writer the machine runs late (a loaded CI
+    // machine delays a thread's wake-up by tens of milliseconds) may free it after the producer
+    // gave up: then the frame goes past the mark, and the attempt is repeated. An attempt whose
+    // writer freed the room in time must have waited for it; none drops a frame.
     let mut on_time = 0;
     for _ in 0..50 {
         let ring = Arc::new(Ring::create(MIN_CAPACITY).unwrap());
         let mut head = 0;
         let frame = [3u8; 1000];
-        // 63 records of 1,040 bytes fill all but 16 bytes of the 64 KiB ring.
-        for _ in 0..63 {
+        // 15 records of 1,040 bytes: 15,600 of the 16,384 bytes below the 64 KiB ring's mark.
+        for _ in 0..15 {
             assert!(ring.produce(&mut head, frame.len(), 0, |f| f.copy_from_slice(&frame)));
         }
+        assert_eq!(ring.waited_ns(), 0, "no wait below the mark");
         let t = Instant::now();
         let consumer = {
             let ring = ring.clone();
@@ -198,23 +199,48 @@ fn a_full_ring_waits_for_the_writer_before_it_drops() {
                 t.elapsed()
             })
         };
-        let room = ring.produce(&mut head, frame.len(), 0, |f| f.copy_from_slice(&frame));
+        assert!(ring.produce(&mut head, frame.len(), 0, |f| f.copy_from_slice(&frame)));
         let waited = t.elapsed();
         let freed_at = consumer.join().unwrap();
+        assert_eq!(ring.dropped(), 0);
         if freed_at < Duration::from_millis(20) {
-            // Freed well within the producer's wait.
-            assert!(room, "the writer freed room after {freed_at:?}, the frame was dropped after {waited:?}");
             assert!(waited >= Duration::from_millis(2), "it did not wait for the writer ({waited:?})");
-            assert_eq!(ring.dropped(), 0);
             on_time += 1;
             if on_time == 3 {
                 return;
             }
-        } else {
-            assert_eq!(ring.dropped(), u64::from(!room));
         }
     }
     panic!("the writer thread was late in 50 attempts ({on_time} on time): the machine is too loaded to tell");
+}
+
+#[test]
+fn a_stalled_writers_ring_takes_frames_past_its_mark_without_waiting_until_it_is_full() {
+    let ring = Ring::create(MIN_CAPACITY).unwrap();
+    let mut head = 0;
+    let frame = [9u8; 1000];
+    let produce = |head: &mut u64| ring.produce(head, frame.len(), 0, |f| f.copy_from_slice(&frame));
+    for _ in 0..15 {
+        assert!(produce(&mut head));
+    }
+    // The 16th frame waits for a writer that frees nothing, then goes in past the mark.
+    assert!(produce(&mut head));
+    let waited = ring.waited_ns();
+    assert!(waited >= 20_000_000, "one long wait for the writer ({waited} ns)");
+    // The writer is stalled: the rest of the ring fills without another wait, then frames drop.
+    let mut more = 0;
+    while produce(&mut head) {
+        more += 1;
+    }
+    assert_eq!(more, 63 - 16, "every record the ring holds (63 of 1,040 bytes in 64 KiB)");
+    assert_eq!(ring.waited_ns(), waited, "no wait while the writer is stalled");
+    assert_eq!(ring.dropped(), 1);
+    // The writer frees one record: it is writing again, and the producer waits for it again.
+    let r: Record = ring.record_at(ring.tail(), ring.head()).unwrap();
+    ring.release(r.end());
+    assert!(produce(&mut head), "room for one");
+    assert!(ring.waited_ns() > waited, "a writer that freed room is waited for again");
+    assert_eq!(ring.dropped(), 1);
 }
 
 #[test]

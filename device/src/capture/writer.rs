@@ -303,6 +303,13 @@ impl Shared {
                 );
             }
             out.count(self, w);
+            // The batch's whole blocks go to the file now, before its ring space is given back:
+            // ring space then comes back a batch at a time, as fast as the file takes it, so a
+            // producer waiting at its ring's mark sees a slow file as a slow writer, not as a
+            // stalled one. (Staged up to the buffer's 4 MiB, a direct write took 25-66 ms on a
+            // disk other writers shared, longer than a producer waits before it takes the
+            // writer for stalled.)
+            out.flush(self, false);
             wrote = true;
             for (i, src) in s.list.iter_mut().enumerate() {
                 let mut end = None;
