@@ -1,16 +1,15 @@
-//! The capture file as the writer appends to it: records gather in a block-aligned staging
-//! buffer and leave in whole blocks after each batch the writer takes. A regular file is opened
-//! with `O_DIRECT` where its file system takes it, and the whole blocks of the buffer go to it
-//! without a copy into the page cache: on this 2-core machine a buffered write costs ~0.36 s of CPU per GB (tmpfs or disk),
-//! a direct one to the disk ~0.06 s, and buffered writes to the disk settle at the rate its
-//! writeback keeps (~350 MB/s here) where direct ones reach ~2.7 GB/s (BENCHMARKS.md, "The
+//! The capture file as the writer appends to it: records gather in a block-aligned staging buffer
+//! and leave in whole blocks after each batch the writer takes. A regular file is opened with
+//! `O_DIRECT` where its file system takes it, and the whole blocks of the buffer go to it without a
+//! copy into the page cache: on this 2-core machine a buffered write costs ~0.36 s of CPU per GB
+//! (tmpfs or disk), a direct one to the disk ~0.06 s, and buffered writes to the disk settle at the
+//! rate its writeback keeps (~350 MB/s here) where direct ones reach ~2.7 GB/s (BENCHMARKS.md, "The
 //! capture"). What is left of the last block when the writer goes idle or the capture ends goes
 //! through the page cache (`O_DIRECT` lifted for that one write), so the file ends with the last
-//! whole record without ever being cut back; the next direct write of that block, once it is
-//! whole, supersedes it (the kernel writes back and drops the cached block first). Anything
-//! else (a FIFO, a character device, a memory file system, a file system that refuses
-//! `O_DIRECT` or its alignment) is written plainly, in order, each batch of records with one
-//! `writev` from the rings.
+//! whole record without ever being cut back; the next direct write of that block, once it is whole,
+//! supersedes it (the kernel writes back and drops the cached block first). Anything else (a FIFO,
+//! a character device, a memory file system, a file system that refuses `O_DIRECT` or its
+//! alignment) is written plainly, in order, each batch of records with one `writev` from the rings.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, IoSlice, Write};
