@@ -109,9 +109,18 @@ cd fuzz
 export RUSTC_BOOTSTRAP=1
 cargo fuzz build -O
 if [ "$fuzz_seconds" -gt 0 ]; then
+  # Two targets at a time (a core each); a target that fails fails the step.
+  running=()
   for t in parse_packet read_capture handle_packet ipc_message parse_cm_mad; do
-    cargo fuzz run -O "$t" "$corpus/$t" -- -max_total_time="$fuzz_seconds" -timeout=30 -print_final_stats=0 2>&1 | tail -n 1
+    (cargo fuzz run -O "$t" "$corpus/$t" -- -max_total_time="$fuzz_seconds" -timeout=30 -print_final_stats=0 2>&1 \
+      | tail -n 1 | sed "s/^/$t: /") &
+    running+=($!)
+    if [ ${#running[@]} -ge 2 ]; then
+      wait "${running[0]}"
+      running=("${running[@]:1}")
+    fi
   done
+  for p in "${running[@]}"; do wait "$p"; done
 fi
 cd "$repo"
 step "all tests passed"
