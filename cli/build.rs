@@ -27,6 +27,7 @@ fn main() {
     let root = manifest.parent().expect("cli/ is inside the workspace").to_path_buf();
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     commit(&root);
+    conform_cases(&root, &out);
     // A change to the shim's code rebuilds the build dependency, and so reruns this script; the
     // version maps are read here only.
     println!("cargo:rerun-if-changed={}", root.join("verbs-shim/maps").display());
@@ -136,4 +137,39 @@ fn link(root: &Path, archive: &Path, dir: &Path, name: &str, map: &str) {
 fn fail(msg: &str) -> ! {
     eprintln!("softrdma build: {msg}");
     panic!("softrdma build: {msg}");
+}
+
+/// The conformance cases (conformance/cases/CHAPTER/NAME.toml) built into the binary, so that an
+/// installed `softrdma conform` has them: OUT_DIR/conform_cases.rs, one `("CHAPTER/NAME",
+/// include_str!(...))` per file, sorted.
+fn conform_cases(root: &Path, out: &Path) {
+    let dir = root.join("conformance/cases");
+    println!("cargo:rerun-if-changed={}", dir.display());
+    let mut files = Vec::new();
+    for chapter in std::fs::read_dir(&dir).unwrap_or_else(|e| fail(&format!("{}: {e}", dir.display()))) {
+        let chapter = chapter.unwrap_or_else(|e| fail(&format!("{}: {e}", dir.display()))).path();
+        if !chapter.is_dir() {
+            continue;
+        }
+        println!("cargo:rerun-if-changed={}", chapter.display());
+        for f in std::fs::read_dir(&chapter).unwrap_or_else(|e| fail(&format!("{}: {e}", chapter.display()))) {
+            let f = f.unwrap_or_else(|e| fail(&format!("{}: {e}", chapter.display()))).path();
+            if f.extension().is_some_and(|e| e == "toml") {
+                let name = format!(
+                    "{}/{}",
+                    chapter.file_name().unwrap_or_default().to_string_lossy(),
+                    f.file_stem().unwrap_or_default().to_string_lossy()
+                );
+                println!("cargo:rerun-if-changed={}", f.display());
+                files.push((name, f));
+            }
+        }
+    }
+    files.sort();
+    let mut src = String::from("pub(crate) const ALL: &[(&str, &str)] = &[\n");
+    for (name, path) in &files {
+        src.push_str(&format!("    ({name:?}, include_str!({:?})),\n", path.display().to_string()));
+    }
+    src.push_str("];\n");
+    std::fs::write(out.join("conform_cases.rs"), src).unwrap_or_else(|e| fail(&format!("conform_cases.rs: {e}")));
 }

@@ -10,7 +10,7 @@ out="$target/examples"
 mkdir -p "$out"
 cc="${CC:-cc}"
 shim="$target/release/shim"
-for src in examples/c/*.c; do
+for src in examples/c/*.c conformance/agent/*.c; do
   name=$(basename "$src" .c)
   if grep -q '<softrdma/ofed_xrc.h>' "$src"; then
     # OFED's XRC verbs: only softrdma's libibverbs.so.1 exports them (as OFED's did), so the

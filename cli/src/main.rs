@@ -33,6 +33,7 @@ mod bench_ratio;
 mod bench_runner;
 mod bench_scale;
 mod cluster;
+mod conform;
 mod demo;
 mod device_cmd;
 mod doctor;
@@ -152,6 +153,8 @@ enum Command {
     /// peers (UCX over tcp, libfabric tcp) in one run; print one table and write it to
     /// BENCHMARKS.md.
     Bench(bench::BenchArgs),
+    /// Black-box IBTA conformance cases against a RoCE device through softrdma-conform-agent
+    Conform(conform::ConformArgs),
     /// Run a workload between two engine devices on the simulated lossy wire; print one JSON
     /// object; exit 1 when an invariant broke (something lost, duplicated, reordered, corrupted).
     Sim(sim::SimArgs),
@@ -319,6 +322,7 @@ fn main() -> ExitCode {
         Command::CmIds { name, json } => device_cmd::cm_ids(&name, json),
         Command::Sim(args) => sim::run(&args),
         Command::Bench(args) => bench::run_bench(&args),
+        Command::Conform(args) => Ok(conform::run(&args)),
         Command::Pcap { command } => match command {
             PcapCommand::Sample { out, json } => sample::run(out, json),
             PcapCommand::Decode { file, json } => pcap_cmd::decode(&file, json),
