@@ -288,6 +288,7 @@ pub(crate) fn stat(name: &str, json: bool) -> Result<ExitCode> {
         ("retry_rnr_exceeded_err", s.retry_rnr_exceeded_err),
         ("completer_retry_err", s.completer_retry_err),
         ("local_ack_timeout_err", s.local_ack_timeout_err),
+        ("unsent_psn_responses", s.unsent_psn_responses),
         ("retransmitted_pkts", s.retransmitted_pkts),
         ("send_err", s.send_err),
         ("rdma_sends", s.rdma_sends),

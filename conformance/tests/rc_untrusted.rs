@@ -181,3 +181,49 @@ proptest! {
         p.drive(1_000_000);
     }
 }
+
+/// IBTA 9.7.5.1.1: a response for a PSN the requester has not sent answers nothing. An ACK ten
+/// PSNs past A's one SEND must not complete it (rxe's completer would: it compares with the
+/// oldest WQE's last PSN only); the real ACK then does. `softrdma conform`'s case
+/// rc_req/ack_for_an_unsent_psn_is_ignored checks the same on a live device.
+#[test]
+fn an_ack_for_a_psn_not_yet_sent_completes_nothing() {
+    use softrdma_engine::fault::Fate;
+    let mut p = Pair::new(3);
+    let (a, _b) = p.connect_rc(RcOptions::default());
+    // B never hears A: only forged responses reach A.
+    p.set_filter(|s| if s.from == 0 { Fate::Drop } else { Fate::Deliver });
+    p.a.post_send(a.qpn, SendWr::new(7, SendOp::Send, vec![Sge { addr: BASE, length: 16, lkey: a.mr.lkey }])).unwrap();
+    p.step();
+    let sent = *p.sent(0).first().expect("A sent its SEND");
+    assert_eq!(sent, Opcode::RC_SEND_ONLY);
+    let first = 100;
+    let mut ahead = packet(0x11, a.qpn, first + 10, (0, 0, 1, 0, 0), &[]);
+    deliver(&mut p, 0, &mut ahead);
+    assert!(p.poll(0, a.cq).is_empty(), "an ACK for an unsent PSN completed the SEND");
+    assert_eq!(p.a.counters().unsent_psn_responses, 1);
+    let mut ack = packet(0x11, a.qpn, first, (0, 0, 1, 0, 0), &[]);
+    deliver(&mut p, 0, &mut ack);
+    assert_eq!(p.statuses(0, a.cq), vec![(7, softrdma_engine::verbs::WcStatus::Success)]);
+}
+
+/// IBTA 9.6: a packet whose BTH TVer is not 0 is dropped silently (rxe's hdr_check), not
+/// executed; the same SEND with TVer 0 is. `softrdma conform`'s case
+/// invalid/wrong_transport_version_is_dropped checks the same on a live device.
+#[test]
+fn a_packet_of_another_transport_version_is_dropped() {
+    let mut p = Pair::new(4);
+    let (_a, b) = p.connect_rc(RcOptions::default());
+    p.b.post_recv(b.qpn, RecvWr { wr_id: 9, sg_list: vec![Sge { addr: BASE, length: 64, lkey: b.mr.lkey }] }).unwrap();
+    // A's responder expects PSN 100 from B's requester and B's expects 100 from A's.
+    let mut v1 = packet(0x04, b.qpn, 100, (0, 0, 0, 1, 0), &[7; 8]);
+    v1[1] |= 0x01;
+    deliver(&mut p, 1, &mut v1);
+    p.drive(10_000);
+    assert_eq!(p.b.counters().malformed, 1);
+    assert!(p.poll(1, b.cq).is_empty(), "a TVer 1 SEND was delivered");
+    let mut v0 = packet(0x04, b.qpn, 100, (0, 0, 0, 1, 0), &[7; 8]);
+    deliver(&mut p, 1, &mut v0);
+    p.drive(10_000);
+    assert_eq!(p.statuses(1, b.cq), vec![(9, softrdma_engine::verbs::WcStatus::Success)]);
+}

@@ -74,7 +74,7 @@ impl Default for DutSetup {
             sq_psn: 0x100,
             rq_psn: 0x800,
             mtu: 1024,
-            timeout: 14,
+            timeout: 18,
             retry_cnt: 7,
             rnr_retry: 7,
             min_rnr_timer: 1,

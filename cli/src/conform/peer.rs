@@ -24,6 +24,8 @@ pub(crate) struct Rx {
     pub(crate) payload: Vec<u8>,
     /// Whether its ICRC checked against the IP and UDP headers it came with.
     pub(crate) icrc_ok: bool,
+    /// The IPv4 ID its ICRC checked with (the capture rebuilds the header with it).
+    ip_id: u16,
     /// The DUT's UDP source port.
     pub(crate) src_port: u16,
 }
@@ -69,9 +71,9 @@ impl Peer {
         }
     }
 
-    fn record(&mut self, src: IpAddr, dst: IpAddr, sport: u16, payload: &[u8]) {
+    fn record(&mut self, src: IpAddr, dst: IpAddr, sport: u16, ip_id: u16, payload: &[u8]) {
         let Some(w) = self.pcap.as_mut() else { return };
-        let (hdr, n) = ip_udp_header(src, dst, sport, payload.len(), 0);
+        let (hdr, n) = ip_udp_header(src, dst, sport, payload.len(), ip_id);
         let mut frame = Vec::with_capacity(n + payload.len());
         frame.extend_from_slice(&hdr[..n]);
         frame.extend_from_slice(payload);
@@ -83,7 +85,7 @@ impl Peer {
     pub(crate) fn send(&mut self, payload: &[u8]) -> Result<(), String> {
         self.udp.send(self.dut, ROCE_V2_PORT, payload).map_err(|e| format!("send to {}: {e}", self.dut))?;
         let (l, d) = (self.local, self.dut);
-        self.record(l, d, ROCE_V2_PORT, payload);
+        self.record(l, d, ROCE_V2_PORT, 0, payload);
         Ok(())
     }
 
@@ -112,13 +114,14 @@ impl Peer {
                     return;
                 }
                 let payload = d.payload.to_vec();
-                let icrc_ok = check_icrc(d.src.ip(), d.dst.unwrap_or(local), d.src.port(), d.segment, &payload);
-                got.push((Rx { payload, icrc_ok, src_port: d.src.port() }, d.src.ip()));
+                let id = check_icrc(d.src.ip(), d.dst.unwrap_or(local), d.src.port(), d.segment, &payload);
+                let rx = Rx { icrc_ok: id.is_some(), ip_id: id.unwrap_or(0), payload, src_port: d.src.port() };
+                got.push((rx, d.src.ip()));
             })
             .map_err(|e| format!("receive: {e}"))?;
         self.strangers += strangers;
         for (rx, src) in got {
-            self.record(src, local, rx.src_port, &rx.payload);
+            self.record(src, local, rx.src_port, rx.ip_id, &rx.payload);
             self.queue.push_back(rx);
         }
         Ok(())
@@ -148,14 +151,19 @@ impl Peer {
     }
 }
 
-/// IBTA A17.4.3.1: the ICRC over the headers as the sender wrote them (the IPv4 ID solved when
-/// the hint is wrong: a sender's kernel picks it).
-fn check_icrc(src: IpAddr, dst: IpAddr, sport: u16, segment: u16, payload: &[u8]) -> bool {
-    let Some(body_len) = payload.len().checked_sub(icrc::LEN) else { return false };
+/// IBTA A17.4.3.1: the ICRC over the headers as the sender wrote them; the IPv4 ID it checked
+/// with (the hint, a GSO segment's place, or solved: a sender's kernel picks it), `None` when it
+/// is wrong.
+fn check_icrc(src: IpAddr, dst: IpAddr, sport: u16, segment: u16, payload: &[u8]) -> Option<u16> {
+    let body_len = payload.len().checked_sub(icrc::LEN)?;
     let stored = u32::from_le_bytes(payload[body_len..].try_into().unwrap_or([0; 4]));
     let (hdr, n) = ip_udp_header(src, dst, sport, payload.len(), segment);
     if icrc::roce_v2_parts(&hdr[..n], &payload[..body_len]).ok() == Some(stored) {
-        return true;
+        return Some(segment);
     }
-    matches!(dst, IpAddr::V4(_)) && icrc::solve_ipv4_id(&hdr[..n], payload).is_some()
+    if matches!(dst, IpAddr::V4(_)) {
+        icrc::solve_ipv4_id(&hdr[..n], payload)
+    } else {
+        None
+    }
 }

@@ -92,8 +92,9 @@ fn setup(b: &mut Bench, c: &Case, v: &mut Vars) -> Result<Objects, String> {
 
 /// The agent command of a step with the case's QP and CQ filled in where the command needs one
 /// and does not name it.
-fn agent_command(raw: &str, v: &Vars, o: &Objects) -> Result<String, String> {
-    let mut cmd = v.substitute(raw)?;
+fn agent_command(raw: &str, v: &Vars, o: &Objects, tester_gid: &str) -> Result<String, String> {
+    // `dgid=tester`: the tester's GID (a UD destination).
+    let mut cmd = v.substitute(raw)?.replace("dgid=tester", &format!("dgid={tester_gid}"));
     let verb = cmd.split_whitespace().next().unwrap_or("").to_string();
     let names = |cmd: &str, k: &str| cmd.split_whitespace().any(|t| t.starts_with(&format!("{k}=")));
     if matches!(verb.as_str(), "post_send" | "post_recv" | "modify" | "query")
@@ -178,9 +179,9 @@ fn name_of(table: &[&str], n: u64) -> String {
 
 fn step(b: &mut Bench, s: &Step, v: &mut Vars, o: &Objects) -> Result<(), String> {
     if let Some(raw) = &s.agent {
-        b.agent.ok(&agent_command(raw, v, o)?)?;
+        b.agent.ok(&agent_command(raw, v, o, &b.tester_gid)?)?;
     } else if let Some(raw) = &s.agent_fails {
-        let cmd = agent_command(raw, v, o)?;
+        let cmd = agent_command(raw, v, o, &b.tester_gid)?;
         match b.agent.call(&cmd)? {
             Answer::Ok(_) => return Err(format!("agent `{cmd}` succeeded; it must fail")),
             Answer::Err { errno, .. } => {

@@ -223,6 +223,14 @@ enum Step {
 pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt: &IbPacket<&[u8]>) {
     let Some(info) = pkt.info() else { return };
     let r = Response { kind: info.kind, psn: pkt.bth().psn(), syndrome: pkt.aeth().map(|a| a.syndrome()) };
+    if newest_sent_psn(qp).is_none_or(|n| r.psn.distance(n) > 0) {
+        // IBTA 9.7.5.1.1: the valid responses are those for the outstanding PSNs; one for a PSN
+        // not sent yet answers nothing (a responder's bug or a forged packet) and must not
+        // complete the WQEs before it. (rxe completes them: its check_psn tests only against
+        // the oldest WQE's last PSN.)
+        ctx.counters.unsent_psn_responses += 1;
+        return;
+    }
     if r.kind == OpKind::Acknowledge {
         update_credits(qp, pkt);
     }
@@ -250,6 +258,18 @@ pub(crate) fn handle_response<M: Memory>(qp: &mut Qp, ctx: &mut Ctx<'_, M>, pkt:
     qp.retire_local_front(ctx);
     if advanced && qp.state != QpState::Err {
         update_comp(qp, ctx, before);
+    }
+}
+
+/// The newest PSN sent: the highest first transmission, or the last PSN of a READ on the wire
+/// (its responses take every PSN up to it, IBTA 9.7.1). `None` before the first packet.
+fn newest_sent_psn(qp: &Qp) -> Option<Psn> {
+    let sent = qp.req.sent_high - 1;
+    let newest = qp.sq.iter().take_while(|w| w.started).last();
+    let read_last = newest.filter(|w| matches!(w.wr.op, SendOp::Read { .. })).map(|w| w.last_psn());
+    match read_last {
+        Some(l) if l.distance(sent) > 0 => Some(l),
+        _ => qp.sq.iter().any(|w| w.started).then_some(sent),
     }
 }
 

@@ -65,6 +65,12 @@ impl<M: Memory> Device<M> {
             }
         }
         let bth = BthPacket::new_unchecked(payload);
+        if bth.tver() != 0 {
+            // IBTA 9.6 (transport header validation): TVer 0 is the only transport version; a
+            // packet of another is dropped silently (rxe: hdr_check), counted as malformed.
+            self.counters.malformed += 1;
+            return;
+        }
         let qpn = bth.dest_qp();
         if qpn == Qpn::GSI {
             self.handle_gsi(now, meta.src, &pkt);

@@ -299,6 +299,9 @@ pub struct Counters {
     pub qkey_violations: u64,
     /// UD/UC messages dropped (no receive WQE, gap, too long, bad key).
     pub dropped_messages: u64,
+    /// Responses (ACK, NAK, READ response, atomic ACK) for a PSN this requester has not sent,
+    /// dropped (IBTA 9.7.5.1.1: a response outside the outstanding PSNs answers nothing).
+    pub unsent_psn_responses: u64,
     /// Times a QP's local ACK timer expired with requests outstanding (mlx5's
     /// `local_ack_timeout_err`); each also counts in `completer_retry_err`.
     pub local_ack_timeout_err: u64,
@@ -341,6 +344,7 @@ impl std::ops::AddAssign for Counters {
             xrc_srq_err,
             qkey_violations,
             dropped_messages,
+            unsent_psn_responses,
             local_ack_timeout_err,
         } = o;
         self.sent_pkts += sent_pkts;
@@ -365,6 +369,7 @@ impl std::ops::AddAssign for Counters {
         self.xrc_srq_err += xrc_srq_err;
         self.qkey_violations += qkey_violations;
         self.dropped_messages += dropped_messages;
+        self.unsent_psn_responses += unsent_psn_responses;
         self.local_ack_timeout_err += local_ack_timeout_err;
     }
 }
