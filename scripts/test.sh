@@ -73,6 +73,9 @@ bash scripts/pyverbs.sh
 step "rdma-core's pyverbs test suite again on the device path (SOFTRDMA_DATAPATH=device)"
 SOFTRDMA_DATAPATH=device bash scripts/pyverbs.sh
 
+step "softrdma conform against softrdma (every case under both profiles and on both data paths; a case that does not hold fails the run)"
+bash scripts/test-conform.sh
+
 step "interop with Linux's own Soft-RoCE (rdma_rxe in a qemu guest; needs root for its network namespace)"
 if [ "$(id -u)" = 0 ]; then
   bash conformance/interop/rxe.sh

@@ -195,7 +195,7 @@ fn conform(a: &ConformArgs) -> Result<ExitCode, String> {
     let mut rows = Vec::new();
     let start = Instant::now();
     if !a.json {
-        println!("{:<52} {:<10} {}", "case", "result", "rule / what differed");
+        println!("{:<52} {:<10} rule / what differed", "case", "result");
     }
     for (name, c) in &list {
         let pcap = a.pcap_dir.as_ref().map(|d| d.join(format!("{}.pcap", name.replace('/', "_"))));
