@@ -56,6 +56,7 @@ use softrdma_engine::wr::{RecvWr, SendOp, SendWr, Sge};
 
 use crate::behaviour::{self, role, Capture, Conversation, Packet, Role};
 
+mod credits;
 mod requester;
 mod responder;
 mod target;

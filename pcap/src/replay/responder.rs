@@ -40,7 +40,56 @@ pub(super) fn responder(
     });
     let all_invalid =
         answers.iter().all(|(_, s)| !matches!(s, Syndrome::Ack { credits } if *credits != aeth::CREDITS_INVALID));
-    let depth = if let Some(d) = opts.recv_depth {
+    // The recorded credit counts, read as a receive-posting schedule (replay/credits.rs): when
+    // the responder counted credits and the profile does too, the replay posts receives by the
+    // schedule that explains the recorded counts, instead of keeping the queue at one depth.
+    let by_schedule = opts.recv_depth.is_none()
+        && rnr.is_empty()
+        && counted.is_some()
+        && !uc
+        && !xrc
+        && opts.behaviour.credits == CreditPolicy::Count;
+    let mut schedule: Vec<usize> = Vec::new();
+    let mut unexplained: Option<(usize, credits::Unexplained)> = None;
+    if by_schedule {
+        let mut codes: HashMap<u32, std::collections::VecDeque<u8>> = HashMap::new();
+        for (p, s) in &answers {
+            if let Syndrome::Ack { credits } = s {
+                if *credits != aeth::CREDITS_INVALID {
+                    codes.entry(p.value()).or_default().push_back(*credits);
+                }
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        let list: Vec<credits::Request> = reqs
+            .iter()
+            .map(|x| {
+                let consumes = match x.kind {
+                    Some(OpKind::Send) => x.position.is_some_and(|p| p.starts()),
+                    Some(OpKind::Write) => x.p.ib.headers.immdt.is_some(),
+                    _ => false,
+                } && seen.insert(x.psn.value());
+                let ack_code = codes.get_mut(&x.psn.value()).and_then(|q| q.pop_front());
+                credits::Request { consumes, ack_code }
+            })
+            .collect();
+        let (s, err) = credits::infer(&list);
+        r.setup.push(credits::describe(&s, |i| reqs[i].psn.value()));
+        unexplained = err.map(|e| (e.at, e));
+        schedule = s;
+    }
+    let depth = if by_schedule {
+        // The deepest the queue gets under the schedule.
+        let mut consumed = 0usize;
+        let mut deepest = 1usize;
+        for (x, &p) in reqs.iter().zip(&schedule) {
+            deepest = deepest.max(p.saturating_sub(consumed));
+            if matches!(x.kind, Some(OpKind::Send)) && x.position.is_some_and(|q| q.starts()) {
+                consumed += 1;
+            }
+        }
+        deepest
+    } else if let Some(d) = opts.recv_depth {
         r.setup.push(format!("receive queue kept at {d} WQEs (--recv-depth)"));
         d
     } else if !rnr.is_empty() {
@@ -145,7 +194,8 @@ pub(super) fn responder(
     // Read requests fed: PSN -> (va, length), for the payload check of READ responses.
     let mut reads: Vec<(Psn, u64, u32)> = Vec::new();
     let mut known_atomics: HashMap<u32, bool> = HashMap::new();
-    for x in reqs {
+    let mut posted = 0usize;
+    for (i, x) in reqs.iter().enumerate() {
         if x.p.ts_ns < last_ts {
             backwards += 1;
         }
@@ -167,6 +217,12 @@ pub(super) fn responder(
                 for _ in t.queued_srq_recvs(n)..depth {
                     t.post_srq_recv(n)?;
                 }
+            }
+        } else if by_schedule {
+            // The schedule's total before this request (it never decreases).
+            while posted < schedule[i] {
+                t.post_recv()?;
+                posted += 1;
             }
         } else if consumes {
             if depth == 1 && !rnr.is_empty() {
@@ -213,6 +269,20 @@ pub(super) fn responder(
             t.completions()
         ));
         return Ok(());
+    }
+    if let Some((at, e)) = &unexplained {
+        let x = &reqs[*at];
+        let frame = resps
+            .iter()
+            .find(|a| a.psn == x.psn && a.kind == Some(OpKind::Acknowledge) && a.p.ts_ns >= x.p.ts_ns)
+            .map(|a| a.frame());
+        r.mismatches.push(Mismatch {
+            frame,
+            psn: x.psn.value(),
+            field: "credits".into(),
+            recorded: format!("credit code {:#04x}", e.code),
+            softrdma: e.describe(),
+        });
     }
     let resps: Vec<&RecordedPacket<'_>> =
         resps.iter().filter(|x| !after(x.psn, last_psn) || x.psn == last_psn).collect();
