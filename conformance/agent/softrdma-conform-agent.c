@@ -9,11 +9,14 @@
  *   mr len=N [access=lw,rw,rr,ra] [fill=B] -> ok id=N addr=0x.. lkey=N rkey=N
  *   cq [cqe=N]                          -> ok id=N
  *   srq [max_wr=N]                      -> ok id=N
+ *   xrcd                                -> ok id=N (an XRC domain of this process)
+ *   srq type=xrc xrcd=N cq=N [max_wr=N] -> ok id=N srqn=N
  *   qp type=rc|uc|ud cq=N [srq=N] [max_send_wr=N] [max_recv_wr=N] [max_inline=N] -> ok id=N qpn=N
+ *   qp type=xrc_ini cq=N | type=xrc_tgt xrcd=N -> ok id=N qpn=N
  *   modify qp=N state=reset|init|rtr|rts|err [attributes] -> ok | err errno=N
  *   post_send qp=N op=send|send_imm|write|write_imm|read|cas|faa [mr= off= len=] [raddr= rkey=]
  *             [imm=] [swap=] [compare=] [add=] [flags=signaled,solicited,fence,inline] [wr_id=]
- *             [dgid= dest_qpn= qkey=]  (UD)
+ *             [dgid= dest_qpn= qkey=]  (UD)  [srqn=N]  (XRC INI: the remote XRC SRQ)
  *   post_recv qp=N|srq=N mr=N off=N len=N [wr_id=N]
  *   poll cq=N [max=N] [wait_ms=N]       -> ok n=K wc=wr_id:status:opcode:byte_len:imm:src_qp:flags,...
  *   query qp=N                          -> ok state=N (enum ibv_qp_state)
@@ -54,6 +57,7 @@ static struct ibv_cq *cqs[MAX_OBJ];
 static struct ibv_srq *srqs[MAX_OBJ];
 static struct ibv_qp *qps[MAX_OBJ];
 static int qp_type_of[MAX_OBJ];
+static struct ibv_xrcd *xrcds[MAX_OBJ];
 static struct ibv_ah *ahs[256];
 static int n_ahs;
 
@@ -214,6 +218,11 @@ static void destroy_all(void)
 			srqs[i] = NULL;
 		}
 	for (int i = 0; i < MAX_OBJ; i++)
+		if (xrcds[i]) {
+			ibv_close_xrcd(xrcds[i]);
+			xrcds[i] = NULL;
+		}
+	for (int i = 0; i < MAX_OBJ; i++)
 		if (cqs[i]) {
 			ibv_destroy_cq(cqs[i]);
 			cqs[i] = NULL;
@@ -317,11 +326,49 @@ static int cmd_cq(const struct kv *kv)
 	return 0;
 }
 
+static int cmd_xrcd(void)
+{
+	int i = slot((void **)xrcds);
+	if (i < 0)
+		return reply_err(EINVAL);
+	struct ibv_xrcd_init_attr a = {.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS,
+				       .fd = -1,
+				       .oflags = O_CREAT};
+	xrcds[i] = ibv_open_xrcd(ctx, &a);
+	if (!xrcds[i])
+		return reply_err(errno);
+	snprintf(out, sizeof(out), "ok id=%d", i);
+	return 0;
+}
+
 static int cmd_srq(const struct kv *kv)
 {
 	int i = slot((void **)srqs);
 	if (i < 0)
 		return reply_err(EINVAL);
+	const char *t = get(kv, "type");
+	if (t && !strcmp(t, "xrc")) {
+		int x = index_of(kv, "xrcd"), c = index_of(kv, "cq");
+		if (x < 0 || !xrcds[x] || c < 0 || !cqs[c])
+			return reply_err(EINVAL);
+		struct ibv_srq_init_attr_ex a = {
+			.attr = {.max_wr = (uint32_t)num(kv, "max_wr", 64), .max_sge = 1},
+			.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD |
+				     IBV_SRQ_INIT_ATTR_CQ,
+			.srq_type = IBV_SRQT_XRC,
+			.pd = pd,
+			.xrcd = xrcds[x],
+			.cq = cqs[c],
+		};
+		srqs[i] = ibv_create_srq_ex(ctx, &a);
+		if (!srqs[i])
+			return reply_err(errno);
+		uint32_t n = 0;
+		if (ibv_get_srq_num(srqs[i], &n))
+			return reply_err(errno);
+		snprintf(out, sizeof(out), "ok id=%d srqn=%u", i, n);
+		return 0;
+	}
 	struct ibv_srq_init_attr a = {.attr = {.max_wr = (uint32_t)num(kv, "max_wr", 64), .max_sge = 1}};
 	srqs[i] = ibv_create_srq(pd, &a);
 	if (!srqs[i])
@@ -330,10 +377,45 @@ static int cmd_srq(const struct kv *kv)
 	return 0;
 }
 
+/* An XRC QP: the send side (INI) on this PD and CQ, or the receive side (TGT) in an XRC domain. */
+static int cmd_xrc_qp(const struct kv *kv, int i, const char *t)
+{
+	struct ibv_qp_init_attr_ex a;
+	memset(&a, 0, sizeof(a));
+	if (!strcmp(t, "xrc_ini")) {
+		int c = index_of(kv, "cq");
+		if (c < 0 || !cqs[c])
+			return reply_err(EINVAL);
+		a.qp_type = IBV_QPT_XRC_SEND;
+		a.send_cq = cqs[c];
+		a.recv_cq = cqs[c];
+		a.cap.max_send_wr = (uint32_t)num(kv, "max_send_wr", 64);
+		a.cap.max_send_sge = 1;
+		a.cap.max_inline_data = (uint32_t)num(kv, "max_inline", 64);
+		a.comp_mask = IBV_QP_INIT_ATTR_PD;
+		a.pd = pd;
+	} else {
+		int x = index_of(kv, "xrcd");
+		if (x < 0 || !xrcds[x])
+			return reply_err(EINVAL);
+		a.qp_type = IBV_QPT_XRC_RECV;
+		a.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+		a.xrcd = xrcds[x];
+	}
+	qps[i] = ibv_create_qp_ex(ctx, &a);
+	if (!qps[i])
+		return reply_err(errno);
+	qp_type_of[i] = a.qp_type;
+	snprintf(out, sizeof(out), "ok id=%d qpn=%u", i, qps[i]->qp_num);
+	return 0;
+}
+
 static int cmd_qp(const struct kv *kv)
 {
 	int i = slot((void **)qps), c = index_of(kv, "cq"), s = index_of(kv, "srq");
 	const char *t = get(kv, "type");
+	if (i >= 0 && t && (!strcmp(t, "xrc_ini") || !strcmp(t, "xrc_tgt")))
+		return cmd_xrc_qp(kv, i, t);
 	if (i < 0 || c < 0 || !cqs[c] || (has(kv, "srq") && (s < 0 || !srqs[s])) || !t)
 		return reply_err(EINVAL);
 	struct ibv_qp_init_attr a = {
@@ -372,6 +454,9 @@ static int cmd_modify(const struct kv *kv)
 	struct ibv_qp_attr a;
 	memset(&a, 0, sizeof(a));
 	int mask = IBV_QP_STATE, type = qp_type_of[q];
+	/* XRC QPs take the RC attributes at each transition (as ibv_xsrq_pingpong sets them). */
+	if (type == IBV_QPT_XRC_SEND || type == IBV_QPT_XRC_RECV)
+		type = IBV_QPT_RC;
 	if (!strcmp(st, "reset")) {
 		a.qp_state = IBV_QPS_RESET;
 	} else if (!strcmp(st, "init")) {
@@ -499,6 +584,8 @@ static int cmd_post_send(const struct kv *kv)
 	} else {
 		return reply_err(EINVAL);
 	}
+	if (qp_type_of[q] == IBV_QPT_XRC_SEND)
+		wr.qp_type.xrc.remote_srqn = (uint32_t)num(kv, "srqn", 0);
 	struct ibv_ah *ah = NULL;
 	if (qp_type_of[q] == IBV_QPT_UD) {
 		struct ibv_ah_attr aa;
@@ -661,6 +748,8 @@ static int handle(char *line)
 		return cmd_cq(&kv);
 	if (!strcmp(c, "srq"))
 		return cmd_srq(&kv);
+	if (!strcmp(c, "xrcd"))
+		return cmd_xrcd();
 	if (!strcmp(c, "qp"))
 		return cmd_qp(&kv);
 	if (!strcmp(c, "modify"))

@@ -26,7 +26,8 @@ pub(crate) struct Case {
     pub(crate) rule: String,
     #[serde(default)]
     pub(crate) kind: Kind,
-    /// The DUT's QP type: rc, uc or ud.
+    /// The DUT's QP type: rc, uc, ud, xrc_ini (an XRC send QP) or xrc_tgt (an XRC receive QP in
+    /// an XRC domain, with an XRC SRQ of that domain: variable `srqn`).
     pub(crate) transport: String,
     #[serde(default)]
     pub(crate) dut: DutSetup,
@@ -63,6 +64,8 @@ pub(crate) struct DutSetup {
     pub(crate) state: String,
     /// Make the QP with an SRQ.
     pub(crate) srq: bool,
+    /// xrc_tgt: a second XRC domain with an XRC SRQ of its own (variable `other_srqn`).
+    pub(crate) other_domain_srq: bool,
 }
 
 impl Default for DutSetup {
@@ -84,6 +87,7 @@ impl Default for DutSetup {
             recvs: Vec::new(),
             state: "rts".into(),
             srq: false,
+            other_domain_srq: false,
         }
     }
 }
@@ -156,6 +160,8 @@ pub(crate) struct SendSpec {
     pub(crate) compare: Option<Num>,
     pub(crate) qkey: Option<Num>,
     pub(crate) src_qp: Option<Num>,
+    /// The XRCETH's SRQ number (default: the case's `srqn`).
+    pub(crate) srqn: Option<Num>,
     /// Flip the ICRC's bits.
     pub(crate) bad_icrc: Option<bool>,
     /// Send only the first N bytes of the UDP payload.
@@ -189,6 +195,8 @@ pub(crate) struct ExpectSpec {
     pub(crate) qkey: Option<Num>,
     pub(crate) src_qp: Option<Num>,
     pub(crate) pkey: Option<Num>,
+    /// The XRCETH's SRQ number.
+    pub(crate) srqn: Option<Num>,
     /// How long to wait for it (default 1000 ms).
     pub(crate) within_ms: Option<u64>,
     /// Skip packets that do not match (retransmissions, other ACKs) until one does.
@@ -237,8 +245,8 @@ impl Case {
     /// Parses a case file; the error names what is wrong.
     pub(crate) fn parse(text: &str) -> Result<Case, String> {
         let c: Case = toml::from_str(text).map_err(|e| e.to_string())?;
-        if !matches!(c.transport.as_str(), "rc" | "uc" | "ud") {
-            return Err(format!("transport {:?}: not rc, uc or ud", c.transport));
+        if !matches!(c.transport.as_str(), "rc" | "uc" | "ud" | "xrc_ini" | "xrc_tgt") {
+            return Err(format!("transport {:?}: not rc, uc, ud, xrc_ini or xrc_tgt", c.transport));
         }
         for (i, s) in c.steps.iter().enumerate() {
             let set = [

@@ -2,7 +2,7 @@
 
 use softrdma_engine::wire::{
     AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, Headers, IbPacket, IbRepr, IethRepr, ImmDtRepr, Msn,
-    NakCode, Opcode, Position, Psn, Qpn, RethRepr, Syndrome,
+    NakCode, Opcode, Position, Psn, Qpn, RethRepr, Syndrome, XrcEthRepr,
 };
 
 use super::case::{ExpectSpec, Num, SendSpec};
@@ -115,8 +115,12 @@ pub(crate) fn forge(s: &SendSpec, v: &Vars, icrc_for: impl Fn(&[u8]) -> Option<u
             src_qp: Qpn::new(val(v, &s.src_qp, u64::from(v.get("qpn")?))? as u32),
         });
     }
-    if headers.contains(Headers::XRCETH) || headers.contains(Headers::RDETH) {
-        return Err(format!("{}: XRC and RD requests are not forged yet", s.op));
+    if headers.contains(Headers::XRCETH) {
+        let dflt = v.get64("srqn").unwrap_or(0);
+        r.xrceth = Some(XrcEthRepr { xrc_srqn: (val(v, &s.srqn, dflt)? & 0xff_ffff) as u32 });
+    }
+    if headers.contains(Headers::RDETH) {
+        return Err(format!("{}: RD packets are not forged (softrdma has no RD service)", s.op));
     }
     let mut buf = vec![0u8; r.buffer_len()];
     r.emit(&mut buf).map_err(|e| format!("{}: {e}", s.op))?;
@@ -135,8 +139,10 @@ trait RcOpcode {
 }
 
 impl RcOpcode for Opcode {
+    /// RC (0x00-0x1F) or XRC (0xA0-0xBF): the reliable connected services, whose requests ask
+    /// for an ACK at a message's end.
     fn transport_is_rc(self) -> bool {
-        self.0 >> 5 == 0
+        matches!(self.0 >> 5, 0 | 5)
     }
 }
 
@@ -195,6 +201,7 @@ pub(crate) fn judge(e: &ExpectSpec, v: &Vars, payload: &[u8], icrc_ok: bool) -> 
     check("compare", &e.compare, r.atomiceth.map(|x| x.compare), all)?;
     check("Q_Key", &e.qkey, r.deth.map(|x| u64::from(x.qkey)), all)?;
     check("source QP", &e.src_qp, r.deth.map(|x| u64::from(x.src_qp.value())), 0xff_ffff)?;
+    check("XRC SRQ number", &e.srqn, r.xrceth.map(|x| u64::from(x.xrc_srqn)), 0xff_ffff)?;
     if let Some(s) = &e.syndrome {
         let Some(a) = r.aeth else { return mismatch("AETH", s.clone(), "absent".into()) };
         let have = syndrome_name(a.syndrome);

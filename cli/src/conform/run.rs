@@ -58,13 +58,33 @@ fn setup(b: &mut Bench, c: &Case, v: &mut Vars) -> Result<Objects, String> {
         }
     }
     let cq = field(&b.agent.ok("cq cqe=256")?, "id")?;
-    let srq = if d.srq { Some(field(&b.agent.ok("srq max_wr=64")?, "id")?) } else { None };
-    let srq_arg = srq.map_or(String::new(), |s| format!(" srq={s}"));
-    let q = b.agent.ok(&format!("qp type={} cq={cq}{srq_arg}", c.transport))?;
-    let qp = field(&q, "id")?;
-    v.set("dut_qpn", field(&q, "qpn")?);
-    if srq.is_some() {
-        v.set("srq", srq.unwrap_or(0));
+    let mut srq = None;
+    let qp;
+    if c.transport == "xrc_tgt" {
+        // An XRC domain, an XRC SRQ of it (whose CQ takes the receives) and the target QP in it.
+        let x = field(&b.agent.ok("xrcd")?, "id")?;
+        let s = b.agent.ok(&format!("srq type=xrc xrcd={x} cq={cq} max_wr=64"))?;
+        srq = Some(field(&s, "id")?);
+        v.set("srqn", field(&s, "srqn")?);
+        if d.other_domain_srq {
+            let x2 = field(&b.agent.ok("xrcd")?, "id")?;
+            let s2 = b.agent.ok(&format!("srq type=xrc xrcd={x2} cq={cq} max_wr=64"))?;
+            v.set("other_srqn", field(&s2, "srqn")?);
+        }
+        let q = b.agent.ok(&format!("qp type=xrc_tgt xrcd={x}"))?;
+        qp = field(&q, "id")?;
+        v.set("dut_qpn", field(&q, "qpn")?);
+    } else {
+        if d.srq {
+            srq = Some(field(&b.agent.ok("srq max_wr=64")?, "id")?);
+        }
+        let srq_arg = srq.map_or(String::new(), |s| format!(" srq={s}"));
+        let q = b.agent.ok(&format!("qp type={} cq={cq}{srq_arg}", c.transport))?;
+        qp = field(&q, "id")?;
+        v.set("dut_qpn", field(&q, "qpn")?);
+    }
+    if let Some(s) = srq {
+        v.set("srq", s);
     }
     let order = ["reset", "init", "rtr", "rts"];
     let upto = order.iter().position(|s| *s == d.state).ok_or(format!("dut.state {:?}", d.state))?;
