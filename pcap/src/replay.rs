@@ -631,6 +631,18 @@ fn rewrite(bytes: &[u8], dest_qp: Qpn, keys: &KeyMap, srqns: &HashMap<u32, u32>)
 }
 
 /// The header fields both sides' packets are compared on, named.
+/// The header fields compared for equality, each one the protocol (or the profile) fixes, never
+/// the application's timing (issue 55's review: the fields that depend on when the application
+/// acted are judged by consistency instead: the ACK credit count by a posting schedule,
+/// replay/credits.rs; RNR NAKs by the receives posted, responder.rs; which PSN an ACK names by
+/// coalescing, `compare_answers`; READ payloads and atomic values only where the trace wrote that
+/// memory):
+/// - opcode: the answer the request calls for (IBTA 9.4.4, 9.4.5, 9.7.4);
+/// - MigReq: a profile's choice (the BTH's path migration state, IBTA 9.2; rxe sends 0,
+///   ConnectX 1);
+/// - AckReq and SE: requesters' flags, 0 on every response (IBTA 9.2);
+/// - PadCnt and the payload length: the request's length and the path MTU (IBTA 9.2, 9.7.1);
+/// - TVer: 0, and P_Key: the QP's partition (IBTA 9.2, 9.6).
 fn header_fields(p: &IbPacket<&[u8]>) -> Vec<(&'static str, String)> {
     let b = p.bth();
     vec![
