@@ -11,7 +11,7 @@ const GROUPS: &[(&str, &[&str])] = &[
     ("Devices", &["up", "down", "list", "stat", "cm-ids", "daemon", "cluster"]),
     ("Running programs", &["exec", "shim-path"]),
     ("Capture and replay", &["pcap"]),
-    ("Testing", &["sim", "soak", "bench"]),
+    ("Testing", &["sim", "soak", "bench", "conform"]),
 ];
 
 /// The grouped command list: one heading per group, each command with its one-line description.

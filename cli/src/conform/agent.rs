@@ -57,8 +57,15 @@ impl Agent {
         };
         let addrs: Vec<_> = with_port.to_socket_addrs().map_err(|e| format!("--dut {dut}: {e}"))?.collect();
         let mut last = String::from("no address");
-        for a in addrs {
-            match TcpStream::connect_timeout(&a, Duration::from_secs(5)) {
+        // An agent started at the same moment may not listen yet: refused connections are tried
+        // again for a few seconds.
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        let retried = addrs.iter().cycle().take_while(|_| std::time::Instant::now() < until);
+        for (n, a) in addrs.iter().chain(retried).enumerate() {
+            if n >= addrs.len() {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            match TcpStream::connect_timeout(a, Duration::from_secs(5)) {
                 Ok(s) => {
                     s.set_nodelay(true).ok();
                     // A command the agent never answers (a hung device) ends the case, not the run.
