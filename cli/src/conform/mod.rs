@@ -231,6 +231,9 @@ fn conform(a: &ConformArgs) -> Result<ExitCode, String> {
             println!("{name:<52} {word:<10} {}", c.rule);
             if !detail.is_empty() {
                 println!("{:<63} {detail}", "");
+                if let Some(p) = &pcap {
+                    println!("{:<63} capture: {}", "", p.display());
+                }
             }
         }
     }
