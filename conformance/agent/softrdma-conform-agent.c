@@ -326,8 +326,9 @@ static int cmd_cq(const struct kv *kv)
 	return 0;
 }
 
-static int cmd_xrcd(void)
+static int cmd_xrcd(const struct kv *kv)
 {
+	(void)kv;
 	int i = slot((void **)xrcds);
 	if (i < 0)
 		return reply_err(EINVAL);
@@ -725,6 +726,26 @@ static int cmd_write(const struct kv *kv)
 	return 0;
 }
 
+/* The commands on an open device. */
+static const struct {
+	const char *name;
+	int (*run)(const struct kv *);
+} commands[] = {
+	{"mr", cmd_mr},
+	{"cq", cmd_cq},
+	{"srq", cmd_srq},
+	{"xrcd", cmd_xrcd},
+	{"qp", cmd_qp},
+	{"modify", cmd_modify},
+	{"post_send", cmd_post_send},
+	{"post_recv", cmd_post_recv},
+	{"poll", cmd_poll},
+	{"query", cmd_query},
+	{"event", cmd_event},
+	{"read", cmd_read},
+	{"write", cmd_write},
+};
+
 /* One command; returns 1 to end the session. */
 static int handle(char *line)
 {
@@ -742,32 +763,9 @@ static int handle(char *line)
 		return cmd_open(&kv);
 	if (!ctx)
 		return reply_err(ENODEV);
-	if (!strcmp(c, "mr"))
-		return cmd_mr(&kv);
-	if (!strcmp(c, "cq"))
-		return cmd_cq(&kv);
-	if (!strcmp(c, "srq"))
-		return cmd_srq(&kv);
-	if (!strcmp(c, "xrcd"))
-		return cmd_xrcd();
-	if (!strcmp(c, "qp"))
-		return cmd_qp(&kv);
-	if (!strcmp(c, "modify"))
-		return cmd_modify(&kv);
-	if (!strcmp(c, "post_send"))
-		return cmd_post_send(&kv);
-	if (!strcmp(c, "post_recv"))
-		return cmd_post_recv(&kv);
-	if (!strcmp(c, "poll"))
-		return cmd_poll(&kv);
-	if (!strcmp(c, "query"))
-		return cmd_query(&kv);
-	if (!strcmp(c, "event"))
-		return cmd_event(&kv);
-	if (!strcmp(c, "read"))
-		return cmd_read(&kv);
-	if (!strcmp(c, "write"))
-		return cmd_write(&kv);
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+		if (!strcmp(c, commands[i].name))
+			return commands[i].run(&kv);
 	if (!strcmp(c, "reset")) {
 		destroy_all();
 		/* Drain async events a case left behind. */
