@@ -378,6 +378,17 @@ static int cmd_srq(const struct kv *kv)
 	return 0;
 }
 
+/* The answer to a QP made (or not) in slot i. */
+static int created_qp(int i, struct ibv_qp *qp, int type)
+{
+	if (!qp)
+		return reply_err(errno);
+	qps[i] = qp;
+	qp_type_of[i] = type;
+	snprintf(out, sizeof(out), "ok id=%d qpn=%u", i, qp->qp_num);
+	return 0;
+}
+
 /* An XRC QP: the send side (INI) on this PD and CQ, or the receive side (TGT) in an XRC domain. */
 static int cmd_xrc_qp(const struct kv *kv, int i, const char *t)
 {
@@ -403,12 +414,7 @@ static int cmd_xrc_qp(const struct kv *kv, int i, const char *t)
 		a.comp_mask = IBV_QP_INIT_ATTR_XRCD;
 		a.xrcd = xrcds[x];
 	}
-	qps[i] = ibv_create_qp_ex(ctx, &a);
-	if (!qps[i])
-		return reply_err(errno);
-	qp_type_of[i] = a.qp_type;
-	snprintf(out, sizeof(out), "ok id=%d qpn=%u", i, qps[i]->qp_num);
-	return 0;
+	return created_qp(i, ibv_create_qp_ex(ctx, &a), a.qp_type);
 }
 
 static int cmd_qp(const struct kv *kv)
@@ -438,12 +444,7 @@ static int cmd_qp(const struct kv *kv)
 		a.qp_type = IBV_QPT_UD;
 	else
 		return reply_err(EINVAL);
-	qps[i] = ibv_create_qp(pd, &a);
-	if (!qps[i])
-		return reply_err(errno);
-	qp_type_of[i] = a.qp_type;
-	snprintf(out, sizeof(out), "ok id=%d qpn=%u", i, qps[i]->qp_num);
-	return 0;
+	return created_qp(i, ibv_create_qp(pd, &a), a.qp_type);
 }
 
 static int cmd_modify(const struct kv *kv)
