@@ -37,6 +37,16 @@ use crate::Errno;
 
 pub(crate) use verbs_api::api;
 
+/// The librdmacm calls rsockets (src/rsocket) are built on, as rdma-core's rsocket.c is built on
+/// its librdmacm's public API.
+pub(crate) mod for_rsockets {
+    pub(crate) use super::addr::{rdma_bind_addr, rdma_resolve_addr, rdma_resolve_route};
+    pub(crate) use super::conn::{rdma_accept, rdma_connect, rdma_get_request, rdma_listen, rdma_reject};
+    pub(crate) use super::event::{rdma_ack_cm_event, rdma_get_cm_event};
+    pub(crate) use super::id::{rdma_create_id, rdma_destroy_id, rdma_set_option};
+    pub(crate) use super::qp::{rdma_create_qp, rdma_destroy_qp};
+}
+
 /// A device as librdmacm sees it: its CM connection and the program's context on it.
 pub(crate) struct CmDev {
     pub(crate) name: String,

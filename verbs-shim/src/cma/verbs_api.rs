@@ -36,6 +36,15 @@ pub(crate) struct Api {
     pub(crate) query_device: unsafe extern "C" fn(*mut ffi::ibv_context, *mut ffi::ibv_device_attr) -> c_int,
     pub(crate) attach_mcast: unsafe extern "C" fn(*mut ffi::ibv_qp, *const ffi::ibv_gid, u16) -> c_int,
     pub(crate) detach_mcast: unsafe extern "C" fn(*mut ffi::ibv_qp, *const ffi::ibv_gid, u16) -> c_int,
+    // The rest are rsockets' (src/rsocket): memory, completion events, ports and address handles.
+    pub(crate) reg_mr: unsafe extern "C" fn(*mut ffi::ibv_pd, *mut c_void, usize, c_int) -> *mut ffi::ibv_mr,
+    pub(crate) dereg_mr: unsafe extern "C" fn(*mut ffi::ibv_mr) -> c_int,
+    pub(crate) get_cq_event:
+        unsafe extern "C" fn(*mut ffi::ibv_comp_channel, *mut *mut ffi::ibv_cq, *mut *mut c_void) -> c_int,
+    pub(crate) ack_cq_events: unsafe extern "C" fn(*mut ffi::ibv_cq, u32),
+    pub(crate) query_port: unsafe extern "C" fn(*mut ffi::ibv_context, u8, *mut ffi::_compat_ibv_port_attr) -> c_int,
+    pub(crate) create_ah: unsafe extern "C" fn(*mut ffi::ibv_pd, *mut ffi::ibv_ah_attr) -> *mut ffi::ibv_ah,
+    pub(crate) destroy_ah: unsafe extern "C" fn(*mut ffi::ibv_ah) -> c_int,
 }
 
 fn lookup<T: Copy>(name: &CStr, fallback: T) -> T {
@@ -70,5 +79,12 @@ pub(crate) fn api() -> &'static Api {
         query_device: lookup(c"ibv_query_device", crate::context::ibv_query_device as _),
         attach_mcast: lookup(c"ibv_attach_mcast", crate::qp::ibv_attach_mcast as _),
         detach_mcast: lookup(c"ibv_detach_mcast", crate::qp::ibv_detach_mcast as _),
+        reg_mr: lookup(c"ibv_reg_mr", crate::mem::ibv_reg_mr as _),
+        dereg_mr: lookup(c"ibv_dereg_mr", crate::mem::ibv_dereg_mr as _),
+        get_cq_event: lookup(c"ibv_get_cq_event", crate::cq::ibv_get_cq_event as _),
+        ack_cq_events: lookup(c"ibv_ack_cq_events", crate::cq::ibv_ack_cq_events as _),
+        query_port: lookup(c"ibv_query_port", crate::context::ibv_query_port as _),
+        create_ah: lookup(c"ibv_create_ah", crate::mem::ibv_create_ah as _),
+        destroy_ah: lookup(c"ibv_destroy_ah", crate::mem::ibv_destroy_ah as _),
     })
 }
