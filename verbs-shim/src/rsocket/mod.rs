@@ -211,7 +211,7 @@ pub unsafe extern "C" fn raccept(socket: c_int, addr: *mut libc::sockaddr, len: 
         let s = sock(socket)?;
         let n = stream_of(&s).map_err(|_| Errno(libc::EOPNOTSUPP))?.accept()?;
         let fd = match &*n {
-            Sock::Stream(st) => st.fd,
+            Sock::Stream(st) => st.num(),
             Sock::Dgram(_) => return Err(Errno(libc::EIO)),
         };
         insert(fd, n.clone());

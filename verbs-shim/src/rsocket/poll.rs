@@ -164,7 +164,23 @@ fn check(fds: &mut [libc::pollfd], socks: &[Option<Arc<Sock>>]) -> c_int {
     n
 }
 
+/// `SOFTRDMA_RSOCKET_TRACE=1`: each rpoll, rrecv and rsend's result on stderr (for finding out
+/// what a program waits for).
+pub(super) fn trace() -> bool {
+    static T: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *T.get_or_init(|| std::env::var_os("SOFTRDMA_RSOCKET_TRACE").is_some_and(|v| v != "0"))
+}
+
 pub(super) fn rpoll(fds: &mut [libc::pollfd], timeout: c_int) -> Result<c_int, Errno> {
+    let r = rpoll_inner(fds, timeout);
+    if trace() {
+        let v: Vec<String> = fds.iter().map(|f| format!("{}:{:#x}->{:#x}", f.fd, f.events, f.revents)).collect();
+        eprintln!("softrdma rpoll({}, {timeout}) = {r:?}", v.join(" "));
+    }
+    r
+}
+
+fn rpoll_inner(fds: &mut [libc::pollfd], timeout: c_int) -> Result<c_int, Errno> {
     let socks: Vec<Option<Arc<Sock>>> = fds.iter().map(|f| if f.fd < 0 { None } else { lookup(f.fd) }).collect();
     let start = Instant::now();
     let spin = Duration::from_micros(defaults().polling_time_us as u64);

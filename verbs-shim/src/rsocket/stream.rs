@@ -71,6 +71,12 @@ pub(crate) struct Stream {
     pub(super) wake: OwnedFd,
     pub(super) fs_flags: AtomicI32,
     pub(super) fd_flags: AtomicI32,
+    /// An accepted socket's number: a descriptor made when the program accepts it (a duplicate
+    /// of the channel's), so that it is newer than any the program opened before accepting.
+    /// librspreload maps select(2)'s results back by the lowest descriptor whose rsocket number
+    /// matches, so a number older than the program's own descriptor would be reported instead
+    /// of it.
+    pub(super) number: std::sync::OnceLock<OwnedFd>,
 }
 
 // SAFETY: the raw pointers are the rsocket's own rdma_cm ID and verbs objects, used only under
@@ -104,6 +110,11 @@ fn last() -> Errno {
 }
 
 impl Stream {
+    /// The rsocket's number.
+    pub(super) fn num(&self) -> c_int {
+        self.number.get().map_or(self.fd, |n| n.as_raw_fd())
+    }
+
     pub(super) fn new(domain: c_int, fs_flags: c_int, fd_flags: c_int) -> Result<Stream, Errno> {
         let mut id = std::ptr::null_mut();
         // SAFETY: a synchronous ID (no channel) of the TCP port space, as rsocket.c makes.
@@ -135,6 +146,7 @@ impl Stream {
             wake,
             fs_flags: AtomicI32::new(fs),
             fd_flags: AtomicI32::new(fdf),
+            number: std::sync::OnceLock::new(),
         })
     }
 
@@ -197,6 +209,15 @@ impl Stream {
             let n = unsafe { libc::read(ready.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
             if n == 8 {
                 if let Some(s) = lock(&queue).pop_front() {
+                    if let Sock::Stream(n) = &*s {
+                        // SAFETY: duplicating our own descriptor.
+                        let d = unsafe { libc::fcntl(n.fd, libc::F_DUPFD_CLOEXEC, 0) };
+                        if d < 0 {
+                            return Err(last());
+                        }
+                        // SAFETY: the new descriptor is ours.
+                        let _ = n.number.set(unsafe { OwnedFd::from_raw_fd(d) });
+                    }
                     return Ok(s);
                 }
                 continue;
