@@ -42,9 +42,9 @@ pub(crate) struct Api {
     pub(crate) get_cq_event:
         unsafe extern "C" fn(*mut ffi::ibv_comp_channel, *mut *mut ffi::ibv_cq, *mut *mut c_void) -> c_int,
     pub(crate) ack_cq_events: unsafe extern "C" fn(*mut ffi::ibv_cq, u32),
-    pub(crate) query_port: unsafe extern "C" fn(*mut ffi::ibv_context, u8, *mut ffi::_compat_ibv_port_attr) -> c_int,
     pub(crate) create_ah: unsafe extern "C" fn(*mut ffi::ibv_pd, *mut ffi::ibv_ah_attr) -> *mut ffi::ibv_ah,
     pub(crate) destroy_ah: unsafe extern "C" fn(*mut ffi::ibv_ah) -> c_int,
+    pub(crate) query_gid: unsafe extern "C" fn(*mut ffi::ibv_context, u8, c_int, *mut ffi::ibv_gid) -> c_int,
 }
 
 fn lookup<T: Copy>(name: &CStr, fallback: T) -> T {
@@ -83,8 +83,8 @@ pub(crate) fn api() -> &'static Api {
         dereg_mr: lookup(c"ibv_dereg_mr", crate::mem::ibv_dereg_mr as _),
         get_cq_event: lookup(c"ibv_get_cq_event", crate::cq::ibv_get_cq_event as _),
         ack_cq_events: lookup(c"ibv_ack_cq_events", crate::cq::ibv_ack_cq_events as _),
-        query_port: lookup(c"ibv_query_port", crate::context::ibv_query_port as _),
         create_ah: lookup(c"ibv_create_ah", crate::mem::ibv_create_ah as _),
         destroy_ah: lookup(c"ibv_destroy_ah", crate::mem::ibv_destroy_ah as _),
+        query_gid: lookup(c"ibv_query_gid", crate::context::ibv_query_gid as _),
     })
 }

@@ -269,6 +269,19 @@ fn recv_iov(
     flags: c_int,
     from: Option<(*mut libc::sockaddr, *mut libc::socklen_t)>,
 ) -> Result<isize, Errno> {
+    let r = recv_iov_inner(socket, iov, flags, from);
+    if poll::trace() {
+        eprintln!("softrdma rrecv({socket}, {}, {flags:#x}) = {r:?}", iov.len());
+    }
+    r
+}
+
+fn recv_iov_inner(
+    socket: c_int,
+    iov: &Iov,
+    flags: c_int,
+    from: Option<(*mut libc::sockaddr, *mut libc::socklen_t)>,
+) -> Result<isize, Errno> {
     let s = sock(socket)?;
     match &*s {
         Sock::Stream(st) => {
@@ -285,6 +298,19 @@ fn recv_iov(
 }
 
 fn send_iov(
+    socket: c_int,
+    iov: &Iov,
+    flags: c_int,
+    to: Option<(*const libc::sockaddr, libc::socklen_t)>,
+) -> Result<isize, Errno> {
+    let r = send_iov_inner(socket, iov, flags, to);
+    if poll::trace() {
+        eprintln!("softrdma rsend({socket}, {}, {flags:#x}) = {r:?}", iov.len());
+    }
+    r
+}
+
+fn send_iov_inner(
     socket: c_int,
     iov: &Iov,
     flags: c_int,

@@ -35,10 +35,6 @@ impl Addr {
     pub(crate) fn as_ptr(&self) -> *const libc::sockaddr {
         &self.ss as *const _ as *const libc::sockaddr
     }
-
-    pub(crate) fn family(&self) -> c_int {
-        self.ss.ss_family as c_int
-    }
 }
 
 /// Copies an IPv4/IPv6 address from the program (EINVAL when too short, EAFNOSUPPORT for
