@@ -92,9 +92,13 @@ copy_bin() { # SOURCE DEST (relative to the initramfs root)
 }
 for b in ibv_devinfo ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong \
   ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat ib_read_lat ib_send_lat ib_atomic_lat \
-  rping ucmatose udaddy mckey; do
+  rping ucmatose udaddy mckey rstream riostream rcopy udpong; do
   copy_bin "ustage/usr/bin/$b" "usr/bin/$b"
 done
+# The file rxe.sh's rcopy checks copy (rsockets, issue 56): 8 MiB made from a fixed seed, so the
+# host makes the same bytes (rxe.sh, rsocket_data) and checks each copy by its SHA-256.
+mkdir -p "$R/usr/share/softrdma"
+python3 -c 'import random,sys; r=random.Random(56); sys.stdout.buffer.write(r.randbytes(8 << 20))' > "$R/usr/share/softrdma/rcopy.bin"
 # rping ends its threads with pthread_exit/pthread_cancel, for which glibc loads libgcc_s at run
 # time (ldd does not list it).
 gcc_s=$(ldconfig -p | awk '/libgcc_s.so.1 .*x86-64/ {print $NF; exit}')

@@ -680,6 +680,39 @@ for pair in "rxe softrdma" "softrdma rxe"; do
   listen_port=7174 cm_run udaddy "$1" "$2" udaddy_ok udaddy -b @S -- udaddy -s @S
   listen_port=7174 cm_run "udaddy no server" "$1" "$2" unsupported_ok -- udaddy -s @S
 done
+# rsockets (issue 56): rdma-core's rsockets in the guest and softrdma's librdmacm on the host
+# speak one protocol (docs/rsockets.md): the connection data in the REQ and REP, RDMA WRITEs with
+# immediate carrying the rsocket messages, the credits and target SGL updates. rstream checks
+# every byte it receives (-T v); rcopy's copy of an 8 MiB file (made from a fixed seed on both
+# sides, build-guest.sh) is checked by its SHA-256 where it landed. rcopy's server serves until
+# it is stopped: it runs under a 20 s timeout and its log must say it received the whole file.
+rstream_ok() {
+  echo "$(grep -c '^custom ' "$4") result row, every byte verified"
+  [ "$1" = 0 ] && [ "$2" = 0 ] && grep -q '^custom ' "$4"
+}
+rsocket_data="$work/rcopy.bin"
+python3 -c 'import random,sys; r=random.Random(56); sys.stdout.buffer.write(r.randbytes(8 << 20))' >"$rsocket_data"
+rsocket_sha=$(sha256sum "$rsocket_data" | cut -d' ' -f1)
+rcopy_out=/tmp/softrdma-rcopy.out
+rcopy_ok() { # the copy's SHA-256 where it landed (the server's side: $rcopy_server)
+  local sha
+  if [ "$rcopy_server" = rxe ]; then
+    guest "$logs/rcopy-sha.log" "sha256sum $rcopy_out; rm -f $rcopy_out"
+    sha=$(cut -d' ' -f1 "$logs/rcopy-sha.log")
+  else
+    sha=$(sha256sum "$rcopy_out" 2>/dev/null | cut -d' ' -f1)
+    rm -f "$rcopy_out"
+  fi
+  echo "8388608 bytes, SHA-256 ${sha:0:12}... $([ "$sha" = "$rsocket_sha" ] && echo equal || echo "differs from ${rsocket_sha:0:12}...")"
+  [ "$2" = 0 ] && grep -q "8388608 bytes...closing...done" "$3" && [ "$sha" = "$rsocket_sha" ]
+}
+for pair in "rxe softrdma" "softrdma rxe"; do
+  set -- $pair
+  cm_run "rstream 64 KiB" "$1" "$2" rstream_ok rstream -b @S -p @P -S 65536 -C 200 -T v -- rstream -s @S -p @P -S 65536 -C 200 -T v
+  cm_run "rstream 64 B -T b" "$1" "$2" rstream_ok rstream -b @S -p @P -S 64 -C 2000 -T b -T v -- rstream -s @S -p @P -S 64 -C 2000 -T b -T v
+  if [ "$2" = rxe ]; then src=/usr/share/softrdma/rcopy.bin; else src=$rsocket_data; fi
+  rcopy_server=$1 cm_run "rcopy 8 MiB" "$1" "$2" rcopy_ok timeout 20 rcopy -p @P -- rcopy "$src" "@S:$rcopy_out" -p @P
+done
 # RDMA_PS_IPOIB on a RoCE port: an IPoIB ID takes only an InfiniBand-link-layer address
 # (cma_acquire_dev_by_src_ip), so resolving the address fails. Each side's udaddy client with
 # -p 0x2 must fail the same way (no server is needed: it fails before connecting).

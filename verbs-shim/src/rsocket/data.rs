@@ -55,7 +55,7 @@ fn msg_data(m: u32) -> u32 {
     m & 0x1FFF_FFFF
 }
 
-#[derive(Clone, Copy, Default, Debug)]
+#[derive(Clone, Copy, Default, Debug, PartialEq)]
 pub(super) struct RsSge {
     pub(super) addr: u64,
     pub(super) key: u32,
@@ -932,4 +932,21 @@ impl Stream {
 /// `addr` of `len` bytes as a send's source.
 pub(super) fn one(buf: *const c_void, len: usize) -> Iov {
     Iov { parts: vec![(buf as *mut u8, len)] }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_carry_the_opcode_in_the_top_three_bits() {
+        assert_eq!(msg(OP_DATA, 4096), 0x0000_1000);
+        assert_eq!(msg(OP_SGL, 384 + 7), 0x8000_0187);
+        assert_eq!(msg(OP_IOMAP_SGL, 3), 0xC000_0003);
+        assert_eq!(msg(OP_CTRL, CTRL_SHUTDOWN), 0xE000_0002);
+        assert_eq!(msg_op(0xE000_0002), OP_CTRL);
+        assert_eq!(msg_data(0x8000_0187), 391);
+        // The data field is 29 bits: a larger value cannot reach the opcode.
+        assert_eq!(msg(OP_DATA, u32::MAX), 0x1FFF_FFFF);
+    }
 }

@@ -1137,3 +1137,24 @@ fn post_recv(q: &DsQp, rbuf_size: u32, off: u32) -> Result<(), Errno> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn datagram_headers_are_rdma_cores() {
+        let a: SocketAddr = "10.1.2.3:4791".parse().expect("address");
+        let h = ds_header(&a);
+        assert_eq!(h, [4, 8, 0x12, 0xB7, 10, 1, 2, 3]);
+        assert_eq!(parse_header(&h), Some((a, HDR_V4)));
+        let v6: SocketAddr = "[fe80::1]:7174".parse().expect("address");
+        let h6 = ds_header(&v6);
+        assert_eq!(h6.len(), HDR_V6);
+        assert_eq!(parse_header(&h6).map(|p| p.0), Some(v6));
+        // Untrusted: a wrong length or version, or too few bytes, is no header.
+        assert_eq!(parse_header(&[4, 24, 0, 0, 1, 2, 3, 4]), None);
+        assert_eq!(parse_header(&[5, 8, 0, 0, 1, 2, 3, 4]), None);
+        assert_eq!(parse_header(&h[..6]), None);
+    }
+}

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use super::config::{self, defaults, SNDLOWAT};
-use super::data::State;
+use super::data::{RsSge, State};
 use super::opts::Addr;
 use super::Sock;
 use crate::cma::for_rsockets::*;
@@ -678,52 +678,91 @@ impl State {
         s
     }
 
-    /// rdma-core's `struct rs_conn_data` for this end: version 1, the iomap flag (and the
-    /// byte-order flag on a big-endian host), the receive credits, the iomap size, the target
-    /// SGL (address, rkey, entries) and the first half of the receive buffer.
+    /// Our connection data (see [`ConnData`]).
     pub(super) fn conn_data(&self) -> [u8; CONN_DATA_LEN] {
+        let t = self.target.as_ref().expect("create_ep made the target SGL");
+        let r = self.rbuf.as_ref().expect("create_ep made the receive buffer");
+        ConnData {
+            net: cfg!(target_endian = "big"),
+            iomap: true,
+            credits: self.rq_size,
+            iomap_size: config::value_to_scale(self.target_iomap_size as u32),
+            target_sgl: RsSge { addr: t.addr(), key: t.rkey(), length: SGL_SIZE },
+            data_buf: RsSge { addr: r.addr(), key: r.rkey(), length: self.rbuf_size >> 1 },
+        }
+        .encode()
+    }
+
+    /// The peer's connection data (rdma-core's rs_save_conn_data).
+    pub(super) fn save_conn_data(&mut self, d: &[u8; CONN_DATA_LEN]) -> Result<(), Errno> {
+        let c = ConnData::parse(d)?;
+        self.remote_sgl = c.target_sgl;
+        self.remote_sge = 1 % c.target_sgl.length;
+        self.swap_sgl = c.net != cfg!(target_endian = "big");
+        if c.iomap {
+            self.remote_iomap = RsSge {
+                addr: c.target_sgl.addr.wrapping_add(16 * c.target_sgl.length as u64),
+                key: c.target_sgl.key,
+                length: config::scale_to_value(c.iomap_size),
+            };
+        }
+        self.set_target(0, c.data_buf);
+        self.sseq_comp = c.credits;
+        Ok(())
+    }
+}
+
+/// rdma-core's `struct rs_conn_data`, the private data of the REQ and of the REP (40 bytes, the
+/// numbers big-endian): version (1), flags (1: the host is big-endian, so the SGL entries it
+/// writes are in that order; 2: it has a target iomap), the receive credits (its receive queue
+/// size), three reserved bytes, the target iomap size (8-bit scale), the target SGL (address,
+/// rkey, number of entries) and the first half of the receive buffer (address, rkey, length).
+#[derive(Debug, PartialEq)]
+pub(super) struct ConnData {
+    pub(super) net: bool,
+    pub(super) iomap: bool,
+    pub(super) credits: u16,
+    pub(super) iomap_size: u8,
+    pub(super) target_sgl: RsSge,
+    pub(super) data_buf: RsSge,
+}
+
+impl ConnData {
+    pub(super) fn encode(&self) -> [u8; CONN_DATA_LEN] {
         let mut d = [0u8; CONN_DATA_LEN];
         d[0] = 1;
-        d[1] = CONN_FLAG_IOMAP | if cfg!(target_endian = "big") { CONN_FLAG_NET } else { 0 };
-        d[2..4].copy_from_slice(&self.rq_size.to_be_bytes());
-        d[7] = config::value_to_scale(self.target_iomap_size as u32);
-        let t = self.target.as_ref().expect("create_ep made the target SGL");
-        d[8..16].copy_from_slice(&(t.addr()).to_be_bytes());
-        d[16..20].copy_from_slice(&t.rkey().to_be_bytes());
-        d[20..24].copy_from_slice(&SGL_SIZE.to_be_bytes());
-        let r = self.rbuf.as_ref().expect("create_ep made the receive buffer");
-        d[24..32].copy_from_slice(&r.addr().to_be_bytes());
-        d[32..36].copy_from_slice(&r.rkey().to_be_bytes());
-        d[36..40].copy_from_slice(&(self.rbuf_size >> 1).to_be_bytes());
+        d[1] = if self.iomap { CONN_FLAG_IOMAP } else { 0 } | if self.net { CONN_FLAG_NET } else { 0 };
+        d[2..4].copy_from_slice(&self.credits.to_be_bytes());
+        d[7] = self.iomap_size;
+        for (o, s) in [(8, &self.target_sgl), (24, &self.data_buf)] {
+            d[o..o + 8].copy_from_slice(&s.addr.to_be_bytes());
+            d[o + 8..o + 12].copy_from_slice(&s.key.to_be_bytes());
+            d[o + 12..o + 16].copy_from_slice(&s.length.to_be_bytes());
+        }
         d
     }
 
-    /// The peer's connection data (rdma-core's rs_save_conn_data). It is untrusted: a target
-    /// SGL of no entries (which would leave us nowhere to write credits) is refused.
-    pub(super) fn save_conn_data(&mut self, d: &[u8; CONN_DATA_LEN]) -> Result<(), Errno> {
+    /// The peer's, untrusted: another version is ENOTSUP (as rdma-core); a target SGL of no
+    /// entries (nowhere to write credits) or of more than 2^16 is EPROTO.
+    pub(super) fn parse(d: &[u8; CONN_DATA_LEN]) -> Result<ConnData, Errno> {
         let be64 = |o: usize| u64::from_be_bytes(d[o..o + 8].try_into().expect("8 bytes"));
         let be32 = |o: usize| u32::from_be_bytes(d[o..o + 4].try_into().expect("4 bytes"));
         if d[0] != 1 {
             return Err(Errno(libc::ENOTSUP));
         }
-        let sgl_len = be32(20);
-        if sgl_len == 0 || sgl_len > 1 << 16 {
+        let sge = |o: usize| RsSge { addr: be64(o), key: be32(o + 8), length: be32(o + 12) };
+        let c = ConnData {
+            net: d[1] & CONN_FLAG_NET != 0,
+            iomap: d[1] & CONN_FLAG_IOMAP != 0,
+            credits: u16::from_be_bytes([d[2], d[3]]),
+            iomap_size: d[7],
+            target_sgl: sge(8),
+            data_buf: sge(24),
+        };
+        if c.target_sgl.length == 0 || c.target_sgl.length > 1 << 16 {
             return Err(Errno(libc::EPROTO));
         }
-        self.remote_sgl = super::data::RsSge { addr: be64(8), key: be32(16), length: sgl_len };
-        self.remote_sge = 1 % sgl_len;
-        let peer_net = d[1] & CONN_FLAG_NET != 0;
-        self.swap_sgl = peer_net != cfg!(target_endian = "big");
-        if d[1] & CONN_FLAG_IOMAP != 0 {
-            self.remote_iomap = super::data::RsSge {
-                addr: self.remote_sgl.addr.wrapping_add(16 * sgl_len as u64),
-                key: self.remote_sgl.key,
-                length: config::scale_to_value(d[7]),
-            };
-        }
-        self.set_target(0, super::data::RsSge { addr: be64(24), key: be32(32), length: be32(36) });
-        self.sseq_comp = u16::from_be_bytes([d[2], d[3]]);
-        Ok(())
+        Ok(c)
     }
 }
 
@@ -739,5 +778,39 @@ pub(super) fn min_sbuf(v: u32) -> u32 {
         SNDLOWAT << 1
     } else {
         v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bytes rdma-core's rs_format_conn_data makes on a little-endian host with rq_size 384,
+    /// no iomap, the target SGL at 0x5555_0000_1000 (rkey 0x1234, 2 entries) and the receive
+    /// buffer at 0x5555_0002_0000 (rkey 0x5678, a half of 64 KiB).
+    const RDMA_CORE: [u8; CONN_DATA_LEN] = [
+        1, 2, 0x01, 0x80, 0, 0, 0, 0, //
+        0, 0, 0x55, 0x55, 0, 0, 0x10, 0, 0, 0, 0x12, 0x34, 0, 0, 0, 2, //
+        0, 0, 0x55, 0x55, 0, 2, 0, 0, 0, 0, 0x56, 0x78, 0, 1, 0, 0,
+    ];
+
+    #[test]
+    fn connection_data_is_rdma_cores_layout() {
+        let c = ConnData::parse(&RDMA_CORE).expect("valid");
+        assert_eq!(c.credits, 384);
+        assert!(c.iomap && !c.net);
+        assert_eq!((c.target_sgl.addr, c.target_sgl.key, c.target_sgl.length), (0x5555_0000_1000, 0x1234, 2));
+        assert_eq!((c.data_buf.addr, c.data_buf.key, c.data_buf.length), (0x5555_0002_0000, 0x5678, 0x10000));
+        assert_eq!(c.encode(), RDMA_CORE);
+    }
+
+    #[test]
+    fn bad_connection_data_is_refused() {
+        let mut d = RDMA_CORE;
+        d[0] = 2;
+        assert_eq!(ConnData::parse(&d).map_err(|e| e.0).unwrap_err(), libc::ENOTSUP);
+        let mut d = RDMA_CORE;
+        d[23] = 0;
+        assert_eq!(ConnData::parse(&d).map_err(|e| e.0).unwrap_err(), libc::EPROTO);
     }
 }
