@@ -8,6 +8,9 @@
 #   regenerates them from these headers with bindgen (libclang) to check they are current;
 # - ibverbs-utils, python3-pyverbs, perftest, qperf, rdmacm-utils: the unchanged programs and test suite
 #   that run on it (or, for rdma_cm programs, load on it and fail cleanly);
+# - iperf3: run over rsockets by scripts/test-rsocket.sh through librspreload (librdmacm1's
+#   /usr/lib/x86_64-linux-gnu/rsocket/librspreload.so; rdmacm-utils brings rstream, riostream,
+#   rcopy and udpong);
 # - ucx-utils, libfabric-bin: the peers `softrdma bench` compares against (UCX and libfabric
 #   over tcp), run by the suite's short bench, and the middleware of scripts/test-cluster.sh
 #   (UCX and libfabric over softrdma on `softrdma cluster` hosts, which also need iproute2);
@@ -21,7 +24,7 @@ need=()
 command -v tshark >/dev/null 2>&1 || need+=(tshark)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
-for pkg in libibverbs-dev librdmacm-dev libclang-dev python3-yaml ibverbs-utils python3-pyverbs perftest qperf rdmacm-utils ucx-utils libfabric-bin openmpi-bin libopenmpi-dev \
+for pkg in libibverbs-dev librdmacm-dev libclang-dev python3-yaml ibverbs-utils python3-pyverbs perftest qperf rdmacm-utils librdmacm1 iperf3 ucx-utils libfabric-bin openmpi-bin libopenmpi-dev \
   qemu-system-x86 busybox-static tcpdump kmod cpio iproute2 debootstrap; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done

@@ -2,7 +2,8 @@
 # The whole test suite: installs what it needs, then builds once and runs every test.
 #   unit, property and conformance tests (golden packets, real captures, tshark, ICRC oracle),
 #   command-line tests, lint, the verbs shim (its ABI test, unchanged rdma-core programs and
-#   perftest, the pyverbs suite), interop with Linux's rdma_rxe (conformance/interop/rxe.sh),
+#   perftest, the pyverbs suite), rsockets with unchanged programs (scripts/test-rsocket.sh),
+#   interop with Linux's rdma_rxe (conformance/interop/rxe.sh),
 #   middleware (UCX, libfabric) and perftest between `softrdma cluster` hosts (scripts/test-cluster.sh),
 #   a short `softrdma bench` (that the comparison runs end to end; its figures are not checked)
 #   and a short run of each fuzz target.
@@ -75,6 +76,9 @@ SOFTRDMA_DATAPATH=device bash scripts/pyverbs.sh
 
 step "softrdma conform against softrdma (every case under both profiles and on both data paths; a case that does not hold fails the run)"
 bash scripts/test-conform.sh
+
+step "rsockets with unchanged programs (rstream, riostream, rcopy, udpong; iperf3 and a Python echo server under librspreload; with the capture on, on both data paths, under 1% loss)"
+bash scripts/test-rsocket.sh
 
 step "interop with Linux's own Soft-RoCE (rdma_rxe in a qemu guest; needs root for its network namespace)"
 if [ "$(id -u)" = 0 ]; then
