@@ -68,6 +68,10 @@ pub(crate) struct BenchArgs {
     /// alternating runs) and print them; nothing is written and no peer is measured.
     #[arg(long)]
     only_capture: bool,
+    /// Run the rsockets rows only (rstream across the devices, over rsockets and over the
+    /// kernel's TCP on loopback) and print them; nothing is written.
+    #[arg(long)]
+    only_rsockets: bool,
     /// Skip the middleware rows (UCX and MPI between two `softrdma cluster` hosts; they run only
     /// as root, with no cluster already up).
     #[arg(long)]
@@ -353,6 +357,13 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<ExitCode> {
         port: 20000 + (std::process::id() % 20000) as u16,
         quick: a.quick,
     };
+    if a.only_rsockets {
+        let devs = Devices::start(&exe, [a.addr0, a.addr1])?;
+        rsocket_rows(&mut t, &mut r)?;
+        drop(devs);
+        print_rows(&t);
+        return Ok(ExitCode::SUCCESS);
+    }
     if a.only_capture {
         let (rounds, iters) = if a.quick { (1, r.iters(5000)) } else { (3, 5000) };
         crate::bench_capture::rows(&mut t, &mut r, &exe, [a.addr0, a.addr1], rounds, iters)?;
@@ -527,6 +538,7 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<ExitCode> {
         );
     }
 
+    rsocket_rows(&mut t, &mut r)?;
     let s = scale_rows(&mut t, qps)?;
 
     let conns = if a.quick { 200 } else { 1000 };
@@ -630,6 +642,39 @@ pub(crate) fn run_bench(a: &BenchArgs) -> Result<ExitCode> {
 }
 
 /// Puts `md` between the markers of `file` (replacing what was there), or appends it with them.
+/// rsockets (issue 56): rstream across the devices, against the kernel's TCP over loopback
+/// between the same addresses in the same run (rstream -T s).
+fn rsocket_rows(t: &mut Table, r: &mut Runner<'_>) -> Result<()> {
+    let group = "rsockets across, provider path";
+    eprintln!("softrdma bench: rstream over rsockets and over tcp");
+    let lat_args = ["-S", "64", "-C", "1", "-I", if r.quick { "2000" } else { "20000" }];
+    let bw_args = ["-S", "65536", "-C", if r.quick { "2000" } else { "20000" }];
+    let (_, lat) = r.rstream("provider", false, &lat_args)?;
+    let (_, tcp_lat) = r.rstream("provider", true, &lat_args)?;
+    let (bw, _) = r.rstream("provider", false, &bw_args)?;
+    let (tcp_bw, _) = r.rstream("provider", true, &bw_args)?;
+    t.v.insert("rstream_lat_64_us".into(), lat);
+    t.v.insert("rstream_tcp_lat_64_us".into(), tcp_lat);
+    t.v.insert("rstream_bw_64k_gbit".into(), bw);
+    t.v.insert("rstream_tcp_bw_64k_gbit".into(), tcp_bw);
+    t.row(
+        group,
+        "rstream 64 B ping-pong (-S 64 -C 1): rsockets, then tcp on loopback (-T s)",
+        format!("{lat:.2} us, {tcp_lat:.2} us a transfer"),
+    );
+    t.row(
+        group,
+        "rstream 64 KiB stream (-S 65536): rsockets, then tcp on loopback (-T s)",
+        format!("{bw:.2} Gbit/s, {tcp_bw:.2} Gbit/s"),
+    );
+    t.row(
+        group,
+        "ratio rstream rsockets / tcp: latency, bandwidth",
+        format!("{:.2}, {:.2}", lat / tcp_lat, bw / tcp_bw),
+    );
+    Ok(())
+}
+
 fn write_section(file: &Path, md: &str) -> Result<()> {
     let old = std::fs::read_to_string(file).unwrap_or_default();
     let block = format!("{BEGIN}\n{md}{END}\n");

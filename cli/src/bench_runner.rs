@@ -230,6 +230,44 @@ impl Runner<'_> {
         }
     }
 
+    /// rdmacm-utils' rstream between the two devices' addresses, over rsockets (softrdma's
+    /// librdmacm, `path` data path) or with `tcp` over the kernel's TCP on loopback (`-T s`):
+    /// the client's (Gbit/s, us a transfer).
+    pub(crate) fn rstream(&mut self, path: &str, tcp: bool, args: &[&str]) -> Result<(f64, f64)> {
+        let port = self.next_port().to_string();
+        let (addr0, addr1) = (self.addr0.to_string(), self.addr1.to_string());
+        let env = [("LD_LIBRARY_PATH", self.shim.as_os_str()), ("SOFTRDMA_DATAPATH", path.as_ref())];
+        let t: &[&str] = if tcp { &["-T", "s"] } else { &[] };
+        let (client, _) = server_client(
+            Command::new("rstream").args(["-b", &addr0, "-p", &port]).args(args).args(t).envs(env),
+            || {
+                let mut c = Command::new("rstream");
+                c.args(["-s", &addr0, "-b", &addr1, "-p", &port]).args(args).args(t).envs(env);
+                c
+            },
+            Duration::from_secs(120),
+            Duration::from_secs(10),
+            failed_at_once,
+        )?;
+        // The result row: name bytes xfers iters total time Gb/sec usec/xfer.
+        let row = client.1.lines().find(|l| l.starts_with("custom")).map(|l| l.split_whitespace().collect::<Vec<_>>());
+        match (client.0, row) {
+            (Some(0), Some(f)) if f.len() >= 8 => {
+                let num = |s: &str| s.parse::<f64>().ok();
+                match (num(f[6]), num(f[7])) {
+                    (Some(g), Some(us)) => Ok((g, us)),
+                    _ => bail!("rstream {args:?}: no figures in {f:?}"),
+                }
+            }
+            _ => bail!(
+                "rstream {args:?} ({}): status {:?}: {}",
+                if tcp { "tcp" } else { path },
+                client.0,
+                tail(&client.1)
+            ),
+        }
+    }
+
     /// ucx_perftest over tcp on loopback: server and client.
     pub(crate) fn ucx(&mut self, test: &str, size: u32, iters: u32) -> Result<Vec<f64>> {
         let port = self.next_port().to_string();

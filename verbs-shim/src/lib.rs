@@ -75,6 +75,7 @@ mod cma;
 mod context;
 mod cq;
 mod device;
+mod ksock;
 mod mem;
 mod ofed_xrc;
 mod qp;

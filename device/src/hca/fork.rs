@@ -40,7 +40,14 @@ extern "C" fn forget_members_in_child() {
         // SAFETY: plain syscalls on descriptor numbers; `fd` is this process's (inherited) copy
         // of a member socket, replaced in place so no other code's descriptor number changes.
         unsafe {
-            let s = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0);
+            // The socket system call itself: under rdma-core's librspreload, socket() makes an
+            // rsocket, not a kernel socket.
+            let s = libc::syscall(
+                libc::SYS_socket,
+                libc::AF_INET,
+                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                0,
+            ) as libc::c_int;
             if s >= 0 {
                 libc::dup2(s, fd);
                 libc::close(s);

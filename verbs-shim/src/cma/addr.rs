@@ -6,7 +6,7 @@
 #![allow(clippy::unnecessary_cast)]
 
 use std::ffi::c_int;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use softrdma_device::proto::{Request, Response};
 use softrdma_engine::cm::PS_IPOIB;
@@ -23,7 +23,7 @@ fn route_source(dst: SocketAddr) -> Option<IpAddr> {
         SocketAddr::V4(_) => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
         SocketAddr::V6(_) => "[::]:0".parse().ok()?,
     };
-    let s = UdpSocket::bind(any).ok()?;
+    let s = crate::ksock::udp_bind(any).ok()?;
     let mut d = dst;
     if d.port() == 0 {
         d.set_port(9);
@@ -41,7 +41,7 @@ pub(super) fn unattached(cma: &super::Cma, ip: IpAddr) -> bool {
 /// interface fails in cma_translate_addr (EADDRNOTAVAIL); an address of an interface without an
 /// RDMA device (eth0's address with no device on it) fails in cma_acquire_dev_by_src_ip (ENODEV).
 fn no_device(ip: IpAddr) -> Errno {
-    if UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok() {
+    if crate::ksock::udp_bind(SocketAddr::new(ip, 0)).is_ok() {
         Errno(libc::ENODEV)
     } else {
         Errno(libc::EADDRNOTAVAIL)

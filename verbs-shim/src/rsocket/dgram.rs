@@ -16,7 +16,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_int, c_void};
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -66,28 +66,8 @@ fn to_std(a: *const libc::sockaddr) -> Option<SocketAddr> {
 }
 
 fn to_c(a: &SocketAddr) -> Addr {
-    // SAFETY: zeroed storage, filled as the family's sockaddr.
-    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let len = match a {
-        SocketAddr::V4(v) => {
-            // SAFETY: storage is large enough for a sockaddr_in.
-            let s = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in) };
-            s.sin_family = libc::AF_INET as _;
-            s.sin_port = v.port().to_be();
-            s.sin_addr.s_addr = u32::from_ne_bytes(v.ip().octets());
-            std::mem::size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(v) => {
-            // SAFETY: as above, for a sockaddr_in6.
-            let s = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in6) };
-            s.sin6_family = libc::AF_INET6 as _;
-            s.sin6_port = v.port().to_be();
-            s.sin6_addr.s6_addr = v.ip().octets();
-            s.sin6_flowinfo = v.flowinfo().to_be();
-            std::mem::size_of::<libc::sockaddr_in6>()
-        }
-    };
-    Addr { ss, len: len as libc::socklen_t }
+    let (ss, len) = crate::ksock::sockaddr(a);
+    Addr { ss, len }
 }
 
 /// The UD header of datagrams from `a` (rdma-core's ds_header).
@@ -237,15 +217,12 @@ pub(crate) struct Dgram {
 
 impl Dgram {
     pub(super) fn new(domain: c_int, fs: c_int, fdf: c_int) -> Result<Dgram, Errno> {
-        // SAFETY: a new UDP socket.
-        let fd = unsafe { libc::socket(domain, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-        if fd < 0 {
-            return Err(last());
-        }
+        // The socket system call itself: under librspreload, socket() would make another rsocket.
+        let fd = crate::ksock::socket(domain, libc::SOCK_DGRAM, 0)
+            .map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))?;
         let d = defaults();
         Ok(Dgram {
-            // SAFETY: ours.
-            udp: unsafe { OwnedFd::from_raw_fd(fd) },
+            udp: fd,
             st: Mutex::new(DState {
                 ready: false,
                 open: true,
