@@ -34,7 +34,8 @@ use std::sync::{Arc, RwLock};
 
 use crate::{guarded, set_errno, Errno};
 
-/// One rsocket.
+/// One rsocket (each lives in an Arc: the variants' sizes do not matter).
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Sock {
     Stream(stream::Stream),
     Dgram(dgram::Dgram),

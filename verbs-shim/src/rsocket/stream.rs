@@ -618,10 +618,7 @@ fn accept_one(l: &Stream, nid: *mut c::rdma_cm_id) -> Result<Arc<Sock>, Errno> {
     let st = lock(&l.st).inherit();
     let fs = l.fs_flags.load(Ordering::Relaxed);
     let fdf = l.fd_flags.load(Ordering::Relaxed);
-    let n = match Stream::of_id(nid, l.domain, st, fs, fdf) {
-        Ok(n) => n,
-        Err(e) => return Err(e),
-    };
+    let n = Stream::of_id(nid, l.domain, st, fs, fdf)?;
     let reject = |n: Stream, e: Errno| {
         // SAFETY: the new ID, not yet accepted.
         unsafe { rdma_reject(n.id, std::ptr::null(), 0) };
