@@ -2,7 +2,7 @@
 # rsockets (librdmacm's rsocket/rbind/.../rpoll) with unchanged programs: two softrdma devices,
 # A (rsock0 on 127.0.0.81) for the servers and B (rsock1 on 127.0.0.82) for the clients, and
 # - rstream (rdmacm-utils): its default run (4 sizes, latency then bandwidth, two connections), -S
-#   64 B to 1 MiB, -T a (rpoll; on the server, see below), -T b (blocking), -T n (nonblocking),
+#   64 B to 1 MiB, -T a (rpoll; both sides and the server alone, see below), -T b (blocking), -T n (nonblocking),
 #   -T v (verify) and pairs;
 # - riostream (riomap/riowrite): a few sizes, -T v, -T a;
 # - rcopy: a 100 MiB random file, sha256 of source and copy compared;
@@ -28,7 +28,7 @@
 #
 #   scripts/test-rsocket.sh            # ~40 cells; a few minutes on 2 cores once rsockets work
 # Environment:
-#   RSOCKET_LONG=1   also: rstream -T r and -T a on both sides, riostream's default run and
+#   RSOCKET_LONG=1   also: rstream -T r and -T a -T v at 64 KiB, riostream's default run and
 #                    -T b/-T n, udpong's default run and -T a/-T b, iperf3 -P 4 -t 10, 32 Python
 #                    clients, every base cell again on the device path, and the capture and
 #                    faults together (~9 min)
@@ -52,13 +52,13 @@
 #   transfer or verification is exit 255. Both sides print the rows (name, bytes, xfers, iters,
 #   total = iters*xfers*bytes*2, time, Gb/sec, usec/xfer). One -T letter per -T: `-T av` is
 #   "invalid" (usage, exit 1); write `-T a -T v`. -T n is the default (MSG_DONTWAIT);
-#   -T s uses kernel TCP (rstream and udpong only). -T a (rpoll before every call) runs on the
-#   server only here: the server's rshutdown(SHUT_RDWR) after its last send is a DISCONNECT,
-#   on which rsockets' rpoll reports POLLHUP (with POLLIN while data is unread: rdma-core's
-#   rs_poll_rs, and softrdma's), and rstream's do_poll takes any POLLHUP for an error (exit 16),
-#   so a client that reads behind the server fails; kernel TCP's FIN is POLLIN|POLLRDHUP. A
-#   server with -T a polls its accept, its receives and its sends and never sees that.
-#   RSOCKET_LONG runs -T a on both sides too. riostream's default run (LONG) waits for each
+#   -T s uses kernel TCP (rstream and udpong only). -T a (rpoll before every call) runs on both
+#   sides and on the server alone: the server's rshutdown(SHUT_RDWR) after its last send is a
+#   DISCONNECT, and rstream's do_poll takes any POLLHUP for an error (exit 16). rdma-core's
+#   rs_poll_rs reports POLLHUP at once, so there a client that reads behind the server fails;
+#   softrdma's rpoll reports the hang-up once the data before it has been read (kernel TCP's FIN
+#   is POLLIN|POLLRDHUP), and the both-sides cells check that.
+#   riostream's default run (LONG) waits for each
 #   round trip by spinning on the riomapped byte, never calling into rsockets: on 2 cores the two
 #   spinning programs starve the transport (~500 round trips/s; 100k are due: past 60 s).
 # - rcopy: port 7427, the server listens on the wildcard and never exits; the client is
@@ -771,11 +771,12 @@ base_cells() {
   stream rstream -S 4096 -C 2000
   stream rstream -S 65536 -C 200
   stream rstream -S 1048576 -C 20
+  stream rstream -T a -S 4096 -C 1000
   stream rstream -S 4096 -C 1000 +server -T a
   stream rstream -T b -S 65536 -C 100
   stream rstream -T n -S 4096 -C 1000
   stream rstream -T v -S 65536 -C 200
-  stream rstream -T v -S 1048576 -C 10 +server -T a
+  stream rstream -T a -T v -S 1048576 -C 10
   stream rstream -T b -T v -S 4096 -C 1000
   stream riostream -S 4096 -C 1000
   stream riostream -T v -S 65536 -C 100
@@ -789,9 +790,7 @@ base_cells() {
   python_cell
   if [ "$long" = 1 ]; then
     stream rstream -T r -S 65536 -C 100
-    # -T a on the client too: racy on any rsockets (rdma-core's included), see the header
-    stream rstream -T a -S 4096 -C 1000
-    stream rstream -T a -T v -S 1048576 -C 10
+    stream rstream -T a -T v -S 65536 -C 200
     stream riostream
     stream riostream -T b -T v -S 65536 -C 100
     stream riostream -T n -S 4096 -C 1000

@@ -102,8 +102,20 @@ fn stream_revents(s: &Stream, events: i16, arm: bool) -> i16 {
         if events & libc::POLLOUT != 0 && st.can_send() {
             r |= libc::POLLOUT;
         }
+        // The peer's disconnect is a hang-up once everything it sent has been read: before
+        // that the socket is readable, as a TCP socket with the peer's FIN queued behind its data
+        // is. rdma-core reports POLLHUP at once, and rstream -T a, which takes any POLLHUP for an
+        // error, then fails whenever its client reads behind the server's last send.
         if st.state & S_CONNECTED == 0 {
-            r |= if st.state == S_DISCONNECTED { libc::POLLHUP } else { libc::POLLERR };
+            r |= if st.state == S_DISCONNECTED {
+                if st.have_rdata() {
+                    0
+                } else {
+                    libc::POLLHUP
+                }
+            } else {
+                libc::POLLERR
+            };
         }
         return r;
     }
