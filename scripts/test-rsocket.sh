@@ -759,6 +759,53 @@ control_cell() {
   tcp=$save
 }
 
+# The errors a socket program expects: ECONNREFUSED from a connect nobody listens for (the
+# peer's CM answers REJ), and ECONNRESET from a send once the peer was killed mid-stream (its
+# device's cleanup sends the DREQ), both with blocking calls (-T b) and with non-blocking ones
+# (the default: rstream retries EAGAIN without ever sleeping, so only its calls can see the CM's
+# DISCONNECTED event).
+error_cells() {
+  [ "$tcp" = 1 ] && return 0
+  local name log rc
+  name=$(cellname "ECONNREFUSED: rconnect with no listener")
+  if want "$name"; then
+    port=$((port + 1))
+    log="$logs/$(fname "$name").log"
+    timeout -k 5 30 "$bin" exec -- rstream -T b -s "$addr_a" -p "$port" -S 64 -C 10 >"$log" 2>&1
+    rc=$?
+    if [ "$rc" != 0 ] && [ "$rc" != 124 ] && grep -q "rconnect: Connection refused" "$log"; then
+      result PASS "$name" "rstream exits $rc: \"$(grep -m1 'rconnect' "$log")\""
+    else
+      result FAIL "$name" "rc $rc: $(say "$log")"
+    fi
+  fi
+  local mode
+  for mode in "-T b" ""; do
+    local label="(non-blocking)"
+    [ -n "$mode" ] && label="($mode)"
+    name=$(cellname "ECONNRESET: the server killed mid-stream $label")
+    want "$name" || continue
+    port=$((port + 1))
+    log="$logs/$(fname "$name")"
+    timeout -k 5 60 "$bin" exec -- rstream $mode -b "$addr_a" -p "$port" -S 65536 -C 10000000 >"$log.server.log" 2>&1 &
+    local spid=$!
+    ready "$port" TCP "$spid" || true
+    timeout -k 5 40 "$bin" exec -- rstream $mode -s "$addr_a" -p "$port" -S 65536 -C 10000000 >"$log.client.log" 2>&1 &
+    local cpid=$!
+    sleep 1.5
+    pkill -9 -P "$spid" 2>/dev/null
+    pkill -9 -f "rstream $mode -b $addr_a -p $port " 2>/dev/null
+    { wait "$spid"; } 2>/dev/null
+    local t0=$SECONDS
+    { wait "$cpid"; rc=$?; } 2>/dev/null
+    if [ "$rc" != 0 ] && [ "$rc" != 124 ] && grep -q "Connection reset by peer" "$log.client.log"; then
+      result PASS "$name" "the client exits $rc $((SECONDS - t0)) s after: \"$(grep -m1 'reset by peer' "$log.client.log")\""
+    else
+      result FAIL "$name" "client rc $rc: $(say "$log.client.log")"
+    fi
+  done
+}
+
 rcopy_src="$work/rcopy.src"
 rcopy_size=$((100 << 20))
 head -c "$rcopy_size" /dev/urandom >"$rcopy_src"
@@ -820,6 +867,7 @@ fault_cells() {
 setup_begin "" provider off ""
 base_cells
 control_cell
+error_cells
 setup_end
 if [ "$long" = 1 ]; then
   setup_begin "device path" device off ""

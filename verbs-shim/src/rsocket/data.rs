@@ -716,6 +716,14 @@ impl Stream {
                 r?;
                 if nonblock {
                     st.update_credits();
+                    let cm = st.cm_nonblock;
+                    drop(st);
+                    // A program that only ever calls without blocking must still see the peer
+                    // go (its CM's DISCONNECTED): rdma-core's connection service thread reads
+                    // the CM channel for it; here the call does, when it has nothing else.
+                    if cm && self.take_cm_events() {
+                        continue;
+                    }
                     return Err(Errno(libc::EAGAIN));
                 }
                 if !st.cq_armed {
