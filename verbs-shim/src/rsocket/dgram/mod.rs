@@ -23,9 +23,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::config::{defaults, SNDLOWAT};
-use super::data::Region;
 use super::opts::Addr;
-use super::stream::{eventfd, set_nonblock};
+use super::stream::eventfd;
 use super::{Cursor, Iov};
 use crate::cma::for_rsockets::*;
 use crate::cma::{api, lock};
@@ -33,150 +32,14 @@ use crate::cma_ffi as c;
 use crate::ffi;
 use crate::Errno;
 
-const UDP_TAG: u32 = 0x5555_5555;
-const UDP_HDR_V4: usize = 16;
-const UDP_HDR_V6: usize = 28;
-const HDR_V4: usize = 8;
-const HDR_V6: usize = 24;
-const GRH_LEN: usize = 40;
-const OP_DATA: u8 = 0;
-const OP_CTRL: u8 = 7;
-const RECV_FLAG: u64 = 1 << 63;
+mod qp;
+mod wire;
+
+use qp::{post_recv, DsQp, Mem};
+use wire::*;
 
 fn last() -> Errno {
     Errno(crate::last_errno())
-}
-
-/// A socket address as Rust's, from a sockaddr of this library or the program.
-fn to_std(a: *const libc::sockaddr) -> Option<SocketAddr> {
-    // SAFETY: `a` is a sockaddr_in or sockaddr_in6 (checked by family).
-    unsafe {
-        match (*a).sa_family as c_int {
-            libc::AF_INET => {
-                let s = &*(a as *const libc::sockaddr_in);
-                Some(SocketAddr::from((u32::from_be(s.sin_addr.s_addr).to_be_bytes(), u16::from_be(s.sin_port))))
-            }
-            libc::AF_INET6 => {
-                let s = &*(a as *const libc::sockaddr_in6);
-                Some(SocketAddr::from((s.sin6_addr.s6_addr, u16::from_be(s.sin6_port))))
-            }
-            _ => None,
-        }
-    }
-}
-
-fn to_c(a: &SocketAddr) -> Addr {
-    let (ss, len) = crate::ksock::sockaddr(a);
-    Addr { ss, len }
-}
-
-/// The UD header of datagrams from `a` (rdma-core's ds_header).
-fn ds_header(a: &SocketAddr) -> Vec<u8> {
-    let mut h = vec![];
-    match a {
-        SocketAddr::V4(v) => {
-            h.extend([4, HDR_V4 as u8]);
-            h.extend(v.port().to_be_bytes());
-            h.extend(v.ip().octets());
-        }
-        SocketAddr::V6(v) => {
-            h.extend([6, HDR_V6 as u8]);
-            h.extend(v.port().to_be_bytes());
-            h.extend(v.flowinfo().to_be_bytes());
-            h.extend(v.ip().octets());
-        }
-    }
-    h
-}
-
-/// The source a received UD header names, if it is a valid one of at most `avail` bytes.
-fn parse_header(b: &[u8]) -> Option<(SocketAddr, usize)> {
-    match (b.first(), b.get(1)) {
-        (Some(4), Some(&l)) if l as usize == HDR_V4 && b.len() >= HDR_V4 => {
-            let port = u16::from_be_bytes([b[2], b[3]]);
-            Some((SocketAddr::from(([b[4], b[5], b[6], b[7]], port)), HDR_V4))
-        }
-        (Some(6), Some(&l)) if l as usize == HDR_V6 && b.len() >= HDR_V6 => {
-            let port = u16::from_be_bytes([b[2], b[3]]);
-            let mut ip = [0u8; 16];
-            ip.copy_from_slice(&b[8..24]);
-            let flow = u32::from_be_bytes([b[4], b[5], b[6], b[7]]);
-            Some((SocketAddr::V6(std::net::SocketAddrV6::new(ip.into(), port, flow, 0)), HDR_V6))
-        }
-        _ => None,
-    }
-}
-
-/// Page-aligned memory without a registration of its own (the send buffer, registered once
-/// per QP).
-struct Mem {
-    ptr: *mut u8,
-    layout: std::alloc::Layout,
-}
-
-impl Mem {
-    fn new(len: usize) -> Result<Mem, Errno> {
-        let layout = std::alloc::Layout::from_size_align(len.max(1).next_multiple_of(4096), 4096)
-            .map_err(|_| Errno(libc::ENOMEM))?;
-        // SAFETY: a non-zero layout.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            return Err(Errno(libc::ENOMEM));
-        }
-        Ok(Mem { ptr, layout })
-    }
-}
-
-impl Drop for Mem {
-    fn drop(&mut self) {
-        // SAFETY: allocated with this layout.
-        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
-    }
-}
-
-/// One UD QP of the socket, for one local address.
-struct DsQp {
-    id: *mut c::rdma_cm_id,
-    local: SocketAddr,
-    hdr: Vec<u8>,
-    channel: *mut ffi::ibv_comp_channel,
-    cq: *mut ffi::ibv_cq,
-    qp: *mut ffi::ibv_qp,
-    rbuf: Option<Region>,
-    smr: *mut ffi::ibv_mr,
-    /// The address handle to this QP itself (for data that arrived over UDP).
-    self_ah: *mut ffi::ibv_ah,
-    cq_armed: bool,
-}
-
-impl Drop for DsQp {
-    fn drop(&mut self) {
-        let api = api();
-        // SAFETY: our objects; the QP first, so nothing lands in the buffers after.
-        unsafe {
-            if !self.qp.is_null() {
-                rdma_destroy_qp(self.id);
-            }
-            if !self.self_ah.is_null() {
-                (api.destroy_ah)(self.self_ah);
-            }
-            self.rbuf = None;
-            if !self.smr.is_null() {
-                (api.dereg_mr)(self.smr);
-            }
-            if !self.cq.is_null() {
-                (api.destroy_cq)(self.cq);
-                (*self.id).recv_cq = std::ptr::null_mut();
-                (*self.id).send_cq = std::ptr::null_mut();
-            }
-            if !self.channel.is_null() {
-                (api.destroy_comp_channel)(self.channel);
-                (*self.id).recv_cq_channel = std::ptr::null_mut();
-                (*self.id).send_cq_channel = std::ptr::null_mut();
-            }
-            rdma_destroy_id(self.id);
-        }
-    }
 }
 
 struct Dest {
@@ -206,6 +69,25 @@ struct DState {
 
 // SAFETY: the raw pointers are this socket's verbs objects, used under the lock.
 unsafe impl Send for DState {}
+
+impl DState {
+    /// Asks every QP's CQ not yet armed for its next completion's event. True if one was armed
+    /// now (its completions must be looked at again before sleeping).
+    fn arm_all(&mut self) -> bool {
+        let mut now = false;
+        for q in self.qps.iter_mut().filter(|q| !q.cq_armed) {
+            // SAFETY: our CQ.
+            unsafe {
+                if let Some(f) = (*(*q.cq).context).ops.req_notify_cq {
+                    f(q.cq, 0);
+                }
+            }
+            q.cq_armed = true;
+            now = true;
+        }
+        now
+    }
+}
 
 pub(crate) struct Dgram {
     udp: OwnedFd,
@@ -395,154 +277,6 @@ impl Dgram {
         };
         lock(&self.st).dests.entry(to).or_insert(Dest { qp: qi, ah: std::ptr::null_mut(), qpn: 0 });
         Ok(())
-    }
-
-    /// rdma-core's ds_create_qp: an rdma_cm ID of the UDP port space bound to the local address,
-    /// its UD QP with a CQ and completion channel, the receive buffer, the posted receives.
-    fn create_qp(&self, src: SocketAddr) -> Result<usize, Errno> {
-        let api = api();
-        let mut id = std::ptr::null_mut();
-        // SAFETY: a synchronous ID.
-        if unsafe { rdma_create_id(std::ptr::null_mut(), &mut id, std::ptr::null_mut(), c::RDMA_PS_UDP) } != 0 {
-            return Err(last());
-        }
-        let mut q = DsQp {
-            id,
-            local: src,
-            hdr: ds_header(&src),
-            channel: std::ptr::null_mut(),
-            cq: std::ptr::null_mut(),
-            qp: std::ptr::null_mut(),
-            rbuf: None,
-            smr: std::ptr::null_mut(),
-            self_ah: std::ptr::null_mut(),
-            cq_armed: false,
-        };
-        let ca = to_c(&src);
-        // SAFETY: our ID and an address.
-        if unsafe { rdma_bind_addr(id, ca.as_ptr() as *mut _) } != 0 {
-            return Err(last());
-        }
-        let (sq, rq, inline, rbuf_size, sbuf_ptr, sbuf_size) = {
-            let st = lock(&self.st);
-            let m = st.sbuf.as_ref().ok_or(Errno(libc::EINVAL))?;
-            (st.sq_size, st.rq_size, st.sq_inline, st.rbuf_size, m.ptr, st.sbuf_size)
-        };
-        // SAFETY: verbs calls on the ID's context; each object is kept in `q` (Drop frees).
-        unsafe {
-            let verbs = (*id).verbs;
-            if verbs.is_null() {
-                return Err(Errno(libc::ENODEV));
-            }
-            q.channel = (api.create_comp_channel)(verbs);
-            if q.channel.is_null() {
-                return Err(last());
-            }
-            set_nonblock((*q.channel).fd);
-            q.cq = (api.create_cq)(verbs, sq as c_int + rq as c_int, id.cast(), q.channel, 0);
-            if q.cq.is_null() {
-                return Err(last());
-            }
-            (*id).recv_cq_channel = q.channel;
-            (*id).send_cq_channel = q.channel;
-            (*id).recv_cq = q.cq;
-            (*id).send_cq = q.cq;
-            let mut qa = ffi::ibv_qp_init_attr {
-                qp_context: id.cast(),
-                send_cq: q.cq,
-                recv_cq: q.cq,
-                qp_type: ffi::IBV_QPT_UD,
-                sq_sig_all: 1,
-                cap: ffi::ibv_qp_cap {
-                    max_send_wr: sq as u32,
-                    max_recv_wr: rq as u32,
-                    max_send_sge: 1,
-                    max_recv_sge: 2,
-                    max_inline_data: inline as u32,
-                },
-                ..Default::default()
-            };
-            if rdma_create_qp(id, std::ptr::null_mut(), &mut qa) != 0 {
-                return Err(last());
-            }
-            q.qp = (*id).qp;
-            let pd = (*id).pd;
-            lock(&self.st).sq_inline = qa.cap.max_inline_data.min(u16::MAX as u32) as u16;
-            q.rbuf = Some(Region::new(pd, rbuf_size as usize + GRH_LEN, ffi::IBV_ACCESS_LOCAL_WRITE)?);
-            q.smr = (api.reg_mr)(pd, sbuf_ptr.cast(), sbuf_size as usize, ffi::IBV_ACCESS_LOCAL_WRITE as c_int);
-            if q.smr.is_null() {
-                return Err(last());
-            }
-        }
-        q.self_ah = self.make_ah(&q, src)?;
-        for i in 0..rq as u32 {
-            post_recv(&q, rbuf_size, i * SNDLOWAT)?;
-        }
-        let mut st = lock(&self.st);
-        st.qps.push(q);
-        Ok(st.qps.len() - 1)
-    }
-
-    /// An address handle on `q`'s device to `to`, from the path rdma_cm resolves (rdma-core's
-    /// udp_svc_create_ah). RoCE needs the GRH: the path's GIDs, and the source GID's index.
-    fn make_ah(&self, q: &DsQp, to: SocketAddr) -> Result<*mut ffi::ibv_ah, Errno> {
-        let api = api();
-        let mut id = std::ptr::null_mut();
-        // SAFETY: a synchronous ID, destroyed below.
-        if unsafe { rdma_create_id(std::ptr::null_mut(), &mut id, std::ptr::null_mut(), c::RDMA_PS_UDP) } != 0 {
-            return Err(last());
-        }
-        let src = to_c(&SocketAddr::new(q.local.ip(), 0));
-        let dst = to_c(&to);
-        // SAFETY: our temporary ID; addresses; its path once resolved.
-        let r = unsafe {
-            (|| {
-                if rdma_resolve_addr(id, src.as_ptr() as *mut _, dst.as_ptr() as *mut _, 2000) != 0 {
-                    return Err(last());
-                }
-                if rdma_resolve_route(id, 2000) != 0 {
-                    return Err(last());
-                }
-                let p = (*id).route.path_rec;
-                if p.is_null() {
-                    return Err(Errno(libc::EHOSTUNREACH));
-                }
-                let p = &*p;
-                let verbs = (*q.id).verbs;
-                let port = (*q.id).port_num;
-                let mut sgid_index = 0u8;
-                for i in 0..16 {
-                    let mut g = ffi::ibv_gid::default();
-                    if (api.query_gid)(verbs, port, i, &mut g) == 0 && g.raw == p.sgid.raw {
-                        sgid_index = i as u8;
-                        break;
-                    }
-                }
-                let mut a = ffi::ibv_ah_attr {
-                    is_global: 1,
-                    grh: ffi::ibv_global_route {
-                        dgid: p.dgid,
-                        flow_label: u32::from_be(p.flow_label),
-                        sgid_index,
-                        hop_limit: p.hop_limit.max(1),
-                        traffic_class: p.traffic_class,
-                    },
-                    dlid: u16::from_be(p.dlid),
-                    sl: p.sl,
-                    static_rate: p.rate,
-                    port_num: port,
-                    ..Default::default()
-                };
-                let ah = (api.create_ah)((*q.id).pd, &mut a);
-                if ah.is_null() {
-                    return Err(last());
-                }
-                Ok(ah)
-            })()
-        };
-        // SAFETY: the temporary ID.
-        unsafe { rdma_destroy_id(id) };
-        r
     }
 
     /// The service thread: datagrams on the UDP socket (rdma-core's udp_svc_process_rs).
@@ -807,18 +541,8 @@ impl Dgram {
                 if start.elapsed() < spin {
                     continue;
                 }
-                let mut armed_now = false;
-                for q in st.qps.iter_mut() {
-                    if !q.cq_armed {
-                        // SAFETY: our CQ.
-                        unsafe {
-                            if let Some(f) = (*(*q.cq).context).ops.req_notify_cq {
-                                f(q.cq, 0);
-                            }
-                        }
-                        q.cq_armed = true;
-                        armed_now = true;
-                    }
+                let armed_now = st.arm_all();
+                for q in &st.qps {
                     // SAFETY: our channel.
                     fds.push(libc::pollfd { fd: unsafe { (*q.channel).fd }, events: libc::POLLIN, revents: 0 });
                 }
@@ -1061,17 +785,7 @@ impl Dgram {
         let mut st = lock(&self.st);
         self.poll_cqs(&mut st);
         if arm {
-            for q in st.qps.iter_mut() {
-                if !q.cq_armed {
-                    // SAFETY: our CQ.
-                    unsafe {
-                        if let Some(f) = (*(*q.cq).context).ops.req_notify_cq {
-                            f(q.cq, 0);
-                        }
-                    }
-                    q.cq_armed = true;
-                }
-            }
+            st.arm_all();
             self.poll_cqs(&mut st);
         }
         let mut r = 0;
@@ -1090,48 +804,5 @@ impl Dgram {
             // SAFETY: our channel.
             out.push(libc::pollfd { fd: unsafe { (*q.channel).fd }, events: libc::POLLIN, revents: 0 });
         }
-    }
-}
-
-/// A receive of one datagram slot: the GRH into the buffer's tail, the datagram at `off`.
-fn post_recv(q: &DsQp, rbuf_size: u32, off: u32) -> Result<(), Errno> {
-    let rb = q.rbuf.as_ref().expect("made with the QP");
-    let mut sges = [
-        ffi::ibv_sge { addr: rb.addr() + rbuf_size as u64, length: GRH_LEN as u32, lkey: rb.lkey() },
-        ffi::ibv_sge { addr: rb.addr() + off as u64, length: SNDLOWAT, lkey: rb.lkey() },
-    ];
-    let mut wr = ffi::ibv_recv_wr {
-        wr_id: RECV_FLAG | off as u64,
-        sg_list: sges.as_mut_ptr(),
-        num_sge: 2,
-        ..Default::default()
-    };
-    let mut bad = std::ptr::null_mut();
-    // SAFETY: our QP; the request lives across the call.
-    let r = unsafe { ((*(*q.qp).context).ops.post_recv.ok_or(Errno(libc::ENOSYS))?)(q.qp, &mut wr, &mut bad) };
-    if r != 0 {
-        return Err(Errno(r));
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn datagram_headers_are_rdma_cores() {
-        let a: SocketAddr = "10.1.2.3:4791".parse().expect("address");
-        let h = ds_header(&a);
-        assert_eq!(h, [4, 8, 0x12, 0xB7, 10, 1, 2, 3]);
-        assert_eq!(parse_header(&h), Some((a, HDR_V4)));
-        let v6: SocketAddr = "[fe80::1]:7174".parse().expect("address");
-        let h6 = ds_header(&v6);
-        assert_eq!(h6.len(), HDR_V6);
-        assert_eq!(parse_header(&h6).map(|p| p.0), Some(v6));
-        // Untrusted: a wrong length or version, or too few bytes, is no header.
-        assert_eq!(parse_header(&[4, 24, 0, 0, 1, 2, 3, 4]), None);
-        assert_eq!(parse_header(&[5, 8, 0, 0, 1, 2, 3, 4]), None);
-        assert_eq!(parse_header(&h[..6]), None);
     }
 }
