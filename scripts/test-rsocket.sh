@@ -864,6 +864,7 @@ capture_cells() {
 fault_cells() {
   stream rstream -T v -S 65536 -C 100
   stream rstream -S 1048576 -C 10
+  stream riostream -T v -S 65536 -C 20
   rcopy_cell
   # Not udpong's echo mode: its client resends after 1 ms without an answer and again on every
   # stale answer, so once a lost datagram's retry meets a late answer the duplicates feed
