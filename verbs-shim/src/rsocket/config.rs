@@ -28,48 +28,47 @@ fn read_num(dir: &str, name: &str) -> Option<i64> {
 
 pub(super) fn defaults() -> &'static Defaults {
     static D: OnceLock<Defaults> = OnceLock::new();
-    D.get_or_init(|| {
-        let dir = std::env::var("SOFTRDMA_RSOCKET_CONF_DIR").unwrap_or_else(|_| "/etc/rdma/rsocket".into());
-        let mut d = Defaults {
-            polling_time_us: 10,
-            wake_up_interval_ms: 500,
-            inline: 64,
-            sqsize: 384,
-            rqsize: 384,
-            mem: 1 << 17,
-            wmem: 1 << 17,
-            iomap_size: 0,
-        };
-        if let Some(v) = read_num(&dir, "polling_time") {
-            d.polling_time_us = v.clamp(0, u32::MAX as i64) as u32;
+    D.get_or_init(|| load(&std::env::var("SOFTRDMA_RSOCKET_CONF_DIR").unwrap_or_else(|_| "/etc/rdma/rsocket".into())))
+}
+
+/// rdma-core's defaults with the files of `dir` applied.
+pub(super) fn load(dir: &str) -> Defaults {
+    let mut d = Defaults {
+        polling_time_us: 10,
+        wake_up_interval_ms: 500,
+        inline: 64,
+        sqsize: 384,
+        rqsize: 384,
+        mem: 1 << 17,
+        wmem: 1 << 17,
+        iomap_size: 0,
+    };
+    let num = |name: &str, lo: i64, hi: i64| read_num(dir, name).map(|v| v.clamp(lo, hi));
+    let u16max = u16::MAX as i64;
+    if let Some(v) = num("polling_time", 0, u32::MAX as i64) {
+        d.polling_time_us = v as u32;
+    }
+    if let Some(v) = num("wake_up_interval", 1, i32::MAX as i64) {
+        d.wake_up_interval_ms = v as i32;
+    }
+    for (name, field) in
+        [("inline_default", &mut d.inline), ("sqsize_default", &mut d.sqsize), ("rqsize_default", &mut d.rqsize)]
+    {
+        if let Some(v) = num(name, 0, u16max) {
+            *field = v as u16;
         }
-        if let Some(v) = read_num(&dir, "wake_up_interval") {
-            d.wake_up_interval_ms = v.clamp(1, i32::MAX as i64) as i32;
-        }
-        if let Some(v) = read_num(&dir, "inline_default") {
-            d.inline = v.clamp(0, u16::MAX as i64) as u16;
-        }
-        if let Some(v) = read_num(&dir, "sqsize_default") {
-            d.sqsize = v.clamp(0, u16::MAX as i64) as u16;
-        }
-        if let Some(v) = read_num(&dir, "rqsize_default") {
-            d.rqsize = v.clamp(0, u16::MAX as i64) as u16;
-        }
-        if let Some(v) = read_num(&dir, "mem_default") {
-            d.mem = v.clamp(1, u32::MAX as i64) as u32;
-        }
-        if let Some(v) = read_num(&dir, "wmem_default") {
-            d.wmem = v.clamp(0, u32::MAX as i64) as u32;
-            if d.wmem < SNDLOWAT {
-                d.wmem = SNDLOWAT << 1;
-            }
-        }
-        if let Some(v) = read_num(&dir, "iomap_size") {
-            // Rounded to a size the connection data can carry.
-            d.iomap_size = round_iomap(v.clamp(0, u16::MAX as i64) as u32);
-        }
-        d
-    })
+    }
+    if let Some(v) = num("mem_default", 1, u32::MAX as i64) {
+        d.mem = v as u32;
+    }
+    if let Some(v) = num("wmem_default", 0, u32::MAX as i64) {
+        d.wmem = if (v as u32) < SNDLOWAT { SNDLOWAT << 1 } else { v as u32 };
+    }
+    if let Some(v) = num("iomap_size", 0, u16max) {
+        // Rounded to a size the connection data can carry.
+        d.iomap_size = round_iomap(v as u32);
+    }
+    d
 }
 
 /// The connection data's 8-bit encoding of an iomap size (rdma-core's rs_value_to_scale with 8
@@ -100,6 +99,24 @@ pub(super) fn round_iomap(v: u32) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_configuration_files_override_the_defaults() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let put = |n: &str, v: &str| std::fs::write(dir.path().join(n), v).expect("write");
+        put("sqsize_default", "64\n");
+        put("inline_default", "0");
+        put("wmem_default", "100");
+        put("polling_time", "not a number");
+        put("iomap_size", "1030");
+        let d = load(dir.path().to_str().expect("path"));
+        assert_eq!(d.sqsize, 64);
+        assert_eq!(d.inline, 0);
+        assert_eq!(d.rqsize, 384, "no file: rdma-core's default");
+        assert_eq!(d.wmem, SNDLOWAT << 1, "below the low-water mark: twice it, as rdma-core");
+        assert_eq!(d.polling_time_us, 10, "unreadable: the default");
+        assert_eq!(d.iomap_size, 1024, "rounded to what the connection data carries");
+    }
 
     #[test]
     fn iomap_sizes_round_as_the_connection_data_carries_them() {

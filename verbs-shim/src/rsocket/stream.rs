@@ -546,7 +546,6 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        let api = api();
         let st = self.st.get_mut().unwrap_or_else(|e| e.into_inner());
         // SAFETY: the ID and the verbs objects are ours; the QP goes first, so that nothing is
         // written into the buffers after they are released.
@@ -555,18 +554,35 @@ impl Drop for Stream {
                 rdma_destroy_qp(self.id);
             }
             st.release_bufs();
-            if !st.cq.is_null() {
-                (api.destroy_cq)(st.cq);
-                (*self.id).recv_cq = std::ptr::null_mut();
-                (*self.id).send_cq = std::ptr::null_mut();
-            }
-            if !st.channel.is_null() {
-                (api.destroy_comp_channel)(st.channel);
-                (*self.id).recv_cq_channel = std::ptr::null_mut();
-                (*self.id).send_cq_channel = std::ptr::null_mut();
-            }
-            rdma_destroy_id(self.id);
+            destroy_cq_and_id(self.id, st.cq, st.channel);
         }
+    }
+}
+
+/// Destroys an rsocket's CQ and completion channel (which it made itself and set in its ID, as
+/// rsocket.c does), then the ID.
+///
+/// # Safety
+/// `id` is a live rdma_cm ID whose QP is gone; `cq` and `channel` are NULL or made for it.
+pub(super) unsafe fn destroy_cq_and_id(
+    id: *mut c::rdma_cm_id,
+    cq: *mut ffi::ibv_cq,
+    channel: *mut ffi::ibv_comp_channel,
+) {
+    let api = api();
+    // SAFETY: as the caller promises.
+    unsafe {
+        if !cq.is_null() {
+            (api.destroy_cq)(cq);
+            (*id).recv_cq = std::ptr::null_mut();
+            (*id).send_cq = std::ptr::null_mut();
+        }
+        if !channel.is_null() {
+            (api.destroy_comp_channel)(channel);
+            (*id).recv_cq_channel = std::ptr::null_mut();
+            (*id).send_cq_channel = std::ptr::null_mut();
+        }
+        rdma_destroy_id(id);
     }
 }
 

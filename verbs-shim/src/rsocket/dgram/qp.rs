@@ -72,17 +72,7 @@ impl Drop for DsQp {
             if !self.smr.is_null() {
                 (api.dereg_mr)(self.smr);
             }
-            if !self.cq.is_null() {
-                (api.destroy_cq)(self.cq);
-                (*self.id).recv_cq = std::ptr::null_mut();
-                (*self.id).send_cq = std::ptr::null_mut();
-            }
-            if !self.channel.is_null() {
-                (api.destroy_comp_channel)(self.channel);
-                (*self.id).recv_cq_channel = std::ptr::null_mut();
-                (*self.id).send_cq_channel = std::ptr::null_mut();
-            }
-            rdma_destroy_id(self.id);
+            crate::rsocket::stream::destroy_cq_and_id(self.id, self.cq, self.channel);
         }
     }
 }
