@@ -277,15 +277,26 @@ want() {
 }
 cellname() { echo "$1${setup_tag:+ [$setup_tag]}"; }
 
-sent_pkts() { "$bin" stat "$1" 2>/dev/null | awk '$1 == "sent_pkts" {print $2}'; }
-pk_a=0 pk_b=0
-pk_mark() { pk_a=$(sent_pkts "$dev_a") pk_b=$(sent_pkts "$dev_b"); }
+pkts() { "$bin" stat "$1" 2>/dev/null | awk -v k="$2" '$1 == k {print $2}'; }
+pk_a=0 pk_b=0 pk_ra=0 pk_rb=0
+pk_mark() {
+  pk_a=$(pkts "$dev_a" sent_pkts) pk_b=$(pkts "$dev_b" sent_pkts)
+  pk_ra=$(pkts "$dev_a" rcvd_pkts) pk_rb=$(pkts "$dev_b" rcvd_pkts)
+}
 # The RoCE packets the cell's BYTES took: at least BYTES/MTU from the two devices, some from each
 # (the client on B, the server on A). Appends to why, sets pk_note.
+# What A sent is what A counted or, if more, what B received (A is the only other device in the
+# namespace), and the other way round: on the provider data path a process reports its counters
+# to its device every 50 ms and when it exits, so a persistent server that is stopped (TERM) right
+# after its last packet (udpong's, rcopy's) takes its last counts with it, while its client, which
+# exits, has reported what it received.
 pk_note=""
 pk_check() { # bytes [min packets]
-  local da db need
-  da=$(($(sent_pkts "$dev_a") - pk_a)) db=$(($(sent_pkts "$dev_b") - pk_b))
+  local da db ra rb need
+  da=$(($(pkts "$dev_a" sent_pkts) - pk_a)) db=$(($(pkts "$dev_b" sent_pkts) - pk_b))
+  ra=$(($(pkts "$dev_a" rcvd_pkts) - pk_ra)) rb=$(($(pkts "$dev_b" rcvd_pkts) - pk_rb))
+  [ "$rb" -gt "$da" ] && da=$rb
+  [ "$ra" -gt "$db" ] && db=$ra
   need=$((($1 + mtu - 1) / mtu))
   [ $# -gt 1 ] && [ "$2" -gt "$need" ] && need=$2
   pk_note="$((da + db)) RoCE packets ($dev_a $da, $dev_b $db)"

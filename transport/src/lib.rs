@@ -30,6 +30,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod faults;
+pub mod ksock;
 pub mod relay;
 pub mod sim;
 pub mod steer;

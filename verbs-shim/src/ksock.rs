@@ -8,18 +8,9 @@
 //! did not make.
 
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::{FromRawFd, OwnedFd};
 
-/// A new kernel socket (`socket(2)`, close-on-exec).
-pub(crate) fn socket(domain: libc::c_int, kind: libc::c_int, protocol: libc::c_int) -> std::io::Result<OwnedFd> {
-    // SAFETY: the socket system call with plain integers; the descriptor is ours.
-    let fd = unsafe { libc::syscall(libc::SYS_socket, domain, kind | libc::SOCK_CLOEXEC, protocol) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a new descriptor owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
-}
+/// A new kernel socket (`socket(2)`, close-on-exec): the transport's, which its own sockets use.
+pub(crate) use softrdma_transport::ksock::socket;
 
 /// `addr` as a C socket address and its length.
 pub(crate) fn sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {

@@ -4,7 +4,7 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 
-use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use socket2::{SockAddr, Socket};
 
 use super::sockets::set_int_option;
 
@@ -25,7 +25,7 @@ impl GroupSocket {
         if !group.is_multicast() {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
-        let sock = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+        let sock = crate::ksock::udp_socket(&SocketAddr::new(IpAddr::V4(group), port))?;
         sock.set_reuse_address(true)?;
         sock.set_nonblocking(true)?;
         sock.bind(&SockAddr::from(SocketAddr::new(IpAddr::V4(group), port)))?;

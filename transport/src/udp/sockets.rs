@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 
 use nix::sys::socket::{self as nsock, sockopt, ControlMessage, MsgFlags, SockaddrStorage};
-use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use socket2::{SockAddr, Socket};
 
 use super::{BindProblem, Sent, UdpError, SOCKET_BUFFER_BYTES, SPORT_RANGE_START};
 
@@ -194,7 +194,7 @@ pub(crate) fn setup_error(local: SocketAddr, what: &'static str, error: io::Erro
 /// A nonblocking, close-on-exec UDP socket for `local`'s family with the options every socket
 /// here has (V6ONLY, no fragmentation, a large send buffer). Not bound yet.
 pub(crate) fn new_socket(local: SocketAddr) -> Result<Socket, UdpError> {
-    let socket = Socket::new(Domain::for_address(local), Type::DGRAM, Some(Protocol::UDP)).map_err(|e| {
+    let socket = crate::ksock::udp_socket(&local).map_err(|e| {
         let what = if e.raw_os_error() == Some(libc::EMFILE) {
             "creating a socket (too many open files: each source port of the pool is one socket)"
         } else {

@@ -20,6 +20,7 @@
 //! rdma-core), so rpoll can tell rsockets from the program's descriptors.
 
 mod config;
+mod ctx;
 mod data;
 mod dgram;
 mod iomap;

@@ -381,10 +381,7 @@ impl Stream {
     pub(super) fn create_ep(&self, st: &mut State) -> Result<(), Errno> {
         let api = api();
         // SAFETY: our ID, bound to a device by now.
-        let verbs = unsafe { (*self.id).verbs };
-        if verbs.is_null() {
-            return Err(Errno(libc::ENODEV));
-        }
+        let (verbs, pd) = super::ctx::data_context(unsafe { (*self.id).verbs })?;
         let mut dattr = ffi::ibv_device_attr::default();
         // SAFETY: a live context.
         let max = if unsafe { (api.query_device)(verbs, &mut dattr) } == 0 {
@@ -429,15 +426,11 @@ impl Stream {
                 },
                 ..Default::default()
             };
-            if rdma_create_qp(self.id, std::ptr::null_mut(), &mut qa) != 0 {
+            if rdma_create_qp(self.id, pd, &mut qa) != 0 {
                 return Err(last());
             }
             st.qp = (*self.id).qp;
             st.sq_inline = qa.cap.max_inline_data.min(u16::MAX as u32) as u16;
-            let pd = (*self.id).pd;
-            if pd.is_null() {
-                return Err(Errno(libc::EINVAL));
-            }
             st.pd = pd;
         }
         st.init_bufs()?;

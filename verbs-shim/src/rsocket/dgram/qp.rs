@@ -111,10 +111,7 @@ impl Dgram {
         };
         // SAFETY: verbs calls on the ID's context; each object is kept in `q` (Drop frees).
         unsafe {
-            let verbs = (*id).verbs;
-            if verbs.is_null() {
-                return Err(Errno(libc::ENODEV));
-            }
+            let (verbs, pd) = crate::rsocket::ctx::data_context((*id).verbs)?;
             q.channel = (api.create_comp_channel)(verbs);
             if q.channel.is_null() {
                 return Err(last());
@@ -143,11 +140,10 @@ impl Dgram {
                 },
                 ..Default::default()
             };
-            if rdma_create_qp(id, std::ptr::null_mut(), &mut qa) != 0 {
+            if rdma_create_qp(id, pd, &mut qa) != 0 {
                 return Err(last());
             }
             q.qp = (*id).qp;
-            let pd = (*id).pd;
             lock(&self.st).sq_inline = qa.cap.max_inline_data.min(u16::MAX as u32) as u16;
             q.rbuf = Some(Region::new(pd, rbuf_size as usize + GRH_LEN, ffi::IBV_ACCESS_LOCAL_WRITE)?);
             q.smr = (api.reg_mr)(pd, sbuf_ptr.cast(), sbuf_size as usize, ffi::IBV_ACCESS_LOCAL_WRITE as c_int);
