@@ -16,6 +16,10 @@
 #                at 1 B to 1 MiB, rping, ucmatose, udaddy, mckey, rdma_xserver, the ping-pongs)
 #   --repeat N   all of it N times; the table counts each cell's failures
 #   --only RE    only the cells whose name matches the regex
+#   --slow-disk BYTES_PER_S
+#                the run's writes to the disk throttled (a block cgroup; needs root): the
+#                capture on a disk slower than the wire (a cloud disk's baseline), which must
+#                pace the programs and lose no frame; e.g. --slow-disk 100000000
 # Prints a line per cell, then the table (program and options, path, capture, faults: passed of
 # runs, last figure) and "matrix: P of C cells passed every time (R rounds)". Exit 1 on any
 # failure. Needs scripts/build-shim.sh and the programs (scripts/install-deps.sh). Logs stay in
@@ -27,13 +31,14 @@ cd "$(dirname "$0")/.."
 for p in ib_write_bw qperf rping ucmatose udaddy mckey rdma_xserver ibv_rc_pingpong; do
   command -v "$p" >/dev/null || { echo "$p missing: run scripts/install-deps.sh" >&2; exit 2; }
 done
-full=0 repeat=1 only=""
+full=0 repeat=1 only="" slow_disk=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --full) full=1 ;;
     --repeat) repeat="$2"; shift ;;
     --only) only="$2"; shift ;;
-    *) sed -n '2,24p' "$0" >&2; exit 2 ;;
+    --slow-disk) slow_disk="$2"; shift ;;
+    *) sed -n '2,28p' "$0" >&2; exit 2 ;;
   esac
   shift
 done
@@ -53,10 +58,30 @@ results="$rt/results.tsv"
 # checked and removed when it ends: a segment's stay under ~8 GB a device.
 capdir="$rt"
 capdir="${SOFTRDMA_MATRIX_CAPDIR:-$capdir}"
+# --slow-disk: this shell (and so every daemon and program it starts) into a block cgroup whose
+# writes to the capture directory's disk are throttled (cgroup v2 io.max, or v1 blkio).
+if [ -n "$slow_disk" ]; then
+  disk=$(lsblk -no PKNAME "$(findmnt -no SOURCE -T "$capdir")" 2>/dev/null | head -1)
+  [ -n "$disk" ] || disk=$(basename "$(findmnt -no SOURCE -T "$capdir")")
+  majmin=$(cat "/sys/class/block/$disk/dev" 2>/dev/null) || { echo "--slow-disk: no block device under $capdir" >&2; exit 2; }
+  if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+    cg=/sys/fs/cgroup/softrdma-matrix-$$
+    echo +io >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
+    mkdir "$cg" && echo "$majmin wbps=$slow_disk" >"$cg/io.max" && echo $$ >"$cg/cgroup.procs"
+  else
+    cg=/sys/fs/cgroup/blkio/softrdma-matrix-$$
+    mkdir "$cg" && echo "$majmin $slow_disk" >"$cg/blkio.throttle.write_bps_device" && echo $$ >"$cg/cgroup.procs"
+  fi || { echo "--slow-disk: cannot throttle $disk ($majmin) in a cgroup (root?)" >&2; exit 2; }
+  echo "writes to $disk ($majmin) throttled to $slow_disk bytes/s"
+fi
 : >"$results"
 cleanup() {
   stop_run srdma0 srdma1
   rm -f "$capdir"/softrdma-matrix-$$-*.pcap
+  if [ -n "${cg:-}" ]; then
+    echo $$ >"$(dirname "$cg")/cgroup.procs" 2>/dev/null
+    rmdir "$cg" 2>/dev/null
+  fi
 }
 trap cleanup EXIT
 addr0="${SOFTRDMA_TEST_ADDR0:-127.0.0.1}"
@@ -391,11 +416,32 @@ devices_up() { # seg
     flags0+=(--faults "$fault_spec,seed=$((round * 10 + 1))")
     flags1+=(--faults "$fault_spec,seed=$((round * 10 + 2))")
   fi
-  if ! "$bin" up srdma0 "${flags0[@]}" >/dev/null || ! "$bin" up srdma1 "${flags1[@]}" >/dev/null; then
+  # With the capture on, the daemons log what their capture's writer met (a slow write, a late
+  # wake-up, full rings): a capture cell that fails says which (capture_why).
+  local caplog="${SOFTRDMA_LOG:-warn}"
+  [ "$capture" = on ] && caplog+=",softrdma_device::capture=info"
+  if ! SOFTRDMA_LOG="$caplog" "$bin" up srdma0 "${flags0[@]}" >/dev/null ||
+    ! SOFTRDMA_LOG="$caplog" "$bin" up srdma1 "${flags1[@]}" >/dev/null; then
     note FAIL "devices up" "-" "$(tail -n 2 "$rt"/srdma*.log | tr '\n' ' ')"
     "$bin" down srdma0 >/dev/null 2>&1
     return 1
   fi
+}
+
+# What the daemons' capture writers logged in this segment, in a line: how many slow writes and
+# late wake-ups (the longest of each, in ms) and how many times the rings were full.
+capture_why() {
+  local d
+  for d in srdma0 srdma1; do
+    [ -s "$rt/$d.log" ] || continue
+    awk -v d="$d" '
+      function ms(line) { sub(/.*(ms|late_ms)=/, "", line); sub(/[^0-9.].*/, "", line); return line + 0 }
+      /a write of the file was slow/ { w++; m = ms($0); if (m > wm) wm = m }
+      /the writer woke late/ { l++; m = ms($0); if (m > lm) lm = m }
+      /rings were full/ { f++ }
+      END { printf "%s: %d slow writes (longest %.0f ms), %d late wake-ups (longest %.0f ms), rings full %d times; ", d, w, wm, l, lm, f }
+    ' "$rt/$d.log"
+  done
 }
 
 # The devices down; with the capture on, its cell for segment SEG: neither device lost a frame,
@@ -422,7 +468,7 @@ devices_down() { # seg
       out=$("$bin" pcap check "$f" 2>&1) || why+="$(basename "$f"): $(echo "$out" | grep -iE "bad|malformed|damaged" | head -2 | tr '\n' ' '); "
       frames=$((frames + $(echo "$out" | awk '$1 == "frames" {print $2}')))
     done
-    if [ -z "$why" ]; then note ok "capture $1" "$frames frames, 0 lost, all checked"; else note FAIL "capture $1" "-" "$why"; fi
+    if [ -z "$why" ]; then note ok "capture $1" "$frames frames, 0 lost, all checked"; else note FAIL "capture $1" "-" "$why$(capture_why)"; fi
   fi
   # A segment with a failed cell keeps its captures with the logs when they are kept (files
   # under 2 GB: a lossy setup's are a few MB).

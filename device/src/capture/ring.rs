@@ -77,10 +77,13 @@ fn align16(n: usize) -> usize {
     n.div_ceil(16) * 16
 }
 
-/// How long a producer waits for room in a full ring before it drops the frame from the capture:
-/// well under the shortest RC timeout programs set (14: 67 ms), and long enough for a writer the
-/// kernel's writeback held up (a file on a disk taking more than it writes back).
-const FULL_WAIT: std::time::Duration = std::time::Duration::from_millis(25);
+/// How long a producer waits for room before it takes the writer for stalled and goes on into
+/// the ring's slack: long enough for a writer the file held up (a disk throttled to 100 MB/s held
+/// each of its writes 75-80 ms, and with 25 ms each stall spent the slack until the ring was full
+/// and frames dropped); a wait ends as soon as the writer frees room. A data path held this long
+/// may have its peer time out once and retransmit (RC timeout 14 is 67 ms), as over a link that
+/// paused: a retry, never a retry count spent, and the capture shows it.
+const FULL_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A ring's mark: past `capacity / MARK_DIVISOR` bytes in use, a producer waits for the writer
 /// ([`FULL_WAIT`]); the rest of the ring is the slack for a writer that stalls. A writer that
@@ -96,17 +99,19 @@ const MARK_DIVISOR: usize = 4;
 const NOT_STALLED: u64 = u64::MAX;
 
 /// The most a producer waits for room in long waits ([`LONG_WAIT`] or more), per
-/// [`WAIT_WINDOW`] of time: half. A writer that keeps up but more slowly than the programs send
-/// frees room every batch it writes (a fraction of a millisecond): the producer's short waits pace
+/// [`WAIT_WINDOW`] of time, while the writer keeps less than [`PACE_FLOOR`] over the window: half.
+/// A writer that keeps up, only more slowly than the programs send (a disk slower than the wire:
+/// a cloud disk throttled to a hundred or a few hundred MB/s takes a 64 KiB WRITE stream of
+/// ~800 MB/s at a fraction, in bursts), frees room batch after batch: the producer's waits pace
 /// the protocol at the writer's speed, as a link is paced by its capture's buffer, and nothing is
-/// lost. A writer that falls behind for a moment (a slow write, a late wake-up) is waited for and
-/// loses nothing either. One that stays far behind (a disk throttled by other writers, a writer
-/// short of CPU on a loaded machine, writes or wake-ups tens of milliseconds late) would pace the
-/// protocol a frame per wait, until the programs' own timeouts fired (qperf's synchronisation
-/// after a test, at 1 MiB on a loaded machine): with the budget spent, frames drop from the
-/// capture at once (counted) for the rest of the window, and the programs keep at least half their
-/// time. (A tenth was too little: on a quiet machine a capture of qperf at 1 MiB to a disk, whose
-/// writes of 256 KiB sometimes take 5-30 ms, spent it and lost 17,167 frames in one of four runs.)
+/// lost, however long that goes on. (Before, every wait of 5 ms or more counted, and such a disk
+/// spent the budget in half a second, after which frames dropped for the rest of the second:
+/// 78,211 of qperf at 64 KiB into a disk throttled to 150 MB/s, 178,865 once in CI.) A writer
+/// that frees next to nothing (stalled in a write, kept off the CPU, a record every 20 ms) would
+/// pace the protocol a frame per wait, until the programs' own timeouts fired (qperf's
+/// synchronisation after a test, at 1 MiB on a loaded machine): with the budget spent, frames
+/// drop from the capture at once (counted) for the rest of the window, and the programs keep at
+/// least half their time.
 const WAIT_BUDGET: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// A wait for room this long or longer counts against [`WAIT_BUDGET`]: longer than a writer that
@@ -114,33 +119,51 @@ const WAIT_BUDGET: std::time::Duration = std::time::Duration::from_millis(500);
 /// touched for the first time).
 const LONG_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
 
+/// The writer's pace over the window below which long waits count against [`WAIT_BUDGET`]:
+/// 16 MiB/s, well under any disk, far above a writer that frees a record a wait. Over the window,
+/// not per wait: a throttled disk's writes come in bursts (a block cgroup throttled to 100 MB/s
+/// let the writer write for a few ms, then held it 75-80 ms), so a single wait may see next to
+/// nothing freed while the writer's pace is a hundred MB/s.
+const PACE_FLOOR: u64 = 16 << 20;
+
 /// The window over which [`WAIT_BUDGET`] counts.
 const WAIT_WINDOW: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A producer's account of its long waits for room ([`WAIT_BUDGET`] per [`WAIT_WINDOW`]), in ns
-/// of the monotonic clock.
+/// of the monotonic clock, and of what the writer freed in the window (the ring's tail).
 #[derive(Debug, Default)]
 pub(crate) struct WaitBudget {
     window_start: std::sync::atomic::AtomicU64,
     spent: std::sync::atomic::AtomicU64,
+    /// The ring's tail when the window started.
+    tail_start: std::sync::atomic::AtomicU64,
 }
 
 impl WaitBudget {
-    /// How long the producer may wait now (`now` in ns): what is left of the window's budget, at
-    /// most [`FULL_WAIT`]. A window that has ended starts a new one.
-    pub(crate) fn allowed(&self, now: u64) -> std::time::Duration {
+    /// How long the producer may wait now (`now` in ns, the ring's `tail`): what is left of the
+    /// window's budget, at most [`FULL_WAIT`]. A window that has ended starts a new one.
+    pub(crate) fn allowed(&self, now: u64, tail: u64) -> std::time::Duration {
         let start = self.window_start.load(Ordering::Relaxed);
         if now.saturating_sub(start) >= WAIT_WINDOW.as_nanos() as u64 {
             self.window_start.store(now, Ordering::Relaxed);
             self.spent.store(0, Ordering::Relaxed);
+            self.tail_start.store(tail, Ordering::Relaxed);
         }
         let left = (WAIT_BUDGET.as_nanos() as u64).saturating_sub(self.spent.load(Ordering::Relaxed));
         std::time::Duration::from_nanos(left).min(FULL_WAIT)
     }
 
-    /// Counts a wait of `waited`, if it was a long one ([`LONG_WAIT`]).
-    pub(crate) fn spend(&self, waited: std::time::Duration) {
-        if waited >= LONG_WAIT {
+    /// Counts a wait of `waited` that ended at `now` with the ring's tail at `tail`, if it was a
+    /// long one ([`LONG_WAIT`]) and the writer has kept less than [`PACE_FLOOR`] since the window
+    /// started.
+    pub(crate) fn spend(&self, waited: std::time::Duration, now: u64, tail: u64) {
+        if waited < LONG_WAIT {
+            return;
+        }
+        let elapsed = now.saturating_sub(self.window_start.load(Ordering::Relaxed)).max(waited.as_nanos() as u64);
+        let freed = tail.wrapping_sub(self.tail_start.load(Ordering::Relaxed));
+        let paced = freed as u128 * 1_000_000_000 >= PACE_FLOOR as u128 * elapsed as u128;
+        if !paced {
             self.spent.fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
         }
     }
@@ -154,6 +177,9 @@ pub(crate) struct Ring {
     /// The producer's: the tail its last wait for the writer ran out at ([`NOT_STALLED`]: the
     /// writer has freed room since, or no wait ran out).
     stalled_at: AtomicU64,
+    /// The producer's: the use of the ring (bytes) up to which it goes on without waiting for
+    /// the writer: the mark, or more after the writer stalled ([`Ring::produce`]).
+    hold: AtomicU64,
     /// The producer's: its waits for room in the current window.
     waits: WaitBudget,
 }
@@ -203,7 +229,14 @@ impl Ring {
             mmap(None, len, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_SHARED, fd.as_fd(), 0)
         }
         .map_err(errno)?;
-        Ok(Ring { base: p.cast(), cap, fd, stalled_at: AtomicU64::new(NOT_STALLED), waits: WaitBudget::default() })
+        Ok(Ring {
+            base: p.cast(),
+            cap,
+            fd,
+            stalled_at: AtomicU64::new(NOT_STALLED),
+            hold: AtomicU64::new(0),
+            waits: WaitBudget::default(),
+        })
     }
 
     /// The memfd (to hand to the daemon).
@@ -260,7 +293,9 @@ impl Ring {
     /// ring's mark ([`MARK_DIVISOR`]) the producer waits for the writer, up to [`FULL_WAIT`] (within
     /// [`WAIT_BUDGET`]); a writer that freed nothing in that wait is taken as stalled, and the
     /// producer goes on into the rest of the ring without waiting until the writer frees
-    /// something. False when the ring had no room at all: the frame is counted in `dropped`.
+    /// something, and from then on at the writer's pace wherever the ring's use then stands
+    /// (`hold`), back down to the mark as the writer catches up. False when the ring had no room
+    /// at all: the frame is counted in `dropped`.
     pub(crate) fn produce(&self, head: &mut u64, caplen: usize, flags: u32, fill: impl FnOnce(&mut [u8])) -> bool {
         let busy = self.word(OFF_BUSY);
         busy.store(BUSY, Ordering::SeqCst);
@@ -278,36 +313,60 @@ impl Ring {
         };
         let room = |tail: u64| after(tail).is_some_and(|u| u <= cap as u64);
         let mark = (cap / MARK_DIVISOR).max(pad + need) as u64;
-        let below_mark = |tail: u64| after(tail).is_some_and(|u| u <= mark);
         let sane = need <= cap / 2 && caplen <= u32::MAX as usize;
         let mut tail = self.tail();
-        // A stalled writer that has freed something since is writing again.
+        // The use up to which the producer goes on without waiting: the mark, or where the ring
+        // stood when a stalled writer started writing again.
+        let mut hold = self.hold.load(Ordering::Relaxed).max(mark);
+        // A stalled writer that has freed something since is writing again: the producer goes on
+        // at its pace from the ring's use now, rather than waiting (a transport's timeouts long)
+        // for the writer to bring the ring back down to its mark.
         let stalled_at = self.stalled_at.load(Ordering::Relaxed);
         let stalled = stalled_at != NOT_STALLED && stalled_at == tail;
         if stalled_at != NOT_STALLED && !stalled {
             self.stalled_at.store(NOT_STALLED, Ordering::Relaxed);
+            hold = after(tail).map_or(hold, |u| u.max(mark));
         }
-        if sane && !stalled && !below_mark(tail) {
-            // Past the mark: the writer is behind. Wait for it a little (the protocol slows down,
+        // A writer ahead of the producer takes the hold back down with the ring's use.
+        if let Some(u) = after(tail) {
+            hold = hold.min(u.max(mark));
+        }
+        let within = |tail: u64, hold: u64| after(tail).is_some_and(|u| u <= hold);
+        if sane && !stalled && !within(tail, hold) {
+            // Past the hold: the writer is behind. Wait for it a little (the protocol slows down,
             // as a link does when its capture's buffer fills), leaving it the CPU it needs. A
             // writer that did not free anything within the wait is stalled (the kernel kept it
             // off the CPU, a write of the file took long): the frame and the ones after it go
-            // into the room left past the mark without waiting (no wait per frame piles up into
+            // into the room left past the hold without waiting (no wait per frame piles up into
             // a transport timeout) until it frees something, and they are dropped only when
-            // the whole ring is full. Long waits together take at most WAIT_BUDGET a second.
+            // the whole ring is full. Long waits in which the writer kept less than PACE_FLOOR
+            // take at most WAIT_BUDGET a second together.
             let start = std::time::Instant::now();
-            let allowed = self.waits.allowed(ts);
-            while !below_mark(tail) && start.elapsed() < allowed {
+            let from = tail;
+            let allowed = self.waits.allowed(ts, tail);
+            while !within(tail, hold) && start.elapsed() < allowed {
                 // Sleep, not spin: on a machine whose cores the programs keep busy, the writer
                 // needs the very CPU a spinning producer would hold.
                 std::thread::sleep(std::time::Duration::from_micros(50));
                 tail = self.tail();
             }
-            self.waits.spend(start.elapsed());
-            if !below_mark(tail) && !allowed.is_zero() {
-                self.stalled_at.store(tail, Ordering::Relaxed);
+            let freed = tail.wrapping_sub(from);
+            self.waits.spend(start.elapsed(), super::monotonic_ns(), tail);
+            if within(tail, hold) {
+                // The writer made room: the ring goes back down towards its mark at a quarter
+                // of the writer's pace (the programs keep the rest), so that it has its slack
+                // again for the writer's next stall.
+                hold = hold.saturating_sub(freed / 4).max(mark);
+            } else if !allowed.is_zero() {
+                if freed == 0 {
+                    self.stalled_at.store(tail, Ordering::Relaxed);
+                } else {
+                    // Writing, but more slowly than this wait: the ring holds here.
+                    hold = after(tail).map_or(hold, |u| u.max(mark));
+                }
             }
         }
+        self.hold.store(hold, Ordering::Relaxed);
         if !(sane && room(tail)) {
             self.word(OFF_DROPPED).fetch_add(1, Ordering::Relaxed);
             busy.store(IDLE, Ordering::SeqCst);

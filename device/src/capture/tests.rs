@@ -176,7 +176,7 @@ fn a_full_ring_drops_from_the_capture_and_counts() {
 fn a_ring_past_its_mark_waits_for_the_writer() {
     use std::time::{Duration, Instant};
     // Each attempt fills a ring to its mark (a quarter), then a "writer" frees it 3 ms later
-    // while the producer waits (up to 25 ms) for it. A writer the machine runs late (a loaded CI
+    // while the producer waits (up to 100 ms) for it. A writer the machine runs late (a loaded CI
     // machine delays a thread's wake-up by tens of milliseconds) may free it after the producer
     // gave up: then the frame goes past the mark, and the attempt is repeated. An attempt whose
     // writer freed the room in time must have waited for it; none drops a frame.
@@ -235,30 +235,85 @@ fn a_stalled_writers_ring_takes_frames_past_its_mark_without_waiting_until_it_is
     assert_eq!(more, 63 - 16, "every record the ring holds (63 of 1,040 bytes in 64 KiB)");
     assert_eq!(ring.waited_ns(), waited, "no wait while the writer is stalled");
     assert_eq!(ring.dropped(), 1);
-    // The writer frees one record: it is writing again, and the producer waits for it again.
+    // The writer frees one record: it is writing again, and the producer goes on at its pace
+    // from where the ring stands (not waiting for it to come back down to the mark).
     let r: Record = ring.record_at(ring.tail(), ring.head()).unwrap();
     ring.release(r.end());
     assert!(produce(&mut head), "room for one");
+    assert_eq!(ring.waited_ns(), waited, "the freed record is taken without a wait");
+    // The next frame finds the ring full again: it waits for the writer, which frees nothing.
+    assert!(!produce(&mut head));
     assert!(ring.waited_ns() > waited, "a writer that freed room is waited for again");
-    assert_eq!(ring.dropped(), 1);
+    assert_eq!(ring.dropped(), 2);
+}
+
+#[test]
+fn a_writer_slower_than_the_producer_paces_it_without_losing_a_frame() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+    // A writer that frees what the ring holds (at most 1 MiB) every 20 ms: ~50 MB/s, slower than
+    // the producer and in bursts of a fifth of its FULL_WAIT, as a throttled disk takes a
+    // capture. 60 MB through a 4 MiB ring take it over a second, most of it waiting: more than
+    // half of a second's waits, long ones, so a budget that counted every long wait (not only
+    // those in which the writer did not keep PACE_FLOOR) would be spent, and frames lost.
+    let ring = Arc::new(Ring::create(4 << 20).unwrap());
+    let done = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (ring, done) = (ring.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(20));
+                let (mut pos, head) = (ring.tail(), ring.head());
+                while pos != head && pos - ring.tail() < 1 << 20 {
+                    pos = ring.record_at(pos, head).unwrap().end();
+                }
+                ring.release(pos);
+            }
+        })
+    };
+    let frame = [4u8; 4000];
+    let mut head = 0;
+    let t = Instant::now();
+    let mut written = 0;
+    for _ in 0..15_000 {
+        written += ring.produce(&mut head, frame.len(), 0, |f| f.copy_from_slice(&frame)) as u32;
+    }
+    let took = t.elapsed();
+    done.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    assert_eq!(ring.dropped(), 0, "{written} of 15,000 frames in {took:?}");
+    assert!(took > Duration::from_millis(600), "it was paced ({took:?})");
 }
 
 #[test]
 fn a_producers_long_waits_for_room_take_at_most_half_of_each_second() {
     use super::ring::WaitBudget;
+    use std::time::Duration;
     let ms = |n: u64| n * 1_000_000;
     let b = WaitBudget::default();
     let t0 = ms(5_000);
-    assert_eq!(b.allowed(t0), std::time::Duration::from_millis(25), "a wait is at most FULL_WAIT");
-    b.spend(std::time::Duration::from_millis(490));
-    assert_eq!(b.allowed(t0 + ms(600)), std::time::Duration::from_millis(10), "what is left of the window's 500 ms");
-    for _ in 0..100 {
-        b.spend(std::time::Duration::from_millis(1));
+    // A writer that freed nothing (the tail stays at 0).
+    assert_eq!(b.allowed(t0, 0), Duration::from_millis(100), "a wait is at most FULL_WAIT");
+    b.spend(Duration::from_millis(490), t0 + ms(490), 0);
+    assert_eq!(b.allowed(t0 + ms(600), 0), Duration::from_millis(10), "what is left of the window's 500 ms");
+    for i in 0..100 {
+        b.spend(Duration::from_millis(1), t0 + ms(600 + i), 0);
     }
-    assert_eq!(b.allowed(t0 + ms(700)), std::time::Duration::from_millis(10), "short waits (pacing) are free");
-    b.spend(std::time::Duration::from_millis(10));
-    assert!(b.allowed(t0 + ms(999)).is_zero(), "the budget is spent until the window ends");
-    assert_eq!(b.allowed(t0 + ms(1_000)), std::time::Duration::from_millis(25), "a new window, a new budget");
+    assert_eq!(b.allowed(t0 + ms(700), 0), Duration::from_millis(10), "short waits (pacing) are free");
+    b.spend(Duration::from_millis(10), t0 + ms(710), 0);
+    assert!(b.allowed(t0 + ms(999), 0).is_zero(), "the budget is spent until the window ends");
+    assert_eq!(b.allowed(t0 + ms(1_000), 0), Duration::from_millis(100), "a new window, a new budget");
+    // A writer that frees 100 MB/s over the window, in bursts: its long waits are pacing, free.
+    let t1 = t0 + ms(1_000);
+    for i in 1..=9u64 {
+        b.spend(Duration::from_millis(80), t1 + ms(100 * i), i * 10_000_000);
+    }
+    assert_eq!(b.allowed(t1 + ms(950), 90_000_000), Duration::from_millis(100), "720 ms of waits, none counted");
+    // One that freed 1 MB in the window (1 MB/s): they count.
+    let t2 = t1 + ms(1_000);
+    assert_eq!(b.allowed(t2, 90_000_000), Duration::from_millis(100));
+    b.spend(Duration::from_millis(450), t2 + ms(500), 91_000_000);
+    assert_eq!(b.allowed(t2 + ms(500), 91_000_000), Duration::from_millis(50), "a slow writer's waits count");
 }
 
 /// A full ring whose writer frees its oldest record every `every`; `n` frames produced into it.

@@ -295,13 +295,6 @@ impl Shared {
             }
             let t = std::time::Instant::now();
             let w = out.file.write_batch(&mut slices, batch.len() as u64);
-            if t.elapsed() > SLOW {
-                tracing::info!(
-                    ms = t.elapsed().as_secs_f64() * 1e3,
-                    frames = batch.len(),
-                    "capture: a write of the file was slow"
-                );
-            }
             out.count(self, w);
             // The batch's whole blocks go to the file now, before its ring space is given back:
             // ring space then comes back a batch at a time, as fast as the file takes it, so a
@@ -310,6 +303,14 @@ impl Shared {
             // disk other writers shared, longer than a producer waits before it takes the
             // writer for stalled.)
             out.flush(self, false);
+            // Timed with the flush: with O_DIRECT that is where the file's write is.
+            if t.elapsed() > SLOW {
+                tracing::info!(
+                    ms = t.elapsed().as_secs_f64() * 1e3,
+                    frames = batch.len(),
+                    "capture: a write of the file was slow"
+                );
+            }
             wrote = true;
             for (i, src) in s.list.iter_mut().enumerate() {
                 let mut end = None;
