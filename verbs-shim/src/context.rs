@@ -70,7 +70,8 @@ pub(crate) fn nonblocking(fd: c_int) -> bool {
 }
 
 thread_local! {
-    /// Set while librdmacm opens its devices' contexts: those stay on the device path.
+    /// Set while librdmacm opens its devices' contexts with `SOFTRDMA_CM_DATAPATH=device`: those
+    /// stay on the device path.
     pub(crate) static DEVICE_PATH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
@@ -79,8 +80,8 @@ thread_local! {
 /// ([`Context::provider`]); `device` has the daemon run them. A daemon that cannot steer its port
 /// leaves a provider on the device path (with a warning when provider was asked for by name).
 ///
-/// Contexts librdmacm opens stay on the device path ([`DEVICE_PATH`]): the connection manager
-/// is the daemon's and moves its QPs through their states.
+/// Contexts librdmacm opens follow the same choice unless `SOFTRDMA_CM_DATAPATH=device`
+/// ([`DEVICE_PATH`]).
 fn open_context(name: &str) -> softrdma_device::verbs::Result<Context> {
     let path = std::env::var("SOFTRDMA_DATAPATH");
     let provider = match path.as_deref() {

@@ -81,6 +81,21 @@ pub(crate) struct Cma {
 
 static CMA: OnceLock<Result<Cma, c_int>> = OnceLock::new();
 
+/// Whether rdma_cm's contexts stay on the device path (`SOFTRDMA_CM_DATAPATH=device`); by
+/// default they follow `SOFTRDMA_DATAPATH`.
+fn cm_device_path() -> bool {
+    match std::env::var("SOFTRDMA_CM_DATAPATH").as_deref() {
+        Ok("device") => true,
+        Ok("") | Err(_) => false,
+        Ok(other) => {
+            eprintln!(
+                "softrdma: SOFTRDMA_CM_DATAPATH={other:?} is not device; rdma_cm's contexts follow SOFTRDMA_DATAPATH"
+            );
+            false
+        }
+    }
+}
+
 /// Opens the named devices of libibverbs' list for rdma_cm: a CM connection and a context each.
 /// A device that cannot be opened (it went down meanwhile, another user's) is left out.
 fn open_devs(names: &[String]) -> Vec<Arc<CmDev>> {
@@ -101,8 +116,12 @@ fn open_devs(names: &[String]) -> Vec<Arc<CmDev>> {
             // SAFETY: a valid ibv_device from libibverbs.
             let name = unsafe { std::ffi::CStr::from_ptr((*dev).name.as_ptr()) };
             if name.to_str().ok() == Some(want.as_str()) {
-                // rdma_cm's QPs stay on the device path (the daemon's CM drives them).
-                crate::context::DEVICE_PATH.set(true);
+                // The context programs make their PDs, CQs and QPs on (id->verbs) follows
+                // SOFTRDMA_DATAPATH as any other: the CM moves a QP through its states with
+                // ibv_modify_qp as librdmacm does, whichever path runs it.
+                // SOFTRDMA_CM_DATAPATH=device keeps rdma_cm's contexts on the device path.
+                let device = cm_device_path();
+                crate::context::DEVICE_PATH.set(device);
                 // SAFETY: open a device of libibverbs' list.
                 verbs = unsafe { (api.open_device)(dev) };
                 crate::context::DEVICE_PATH.set(false);

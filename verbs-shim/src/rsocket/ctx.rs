@@ -1,9 +1,9 @@
 //! The verbs context an rsocket makes its CQ, PD and QP on.
 //!
-//! The contexts librdmacm opens for its IDs (`id->verbs`) stay on the device path (the daemon
-//! runs their QPs). rsockets, like a program that opens the device itself and hands rdma_cm its
-//! own QP (perftest's -R), open one context of their own per device and process, through
-//! `ibv_open_device` as a program does: so they follow `SOFTRDMA_DATAPATH` (the provider data
+//! rsockets, like a program that opens the device itself and hands rdma_cm its own QP
+//! (perftest's -R), open one context of their own per device and process, through
+//! `ibv_open_device` as a program does (not librdmacm's `id->verbs`, which
+//! `SOFTRDMA_CM_DATAPATH=device` can keep on the device path): so they follow `SOFTRDMA_DATAPATH` (the provider data
 //! path by default: the process runs its rsockets' QPs, and a program spinning on a
 //! non-blocking rrecv drives them itself instead of starving the daemon that would). The rdma_cm
 //! ID still connects the QP: librdmacm moves any QP it is given (rdma_create_qp with our PD).
